@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Set up, open and test the mhalab course. Needs only Python >= 3.10.
+
+    python3 course.py lab        set up .venv (once) and open the course in JupyterLab
+    python3 course.py test       set up .venv (once) and run every test and every notebook
+    python3 course.py test ARGS  pass ARGS to pytest instead (e.g. one notebook)
+    python3 course.py execute [NOTEBOOK ...]   re-run notebooks in place to refresh committed outputs
+    python3 course.py set-repo URL             point the Colab install cells at a fork
+
+Setting up is idempotent: the environment is reinstalled only when pyproject.toml changes.
+Environment variables:
+    MHALAB_TORCH    what `pip install` is given for PyTorch when .venv has none
+                    (default "torch"; e.g. "torch --index-url https://download.pytorch.org/whl/cpu")
+    MHALAB_VENV     where the virtual environment lives (default .venv beside this file)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = Path(os.environ.get("MHALAB_VENV", ROOT / ".venv"))
+EXTRAS = "lab,test"
+STAMP_NAME = ".mhalab-installed"
+
+
+def venv_python() -> Path:
+    scripts = "Scripts" if os.name == "nt" else "bin"
+    return VENV / scripts / ("python.exe" if os.name == "nt" else "python")
+
+
+def run(cmd: list[str], **kwargs) -> int:
+    print("+", " ".join(shlex.quote(str(c)) for c in cmd), flush=True)
+    return subprocess.call([str(c) for c in cmd], **kwargs)
+
+
+def check(cmd: list[str], **kwargs) -> None:
+    code = run(cmd, **kwargs)
+    if code != 0:
+        sys.exit(f"course.py: command failed with exit code {code}")
+
+
+def requirements_fingerprint() -> str:
+    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + EXTRAS.encode()).hexdigest()
+
+
+def ensure_environment() -> Path:
+    """Create .venv and install mhalab with its lab and test extras, unless already done."""
+    if sys.version_info < (3, 10):
+        sys.exit(f"course.py: mhalab needs Python >= 3.10, this is {sys.version.split()[0]}")
+    python = venv_python()
+    if not python.exists():
+        print(f"Creating a virtual environment in {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    stamp = VENV / STAMP_NAME
+    fingerprint = requirements_fingerprint()
+    if stamp.exists() and stamp.read_text() == fingerprint:
+        return python
+    has_torch = subprocess.call([str(python), "-c", "import torch"], stderr=subprocess.DEVNULL) == 0
+    if not has_torch:
+        torch_spec = os.environ.get("MHALAB_TORCH", "torch")
+        check([python, "-m", "pip", "install", *shlex.split(torch_spec)])
+    check([python, "-m", "pip", "install", "-e", f"{ROOT}[{EXTRAS}]"])
+    stamp.write_text(fingerprint)
+    return python
+
+
+def cmd_lab(args: list[str]) -> int:
+    python = ensure_environment()
+    extra = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    return run([python, "-m", "jupyter", "lab", *extra, *args, str(ROOT / "notebooks")], cwd=ROOT)
+
+
+def default_workers() -> int:
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def cmd_test(args: list[str]) -> int:
+    python = ensure_environment()
+    if not args:
+        args = ["-n", str(default_workers()), "--dist", "loadfile", "tests", "notebooks"]
+    return run([python, "-m", "pytest", *args], cwd=ROOT)
+
+
+def cmd_execute(args: list[str]) -> int:
+    python = ensure_environment()
+    notebooks = args or sorted(str(p) for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    return run([python, str(ROOT / "tools" / "execute_notebooks.py"), *notebooks], cwd=ROOT)
+
+
+def cmd_set_repo(args: list[str]) -> int:
+    if len(args) != 1 or not re.match(r"^(https?://|git@)\S+$", args[0]):
+        sys.exit("usage: python3 course.py set-repo https://github.com/<you>/<fork>")
+    pyproject = ROOT / "pyproject.toml"
+    text = pyproject.read_text()
+    text, n = re.subn(r'(?m)^Repository = ".*"$', f'Repository = "{args[0]}"', text)
+    if n != 1:
+        sys.exit("course.py: could not find the Repository line in pyproject.toml")
+    pyproject.write_text(text)
+    python = sys.executable
+    return run([python, str(ROOT / "tools" / "colab_cells.py"), "--write"], cwd=ROOT)
+
+
+COMMANDS = {"lab": cmd_lab, "test": cmd_test, "execute": cmd_execute, "set-repo": cmd_set_repo}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(__doc__)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    return COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,153 @@
+"""The arithmetic of multi-head attention: parameters and KV cache against the head count.
+
+The formulas (no biases):
+
+    per head      W_Q, W_K, W_V: 3 * d_model * d_k
+    h heads       3 * d_model * (h * d_k) = 3 * d_model**2      (because h * d_k = d_model)
+    W_O           d_model**2
+    total         4 * d_model**2, whatever h is
+
+    KV cache      2 * h * d_k = 2 * d_model numbers per token per layer
+
+:func:`cost_table` checks them on real modules and real caches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .attention import KVCache, MultiHeadAttention, check_head_count
+
+__all__ = [
+    "count_parameters",
+    "AttentionParameters",
+    "attention_parameters",
+    "KVCacheSize",
+    "kv_cache_per_token",
+    "CostRow",
+    "CostTable",
+    "cost_table",
+]
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Number of trainable parameters (``requires_grad``) in ``module``."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+@dataclass(frozen=True)
+class AttentionParameters:
+    """Parameter counts of one multi-head attention block, by projection."""
+
+    d_model: int
+    n_heads: int
+    d_k: int
+    per_head_qkv: int  # one head's W_Q + W_K + W_V (+ their biases)
+    q: int  # all heads' W_Q (+ b_Q)
+    k: int
+    v: int
+    o: int  # W_O (+ b_O)
+
+    @property
+    def qkv(self) -> int:
+        return self.q + self.k + self.v
+
+    @property
+    def total(self) -> int:
+        return self.q + self.k + self.v + self.o
+
+
+def attention_parameters(d_model: int, n_heads: int, *, bias: bool = False) -> AttentionParameters:
+    """The formula: h heads of ``d_model x d_k`` for each of Q, K, V, plus ``d_model x d_model`` for W_O.
+
+    With ``bias=True`` each of the four projections adds ``d_model`` (so ``+4 d_model`` in total).
+    """
+    d_k = check_head_count(d_model, n_heads)
+    per_head = d_model * d_k + (d_k if bias else 0)  # one head's slice of one projection
+    q = k = v = n_heads * per_head  # = d_model**2 (+ d_model): h * d_k = d_model
+    o = d_model * d_model + (d_model if bias else 0)
+    return AttentionParameters(d_model, n_heads, d_k, 3 * per_head, q, k, v, o)
+
+
+@dataclass(frozen=True)
+class KVCacheSize:
+    """What the KV cache stores per token: ``elements`` numbers, ``bytes`` when a dtype was given."""
+
+    elements: int
+    bytes: int | None
+
+
+def kv_cache_per_token(
+    d_model: int, n_heads: int, *, n_layers: int = 1, dtype: torch.dtype | None = None
+) -> KVCacheSize:
+    """Keys and values cached per token: ``2 * n_heads * d_k * n_layers = 2 * d_model * n_layers``."""
+    d_k = check_head_count(d_model, n_heads)
+    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
+        raise ValueError(f"n_layers must be a positive int, got {n_layers!r}")
+    elements = 2 * n_heads * d_k * n_layers
+    size = None if dtype is None else elements * torch.empty((), dtype=dtype).element_size()
+    return KVCacheSize(elements, size)
+
+
+@dataclass(frozen=True)
+class CostRow:
+    """One head count: what a real module and a real cache hold, beside the formulas."""
+
+    heads: int
+    d_k: int
+    parameters: int  # counted on a real MultiHeadAttention
+    parameters_formula: int
+    kv_cache: int  # numbers per token per layer, read off a real KVCache after decoding
+    kv_cache_formula: int
+
+
+class CostTable(list):
+    """A list of :class:`CostRow` that prints as the seed's table."""
+
+    def __init__(self, rows, d_model: int, bias: bool):
+        super().__init__(rows)
+        self.d_model, self.bias = d_model, bias
+
+    def __str__(self) -> str:
+        head = f"d_model = {self.d_model}" + (" (with biases)" if self.bias else "")
+        cols = ("heads", "d_k", "Q, K, V, O parameters", "KV cache per token per layer")
+        lines = [head, f"{cols[0]:>5}  {cols[1]:>4}  {cols[2]:>21}  {cols[3]:>28}"]
+        for r in self:
+            lines.append(f"{r.heads:>5}  {r.d_k:>4}  {r.parameters:>21,}  {r.kv_cache:>28,}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:  # notebooks show repr: make it the table
+        return str(self)
+
+
+@torch.no_grad()
+def cost_table(d_model: int = 512, heads=(1, 8, 32, 64), *, bias: bool = False, decode_tokens: int = 3) -> CostTable:
+    """Build a real ``MultiHeadAttention`` for every head count, count its parameters, decode
+    ``decode_tokens`` tokens through a real :class:`KVCache` and measure what it stores per token.
+
+    Raises if a measured value disagrees with its formula.
+    """
+    rows = []
+    generator = torch.Generator().manual_seed(0)
+    for h in heads:
+        d_k = check_head_count(d_model, h)
+        module = MultiHeadAttention(d_model, h, bias=bias).eval()
+        cache = KVCache()
+        tokens = torch.randn(1, decode_tokens, d_model, generator=generator)
+        for t in range(decode_tokens):
+            module(tokens[:, t : t + 1], kv_cache=cache, is_causal=True)
+        row = CostRow(
+            heads=h,
+            d_k=d_k,
+            parameters=count_parameters(module),
+            parameters_formula=attention_parameters(d_model, h, bias=bias).total,
+            kv_cache=cache.values_per_token,
+            kv_cache_formula=kv_cache_per_token(d_model, h).elements,
+        )
+        if row.parameters != row.parameters_formula or row.kv_cache != row.kv_cache_formula:
+            raise AssertionError(f"measured and formula disagree: {row}")
+        rows.append(row)
+    return CostTable(rows, d_model, bias)

@@ -1,0 +1,57 @@
+"""Choosing where tensors live. Nothing here runs at import time."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["pick_device", "describe_device", "autocast_dtype"]
+
+_CHOICES = ("auto", "cpu", "cuda", "mps")
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def pick_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"`` picks cuda, then mps, then cpu; anything else is checked and returned."""
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a string such as 'auto', 'cpu' or 'cuda', got {type(device).__name__}")
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if _mps_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    kind = device.split(":")[0]
+    if kind not in _CHOICES:
+        raise ValueError(f"unknown device {device!r}: use one of {', '.join(_CHOICES)} (or 'cuda:N')")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but torch sees no CUDA GPU; use device='auto' or 'cpu'")
+    if kind == "mps" and not _mps_available():
+        raise ValueError("device='mps' was asked for but this torch has no usable MPS backend; use 'auto' or 'cpu'")
+    return torch.device(device)
+
+
+def describe_device(device: str | torch.device = "auto") -> str:
+    """One line: which device ``pick_device(device)`` gives and why."""
+    chosen = pick_device(device)
+    if chosen.type == "cuda":
+        name = torch.cuda.get_device_name(chosen)
+        bf16 = "bf16 autocast" if torch.cuda.is_bf16_supported() else "fp16 autocast with a gradient scaler"
+        why = "a CUDA GPU is available" if str(device) == "auto" else "asked for"
+        return f"cuda ({name}): {why}; training uses {bf16}"
+    if chosen.type == "mps":
+        return "mps (Apple GPU): no CUDA GPU, but Metal is available; training runs in float32"
+    why = "no CUDA or MPS device found" if str(device) == "auto" else "asked for"
+    return f"cpu: {why}; training runs in float32 (every notebook is sized for a 2-core CPU)"
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The autocast dtype training uses on ``device``: bf16 or fp16 on CUDA, None (off) elsewhere."""
+    if device.type != "cuda":
+        return None
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16

@@ -1,0 +1,37 @@
+"""Shared fixtures and markers for the mhalab test suite."""
+
+import os
+import shutil
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip `gpu` tests without CUDA and `browser` tests without Chromium, saying why.
+
+    In CI (MHALAB_REQUIRE_BROWSER=1) a missing Chromium is an error, not a skip.
+    """
+    has_cuda = torch.cuda.is_available()
+    has_chromium = shutil.which("chromium") is not None or shutil.which("chromium-browser") is not None
+    require_browser = os.environ.get("MHALAB_REQUIRE_BROWSER") == "1"
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; torch.cuda.is_available() is False"))
+        if "browser" in item.keywords and not has_chromium:
+            if require_browser:
+                item.fail_missing_browser = True
+            else:
+                item.add_marker(pytest.mark.skip(reason="needs Chromium: apt-get install -y chromium chromium-driver"))
+
+
+@pytest.fixture(autouse=True)
+def _fail_without_browser(request):
+    if getattr(request.node, "fail_missing_browser", False):
+        pytest.fail("MHALAB_REQUIRE_BROWSER=1 but chromium is not installed: the browser test must run here")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield
