@@ -11,6 +11,8 @@ Authoring an exercise (in ``mhalab/labs/exNN.py``)::
         checker=_check_dk,
         hint="d_k is what each head gets when the width is shared equally.",
         solution="def d_k(d_model, n_heads):\\n    return d_model // n_heads",
+        reference=lambda d_model, n_heads: d_model // n_heads,   # passes the checker
+        wrong=[lambda d_model, n_heads: d_model],                  # plausible mistakes that must fail
     ))
 
 A checker receives the learner's answer (a value or a function), tests it (functions on cases
@@ -43,9 +45,14 @@ class Exercise:
     points: int = 1
     last_result: bool | None = field(default=None, repr=False)
 
-    def __init__(self, notebook, number, title, checker, hint, solution, points=1):
+    def __init__(self, notebook, number, title, checker, hint, solution, *, reference, wrong, points=1):
+        """``reference`` is an answer that passes; ``wrong`` lists plausible wrong answers that must
+        fail with a useful message (the test suite checks both)."""
+        if not wrong:
+            raise ValueError(f"exercise {notebook}.{number} needs at least one plausible wrong answer in `wrong`")
         self.notebook, self.number, self.title = str(notebook), int(number), title
         self.checker, self.hint_text, self.solution_text, self.points = checker, hint, solution, points
+        self.reference, self.wrong = reference, list(wrong)
         self.last_result = None
 
     @property
