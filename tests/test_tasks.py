@@ -1,0 +1,149 @@
+"""The tasks' relations are what they claim, sampling is seeded and on-device, bad arguments fail clearly."""
+
+import pytest
+import torch
+
+from mhalab.tasks import IGNORE, Batch, KeyValueRecall, MultiRelationTask, Task
+
+
+def _sample(task, n=8, seed=0, device="cpu"):
+    return task.sample(n, generator=torch.Generator(device=device).manual_seed(seed), device=device)
+
+
+# ---------------------------------------------------------------- multi-relation
+@pytest.mark.parametrize("offsets", [(-2, -1, 1, 2), (-1, -2, -4), (3,)])
+def test_multi_relation_targets_are_the_tokens_at_their_offsets(offsets):
+    task = MultiRelationTask(offsets, vocab_size=11, seq_len=9, causal=all(o < 0 for o in offsets))
+    batch = _sample(task)
+    B, T = batch.inputs.shape
+    assert (B, T) == (8, 9) and batch.targets.shape == (B, T, len(offsets))
+    assert task.relations == tuple(("left" if o < 0 else "right") + str(abs(o)) for o in offsets)
+    for r, (name, o) in enumerate(zip(task.relations, offsets)):
+        src = batch.sources[name]
+        for i in range(T):
+            j = i + o
+            if 0 <= j < T:
+                assert (src[:, i] == j).all()
+                assert torch.equal(batch.targets[:, i, r], batch.inputs[:, j])
+            else:
+                assert (src[:, i] == -1).all() and (batch.targets[:, i, r] == IGNORE).all()
+        # the source tensor itself points at the target token wherever it points anywhere
+        inside = src >= 0
+        gathered = batch.inputs.gather(1, src.clamp(min=0))
+        assert torch.equal(gathered[inside], batch.targets[..., r][inside])
+
+
+def test_multi_relation_tokens_cover_the_vocabulary():
+    batch = _sample(MultiRelationTask(vocab_size=7, seq_len=32), n=64)
+    assert batch.inputs.dtype == torch.long
+    assert set(batch.inputs.unique().tolist()) == set(range(7))
+
+
+def test_sampling_is_deterministic_from_the_seed():
+    for task in (MultiRelationTask(), KeyValueRecall()):
+        a, b, c = _sample(task, seed=3), _sample(task, seed=3), _sample(task, seed=4)
+        assert torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets)
+        assert all(torch.equal(a.sources[k], b.sources[k]) for k in a.sources)
+        assert not torch.equal(a.inputs, c.inputs)
+
+
+# ---------------------------------------------------------------- key-value recall
+def test_key_value_recall_answers_are_the_stored_values():
+    task = KeyValueRecall(n_pairs=5, n_keys=9, n_values=6, n_queries=3)
+    batch = _sample(task, n=32)
+    x, y = batch.inputs, batch.targets
+    assert x.shape == (32, task.seq_len) == (32, 13) and y.shape == (32, 13)
+    keys, values = x[:, 0:10:2], x[:, 1:10:2]
+    assert (keys < 9).all() and (values >= 9).all() and (values < 15).all()
+    # keys within a sequence are distinct
+    assert all(len(set(row.tolist())) == 5 for row in keys)
+    assert (y[:, :10] == IGNORE).all() and (batch.sources["key"][:, :10] == -1).all()
+    for b in range(32):
+        stored = dict(zip(keys[b].tolist(), values[b].tolist()))
+        for i in range(10, 13):
+            q = int(x[b, i])
+            assert q in stored and int(y[b, i]) == stored[q]
+            kpos, vpos = int(batch.sources["key"][b, i]), int(batch.sources["value"][b, i])
+            assert int(x[b, kpos]) == q and vpos == kpos + 1 and int(x[b, vpos]) == int(y[b, i])
+    assert task.token_labels(x[0])[:2] == [f"K{int(x[0, 0])}", f"v{int(x[0, 1]) - 9}"]
+
+
+# ---------------------------------------------------------------- loss and metrics
+def test_metrics_score_perfect_and_wrong_logits():
+    task = MultiRelationTask((-1, 1), vocab_size=5, seq_len=6)
+    batch = _sample(task)
+    perfect = torch.full((8, 6, 2, 5), -10.0)
+    perfect.scatter_(-1, batch.targets.clamp(min=0).unsqueeze(-1), 10.0)
+    m = task.metrics(perfect, batch)
+    assert m["accuracy"] == 1.0 and m["accuracy/left1"] == 1.0 and m["accuracy/right1"] == 1.0
+    assert m["loss"] < 1e-3 and float(task.loss(perfect, batch)) < 1e-3
+    # right for relation left1 only: half the targets
+    half = perfect.clone()
+    half[:, :, 1] = perfect[:, :, 1].roll(1, dims=-1)
+    m = task.metrics(half, batch)
+    assert m["accuracy/left1"] == 1.0 and m["accuracy/right1"] == 0.0 and m["accuracy"] == pytest.approx(0.5)
+
+    kv = KeyValueRecall(n_pairs=3, n_keys=4, n_values=4, n_queries=2)
+    kb = _sample(kv)
+    logits = torch.zeros(8, kv.seq_len, kv.vocab_size)
+    logits.scatter_(-1, kb.targets.clamp(min=0).unsqueeze(-1), 1.0)
+    assert kv.metrics(logits, kb)["accuracy/value"] == 1.0
+
+
+def test_loss_rejects_logits_of_the_wrong_shape():
+    task = MultiRelationTask((-1, 1), vocab_size=5, seq_len=6)
+    batch = _sample(task)
+    with pytest.raises(ValueError, match=r"n_targets=2"):
+        task.loss(torch.zeros(8, 6, 5), batch)
+
+
+# ---------------------------------------------------------------- devices and arguments
+def test_generator_must_live_on_the_requested_device():
+    task = MultiRelationTask()
+    with pytest.raises(ValueError, match="Generator\\(device='meta'\\)|generator lives on cpu"):
+        task.sample(2, generator=torch.Generator().manual_seed(0), device="meta")
+    with pytest.raises(TypeError, match="torch.Generator"):
+        task.sample(2, generator=0, device="cpu")
+    batch = task.sample(2, generator=torch.Generator().manual_seed(0))  # device defaults to the generator's
+    assert batch.inputs.device.type == "cpu" and isinstance(batch, Batch)
+
+
+@pytest.mark.gpu
+def test_batches_are_generated_on_the_gpu():
+    for task in (MultiRelationTask(), KeyValueRecall()):
+        batch = _sample(task, device="cuda")
+        assert batch.inputs.is_cuda and batch.targets.is_cuda and all(s.is_cuda for s in batch.sources.values())
+        cpu = _sample(task, device="cpu")
+        assert batch.inputs.shape == cpu.inputs.shape
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(offsets=()), ValueError, "at least one"),
+        (dict(offsets=(0, 1)), ValueError, "offset 0"),
+        (dict(offsets=(-1, -1)), ValueError, "distinct"),
+        (dict(offsets=(-20,), seq_len=16), ValueError, r"\|offset\| < seq_len"),
+        (dict(offsets=(-1, 2), causal=True), ValueError, "causal"),
+        (dict(offsets=(1.5,)), TypeError, "int"),
+        (dict(vocab_size=1), ValueError, "vocab_size must be at least 2"),
+        (dict(seq_len="16"), TypeError, "seq_len must be an int"),
+    ],
+)
+def test_multi_relation_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        MultiRelationTask(**kwargs)
+
+
+def test_key_value_recall_bad_arguments():
+    with pytest.raises(ValueError, match="n_keys >= n_pairs"):
+        KeyValueRecall(n_pairs=8, n_keys=4)
+    with pytest.raises(ValueError, match="n_queries must be at least 1"):
+        KeyValueRecall(n_queries=0)
+    with pytest.raises(ValueError, match="batch_size must be at least 1"):
+        KeyValueRecall().sample(0, generator=torch.Generator())
+
+
+def test_base_task_is_abstract():
+    with pytest.raises(NotImplementedError):
+        Task().sample(1, generator=torch.Generator())
