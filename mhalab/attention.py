@@ -272,7 +272,9 @@ class MultiHeadAttention(nn.Module):
             key_padding_mask: ``[B, S]``; bool True = ignore that key, or float added to the scores.
             attn_mask: ``[L, S]``, ``[B * H, L, S]`` or ``[B, H, L, S]``; bool True = forbidden,
                 or float added to the scores.
-            is_causal: forbid attending to later positions (decoder self-attention).
+            is_causal: forbid attending to later positions (decoder self-attention). Unlike
+                torch's module it needs no ``attn_mask`` beside it. When there are more keys than
+                queries (decoding with a cache) the queries are the *last* L positions.
             need_weights: also return the attention weights (runs the explicit path).
             average_attn_weights: return weights ``[B, L, S]`` averaged over heads (as torch
                 does) instead of ``[B, H, L, S]``.
@@ -295,6 +297,20 @@ class MultiHeadAttention(nn.Module):
         self._check_inputs(query, key, value)
         B, L, D = query.shape
 
+        past = 0 if kv_cache is None else len(kv_cache)  # tokens already in the cache
+        S = past + key.size(1)  # every key the queries will see
+
+        # Check and build the masks before anything is computed or appended to the cache.
+        head_scale = None if head_mask is None else self._check_head_mask(head_mask, B, query)  # [B or 1, H, 1, 1]
+        # Only is_causal, over a square score matrix: the fused kernel builds the causal mask itself
+        # (and skips the masked blocks). Otherwise all masks become one float tensor added to the scores.
+        fused_causal = (
+            is_causal and not need_weights and attn_mask is None and key_padding_mask is None and past == 0 and L == S
+        )
+        mask = None if fused_causal else self._combine_masks(
+            B, L, S, past, key_padding_mask, attn_mask, is_causal, query.dtype, query.device
+        )  # None, or float [B or 1, H or 1, L, S] added to the scores
+
         # Project: one matmul for self-attention, three slices of the same weight for cross-attention.
         if self_attention:
             q, k, v = self.qkv_proj(query).split(D, dim=-1)  # 3 x [B, L, D]
@@ -303,31 +319,20 @@ class MultiHeadAttention(nn.Module):
             b_q, b_k, b_v = self.qkv_proj.bias.split(D) if self.bias else (None, None, None)
             q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
         q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)  # [B, H, T, dk]
-
-        past = 0
         if kv_cache is not None:
-            past = len(kv_cache)
-            k, v = kv_cache.append(k, v)  # [B, H, past + L, dk]
-        S = k.size(-2)
+            k, v = kv_cache.append(k, v)  # [B, H, past + L, dk]: the new keys/values join the old ones
 
-        mask = self._combine_masks(
-            B, L, S, past, key_padding_mask, attn_mask, is_causal, query.dtype, query.device
-        )  # None, or float [B or 1, H or 1, L, S] added to the scores
         dropout_p = self.dropout if self.training else 0.0
 
         if need_weights:
             heads, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p)
         else:
-            plain_causal = is_causal and mask is not None and attn_mask is None and key_padding_mask is None and past == 0 and L == S
-            if plain_causal:  # let the fused kernel build the causal mask itself
-                heads = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-            else:
-                heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=fused_causal)
             weights = None
         # heads: [B, H, L, dk]
 
-        if head_mask is not None:
-            heads = heads * self._check_head_mask(head_mask, B).to(heads.dtype)  # [B or 1, H, 1, 1]
+        if head_scale is not None:
+            heads = heads * head_scale  # switch off or scale whole heads before they are mixed by W_O
 
         out = self.out_proj(self.merge_heads(heads))  # concat heads -> [B, L, D], then mix with W_O
         if weights is not None and average_attn_weights:
@@ -364,7 +369,9 @@ class MultiHeadAttention(nn.Module):
             )
 
     @staticmethod
-    def _as_additive(mask: Tensor, name: str, dtype: torch.dtype) -> Tensor:
+    def _as_additive(mask: Tensor, name: str, dtype: torch.dtype, device: torch.device) -> Tensor:
+        if mask.device != device:
+            raise ValueError(f"{name} is on {mask.device} but the inputs are on {device}; move it with .to({str(device)!r})")
         if mask.dtype == torch.bool:
             # True means "ignore": -inf there, 0 elsewhere.
             return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
@@ -389,6 +396,9 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor | None:
         """All masks as one float tensor broadcastable to ``[B, H, L, S]``, or None if there are none."""
         H = self.n_heads
+        for name, mask in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
+            if mask is not None and not isinstance(mask, Tensor):
+                raise TypeError(f"{name} must be a tensor (bool: True = ignore, or float: added), got {type(mask).__name__}")
         total: Tensor | None = None
         if key_padding_mask is not None:
             if tuple(key_padding_mask.shape) != (B, S):
@@ -396,10 +406,10 @@ class MultiHeadAttention(nn.Module):
                     f"key_padding_mask must have shape [batch, key_len] = [{B}, {S}], "
                     f"got {tuple(key_padding_mask.shape)}"
                 )
-            total = self._as_additive(key_padding_mask, "key_padding_mask", dtype)[:, None, None, :]  # [B, 1, 1, S]
+            total = self._as_additive(key_padding_mask, "key_padding_mask", dtype, device)[:, None, None, :]  # [B, 1, 1, S]
         if attn_mask is not None:
             shape = tuple(attn_mask.shape)
-            additive = self._as_additive(attn_mask, "attn_mask", dtype)
+            additive = self._as_additive(attn_mask, "attn_mask", dtype, device)
             if shape == (L, S):
                 additive = additive[None, None]  # [1, 1, L, S]
             elif shape == (B * H, L, S):
@@ -412,7 +422,7 @@ class MultiHeadAttention(nn.Module):
                     f"[{B * H}, {L}, {S}] or [batch, n_heads, L, S] = [{B}, {H}, {L}, {S}], got {shape}"
                 )
             total = additive if total is None else total + additive
-        if is_causal:
+        if is_causal and L > 1:  # (one new token may see every cached key: nothing to mask)
             allowed = causal_mask(L, S, device=device)  # bottom-right aligned when decoding with a cache
             additive = torch.zeros(L, S, dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
             total = additive[None, None] if total is None else total + additive
@@ -423,13 +433,18 @@ class MultiHeadAttention(nn.Module):
             )
         return total
 
-    def _check_head_mask(self, head_mask: Tensor, B: int) -> Tensor:
+    def _check_head_mask(self, head_mask: Tensor, B: int, query: Tensor) -> Tensor:
+        """``head_mask`` as a ``[B or 1, H, 1, 1]`` multiplier in the query's dtype."""
         H = self.n_heads
+        if not isinstance(head_mask, Tensor):
+            raise TypeError(f"head_mask must be a tensor of shape [n_heads] or [batch, n_heads], got {type(head_mask).__name__}")
+        if head_mask.device != query.device:
+            raise ValueError(f"head_mask is on {head_mask.device} but the inputs are on {query.device}")
         shape = tuple(head_mask.shape)
         if shape == (H,):
-            return head_mask.view(1, H, 1, 1)
+            return head_mask.view(1, H, 1, 1).to(query.dtype)
         if shape == (B, H):
-            return head_mask.view(B, H, 1, 1)
+            return head_mask.view(B, H, 1, 1).to(query.dtype)
         raise ValueError(f"head_mask must have shape [n_heads] = [{H}] or [batch, n_heads] = [{B}, {H}], got {shape}")
 
     # ------------------------------------------------------------ conversion

@@ -1,0 +1,657 @@
+"""mhalab.attention against torch.nn.MultiheadAttention, its own two paths, the KV cache and bad input.
+
+Every equivalence test copies the weights of a real ``torch.nn.MultiheadAttention`` into ours
+(``from_torch``) and demands a max abs difference <= 1e-5 in float32. The ``device`` fixture runs
+the same tests on CUDA (marked ``gpu``; tests/conftest.py skips them where there is no GPU).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from mhalab.attention import (
+    HeadProjections,
+    KVCache,
+    MultiHeadAttention,
+    causal_mask,
+    check_head_count,
+    scaled_dot_product_attention,
+    valid_head_counts,
+)
+from mhalab.counting import count_parameters
+
+TOL = 1e-5  # float32: max abs difference allowed against torch and between our two paths
+B, L, S, D, H = 2, 5, 7, 16, 4  # batch, query length, key length, d_model, heads (small: fast)
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    return torch.device(request.param)
+
+
+def pair(d_model=D, n_heads=H, *, bias=True, dropout=0.0, device="cpu"):
+    """A torch.nn.MultiheadAttention (batch first, random biases) and ours with the same weights, both in eval mode."""
+    theirs = nn.MultiheadAttention(d_model, n_heads, bias=bias, dropout=dropout, batch_first=True).to(device)
+    if bias:  # torch zero-initialises the biases: make them non-zero so they are really compared
+        with torch.no_grad():
+            theirs.in_proj_bias.normal_()
+            theirs.out_proj.bias.normal_()
+    ours = MultiHeadAttention.from_torch(theirs)
+    return theirs.eval(), ours.eval()
+
+
+def max_diff(a, b) -> float:
+    return (a.double() - b.double()).abs().max().item()
+
+
+def assert_close(ours, theirs, tol=TOL, what="output"):
+    assert ours.shape == theirs.shape, f"{what}: shape {tuple(ours.shape)} != {tuple(theirs.shape)}"
+    diff = max_diff(ours, theirs)
+    assert diff <= tol, f"{what}: max abs difference {diff:.3g} > {tol:g}"
+
+
+def rand(*shape, device="cpu"):
+    return torch.randn(*shape, device=device)
+
+
+def forbidden_causal(L_, S_=None, device="cpu"):
+    """torch.nn.MultiheadAttention's causal bool mask: True where attention is forbidden."""
+    return ~causal_mask(L_, S_, device=device)
+
+
+# --------------------------------------------------------------- basic maths
+class TestScaledDotProductAttention:
+    def test_matches_torch_without_mask(self):
+        q, k, v = rand(2, 3, L, 8), rand(2, 3, S, 8), rand(2, 3, S, 6)
+        out, weights = scaled_dot_product_attention(q, k, v)
+        assert out.shape == (2, 3, L, 6) and weights.shape == (2, 3, L, S)
+        assert_close(out, F.scaled_dot_product_attention(q, k, v))
+
+    def test_matches_torch_with_bool_mask(self):
+        q, k, v = rand(2, 3, L, 8), rand(2, 3, S, 8), rand(2, 3, S, 8)
+        allowed = torch.rand(L, S) > 0.4
+        allowed[:, 0] = True  # every query may see at least one key
+        out, weights = scaled_dot_product_attention(q, k, v, mask=allowed)
+        assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
+        assert (weights[..., ~allowed] == 0).all(), "a forbidden pair got weight"
+
+    def test_matches_torch_with_float_mask(self):
+        q, k, v = rand(2, 3, L, 8), rand(2, 3, S, 8), rand(2, 3, S, 8)
+        additive = rand(2, 1, L, S)
+        out, _ = scaled_dot_product_attention(q, k, v, mask=additive)
+        assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=additive))
+
+    def test_rows_sum_to_one(self):
+        q, k, v = rand(3, L, 8), rand(3, S, 8), rand(3, S, 8)
+        _, weights = scaled_dot_product_attention(q, k, v, mask=causal_mask(L, S))
+        assert_close(weights.sum(-1), torch.ones(3, L), what="row sums")
+        assert (weights >= 0).all()
+
+    def test_dropout_only_changes_the_output(self):
+        q, k, v = rand(1, L, 8), rand(1, S, 8), rand(1, S, 8)
+        out0, w0 = scaled_dot_product_attention(q, k, v)
+        out1, w1 = scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+        assert torch.equal(w0, w1), "the returned weights are the softmax before dropout"
+        assert max_diff(out0, out1) > 1e-3, "dropout_p=0.5 left the output unchanged"
+
+
+def test_causal_mask_is_bottom_right_aligned():
+    assert torch.equal(causal_mask(3), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool))
+    # 2 new queries after 3 cached keys: they sit at positions 3 and 4
+    assert torch.equal(causal_mask(2, 5), torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool))
+
+
+def test_valid_head_counts():
+    assert valid_head_counts(12) == [1, 2, 3, 4, 6, 12]
+    assert valid_head_counts(512)[-4:] == [64, 128, 256, 512]
+    assert check_head_count(512, 8) == 64
+
+
+# ------------------------------------------------- equivalence with torch
+class TestMatchesTorch:
+    @pytest.mark.parametrize("bias", [True, False])
+    @pytest.mark.parametrize("need_weights", [True, False])
+    def test_self_attention(self, device, bias, need_weights):
+        theirs, ours = pair(bias=bias, device=device)
+        x = rand(B, L, D, device=device)
+        out, w = ours(x, need_weights=need_weights)
+        ref, ref_w = theirs(x, x, x, need_weights=need_weights)
+        assert_close(out, ref)
+        if need_weights:
+            assert_close(w, ref_w, what="averaged weights")
+        else:
+            assert w is None and ref_w is None
+
+    @pytest.mark.parametrize("bias", [True, False])
+    @pytest.mark.parametrize("need_weights", [True, False])
+    def test_cross_attention_with_another_key_length(self, device, bias, need_weights):
+        theirs, ours = pair(bias=bias, device=device)
+        q, k, v = rand(B, L, D, device=device), rand(B, S, D, device=device), rand(B, S, D, device=device)
+        out, w = ours(q, k, v, need_weights=need_weights)
+        ref, ref_w = theirs(q, k, v, need_weights=need_weights)
+        assert out.shape == (B, L, D)
+        assert_close(out, ref)
+        if need_weights:
+            assert w.shape == (B, L, S)
+            assert_close(w, ref_w, what="weights")
+
+    @pytest.mark.parametrize("need_weights", [True, False])
+    def test_causal(self, device, need_weights):
+        theirs, ours = pair(device=device)
+        x = rand(B, L, D, device=device)
+        forbidden = forbidden_causal(L, device=device)
+        # torch needs the mask itself alongside is_causal (is_causal is only a hint there)
+        ref, ref_w = theirs(x, x, x, attn_mask=forbidden, is_causal=True, need_weights=need_weights)
+        for kwargs in ({"is_causal": True}, {"attn_mask": forbidden}, {"attn_mask": forbidden, "is_causal": True}):
+            out, w = ours(x, need_weights=need_weights, **kwargs)
+            assert_close(out, ref, what=f"output with {sorted(kwargs)}")
+            if need_weights:
+                assert_close(w, ref_w, what=f"weights with {sorted(kwargs)}")
+                assert (w[:, ~causal_mask(L, device=device)] == 0).all(), "a query attended to a later key"
+
+    @pytest.mark.parametrize("kind", ["bool", "float"])
+    @pytest.mark.parametrize("need_weights", [True, False])
+    def test_key_padding(self, device, kind, need_weights):
+        theirs, ours = pair(device=device)
+        q, kv = rand(B, L, D, device=device), rand(B, S, D, device=device)
+        ignore = torch.zeros(B, S, dtype=torch.bool, device=device)
+        ignore[0, -2:] = True  # the first sequence is 2 keys shorter
+        ignore[1, -4:] = True
+        mask = ignore if kind == "bool" else torch.zeros(B, S, device=device).masked_fill(ignore, -1e9)
+        out, w = ours(q, kv, kv, key_padding_mask=mask, need_weights=need_weights)
+        ref, ref_w = theirs(q, kv, kv, key_padding_mask=mask, need_weights=need_weights)
+        assert_close(out, ref)
+        if need_weights:
+            assert_close(w, ref_w, what="weights")
+            assert (w[ignore[:, None, :].expand(B, L, S)] == 0).all(), "a padded key got weight"
+
+    @pytest.mark.parametrize("need_weights", [True, False])
+    def test_float_additive_attn_mask(self, device, need_weights):
+        theirs, ours = pair(device=device)
+        q, kv = rand(B, L, D, device=device), rand(B, S, D, device=device)
+        additive = rand(L, S, device=device)
+        out, w = ours(q, kv, kv, attn_mask=additive, need_weights=need_weights)
+        ref, ref_w = theirs(q, kv, kv, attn_mask=additive, need_weights=need_weights)
+        assert_close(out, ref)
+        if need_weights:
+            assert_close(w, ref_w, what="weights")
+
+    @pytest.mark.parametrize("kind", ["bool", "float"])
+    @pytest.mark.parametrize("need_weights", [True, False])
+    def test_per_head_3d_mask(self, device, kind, need_weights):
+        theirs, ours = pair(device=device)
+        q, kv = rand(B, L, D, device=device), rand(B, S, D, device=device)
+        if kind == "bool":
+            mask = torch.rand(B * H, L, S, device=device) > 0.6  # True = forbidden
+            mask[..., 0] = False  # every query keeps at least one key
+        else:
+            mask = rand(B * H, L, S, device=device)
+        out, w = ours(q, kv, kv, attn_mask=mask, need_weights=need_weights, average_attn_weights=False)
+        ref, ref_w = theirs(q, kv, kv, attn_mask=mask, need_weights=need_weights, average_attn_weights=False)
+        assert_close(out, ref)
+        if need_weights:
+            assert_close(w, ref_w, what="per-head weights")
+        # [B, H, L, S] is the same mask in our layout: batch-major, as torch lays out B * H
+        out4, _ = ours(q, kv, kv, attn_mask=mask.view(B, H, L, S), need_weights=need_weights)
+        assert_close(out4, ref, what="output with a 4-D mask")
+
+    def test_key_padding_and_attn_mask_together(self, device):
+        theirs, ours = pair(device=device)
+        x = rand(B, S, D, device=device)
+        ignore = torch.zeros(B, S, dtype=torch.bool, device=device)
+        ignore[1, -3:] = True
+        forbidden = forbidden_causal(S, device=device)
+        ref, ref_w = theirs(x, x, x, key_padding_mask=ignore, attn_mask=forbidden, need_weights=True)
+        for need_weights in (True, False):
+            out, w = ours(x, key_padding_mask=ignore, attn_mask=forbidden, need_weights=need_weights)
+            assert_close(out, ref, what=f"output (need_weights={need_weights})")
+        out, w = ours(x, key_padding_mask=ignore, is_causal=True, need_weights=True)
+        assert_close(out, ref)
+        assert_close(w, ref_w, what="weights")
+
+    @pytest.mark.parametrize("bias", [True, False])
+    def test_per_head_weights(self, device, bias):
+        theirs, ours = pair(bias=bias, device=device)
+        x = rand(B, L, D, device=device)
+        out, w = ours(x, need_weights=True, average_attn_weights=False)
+        ref, ref_w = theirs(x, x, x, need_weights=True, average_attn_weights=False)
+        assert w.shape == (B, H, L, L)  # [batch, head, query, key]
+        assert_close(out, ref)
+        assert_close(w, ref_w, what="per-head weights")
+        assert_close(w.sum(-1), torch.ones(B, H, L, device=device), what="row sums")
+        _, averaged = ours(x, need_weights=True)
+        assert_close(averaged, w.mean(1), what="averaged weights")
+
+    def test_dropout_is_inert_in_eval_mode(self, device):
+        theirs, ours = pair(dropout=0.5, device=device)
+        x = rand(B, L, D, device=device)
+        ref, _ = theirs(x, x, x, need_weights=False)
+        for need_weights in (True, False):
+            out, _ = ours(x, need_weights=need_weights)
+            assert_close(out, ref, what=f"eval output (need_weights={need_weights})")
+        ours.train()  # ...and really active in training mode, or the test above proves nothing
+        assert max_diff(ours(x)[0], ref) > 1e-3, "dropout=0.5 changed nothing in training mode"
+
+    def test_gradients_match_torch_and_reach_every_projection(self, device):
+        theirs, ours = pair(device=device)
+        theirs.train(), ours.train()
+        x = rand(B, L, D, device=device)
+        target = rand(B, L, D, device=device)
+        theirs_out, _ = theirs(x, x, x, need_weights=False)
+        (theirs_out * target).sum().backward()
+        expected = {
+            "qkv_proj.weight": theirs.in_proj_weight.grad,
+            "qkv_proj.bias": theirs.in_proj_bias.grad,
+            "out_proj.weight": theirs.out_proj.weight.grad,
+            "out_proj.bias": theirs.out_proj.bias.grad,
+        }
+        for need_weights in (True, False):
+            ours.zero_grad(set_to_none=True)
+            out, _ = ours(x, need_weights=need_weights)
+            (out * target).sum().backward()
+            for name, p in ours.named_parameters():
+                assert p.grad is not None, f"no gradient reached {name} (need_weights={need_weights})"
+                assert_close(p.grad, expected[name], tol=1e-4, what=f"grad of {name} (need_weights={need_weights})")
+                # every head's slice of W_Q, W_K, W_V gets a gradient (no head is cut off)
+                if name == "qkv_proj.weight":
+                    per_head = p.grad.view(3, H, D // H, D).abs().sum(dim=(2, 3))  # [Q/K/V, head]
+                    assert (per_head > 0).all(), f"some projection of some head got no gradient: {per_head}"
+
+
+def test_round_trip_through_torch():
+    theirs, ours = pair()
+    back = ours.to_torch()
+    assert back.batch_first
+    for a, b in ((back.in_proj_weight, theirs.in_proj_weight), (back.in_proj_bias, theirs.in_proj_bias),
+                 (back.out_proj.weight, theirs.out_proj.weight), (back.out_proj.bias, theirs.out_proj.bias)):
+        assert torch.equal(a, b)
+    assert count_parameters(ours) == count_parameters(theirs)
+    without_bias = MultiHeadAttention(D, H, bias=False).to_torch()
+    assert without_bias.in_proj_bias is None
+
+
+# ---------------------------------------------------- our two paths agree
+class TestPathsAgree:
+    def test_every_option(self, device):
+        _, ours = pair(device=device)
+        q, kv = rand(B, L, D, device=device), rand(B, S, D, device=device)
+        ignore = torch.zeros(B, S, dtype=torch.bool, device=device)
+        ignore[0, -1] = True
+        cases = [
+            dict(),
+            dict(key_padding_mask=ignore),
+            dict(attn_mask=rand(L, S, device=device)),
+            dict(attn_mask=rand(B * H, L, S, device=device), key_padding_mask=ignore),
+            dict(is_causal=True),
+            dict(head_mask=torch.tensor([1.0, 0.0, 0.5, 2.0], device=device)),
+        ]
+        for kwargs in cases:
+            out_fast, none = ours(q, kv, kv, need_weights=False, **kwargs)
+            out_slow, w = ours(q, kv, kv, need_weights=True, **kwargs)
+            assert none is None and w.shape == (B, L, S)
+            assert_close(out_fast, out_slow, what=f"paths with {sorted(kwargs)}")
+
+    def test_self_attention_causal(self, device):
+        _, ours = pair(device=device)
+        x = rand(B, L, D, device=device)
+        assert_close(ours(x, is_causal=True)[0], ours(x, is_causal=True, need_weights=True)[0])
+
+
+# ------------------------------------------------------------- KV cache
+class TestKVCache:
+    @pytest.mark.parametrize("need_weights", [True, False])
+    def test_token_by_token_equals_full_causal_forward(self, device, need_weights):
+        _, ours = pair(device=device)
+        T = 6
+        x = rand(B, T, D, device=device)
+        full, _ = ours(x, is_causal=True)
+        cache = KVCache()
+        steps = []
+        for t in range(T):
+            out, _ = ours(x[:, t : t + 1], kv_cache=cache, is_causal=True, need_weights=need_weights)
+            steps.append(out)
+            assert len(cache) == t + 1
+        assert_close(torch.cat(steps, dim=1), full, what="decoded tokens")
+        assert cache.values_per_token == 2 * D
+        assert cache.bytes_per_token == 2 * D * 4  # float32
+        assert cache.k.shape == (B, H, T, D // H)
+
+    def test_one_token_needs_no_is_causal(self, device):
+        _, ours = pair(device=device)
+        x = rand(B, 4, D, device=device)
+        full, _ = ours(x, is_causal=True)
+        cache = KVCache()
+        steps = [ours(x[:, t : t + 1], kv_cache=cache)[0] for t in range(4)]
+        assert_close(torch.cat(steps, dim=1), full)
+
+    @pytest.mark.parametrize("need_weights", [True, False])
+    def test_chunks_equal_full_causal_forward(self, device, need_weights):
+        _, ours = pair(device=device)
+        sizes = [3, 1, 4, 2]
+        x = rand(B, sum(sizes), D, device=device)
+        full, _ = ours(x, is_causal=True)
+        cache = KVCache()
+        chunks = [ours(part, kv_cache=cache, is_causal=True, need_weights=need_weights)[0]
+                  for part in x.split(sizes, dim=1)]
+        assert_close(torch.cat(chunks, dim=1), full, what="decoded chunks")
+        assert len(cache) == sum(sizes) and cache.values_per_token == 2 * D
+
+    @pytest.mark.parametrize("n_heads", [1, 2, 8, 16])
+    def test_size_per_token_is_2_d_model_whatever_the_heads(self, n_heads):
+        m = MultiHeadAttention(D, n_heads).eval()
+        cache = KVCache()
+        m(rand(3, 2, D), kv_cache=cache, is_causal=True)
+        assert cache.values_per_token == 2 * D
+        assert len(cache) == 2
+
+    def test_reset_and_misuse(self):
+        _, ours = pair()
+        cache = KVCache()
+        with pytest.raises(ValueError, match="empty"):
+            cache.values_per_token
+        ours(rand(B, 2, D), kv_cache=cache, is_causal=True)
+        with pytest.raises(ValueError, match="is_causal=True"):
+            ours(rand(B, 2, D), kv_cache=cache)  # two new tokens without causality
+        with pytest.raises(ValueError, match="batch, heads and d_k must match"):
+            ours(rand(B + 1, 1, D), kv_cache=cache)
+        with pytest.raises(ValueError, match="self-attention"):
+            ours(rand(B, 1, D), rand(B, S, D), rand(B, S, D), kv_cache=cache)
+        with pytest.raises(ValueError, match="attn_mask must have shape"):
+            ours(rand(B, 1, D), kv_cache=cache, attn_mask=torch.zeros(1, 1))  # S is 3 here, not 1
+        assert len(cache) == 2, "a refused call must leave the cache as it was"
+        cache.reset()
+        assert len(cache) == 0
+
+
+# ----------------------------------------------------------------- heads
+class TestHeads:
+    def test_head_projections_are_views(self):
+        _, ours = pair()
+        dk = D // H
+        for i in range(H):
+            p = ours.head_projections(i)
+            assert isinstance(p, HeadProjections)
+            assert p.W_Q.shape == p.W_K.shape == p.W_V.shape == (D, dk) and p.W_O.shape == (dk, D)
+            assert p.b_Q.shape == p.b_K.shape == p.b_V.shape == (dk,)
+            for name in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V"):
+                t = getattr(p, name)
+                assert t._base is not None or t.data_ptr() != 0
+                assert t.untyped_storage().data_ptr() == ours.qkv_proj.weight.untyped_storage().data_ptr() or \
+                    t.untyped_storage().data_ptr() == ours.qkv_proj.bias.untyped_storage().data_ptr(), name
+            assert p.W_O.untyped_storage().data_ptr() == ours.out_proj.weight.untyped_storage().data_ptr()
+        assert MultiHeadAttention(D, H, bias=False).head_projections(0).b_Q is None
+
+    def test_writing_a_view_changes_the_module(self):
+        _, ours = pair()
+        dk, i = D // H, 2
+        p = ours.head_projections(i)
+        with torch.no_grad():
+            p.W_Q.fill_(1.0)
+            p.W_V.fill_(2.0)
+            p.W_O.fill_(3.0)
+            p.b_K.fill_(4.0)
+        w = ours.qkv_proj.weight
+        assert (w[i * dk : (i + 1) * dk] == 1).all()  # head i's rows of W_Q
+        assert (w[2 * D + i * dk : 2 * D + (i + 1) * dk] == 2).all()  # ... of W_V
+        assert (ours.out_proj.weight[:, i * dk : (i + 1) * dk] == 3).all()  # head i's columns of W_O
+        assert (ours.qkv_proj.bias[D + i * dk : D + (i + 1) * dk] == 4).all()
+        assert (w[:dk] != 1).any(), "head 0 changed too"
+
+    @pytest.mark.parametrize("bias", [True, False])
+    def test_rebuilding_attention_from_the_head_views(self, bias):
+        _, ours = pair(bias=bias)
+        q_in, kv = rand(B, L, D), rand(B, S, D)
+        expected, _ = ours(q_in, kv, kv)
+        out = ours.out_proj.bias.clone() if bias else torch.zeros(D)
+        for i in range(H):
+            p = ours.head_projections(i)
+            q, k, v = q_in @ p.W_Q, kv @ p.W_K, kv @ p.W_V  # [B, L or S, dk]
+            if bias:
+                q, k, v = q + p.b_Q, k + p.b_K, v + p.b_V
+            weights = (q @ k.transpose(-2, -1) / math.sqrt(D // H)).softmax(-1)  # [B, L, S]
+            out = out + (weights @ v) @ p.W_O  # each head writes its own share of the output
+        assert_close(out, expected, what="attention rebuilt head by head")
+
+    def test_head_index_out_of_range(self):
+        with pytest.raises(IndexError, match=r"heads 0\.\.3"):
+            MultiHeadAttention(D, H).head_projections(H)
+
+    @pytest.mark.parametrize("need_weights", [True, False])
+    def test_head_mask_zero_equals_removing_that_heads_w_o_slice(self, device, need_weights):
+        _, ours = pair(device=device)
+        x = rand(B, L, D, device=device)
+        dk, off = D // H, 1
+        head_mask = torch.ones(H, device=device)
+        head_mask[off] = 0
+        masked, _ = ours(x, head_mask=head_mask, need_weights=need_weights)
+        ablated = MultiHeadAttention(D, H).to(device).eval()
+        ablated.load_state_dict(ours.state_dict())
+        with torch.no_grad():
+            ablated.out_proj.weight[:, off * dk : (off + 1) * dk] = 0
+        assert_close(masked, ablated(x)[0], what="head_mask [H]")
+        assert max_diff(masked, ours(x)[0]) > 1e-3, "switching a head off changed nothing"
+
+    @pytest.mark.parametrize("need_weights", [True, False])
+    def test_head_mask_per_batch(self, device, need_weights):
+        _, ours = pair(device=device)
+        x = rand(B, L, D, device=device)
+        dk = D // H
+        head_mask = torch.ones(B, H, device=device)
+        head_mask[0, 0] = 0  # sequence 0 loses head 0, sequence 1 loses head 3
+        head_mask[1, 3] = 0
+        masked, _ = ours(x, head_mask=head_mask, need_weights=need_weights)
+        for b, head in ((0, 0), (1, 3)):
+            ablated = MultiHeadAttention(D, H).to(device).eval()
+            ablated.load_state_dict(ours.state_dict())
+            with torch.no_grad():
+                ablated.out_proj.weight[:, head * dk : (head + 1) * dk] = 0
+            assert_close(masked[b], ablated(x)[0][b], what=f"head_mask [B, H], sequence {b}")
+
+    def test_head_mask_scales(self):
+        _, ours = pair(bias=False)
+        x = rand(B, L, D)
+        assert_close(ours(x, head_mask=torch.full((H,), 2.0))[0], 2 * ours(x)[0])
+
+
+# ------------------------------------------------------- property tests
+@settings(max_examples=25, deadline=None)
+@given(d_model=st.integers(1, 48), bias=st.booleans(), data=st.data())
+def test_every_valid_head_count(d_model, bias, data):
+    batch, length = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 5))
+    x = torch.randn(batch, length, d_model)
+    for n_heads in valid_head_counts(d_model):
+        m = MultiHeadAttention(d_model, n_heads, bias=bias).eval()
+        assert m.d_k * n_heads == d_model
+        assert count_parameters(m) == 4 * d_model**2 + (4 * d_model if bias else 0)
+        out, w = m(x, need_weights=True, average_attn_weights=False)
+        assert out.shape == (batch, length, d_model) and w.shape == (batch, n_heads, length, length)
+        assert_close(m(x)[0], out, what=f"paths at d_model={d_model}, n_heads={n_heads}")
+    theirs = m.to_torch().eval()
+    assert_close(out, theirs(x, x, x)[0], what=f"torch at d_model={d_model}, n_heads={n_heads}")
+
+
+@settings(max_examples=25, deadline=None)
+@given(d_model=st.integers(2, 200), n_heads=st.integers(1, 200))
+def test_every_invalid_head_count_is_refused(d_model, n_heads):
+    if d_model % n_heads == 0:
+        assert check_head_count(d_model, n_heads) == d_model // n_heads
+        return
+    with pytest.raises(ValueError) as info:
+        MultiHeadAttention(d_model, n_heads)
+    message = str(info.value)
+    assert f"d_model={d_model}" in message and f"n_heads={n_heads}" in message
+    valid = valid_head_counts(d_model)
+    assert n_heads not in valid
+    assert f"Valid head counts for d_model={d_model}: " + ", ".join(map(str, valid[:3])) in message
+
+
+# ------------------------------------------------------------ bad input
+class TestBadInput:
+    def test_indivisible_head_count_lists_the_valid_ones(self):
+        with pytest.raises(ValueError) as info:
+            MultiHeadAttention(10, 3)
+        message = str(info.value)
+        assert "d_model=10" in message and "n_heads=3" in message
+        assert "1, 2, 5, 10" in message
+
+    def test_long_lists_are_shortened(self):
+        with pytest.raises(ValueError, match=r"1, 2, 3, 4, .*\.\.\., 360, 720"):
+            MultiHeadAttention(720, 7)
+
+    @pytest.mark.parametrize("n_heads", [0, -4])
+    def test_too_few_heads(self, n_heads):
+        with pytest.raises(ValueError, match=rf"n_heads must be at least 1, got n_heads={n_heads}.*1, 2, 4, 8, 16"):
+            MultiHeadAttention(16, n_heads)
+
+    @pytest.mark.parametrize("d_model, n_heads, name", [(16, 2.0, "n_heads"), ("16", 2, "d_model"), (16, True, "n_heads")])
+    def test_not_an_int(self, d_model, n_heads, name):
+        with pytest.raises(TypeError, match=rf"{name} must be an int"):
+            MultiHeadAttention(d_model, n_heads)
+
+    def test_bad_d_model_and_dropout(self):
+        with pytest.raises(ValueError, match="d_model must be at least 1"):
+            MultiHeadAttention(0, 1)
+        with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
+            MultiHeadAttention(16, 4, dropout=1.5)
+
+    @pytest.mark.parametrize("which", ["query", "key", "value"])
+    def test_wrong_width(self, which):
+        m = MultiHeadAttention(D, H)
+        inputs = {"query": rand(B, L, D), "key": rand(B, S, D), "value": rand(B, S, D)}
+        inputs[which] = rand(B, inputs[which].size(1), D + 1)
+        with pytest.raises(ValueError, match=rf"{which} has width {D + 1}.*d_model={D}"):
+            m(inputs["query"], inputs["key"], inputs["value"])
+
+    def test_self_attention_width(self):
+        with pytest.raises(ValueError, match=rf"query has width 8 .*d_model={D}.*MultiHeadAttention\(8, n_heads\)"):
+            MultiHeadAttention(D, H)(rand(B, L, 8))
+
+    @pytest.mark.parametrize("shape", [(L, D), (1, B, L, D)])
+    def test_not_3d(self, shape):
+        with pytest.raises(ValueError, match=r"query must be 3-D \[batch, seq, d_model\].*unsqueeze\(0\)"):
+            MultiHeadAttention(D, H)(rand(*shape))
+
+    def test_not_a_float_tensor(self):
+        m = MultiHeadAttention(D, H)
+        with pytest.raises(TypeError, match="query must be a torch.Tensor"):
+            m([[0.0] * D])
+        with pytest.raises(TypeError, match="floating-point"):
+            m(torch.zeros(B, L, D, dtype=torch.long))
+
+    def test_key_and_value_lengths_differ(self):
+        with pytest.raises(ValueError, match=rf"same length.*key length {S} and value length {S - 1}"):
+            MultiHeadAttention(D, H)(rand(B, L, D), rand(B, S, D), rand(B, S - 1, D))
+
+    def test_batch_sizes_differ(self):
+        with pytest.raises(ValueError, match=rf"same batch size, got {B}, {B + 1} and {B + 1}"):
+            MultiHeadAttention(D, H)(rand(B, L, D), rand(B + 1, S, D), rand(B + 1, S, D))
+
+    def test_only_key_or_value(self):
+        with pytest.raises(ValueError, match="both key and value"):
+            MultiHeadAttention(D, H)(rand(B, L, D), rand(B, S, D))
+
+    @pytest.mark.parametrize(
+        "shape",
+        [(B, S + 1), (B + 1, S), (S,), (1, S), (B, 1), (B, 1, S), (B, L, S)],
+        ids=lambda s: "x".join(map(str, s)),
+    )
+    def test_key_padding_mask_shape(self, shape):
+        m = MultiHeadAttention(D, H)
+        with pytest.raises(ValueError, match=rf"key_padding_mask must have shape \[batch, key_len\] = \[{B}, {S}\]"):
+            m(rand(B, L, D), rand(B, S, D), rand(B, S, D), key_padding_mask=torch.zeros(shape, dtype=torch.bool))
+
+    @pytest.mark.parametrize(
+        "shape",
+        # each of these would broadcast against [B, H, L, S]: none may be silently accepted
+        [(L, S + 1), (S, L), (1, S), (L, 1), (S,), (1, L, S), (B, L, S), (H, L, S), (B * H + 1, L, S),
+         (1, H, L, S), (B, 1, L, S), (B, H, 1, S)],
+        ids=lambda s: "x".join(map(str, s)),
+    )
+    def test_attn_mask_shape(self, shape):
+        m = MultiHeadAttention(D, H)
+        with pytest.raises(ValueError, match=rf"attn_mask must have shape \[L, S\] = \[{L}, {S}\].*got"):
+            m(rand(B, L, D), rand(B, S, D), rand(B, S, D), attn_mask=torch.zeros(shape))
+
+    @pytest.mark.parametrize("name", ["attn_mask", "key_padding_mask"])
+    @pytest.mark.parametrize("dtype", [torch.int64, torch.uint8, torch.int32])
+    def test_mask_dtype(self, name, dtype):
+        m = MultiHeadAttention(D, H)
+        shape = (L, S) if name == "attn_mask" else (B, S)
+        with pytest.raises(TypeError, match=rf"{name} must be a bool tensor .* or a float tensor .*got dtype"):
+            m(rand(B, L, D), rand(B, S, D), rand(B, S, D), **{name: torch.zeros(shape, dtype=dtype)})
+
+    @pytest.mark.parametrize("shape", [(H + 1,), (1, H), (B, H, 1), (B, 1), ()], ids=str)
+    def test_head_mask_shape(self, shape):
+        with pytest.raises(ValueError, match=rf"head_mask must have shape \[n_heads\] = \[{H}\] or \[batch, n_heads\]"):
+            MultiHeadAttention(D, H)(rand(B, L, D), head_mask=torch.ones(shape))
+
+    def test_head_mask_type(self):
+        with pytest.raises(TypeError, match="head_mask must be a tensor"):
+            MultiHeadAttention(D, H)(rand(B, L, D), head_mask=[1.0] * H)
+
+    def test_mask_not_a_tensor(self):
+        with pytest.raises(TypeError, match="attn_mask must be a tensor"):
+            MultiHeadAttention(D, H)(rand(B, L, D), attn_mask=[[True] * L] * L)
+
+    def test_from_torch_wants_a_torch_module(self):
+        with pytest.raises(TypeError, match="expects a torch.nn.MultiheadAttention"):
+            MultiHeadAttention.from_torch(nn.Linear(4, 4))
+        with pytest.raises(ValueError, match="kdim == vdim == embed_dim"):
+            MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, kdim=4, vdim=4))
+
+
+# ---------------------------------------------------- reduced precision (GPU)
+@pytest.mark.gpu
+class TestReducedPrecisionOnGPU:
+    """bf16/fp16 on CUDA: the fused (flash / memory-efficient) path and the explicit path agree with a
+    float32 reference to within the precision of the format, and with torch's module in the same dtype."""
+
+    @pytest.mark.parametrize("dtype, tol", [(torch.bfloat16, 2e-2), (torch.float16, 4e-3)], ids=["bf16", "fp16"])
+    @pytest.mark.parametrize("is_causal", [False, True])
+    def test_fused_and_explicit_paths(self, dtype, tol, is_causal):
+        theirs32, ours32 = pair(64, 4, device="cuda")
+        x32 = rand(4, 128, 64, device="cuda")
+        reference, _ = ours32(x32, is_causal=is_causal)  # float32
+        scale = reference.abs().max().item()
+        ours = ours32.to(dtype)
+        x = x32.to(dtype)
+        fused, _ = ours(x, is_causal=is_causal)
+        explicit, _ = ours(x, is_causal=is_causal, need_weights=True)
+        assert fused.dtype == explicit.dtype == dtype
+        for name, out in (("fused", fused), ("explicit", explicit)):
+            rel = max_diff(out, reference) / scale
+            assert rel <= tol, f"{name} path in {dtype}: relative error {rel:.3g} > {tol}"
+        rel = max_diff(fused, explicit) / scale
+        assert rel <= tol, f"fused vs explicit in {dtype}: relative error {rel:.3g} > {tol}"
+        theirs = theirs32.to(dtype)
+        mask = forbidden_causal(128, device="cuda") if is_causal else None
+        ref_same_dtype, _ = theirs(x, x, x, attn_mask=mask, is_causal=is_causal, need_weights=False)
+        rel = max_diff(fused, ref_same_dtype) / scale
+        assert rel <= tol, f"ours vs torch in {dtype}: relative error {rel:.3g} > {tol}"
+
+    def test_mask_on_another_device(self):
+        m = MultiHeadAttention(D, H).cuda()
+        x = rand(B, L, D, device="cuda")
+        with pytest.raises(ValueError, match="attn_mask is on cpu but the inputs are on cuda"):
+            m(x, attn_mask=torch.zeros(L, L))
+        with pytest.raises(ValueError, match="head_mask is on cpu"):
+            m(x, head_mask=torch.ones(H))
+
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+    def test_kv_cache_in_reduced_precision(self, dtype):
+        _, ours = pair(64, 8, device="cuda")
+        ours = ours.to(dtype)
+        x = rand(2, 12, 64, device="cuda").to(dtype)
+        full, _ = ours(x, is_causal=True)
+        cache = KVCache()
+        steps = [ours(x[:, t : t + 1], kv_cache=cache, is_causal=True)[0] for t in range(12)]
+        rel = max_diff(torch.cat(steps, 1), full) / full.abs().max().item()
+        assert rel <= 2e-2
+        assert cache.bytes_per_token == 2 * 64 * 2  # two bytes per number
