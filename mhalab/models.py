@@ -1,0 +1,599 @@
+"""Small transformers built from :class:`mhalab.MultiHeadAttention`, sized for a laptop CPU.
+
+Two models share the same parts:
+
+* :class:`Transformer`: encoder-only (``causal=False``, every position sees every other)
+  or decoder-only (``causal=True``, GPT-style).  Token embedding + positions, a stack of
+  pre-norm blocks (attention, then an MLP, each added back to the residual stream), a
+  final LayerNorm and an output head that makes ``n_targets`` predictions per position.
+* :class:`EncoderDecoder`: the original transformer's shape.  An encoder reads the
+  source; a causal decoder reads the target so far and, in every layer, attends to the
+  encoder's output through cross-attention.
+
+Shapes use these names:
+
+    B  batch        T  (target) sequence length     S  source length
+    D  d_model      H  heads                         V  vocab size      N  n_layers
+
+Per-head tensors follow ``[layer][batch, head, query, key]`` (the layout bertviz reads):
+``attention_patterns(...)`` returns a list with one ``[B, H, T, T]`` tensor per layer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import KVCache, MultiHeadAttention, check_head_count
+
+__all__ = [
+    "ModelConfig",
+    "Block",
+    "DecoderBlock",
+    "Transformer",
+    "EncoderDecoder",
+    "sinusoidal_positions",
+]
+
+_POSITIONS = ("learned", "sinusoidal")
+
+
+# ---------------------------------------------------------------------------- config
+@dataclass
+class ModelConfig:
+    """Every size of a model in one place; invalid combinations fail here, before any training.
+
+    Attributes:
+        vocab_size: number of distinct tokens (input and output).
+        d_model: width of the residual stream.
+        n_heads: attention heads per layer; must divide ``d_model`` (d_k = d_model / n_heads).
+        n_layers: blocks in the stack (for :class:`EncoderDecoder`: in each of encoder and decoder).
+        d_ff: hidden width of each MLP; None means ``4 * d_model``.
+        max_len: longest sequence the position table covers.
+        dropout: dropout on embeddings, attention weights and residual branches.
+        causal: decoder-only (each position sees only itself and earlier ones) if True.
+            :class:`EncoderDecoder` ignores it: its encoder is bidirectional, its decoder causal.
+        positions: ``"learned"`` (a trained table) or ``"sinusoidal"`` (fixed, as in the 2017 paper).
+        n_targets: predictions per position; logits are ``[B, T, V]`` when 1, else ``[B, T, n_targets, V]``.
+        bias: biases in the attention projections.
+    """
+
+    vocab_size: int
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 2
+    d_ff: int | None = None
+    max_len: int = 64
+    dropout: float = 0.0
+    causal: bool = False
+    positions: str = "learned"
+    n_targets: int = 1
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_layers", "max_len", "n_targets"):
+            _check_positive_int(name, getattr(self, name))
+        # The same message MultiHeadAttention would give, but before any module is built.
+        check_head_count(self.d_model, self.n_heads)
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        _check_positive_int("d_ff", self.d_ff)
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
+        if self.positions not in _POSITIONS:
+            raise ValueError(f"positions must be one of {_POSITIONS}, got {self.positions!r}")
+        for name in ("causal", "bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+
+    @property
+    def d_k(self) -> int:
+        """Width of one head: ``d_model // n_heads``."""
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def for_task(cls, task: Any, **overrides: Any) -> "ModelConfig":
+        """A config whose vocab, length, causality and number of targets match ``task``.
+
+        ``overrides`` set any other field (``d_model=64, n_heads=8``) or replace a task-derived one.
+        """
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise TypeError(f"unknown ModelConfig field(s) {unknown}; the fields are {sorted(known)}")
+        derived = dict(
+            vocab_size=task.vocab_size,
+            max_len=task.seq_len,
+            causal=bool(task.causal),
+            n_targets=getattr(task, "n_targets", 1),
+        )
+        return cls(**{**derived, **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python values only (what a checkpoint stores)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
+        return cls(**values)
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {name}={value}")
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
+    """The fixed position table of "Attention Is All You Need", ``[max_len, d_model]``.
+
+    Even features are ``sin(pos / 10000^(2i/d))``, odd ones ``cos(...)``: each pair of
+    features is a clock at its own frequency, so a fixed offset is a fixed rotation.
+    """
+    position = torch.arange(max_len, dtype=torch.float32)[:, None]  # [max_len, 1]
+    rate = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))  # [ceil(D/2)]
+    table = torch.zeros(max_len, d_model)
+    table[:, 0::2] = torch.sin(position * rate)
+    table[:, 1::2] = torch.cos(position * rate[: d_model // 2])  # odd D has one cosine fewer
+    return table
+
+
+# ---------------------------------------------------------------------------- parts
+class MLP(nn.Module):
+    """Position-wise feed-forward network: ``[B, T, D] -> [B, T, d_ff] -> [B, T, D]`` with GELU."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.fc_in = nn.Linear(d_model, d_ff)
+        self.fc_out = nn.Linear(d_ff, d_model)
+        self.dropout = dropout
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.fc_out(F.gelu(self.fc_in(x)))
+        return F.dropout(out, self.dropout, self.training) if self.dropout > 0 else out
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block: ``x + attn(LN(x))``, then ``x + mlp(LN(x))``.
+
+    Pre-norm (LayerNorm before each branch, as in GPT-2) trains stably without a careful
+    warm-up; the residual stream itself is never normalised until the final LayerNorm.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.ln_attn = nn.LayerNorm(config.d_model)
+        self.attn = MultiHeadAttention(config.d_model, config.n_heads, bias=config.bias, dropout=config.dropout)
+        self.ln_mlp = nn.LayerNorm(config.d_model)
+        self.mlp = MLP(config.d_model, config.d_ff, config.dropout)
+        self.dropout = config.dropout
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        causal: bool,
+        head_mask: Tensor | None = None,
+        need_weights: bool = False,
+        key_padding_mask: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """``x`` ``[B, T, D]`` -> ``([B, T, D], weights [B, H, T, S] or None)``."""
+        attended, weights = self.attn(
+            self.ln_attn(x),
+            is_causal=causal,
+            key_padding_mask=key_padding_mask,
+            head_mask=head_mask,
+            need_weights=need_weights,
+            average_attn_weights=False,
+            kv_cache=kv_cache,
+        )
+        if self.dropout > 0:
+            attended = F.dropout(attended, self.dropout, self.training)
+        x = x + attended
+        x = x + self.mlp(self.ln_mlp(x))
+        return x, weights
+
+
+class DecoderBlock(nn.Module):
+    """Pre-norm decoder block: causal self-attention, cross-attention to the encoder, MLP."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        D, H = config.d_model, config.n_heads
+        self.ln_self = nn.LayerNorm(D)
+        self.self_attn = MultiHeadAttention(D, H, bias=config.bias, dropout=config.dropout)
+        self.ln_cross = nn.LayerNorm(D)
+        self.cross_attn = MultiHeadAttention(D, H, bias=config.bias, dropout=config.dropout)
+        self.ln_mlp = nn.LayerNorm(D)
+        self.mlp = MLP(D, config.d_ff, config.dropout)
+        self.dropout = config.dropout
+
+    def _residual(self, x: Tensor, branch: Tensor) -> Tensor:
+        return x + (F.dropout(branch, self.dropout, self.training) if self.dropout > 0 else branch)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        *,
+        memory_padding_mask: Tensor | None = None,
+        self_head_mask: Tensor | None = None,
+        cross_head_mask: Tensor | None = None,
+        need_weights: bool = False,
+        kv_cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """``x`` ``[B, T, D]``, ``memory`` ``[B, S, D]`` -> ``(x, self weights [B,H,T,T], cross weights [B,H,T,S])``."""
+        attended, self_w = self.self_attn(
+            self.ln_self(x), is_causal=True, head_mask=self_head_mask,
+            need_weights=need_weights, average_attn_weights=False, kv_cache=kv_cache,
+        )
+        x = self._residual(x, attended)
+        # Queries come from the decoder, keys and values from the encoder's output.
+        attended, cross_w = self.cross_attn(
+            self.ln_cross(x), memory, memory, key_padding_mask=memory_padding_mask,
+            head_mask=cross_head_mask, need_weights=need_weights, average_attn_weights=False,
+        )
+        x = self._residual(x, attended)
+        x = x + self.mlp(self.ln_mlp(x))
+        return x, self_w, cross_w
+
+
+class _Embedding(nn.Module):
+    """Token embedding plus positions: ``tokens [B, T]`` (starting at position ``offset``) -> ``[B, T, D]``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.max_len = config.max_len
+        self.vocab_size = config.vocab_size
+        self.tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.learned = config.positions == "learned"
+        if self.learned:
+            self.positions = nn.Embedding(config.max_len, config.d_model)
+        else:
+            # A buffer, not a parameter: it moves with .to(device) but is never trained
+            # (and, not being persistent, is rebuilt rather than stored in checkpoints).
+            self.register_buffer("positions_table", sinusoidal_positions(config.max_len, config.d_model), persistent=False)
+        self.dropout = config.dropout
+
+    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2:
+            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise ValueError(f"tokens must be a [batch, seq] tensor of token ids, got {shape}; "
+                             "add a batch axis with .unsqueeze(0) for a single sequence")
+        if tokens.dtype not in (torch.long, torch.int, torch.int16, torch.uint8, torch.int8):
+            raise TypeError(f"tokens must hold integer token ids, got dtype {tokens.dtype}")
+        T = tokens.size(1)
+        if offset + T > self.max_len:
+            raise ValueError(
+                f"sequence of length {offset + T} is longer than max_len={self.max_len}; "
+                f"build the model with ModelConfig(max_len>={offset + T})"
+            )
+        if self.learned:
+            pos = self.positions.weight[offset : offset + T]  # [T, D]
+        else:
+            pos = self.positions_table[offset : offset + T]  # [T, D]
+        x = self.tokens(tokens) + pos  # [B, T, D] + [T, D] broadcasts over the batch
+        return F.dropout(x, self.dropout, self.training) if self.dropout > 0 else x
+
+
+def _per_layer_head_mask(head_mask: Tensor | None, n_layers: int, n_heads: int, batch: int, what: str = "head_mask") -> list[Tensor | None]:
+    """Split ``[N, H]`` or ``[B, N, H]`` into one ``[H]`` or ``[B, H]`` mask per layer."""
+    if head_mask is None:
+        return [None] * n_layers
+    shape = tuple(head_mask.shape)
+    if shape == (n_layers, n_heads):
+        return list(head_mask.unbind(0))  # N x [H]
+    if shape == (batch, n_layers, n_heads):
+        return list(head_mask.unbind(1))  # N x [B, H]
+    raise ValueError(
+        f"{what} must have shape [n_layers, n_heads] = [{n_layers}, {n_heads}] or "
+        f"[batch, n_layers, n_heads] = [{batch}, {n_layers}, {n_heads}], got {shape}"
+    )
+
+
+def _check_config(config: Any) -> ModelConfig:
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"expected a mhalab.models.ModelConfig, got {type(config).__name__}; "
+                        "build one with ModelConfig(vocab_size=..., d_model=..., n_heads=...)")
+    return config
+
+
+# ---------------------------------------------------------------------------- models
+class Transformer(nn.Module):
+    """Encoder-only (``config.causal=False``) or decoder-only (``config.causal=True``) transformer.
+
+    ``forward(tokens [B, T])`` returns logits ``[B, T, V]`` (or ``[B, T, n_targets, V]``).
+    ``blocks[i].attn`` is layer i's :class:`mhalab.MultiHeadAttention`.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = _check_config(config)
+        self.embed = _Embedding(config)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.ln_final = nn.LayerNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, config.n_targets * config.vocab_size)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        head_mask: Tensor | None = None,
+        return_attention: bool = False,
+        key_padding_mask: Tensor | None = None,
+        kv_caches: list[KVCache] | None = None,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """Logits for every position.
+
+        Args:
+            tokens: ``[B, T]`` token ids.
+            head_mask: ``[N, H]`` or ``[B, N, H]``; multiplies each head's output before W_O
+                (0 switches that head off in that layer).
+            return_attention: also return each layer's weights, a list of N ``[B, H, T, S]``
+                (runs the explicit attention path, slower than the fused kernel).
+            key_padding_mask: ``[B, T]``, True where a token is padding that no one should attend to.
+            kv_caches: one :class:`KVCache` per layer for incremental decoding (causal models
+                only): ``tokens`` are the *new* tokens, placed after the cached ones.
+
+        Returns:
+            logits ``[B, T, V]`` (``[B, T, n_targets, V]`` if ``n_targets > 1``), and with
+            ``return_attention`` a tuple ``(logits, attention)``.
+        """
+        cfg = self.config
+        offset = 0
+        if kv_caches is not None:
+            if not cfg.causal:
+                raise ValueError("kv_caches are for decoder-only models (ModelConfig(causal=True)): "
+                                 "a bidirectional model must re-read the whole sequence")
+            if len(kv_caches) != cfg.n_layers:
+                raise ValueError(f"pass one KVCache per layer: expected {cfg.n_layers}, got {len(kv_caches)}")
+            offset = len(kv_caches[0])
+        x = self.embed(tokens, offset)  # [B, T, D]
+        masks = _per_layer_head_mask(head_mask, cfg.n_layers, cfg.n_heads, tokens.size(0))
+        attention: list[Tensor] = []
+        for i, block in enumerate(self.blocks):
+            x, weights = block(
+                x, causal=cfg.causal, head_mask=masks[i], need_weights=return_attention,
+                key_padding_mask=key_padding_mask,
+                kv_cache=None if kv_caches is None else kv_caches[i],
+            )
+            if return_attention:
+                attention.append(weights)  # [B, H, T, S]
+        logits = self._logits(self.ln_final(x))
+        return (logits, attention) if return_attention else logits
+
+    def _logits(self, x: Tensor) -> Tensor:
+        logits = self.head(x)  # [B, T, n_targets * V]
+        if self.config.n_targets > 1:
+            B, T, _ = logits.shape
+            logits = logits.view(B, T, self.config.n_targets, self.config.vocab_size)  # [B, T, n_targets, V]
+        return logits
+
+    def forward_batch(self, batch: Any) -> Tensor:
+        """Logits for a task's :class:`~mhalab.tasks.Batch` (what :func:`mhalab.train.train` calls)."""
+        return self(batch.inputs)
+
+    @torch.no_grad()
+    def attention_patterns(self, tokens: Tensor, *, head_mask: Tensor | None = None) -> list[Tensor]:
+        """Every layer's attention weights in eval mode: a list of N ``[B, H, T, T]`` tensors.
+
+        Each row (one query) sums to 1 over the keys.  Training mode is restored afterwards.
+        """
+        was_training = self.training
+        self.eval()
+        try:
+            _, attention = self(tokens, head_mask=head_mask, return_attention=True)
+        finally:
+            self.train(was_training)
+        return attention
+
+    def new_kv_caches(self) -> list[KVCache]:
+        """One empty :class:`KVCache` per layer, for :meth:`forward` with ``kv_caches``."""
+        return [KVCache() for _ in self.blocks]
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: Tensor,
+        new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Continue ``prompt`` ``[B, T0]`` by ``new_tokens`` tokens with a KV cache; returns ``[B, T0 + new]``.
+
+        ``temperature=0`` takes the most likely token (greedy); otherwise samples from
+        ``softmax(logits / temperature)`` with ``generator``.  Each step feeds only the newest
+        token: the keys and values of earlier ones come from the per-layer caches.
+        """
+        if not self.config.causal:
+            raise ValueError("generate needs a decoder-only model: ModelConfig(causal=True)")
+        if self.config.n_targets != 1:
+            raise ValueError("generate needs one prediction per position (n_targets=1)")
+        if new_tokens < 0:
+            raise ValueError(f"new_tokens must be >= 0, got {new_tokens}")
+        was_training = self.training
+        self.eval()
+        try:
+            caches = self.new_kv_caches()
+            out = prompt
+            logits = self(prompt, kv_caches=caches)[:, -1]  # [B, V]: prediction after the prompt
+            for i in range(new_tokens):
+                if temperature > 0:
+                    probs = (logits.float() / temperature).softmax(-1)
+                    nxt = torch.multinomial(probs, 1, generator=generator)  # [B, 1]
+                else:
+                    nxt = logits.argmax(-1, keepdim=True)  # [B, 1]
+                out = torch.cat([out, nxt], dim=1)  # [B, T + 1]
+                if i + 1 < new_tokens:
+                    logits = self(nxt, kv_caches=caches)[:, -1]  # [B, V]
+        finally:
+            self.train(was_training)
+        return out
+
+
+class EncoderDecoder(nn.Module):
+    """Encoder-decoder transformer (for sequence-to-sequence tasks such as copying or reversing).
+
+    The encoder reads the source ``src [B, S]`` with bidirectional self-attention; the
+    decoder reads the target so far ``tgt [B, T]`` with causal self-attention and, in every
+    layer, cross-attends from its positions (queries) to the encoder's output (keys/values).
+    Source and target share one token embedding and vocabulary; ``config.n_layers`` is the
+    depth of each stack and ``config.causal`` is not used.
+
+    Attention is returned as a dict of per-layer lists: ``"encoder"`` ``[B, H, S, S]``,
+    ``"decoder"`` ``[B, H, T, T]`` and ``"cross"`` ``[B, H, T, S]``.  Head masks are a dict
+    with any of the same keys, each ``[N, H]`` or ``[B, N, H]``.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = _check_config(config)
+        self.embed = _Embedding(config)
+        self.encoder = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.ln_encoder = nn.LayerNorm(config.d_model)
+        self.decoder = nn.ModuleList(DecoderBlock(config) for _ in range(config.n_layers))
+        self.ln_final = nn.LayerNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, config.n_targets * config.vocab_size)
+
+    _PARTS = ("encoder", "decoder", "cross")
+
+    def _masks(self, head_mask: dict[str, Tensor] | None, batch: int) -> dict[str, list[Tensor | None]]:
+        head_mask = head_mask or {}
+        if not isinstance(head_mask, dict):
+            raise TypeError("head_mask for EncoderDecoder is a dict with keys 'encoder', 'decoder', 'cross' "
+                            f"(each [n_layers, n_heads]), got {type(head_mask).__name__}")
+        unknown = sorted(set(head_mask) - set(self._PARTS))
+        if unknown:
+            raise ValueError(f"unknown head_mask key(s) {unknown}; use 'encoder', 'decoder' and/or 'cross'")
+        cfg = self.config
+        return {
+            part: _per_layer_head_mask(head_mask.get(part), cfg.n_layers, cfg.n_heads, batch, f"head_mask[{part!r}]")
+            for part in self._PARTS
+        }
+
+    def encode(
+        self,
+        src: Tensor,
+        *,
+        src_padding_mask: Tensor | None = None,
+        head_mask: dict[str, Tensor] | None = None,
+        return_attention: bool = False,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """``src [B, S]`` -> memory ``[B, S, D]`` (and the encoder's attention list if asked)."""
+        masks = self._masks(head_mask, src.size(0))["encoder"]
+        x = self.embed(src)  # [B, S, D]
+        attention = []
+        for block, mask in zip(self.encoder, masks):
+            x, w = block(x, causal=False, head_mask=mask, need_weights=return_attention, key_padding_mask=src_padding_mask)
+            if return_attention:
+                attention.append(w)  # [B, H, S, S]
+        memory = self.ln_encoder(x)
+        return (memory, attention) if return_attention else memory
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        *,
+        src_padding_mask: Tensor | None = None,
+        head_mask: dict[str, Tensor] | None = None,
+        return_attention: bool = False,
+        kv_caches: list[KVCache] | None = None,
+    ) -> Tensor | tuple[Tensor, dict[str, list[Tensor]]]:
+        """``tgt [B, T]`` and ``memory [B, S, D]`` -> logits ``[B, T, V]`` (and decoder/cross attention)."""
+        cfg = self.config
+        masks = self._masks(head_mask, tgt.size(0))
+        offset = 0
+        if kv_caches is not None:
+            if len(kv_caches) != cfg.n_layers:
+                raise ValueError(f"pass one KVCache per decoder layer: expected {cfg.n_layers}, got {len(kv_caches)}")
+            offset = len(kv_caches[0])
+        x = self.embed(tgt, offset)  # [B, T, D]
+        attention: dict[str, list[Tensor]] = {"decoder": [], "cross": []}
+        for i, block in enumerate(self.decoder):
+            x, self_w, cross_w = block(
+                x, memory, memory_padding_mask=src_padding_mask,
+                self_head_mask=masks["decoder"][i], cross_head_mask=masks["cross"][i],
+                need_weights=return_attention, kv_cache=None if kv_caches is None else kv_caches[i],
+            )
+            if return_attention:
+                attention["decoder"].append(self_w)  # [B, H, T, T]
+                attention["cross"].append(cross_w)  # [B, H, T, S]
+        logits = self.head(self.ln_final(x))  # [B, T, n_targets * V]
+        if cfg.n_targets > 1:
+            B, T, _ = logits.shape
+            logits = logits.view(B, T, cfg.n_targets, cfg.vocab_size)  # [B, T, n_targets, V]
+        return (logits, attention) if return_attention else logits
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        *,
+        src_padding_mask: Tensor | None = None,
+        head_mask: dict[str, Tensor] | None = None,
+        return_attention: bool = False,
+    ) -> Tensor | tuple[Tensor, dict[str, list[Tensor]]]:
+        """Teacher-forced logits: ``src [B, S]``, ``tgt [B, T]`` -> ``[B, T, V]``.
+
+        Position t of the output predicts the target token after ``tgt[:, :t+1]``; feed the
+        target shifted right (starting with a BOS token).  With ``return_attention`` also a
+        dict ``{"encoder", "decoder", "cross"}`` of per-layer ``[B, H, query, key]`` weights.
+        """
+        if return_attention:
+            memory, enc_w = self.encode(src, src_padding_mask=src_padding_mask, head_mask=head_mask, return_attention=True)
+            logits, dec = self.decode(tgt, memory, src_padding_mask=src_padding_mask, head_mask=head_mask, return_attention=True)
+            return logits, {"encoder": enc_w, **dec}
+        memory = self.encode(src, src_padding_mask=src_padding_mask, head_mask=head_mask)
+        return self.decode(tgt, memory, src_padding_mask=src_padding_mask, head_mask=head_mask)
+
+    def forward_batch(self, batch: Any) -> Tensor:
+        """Logits for a batch with ``inputs`` (source) and ``decoder_inputs`` (target shifted right)."""
+        decoder_inputs = getattr(batch, "decoder_inputs", None)
+        if decoder_inputs is None:
+            raise ValueError(
+                "EncoderDecoder trains on batches that carry decoder_inputs (the target sequence shifted "
+                "right, starting with BOS) next to inputs (the source); this task's batches have none"
+            )
+        return self(batch.inputs, decoder_inputs)
+
+    @torch.no_grad()
+    def attention_patterns(self, src: Tensor, tgt: Tensor) -> dict[str, list[Tensor]]:
+        """Eval-mode weights: ``{"encoder": [B,H,S,S] per layer, "decoder": [B,H,T,T], "cross": [B,H,T,S]}``."""
+        was_training = self.training
+        self.eval()
+        try:
+            _, attention = self(src, tgt, return_attention=True)
+        finally:
+            self.train(was_training)
+        return attention
+
+    @torch.no_grad()
+    def generate(self, src: Tensor, new_tokens: int, *, bos_id: int) -> Tensor:
+        """Greedy decoding: ``src [B, S]`` -> ``[B, 1 + new_tokens]`` starting with ``bos_id``.
+
+        The source is encoded once; the decoder feeds one token per step, its self-attention
+        keys and values kept in per-layer KV caches.
+        """
+        was_training = self.training
+        self.eval()
+        try:
+            memory = self.encode(src)  # [B, S, D]
+            caches = [KVCache() for _ in self.decoder]
+            out = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)  # [B, 1]
+            nxt = out
+            for _ in range(new_tokens):
+                logits = self.decode(nxt, memory, kv_caches=caches)[:, -1]  # [B, V]
+                nxt = logits.argmax(-1, keepdim=True)  # [B, 1]
+                out = torch.cat([out, nxt], dim=1)  # [B, T + 1]
+        finally:
+            self.train(was_training)
+        return out

@@ -1,0 +1,282 @@
+"""Tests for mhalab.models: shapes, causality, head masking, attention capture, configs."""
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mhalab.attention import check_head_count
+from mhalab.models import EncoderDecoder, ModelConfig, Transformer, sinusoidal_positions
+
+V, T, B = 13, 9, 3
+
+
+def small(**overrides) -> ModelConfig:
+    values = dict(vocab_size=V, d_model=16, n_heads=4, n_layers=2, max_len=16)
+    values.update(overrides)
+    return ModelConfig(**values)
+
+
+def tokens(batch=B, length=T, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, V, (batch, length), generator=g)
+
+
+# ------------------------------------------------------------------ shapes
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_logit_shapes(causal, positions):
+    model = Transformer(small(causal=causal, positions=positions))
+    assert model(tokens()).shape == (B, T, V)
+
+
+def test_several_targets_per_position():
+    model = Transformer(small(n_targets=3))
+    assert model(tokens()).shape == (B, T, 3, V)
+
+
+def test_parameter_count_does_not_depend_on_head_count():
+    counts = {h: sum(p.numel() for p in Transformer(small(n_heads=h)).parameters()) for h in (1, 2, 4, 8, 16)}
+    assert len(set(counts.values())) == 1, counts
+
+
+def test_blocks_expose_the_attention_module():
+    from mhalab import MultiHeadAttention
+
+    model = Transformer(small(n_heads=8))
+    assert all(isinstance(b.attn, MultiHeadAttention) and b.attn.n_heads == 8 for b in model.blocks)
+
+
+def test_sinusoidal_table_matches_the_formula():
+    table = sinusoidal_positions(10, 6)
+    pos, i = 7, 1  # feature pair i: sin at 2i, cos at 2i + 1
+    angle = torch.tensor(pos / 10000 ** (2 * i / 6))
+    assert torch.allclose(table[pos, 2 * i], torch.sin(angle))
+    assert torch.allclose(table[pos, 2 * i + 1], torch.cos(angle))
+    assert sinusoidal_positions(4, 5).shape == (4, 5)  # odd widths work too
+
+
+def test_sinusoidal_positions_are_not_trained_or_saved():
+    model = Transformer(small(positions="sinusoidal"))
+    assert not any("position" in name for name, _ in model.named_parameters())
+    assert not any("position" in name for name in model.state_dict())
+
+
+# ---------------------------------------------------------------- causality
+def test_causal_model_never_looks_ahead():
+    model = Transformer(small(causal=True)).eval()
+    x = tokens()
+    changed = x.clone()
+    changed[:, 5] = (changed[:, 5] + 1) % V
+    before, after = model(x), model(changed)
+    assert torch.allclose(before[:, :5], after[:, :5], atol=1e-6)
+    assert not torch.allclose(before[:, 5:], after[:, 5:], atol=1e-4)
+
+
+def test_encoder_model_looks_both_ways():
+    model = Transformer(small(causal=False)).eval()
+    x = tokens()
+    changed = x.clone()
+    changed[:, 5] = (changed[:, 5] + 1) % V
+    assert not torch.allclose(model(x)[:, :5], model(changed)[:, :5], atol=1e-4)
+
+
+# -------------------------------------------------------------- head masks
+@pytest.mark.parametrize("layer,head", [(0, 0), (1, 3)])
+def test_head_mask_equals_zeroing_that_heads_slice_of_w_o(layer, head):
+    model = Transformer(small()).eval()
+    x = tokens()
+    mask = torch.ones(2, 4)
+    mask[layer, head] = 0.0
+    masked = model(x, head_mask=mask)
+
+    surgery = copy.deepcopy(model)
+    dk = surgery.config.d_k
+    with torch.no_grad():
+        surgery.blocks[layer].attn.out_proj.weight[:, head * dk : (head + 1) * dk] = 0.0
+    assert torch.allclose(masked, surgery(x), atol=1e-6)
+    assert not torch.allclose(masked, model(x), atol=1e-4)
+
+
+def test_per_example_head_mask():
+    model = Transformer(small()).eval()
+    x = tokens()
+    mask = torch.ones(B, 2, 4)
+    mask[1, 0, 2] = 0.0  # only example 1 loses head 2 of layer 0
+    out = model(x, head_mask=mask)
+    layer_mask = torch.ones(2, 4)
+    layer_mask[0, 2] = 0.0
+    assert torch.allclose(out[0], model(x)[0], atol=1e-6)
+    assert torch.allclose(out[1], model(x, head_mask=layer_mask)[1], atol=1e-6)
+
+
+def test_head_mask_shape_is_checked():
+    with pytest.raises(ValueError, match=r"\[n_layers, n_heads\] = \[2, 4\]"):
+        Transformer(small())(tokens(), head_mask=torch.ones(4))
+
+
+# -------------------------------------------------------- attention capture
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_patterns_format(causal):
+    model = Transformer(small(causal=causal, n_heads=2))
+    model.train()
+    patterns = model.attention_patterns(tokens())
+    assert model.training  # mode restored
+    assert isinstance(patterns, list) and len(patterns) == 2
+    for layer in patterns:
+        assert layer.shape == (B, 2, T, T)  # [batch, head, query, key]
+        assert torch.allclose(layer.sum(-1), torch.ones(B, 2, T), atol=1e-5)
+        future = torch.ones(T, T).triu(1).bool()
+        assert (layer[..., future] == 0).all() == causal
+
+
+def test_return_attention_gives_the_same_logits():
+    model = Transformer(small(causal=True)).eval()
+    x = tokens()
+    logits, attention = model(x, return_attention=True)
+    assert torch.allclose(logits, model(x), atol=1e-5)
+    assert len(attention) == 2
+
+
+def test_masked_head_still_reports_its_pattern_but_contributes_nothing():
+    model = Transformer(small()).eval()
+    mask = torch.ones(2, 4)
+    mask[0, 1] = 0
+    plain = model.attention_patterns(tokens())
+    masked = model.attention_patterns(tokens(), head_mask=mask)
+    assert torch.allclose(plain[0], masked[0])  # layer 0's patterns do not depend on its head mask
+    assert not torch.allclose(plain[1], masked[1])  # but layer 1 sees a different input
+
+
+# ------------------------------------------------------------- generation
+def test_generate_with_kv_cache_equals_recomputing_everything():
+    model = Transformer(small(causal=True))
+    prompt = tokens(length=4)
+    fast = model.generate(prompt, 6)
+    slow = prompt
+    with torch.no_grad():
+        for _ in range(6):
+            slow = torch.cat([slow, model.eval()(slow)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(fast, slow)
+
+
+def test_generate_needs_a_causal_model():
+    with pytest.raises(ValueError, match="causal=True"):
+        Transformer(small()).generate(tokens(), 2)
+
+
+def test_too_long_input_says_max_len():
+    with pytest.raises(ValueError, match="max_len=16"):
+        Transformer(small())(tokens(length=17))
+
+
+def test_tokens_must_be_2d_integers():
+    model = Transformer(small())
+    with pytest.raises(ValueError, match="unsqueeze"):
+        model(tokens()[0])
+    with pytest.raises(TypeError, match="integer token ids"):
+        model(tokens().float())
+
+
+# --------------------------------------------------------- encoder-decoder
+def test_encoder_decoder_shapes_and_attention():
+    model = EncoderDecoder(small())
+    src, tgt = tokens(length=7), tokens(length=5, seed=1)
+    logits, attention = model(src, tgt, return_attention=True)
+    assert logits.shape == (B, 5, V)
+    assert set(attention) == {"encoder", "decoder", "cross"}
+    shapes = {part: [tuple(w.shape) for w in ws] for part, ws in attention.items()}
+    assert shapes == {"encoder": [(B, 4, 7, 7)] * 2, "decoder": [(B, 4, 5, 5)] * 2, "cross": [(B, 4, 5, 7)] * 2}
+    for ws in attention.values():
+        for w in ws:
+            assert torch.allclose(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-5)
+
+
+def test_encoder_decoder_causality():
+    model = EncoderDecoder(small()).eval()
+    src, tgt = tokens(length=7), tokens(length=6, seed=1)
+    later = tgt.clone()
+    later[:, 4] = (later[:, 4] + 1) % V
+    assert torch.allclose(model(src, tgt)[:, :4], model(src, later)[:, :4], atol=1e-6)
+    other_src = src.clone()
+    other_src[:, -1] = (other_src[:, -1] + 1) % V  # the last source token is visible to every target position
+    diff = (model(src, tgt) - model(other_src, tgt)).abs().amax(dim=(0, 2))
+    assert (diff > 1e-5).all()
+
+
+def test_encoder_decoder_head_masks_and_generation():
+    model = EncoderDecoder(small()).eval()
+    src, tgt = tokens(length=7), tokens(length=5, seed=1)
+    off = torch.ones(2, 4)
+    off[1, 0] = 0
+    base = model(src, tgt)
+    for part in ("encoder", "decoder", "cross"):
+        assert not torch.allclose(model(src, tgt, head_mask={part: off}), base, atol=1e-5), part
+    with pytest.raises(ValueError, match="unknown head_mask key"):
+        model(src, tgt, head_mask={"self": off})
+
+    fast = model.generate(src, 5, bos_id=0)
+    slow = torch.zeros(B, 1, dtype=torch.long)
+    with torch.no_grad():
+        for _ in range(5):
+            slow = torch.cat([slow, model(src, slow)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(fast, slow)
+
+
+def test_encoder_decoder_forward_batch_needs_decoder_inputs():
+    model = EncoderDecoder(small())
+    with pytest.raises(ValueError, match="decoder_inputs"):
+        model.forward_batch(SimpleNamespace(inputs=tokens()))
+    batch = SimpleNamespace(inputs=tokens(length=7), decoder_inputs=tokens(length=5))
+    assert model.forward_batch(batch).shape == (B, 5, V)
+
+
+# ------------------------------------------------------------------ config
+def test_bad_head_count_fails_in_the_config_with_the_attentions_message():
+    with pytest.raises(ValueError) as ours:
+        ModelConfig(vocab_size=10, d_model=64, n_heads=5)
+    with pytest.raises(ValueError) as attention:
+        check_head_count(64, 5)
+    assert str(ours.value) == str(attention.value)
+    assert "Valid head counts for d_model=64: 1, 2, 4, 8, 16, 32, 64" in str(ours.value)
+
+
+@pytest.mark.parametrize(
+    "overrides,error,message",
+    [
+        (dict(vocab_size=0), ValueError, "vocab_size must be at least 1"),
+        (dict(n_layers=0), ValueError, "n_layers must be at least 1"),
+        (dict(n_layers=2.0), TypeError, "n_layers must be an int"),
+        (dict(d_ff=0), ValueError, "d_ff must be at least 1"),
+        (dict(dropout=1.0), ValueError, r"dropout must be a number in \[0, 1\)"),
+        (dict(positions="rotary"), ValueError, "positions must be one of"),
+        (dict(causal="yes"), TypeError, "causal must be True or False"),
+        (dict(n_heads=0), ValueError, "n_heads must be at least 1"),
+    ],
+)
+def test_config_validation(overrides, error, message):
+    with pytest.raises(error, match=message):
+        small(**overrides)
+
+
+def test_config_defaults_and_round_trip():
+    cfg = ModelConfig(vocab_size=10, d_model=32, n_heads=8)
+    assert cfg.d_ff == 128 and cfg.d_k == 4
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    assert all(isinstance(v, (int, float, str, bool)) for v in cfg.to_dict().values())
+
+
+def test_config_for_task():
+    task = SimpleNamespace(vocab_size=21, seq_len=12, causal=True, n_targets=2)
+    cfg = ModelConfig.for_task(task, d_model=32, n_heads=8)
+    assert (cfg.vocab_size, cfg.max_len, cfg.causal, cfg.n_targets, cfg.d_model, cfg.n_heads) == (21, 12, True, 2, 32, 8)
+    with pytest.raises(TypeError, match="unknown ModelConfig field"):
+        ModelConfig.for_task(task, heads=8)
+    with pytest.raises(ValueError, match="not divisible by n_heads=3"):
+        ModelConfig.for_task(task, d_model=32, n_heads=3)
+
+
+def test_model_needs_a_config():
+    with pytest.raises(TypeError, match="ModelConfig"):
+        Transformer(dict(vocab_size=10))
