@@ -29,11 +29,20 @@ def pick_device(device: str | torch.device = "auto") -> torch.device:
     kind = device.split(":")[0]
     if kind not in _CHOICES:
         raise ValueError(f"unknown device {device!r}: use one of {', '.join(_CHOICES)} (or 'cuda:N')")
+    try:
+        chosen = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"cannot read device {device!r}: write 'cpu', 'cuda', 'cuda:N' (N a GPU number) or 'mps'") from None
     if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' was asked for but torch sees no CUDA GPU; use device='auto' or 'cpu'")
+        raise ValueError(f"device={device!r} was asked for but torch sees no CUDA GPU; use device='auto' or 'cpu'")
+    if kind == "cuda" and chosen.index is not None and chosen.index >= torch.cuda.device_count():
+        raise ValueError(
+            f"device={device!r} was asked for but torch sees {torch.cuda.device_count()} CUDA GPU(s): "
+            f"use 'cuda:0' to 'cuda:{torch.cuda.device_count() - 1}'"
+        )
     if kind == "mps" and not _mps_available():
         raise ValueError("device='mps' was asked for but this torch has no usable MPS backend; use 'auto' or 'cpu'")
-    return torch.device(device)
+    return chosen
 
 
 def describe_device(device: str | torch.device = "auto") -> str:
