@@ -1,0 +1,196 @@
+"""Packaging and repository hygiene: pyproject.toml and environment.yml in step, notebooks committed
+from one clean run with the Colab cell first, the README's two commands and the CI script."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from nbtools import colab_cell_problems, colab_cell_source, course_notebooks  # noqa: E402
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+CONDA_TO_PIP = {"pytorch": "torch"}  # conda-forge names that differ from PyPI's
+MAX_NOTEBOOK_BYTES = 2 * 1024 * 1024
+REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9_.\-]*)\s*(?:(>=|==|<=|~=|!=|<|>|=)\s*([0-9][^\s,;]*))?\s*$")
+
+
+def parse(requirement: str) -> tuple[str, str | None, str | None]:
+    """``"numpy>=1.24"`` -> ``("numpy", ">=", "1.24")``; names normalised as pip does."""
+    match = REQUIREMENT.match(requirement)
+    assert match, f"cannot read the requirement {requirement!r}: write it as name>=version"
+    name, op, version = match.groups()
+    return re.sub(r"[-_.]+", "-", name).lower(), op, version
+
+
+def lower_bounds(requirements: list[str]) -> dict[str, str | None]:
+    bounds = {}
+    for requirement in requirements:
+        name, op, version = parse(requirement)
+        assert op in (None, ">="), f"{requirement!r}: only lower bounds (>=) are used, so learners' installs resolve"
+        bounds[CONDA_TO_PIP.get(name, name)] = version
+    return bounds
+
+
+@pytest.fixture(scope="module")
+def pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+@pytest.fixture(scope="module")
+def conda_env() -> dict:
+    return yaml.safe_load((ROOT / "environment.yml").read_text())
+
+
+def conda_groups() -> dict[str, list[str]]:
+    """environment.yml's dependencies, grouped by its `# lab` and `# test` comments (runtime before them)."""
+    text = (ROOT / "environment.yml").read_text()
+    body = text.split("dependencies:", 1)[1]
+    groups: dict[str, list[str]] = {"runtime": [], "lab": [], "test": []}
+    current = "runtime"
+    for line in body.splitlines():
+        stripped = line.strip()
+        if stripped in ("# lab", "# test"):
+            current = stripped[2:]
+        elif stripped.startswith("- ") and not line.startswith("      "):  # top-level entries only
+            entry = stripped[2:].strip()
+            if entry in ("pip", "pip:") or entry.startswith("python>=") or entry.startswith("python "):
+                continue
+            groups[current].append(entry)
+    return groups
+
+
+class TestPyprojectAndEnvironmentInStep:
+    def test_same_packages_and_lower_bounds(self, pyproject, conda_env):
+        project = pyproject["project"]
+        pip_side = lower_bounds(project["dependencies"])
+        for extra in ("lab", "test"):
+            pip_side.update(lower_bounds(project["optional-dependencies"][extra]))
+        conda_entries = [d for d in conda_env["dependencies"] if isinstance(d, str) and d not in ("pip",)]
+        conda_side = lower_bounds([d for d in conda_entries if parse(d)[0] != "python"])
+        assert conda_side == pip_side, (
+            "environment.yml and pyproject.toml disagree (add or fix the package in both):\n"
+            f"  only in pyproject.toml: {sorted(pip_side.items() - conda_side.items())}\n"
+            f"  only in environment.yml: {sorted(conda_side.items() - pip_side.items())}"
+        )
+
+    @pytest.mark.parametrize("group", ["runtime", "lab", "test"])
+    def test_same_grouping(self, pyproject, group):
+        project = pyproject["project"]
+        pip_group = project["dependencies"] if group == "runtime" else project["optional-dependencies"][group]
+        assert lower_bounds(conda_groups()[group]) == lower_bounds(pip_group), (
+            f"the {group} packages differ between pyproject.toml and environment.yml's {group} section"
+        )
+
+    def test_python_version(self, pyproject, conda_env):
+        assert pyproject["project"]["requires-python"] == ">=3.10"
+        assert "python>=3.10" in conda_env["dependencies"]
+
+    def test_torch_is_not_pinned(self, pyproject):
+        torch_specs = [r for r in pyproject["project"]["dependencies"] if parse(r)[0] == "torch"]
+        assert len(torch_specs) == 1, "torch must be a runtime dependency"
+        name, op, version = parse(torch_specs[0])
+        assert op == ">=", f"torch must have a lower bound only (Colab and conda bring their own), got {torch_specs[0]!r}"
+
+    def test_runtime_dependencies(self, pyproject):
+        names = set(lower_bounds(pyproject["project"]["dependencies"]))
+        assert {"torch", "numpy", "matplotlib", "ipywidgets", "tqdm"} <= names
+        extras = pyproject["project"]["optional-dependencies"]
+        assert "jupyterlab" in lower_bounds(extras["lab"])
+        assert {"pytest", "nbval", "hypothesis", "pyyaml"} <= set(lower_bounds(extras["test"]))
+
+    def test_conda_env_installs_mhalab_itself(self, conda_env):
+        assert "conda-forge" in conda_env["channels"]
+        pip_sections = [d["pip"] for d in conda_env["dependencies"] if isinstance(d, dict) and "pip" in d]
+        assert pip_sections and "-e ." in pip_sections[0]
+
+
+# ---------------------------------------------------------------- notebooks
+NOTEBOOKS = course_notebooks()
+notebook_params = pytest.mark.parametrize(
+    "path", NOTEBOOKS or [pytest.param(None, marks=pytest.mark.skip(reason="no notebooks yet"))],
+    ids=lambda p: p.name if p else "none",
+)
+
+
+def test_every_notebook_is_a_course_notebook():
+    strays = [p.name for p in (ROOT / "notebooks").glob("*.ipynb") if p not in NOTEBOOKS]
+    assert not strays, f"notebooks must be named NN_topic.ipynb to be checked and taught: {strays}"
+
+
+def test_colab_cell_is_first():
+    problems = colab_cell_problems()
+    assert problems == [], (
+        f"these notebooks do not start with the current Colab set-up cell: {problems}; "
+        "fix with `python3 tools/colab_cells.py --write`"
+    )
+
+
+@notebook_params
+def test_notebook_first_code_cell(path):
+    nb = nbformat.read(path, as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert first.source == colab_cell_source()
+
+
+@notebook_params
+def test_notebook_outputs_come_from_one_clean_run(path):
+    nb = nbformat.read(path, as_version=4)
+    counts = [c.execution_count for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+    assert counts == list(range(1, len(counts) + 1)), (
+        f"{path.name}: execution counts {counts} are not 1..{len(counts)}: re-run it with "
+        f"`python3 course.py execute notebooks/{path.name}`"
+    )
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for output in cell.outputs:
+            assert output.output_type != "error", (
+                f"{path.name}, cell {index}: committed error output {output.get('ename')}: {output.get('evalue')}"
+            )
+            if output.output_type == "execute_result":
+                assert output.execution_count == cell.execution_count, f"{path.name}, cell {index}: stale result"
+
+
+@notebook_params
+def test_notebook_size(path):
+    size = path.stat().st_size
+    assert size < MAX_NOTEBOOK_BYTES, f"{path.name} is {size / 1e6:.1f} MB; keep notebooks under 2 MB (smaller figures, lower dpi)"
+
+
+# ------------------------------------------------------------ README and CI
+def test_readme_quick_start_has_the_two_commands():
+    readme = ROOT / "README.md"
+    if not readme.exists():
+        pytest.skip("README.md does not exist yet")
+    text = readme.read_text()
+    match = re.search(r"(?ms)^## Quick start\s*$(.*?)(?=^## )", text + "\n## end")
+    assert match, "README.md needs a '## Quick start' section"
+    block = re.search(r"```(?:bash|sh|console)?\n(.*?)```", match.group(1), re.S)
+    assert block, "the Quick start needs a code block with the commands"
+    commands = [line.split("#")[0].strip() for line in block.group(1).splitlines()]
+    commands = [c for c in commands if c]
+    assert commands == ["python3 course.py lab", "python3 course.py test"], (
+        f"the Quick start must give exactly the two commands, got {commands}"
+    )
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = ROOT / ".ci" / "run"
+    if not ci.exists():
+        pytest.skip(".ci/run does not exist yet")
+    lines = [line.strip() for line in ci.read_text().splitlines()]
+    commands = [line for line in lines if line and not line.startswith("#")]
+    assert "python3 course.py test" in commands, ".ci/run must call the README's `python3 course.py test`"
+    assert any(re.match(r"set -[a-z]*e", line) for line in commands), ".ci/run must stop at the first failure (set -e)"
+    assert commands[-1] == "python3 course.py test", "the test command must be last, so its exit code is the script's"
