@@ -1,0 +1,186 @@
+"""Small plotting helpers shared by the notebooks: attention heat maps, tensor layouts, cost curves.
+
+Every function draws on a matplotlib ``Axes`` (made for you when you pass none) and returns what it
+drew on, so a notebook can place several plots in one figure.  Figures are made at :data:`DPI`
+(modest, so executed notebooks stay small).  matplotlib is imported lazily: importing mhalab does
+not need a display.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["DPI", "figure", "heatmap", "attention_maps", "show_memory_layout", "LAYOUTS", "plot_costs"]
+
+DPI = 72  # dots per inch of every figure the helpers make
+
+
+def figure(ncols: int = 1, nrows: int = 1, *, width: float = 3.2, height: float = 3.0, **kwargs):
+    """``plt.subplots`` at :data:`DPI` with ``width x height`` inches per panel; returns ``(fig, axes)``."""
+    import matplotlib.pyplot as plt
+
+    kwargs.setdefault("squeeze", False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), dpi=DPI, **kwargs)
+    return fig, axes
+
+
+def _as_2d(weights) -> Tensor:
+    w = torch.as_tensor(weights).detach().float().cpu()
+    if w.dim() != 2:
+        raise ValueError(
+            f"heatmap expects one [query, key] matrix, got shape {tuple(w.shape)}; "
+            "pick one batch element and one head first, e.g. weights[0, head]"
+        )
+    return w
+
+
+def heatmap(
+    weights,
+    *,
+    ax=None,
+    x_labels: Sequence[str] | None = None,
+    y_labels: Sequence[str] | None = None,
+    title: str | None = None,
+    vmax: float | None = 1.0,
+    annotate: bool = False,
+    cmap: str = "Blues",
+    xlabel: str = "key (attended to)",
+    ylabel: str = "query (attending)",
+):
+    """Draw one ``[query, key]`` attention matrix: row i is how query i spreads its weight.
+
+    ``annotate`` writes each weight in its cell (for small matrices).  Returns the Axes.
+    """
+    w = _as_2d(weights)
+    if ax is None:
+        _, axes = figure(width=0.45 * w.size(1) + 1.5, height=0.45 * w.size(0) + 1.0)
+        ax = axes[0, 0]
+    ax.imshow(w.numpy(), cmap=cmap, vmin=0.0, vmax=vmax if vmax is not None else float(w.max()))
+    for labels, setter, n, axis in ((x_labels, ax.set_xticks, w.size(1), "x"), (y_labels, ax.set_yticks, w.size(0), "y")):
+        if labels is not None:
+            if len(labels) != n:
+                raise ValueError(f"{axis}_labels has {len(labels)} labels for {n} {'keys' if axis == 'x' else 'queries'}")
+            setter(range(n), labels=list(labels), rotation=90 if axis == "x" else 0)
+    if annotate:
+        top = vmax if vmax is not None else float(w.max())
+        for i in range(w.size(0)):
+            for j in range(w.size(1)):
+                value = float(w[i, j])
+                text = "0" if value == 0 else "1" if value >= 0.995 else f"{value:.2f}".lstrip("0")
+                ax.text(j, i, text, ha="center", va="center",
+                        fontsize=7, color="white" if value > 0.6 * top else "black")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax
+
+
+def attention_maps(
+    maps: Sequence,
+    *,
+    titles: Sequence[str],
+    x_labels: Sequence[str] | None = None,
+    y_labels: Sequence[str] | None = None,
+    annotate: bool = False,
+    panel_size: float = 2.8,
+):
+    """Several ``[query, key]`` matrices side by side, sharing labels; returns the Figure."""
+    if len(maps) != len(titles):
+        raise ValueError(f"got {len(maps)} maps but {len(titles)} titles")
+    fig, axes = figure(len(maps), width=panel_size, height=panel_size)
+    for k, (w, title, ax) in enumerate(zip(maps, titles, axes[0])):
+        heatmap(w, ax=ax, x_labels=x_labels, y_labels=y_labels if k == 0 else None, title=title, annotate=annotate,
+                ylabel="query (attending)" if k == 0 else "")
+        if k > 0 and y_labels is not None:
+            ax.set_yticks(range(len(y_labels)), labels=[""] * len(y_labels))
+    fig.tight_layout()
+    return fig
+
+
+LAYOUTS = ("B T D", "B T H dk", "B H T dk")
+
+
+def show_memory_layout(t: Tensor, layout: str, *, d_k: int, title: str):
+    """Draw a batch-1 tensor whose entries are their original memory offsets (``torch.arange``).
+
+    ``layout`` names the axes of ``t``, one of the three stages of the head split:
+
+    * ``"B T D"``: T rows of D features (the model's view),
+    * ``"B T H dk"``: the same rows, cut into H groups of dk (a view: nothing moved),
+    * ``"B H T dk"``: H blocks, one per head, each T x dk (still a view: only the strides changed).
+
+    Each cell shows its number (= where it sits in memory); its colour says which head's slice of
+    the features it came from, so one can follow every number through the reshape.  Returns the Figure.
+    """
+    import matplotlib.pyplot as plt
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if t.dim() != len(layout.split()) or t.size(0) != 1:
+        raise ValueError(f"a {layout!r} tensor of one sequence has shape [1, ...] with {len(layout.split())} axes, got {tuple(t.shape)}")
+    values = t[0].detach().long()
+    tokens = values.size(1) if layout == "B H T dk" else values.size(0)
+    d_model = values.numel() // tokens  # features per token, whatever the layout
+    if layout == "B H T dk":
+        blocks, block_titles = [values[i] for i in range(values.size(0))], [f"head {i}" for i in range(values.size(0))]
+    else:  # one grid of T rows; "B T H dk" looks the same as "B T D" because it IS the same memory
+        blocks, block_titles = [values.reshape(values.size(0), -1)], [None]
+    rows, cols = blocks[0].shape
+    fig, axes = figure(len(blocks), width=0.42 * cols + 0.7, height=0.42 * rows + 1.4)
+    colours = plt.get_cmap("tab10")
+    for block, block_title, ax in zip(blocks, block_titles, axes[0]):
+        head_of = (block % d_model) // d_k  # which head's features the number came from
+        rgba = torch.tensor([colours(int(h) % 10) for h in head_of.flatten()]).view(*block.shape, 4)
+        rgba[..., 3] = 0.5
+        ax.imshow(rgba.numpy(), aspect="equal")
+        for i in range(rows):
+            for j in range(cols):
+                ax.text(j, i, str(int(block[i, j])), ha="center", va="center", fontsize=7)
+        if layout == "B T H dk":  # draw the cuts between heads
+            for j in range(d_k, cols, d_k):
+                ax.axvline(j - 0.5, color="black", linewidth=2.5)
+        ax.set_xticks(range(cols))
+        ax.set_yticks(range(rows))
+        ax.tick_params(labelsize=7)
+        ax.set_xlabel({"B T D": "feature", "B T H dk": "head | feature within head", "B H T dk": "feature within head"}[layout], fontsize=8)
+        ax.set_ylabel("token", fontsize=8)
+        if block_title:
+            ax.set_title(block_title, fontsize=9)
+    fig.suptitle(f"{title}\n{layout}: shape {list(t.shape)}, strides {list(t.stride())}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_costs(table, *, width: float = 3.3):
+    """The cost table as curves against h: parameters and KV cache (flat), d_k (falling). Returns the Figure.
+
+    ``table`` is what :func:`mhalab.counting.cost_table` returns (rows with heads, d_k, parameters, kv_cache).
+    """
+    from matplotlib.ticker import FuncFormatter
+
+    heads = [r.heads for r in table]
+    fig, axes = figure(3, width=width, height=2.7)
+    series = (
+        ("parameters (Q, K, V, O)", [r.parameters for r in table], "tab:blue"),
+        ("KV cache per token per layer", [r.kv_cache for r in table], "tab:orange"),
+        ("d_k (width of each head)", [r.d_k for r in table], "tab:green"),
+    )
+    for ax, (label, values, colour) in zip(axes[0], series):
+        ax.plot(heads, values, "o-", color=colour)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(heads, labels=[str(h) for h in heads])
+        ax.set_xlabel("heads h")
+        ax.set_title(label, fontsize=9)
+        low, high = min(values), max(values)
+        if low == high:  # a flat line: show it flat, with room around it, starting at zero
+            ax.set_ylim(0, 1.25 * high)
+        else:
+            ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    fig.suptitle(f"d_model = {table.d_model}: what changes with the head count", fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,48 @@
+"""Exercises of notebook 02: references pass, plausible mistakes fail with a message that says what is off."""
+
+import pytest
+import torch
+
+from mhalab import MultiHeadAttention, labs
+
+EXERCISES = labs.load("02")
+
+
+def test_three_exercises_in_order():
+    assert [q.number for q in EXERCISES] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("q", EXERCISES, ids=lambda q: q.key)
+def test_reference_and_solution_pass(q, capsys):
+    assert q.check(q.reference)
+    namespace = {}
+    exec("import torch\n" + q.solution_text, namespace)
+    solution = [v for k, v in namespace.items() if callable(v) and not k.startswith("__") and k != "torch"][-1]
+    assert q.check(solution)
+    assert "✓" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("q", EXERCISES, ids=lambda q: q.key)
+def test_wrong_answers_fail_with_a_reason(q, capsys):
+    for wrong in q.wrong:
+        assert not q.check(wrong)
+        out = capsys.readouterr().out
+        assert out.startswith("✗") and len(out) > 60
+
+
+def test_split_and_merge_match_the_module():
+    q1, q2, _ = EXERCISES
+    m = MultiHeadAttention(12, 3)
+    x = torch.randn(2, 5, 12)
+    assert torch.equal(q1.reference(x, 3), m.split_heads(x))
+    assert torch.equal(q2.reference(m.split_heads(x).contiguous()), m.merge_heads(m.split_heads(x).contiguous()))
+
+
+def test_specific_messages(capsys):
+    q1, q2, q3 = EXERCISES
+    q1.check(lambda x, h: x.view(x.size(0), h, x.size(1), -1))
+    assert "every head must see every token" in capsys.readouterr().out
+    q3.check(lambda s: s.masked_fill(~torch.ones(s.size(-1), s.size(-1)).tril().bool(), 0.0).softmax(-1))
+    assert "-inf" in capsys.readouterr().out
+    q3.check(lambda s: s.masked_fill(~torch.ones(s.size(-1), s.size(-1)).tril(-1).bool(), float("-inf")).softmax(-1))
+    assert "diagonal" in capsys.readouterr().out

@@ -1,0 +1,52 @@
+"""The plotting helpers draw without error, at the course's dpi, and refuse input they cannot draw."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import pytest
+import torch
+
+from mhalab import MultiHeadAttention
+from mhalab.counting import cost_table
+from mhalab.plotting import DPI, attention_maps, heatmap, plot_costs, show_memory_layout
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def test_heatmap_and_maps():
+    w = torch.rand(4, 4).softmax(-1)
+    ax = heatmap(w, x_labels=list("abcd"), y_labels=list("abcd"), annotate=True, title="t")
+    assert ax.figure.dpi == DPI <= 80
+    fig = attention_maps([w, w], titles=["a", "b"], x_labels=list("abcd"), y_labels=list("abcd"))
+    assert len(fig.axes) == 2
+
+
+def test_heatmap_rejects_bad_input():
+    with pytest.raises(ValueError, match="one batch element and one head"):
+        heatmap(torch.rand(2, 3, 3))
+    with pytest.raises(ValueError, match="x_labels has 2 labels for 3 keys"):
+        heatmap(torch.rand(3, 3), x_labels=["a", "b"])
+
+
+def test_memory_layout_all_three_stages():
+    m = MultiHeadAttention(8, 2)
+    x = torch.arange(32.0).view(1, 4, 8)
+    for t, layout, panels in ((x, "B T D", 1), (x.view(1, 4, 2, 4), "B T H dk", 1), (m.split_heads(x), "B H T dk", 2)):
+        fig = show_memory_layout(t, layout, d_k=4, title="t")
+        assert len(fig.axes) == panels
+        assert str(list(t.stride())) in fig._suptitle.get_text()
+    with pytest.raises(ValueError, match="layout must be one of"):
+        show_memory_layout(x, "B D", d_k=4, title="t")
+    with pytest.raises(ValueError, match="shape"):
+        show_memory_layout(x.view(4, 8), "B T D", d_k=4, title="t")
+
+
+def test_plot_costs():
+    fig = plot_costs(cost_table(64, (1, 2, 4)))
+    assert len(fig.axes) == 3
