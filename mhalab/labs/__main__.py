@@ -1,0 +1,103 @@
+"""Instructor commands for the course's lab exercises.
+
+    python -m mhalab.labs release notebooks/ OUT_DIR      write student versions (solutions -> placeholders)
+    python -m mhalab.labs release --check notebooks/      only list what release would change
+    python -m mhalab.labs grade SUBMISSION.ipynb [--json out.json] [--timeout S]
+    python -m mhalab.labs list [NN ...]                   the exercises of each notebook
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _need(module: str) -> None:
+    try:
+        __import__(module)
+    except ImportError:
+        sys.exit(f"mhalab.labs: this command needs {module}; install it with `pip install 'mhalab[test]'` (or `pip install {module}`)")
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    _need("nbformat")
+    from .release import MarkerError, release
+
+    if not args.check and args.out_dir is None:
+        sys.exit("mhalab.labs release: give an output folder (release notebooks/ OUT_DIR), or --check to only list the changes")
+    try:
+        release(args.source, args.out_dir or ".", dry_run=args.check)
+    except (MarkerError, ValueError, FileNotFoundError) as error:
+        print(f"mhalab.labs release: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_grade(args: argparse.Namespace) -> int:
+    _need("nbformat")
+    _need("nbclient")
+    from .grade import grade
+
+    if not Path(args.notebook).is_file():
+        sys.exit(f"mhalab.labs grade: no notebook at {args.notebook}")
+    try:
+        report = grade(
+            args.notebook,
+            timeout=args.timeout if args.timeout and args.timeout > 0 else None,
+            kernel_name=args.kernel,
+            notebook=args.exercises_of,
+            executed_path=args.executed,
+        )
+    except ValueError as error:
+        print(f"mhalab.labs grade: {error}", file=sys.stderr)
+        return 1
+    print(report.format())
+    if args.json:
+        Path(args.json).write_text(report.to_json() + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from .core import available_notebooks, load
+
+    for nb_id in args.notebooks or available_notebooks():
+        for ex in load(nb_id):
+            print(f"{ex.key:<6} {ex.title}  ({ex.points:g} point{'s' if ex.points != 1 else ''})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mhalab.labs", description="Student releases and grading for the mhalab lab exercises.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("release", help="write student versions of the notebooks", description=(
+        "Replace every ### BEGIN SOLUTION ... ### END SOLUTION region with a NotImplementedError placeholder, "
+        "clear the outputs of the exercise section, keep everything else."))
+    p.add_argument("source", help="a folder of notebooks (e.g. notebooks/) or one notebook")
+    p.add_argument("out_dir", nargs="?", help="where the student versions go (must not be the source folder)")
+    p.add_argument("--check", "--dry-run", action="store_true", help="only list what would change; write nothing")
+    p.set_defaults(func=cmd_release)
+
+    p = sub.add_parser("grade", help="run a learner's notebook and score its exercises", description=(
+        "Execute the notebook in a fresh kernel (continuing past errors), then score every exercise the "
+        "registry has for it: passed = its points, anything else = 0."))
+    p.add_argument("notebook", help="the submitted .ipynb")
+    p.add_argument("--json", metavar="OUT", help="also write the grade as JSON to OUT")
+    p.add_argument("--timeout", type=float, default=600, metavar="S", help="seconds one cell may run before it is interrupted (default 600; 0 = no limit)")
+    p.add_argument("--kernel", default="python3", help="Jupyter kernel to run it with (default python3)")
+    p.add_argument("--notebook", dest="exercises_of", metavar="NN", help="whose exercises to expect (default: from its labs.load call or file name)")
+    p.add_argument("--executed", metavar="OUT.ipynb", help="also save the executed notebook (feedback for the learner)")
+    p.set_defaults(func=cmd_grade)
+
+    p = sub.add_parser("list", help="list the exercises of each notebook")
+    p.add_argument("notebooks", nargs="*", help="notebook numbers (default: all)")
+    p.set_defaults(func=cmd_list)
+
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

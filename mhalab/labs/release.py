@@ -1,0 +1,356 @@
+"""Student versions of the course notebooks: solutions out, placeholders in.
+
+The solution notebooks mark each answer with nbgrader's delimiters, on lines of their own::
+
+    def d_k_for(d_model, n_heads):
+        ### BEGIN SOLUTION
+        return d_model // n_heads
+        ### END SOLUTION
+
+    q1.check(d_k_for)
+
+:func:`student_version` replaces every such region (as ``nbgrader generate_assignment`` does, keeping
+the indentation of the BEGIN line) with::
+
+        # YOUR CODE HERE
+        raise NotImplementedError("Your answer here: exercise 03.1 (...); q1.hint() gives a hint.")
+
+and clears the outputs of the exercise section: every code cell from the first one that loads
+exercises, the first that checks an exercise or holds a solution region, to the end of
+the notebook (results computed from an answer would give it away), plus any cell tagged ``exercise`` or
+marked as an nbgrader solution/grade cell. A cell in that section tagged ``keep-output`` keeps its output. Everything before the exercises
+(explanations, plots, their outputs) is kept as it is. In a markdown cell a solution region becomes
+nbgrader's text stub, ``YOUR ANSWER HERE``.
+
+Command line: ``python -m mhalab.labs release notebooks/ OUT_DIR`` (``--check`` only lists).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BEGIN, END = "BEGIN SOLUTION", "END SOLUTION"  # what nbgrader looks for (modern nbgrader: anywhere in a line)
+BEGIN_LINE, END_LINE = "### BEGIN SOLUTION", "### END SOLUTION"  # the exact form every nbgrader version accepts
+CODE_STUB = "# YOUR CODE HERE"
+TEXT_STUB = "YOUR ANSWER HERE"
+KEEP_OUTPUT_TAG = "keep-output"
+EXERCISE_TAG = "exercise"
+
+_LABS = r"(?:mhalab\.)?labs\."
+_LOAD = re.compile(rf"^[ \t]*(?P<targets>[\w \t,()\[\]]+?)[ \t]*=[ \t]*{_LABS}load\([ \t]*[\"']?(?P<nb>\d+)[\"']?[ \t]*\)", re.M)
+_ONE = re.compile(rf"^[ \t]*(?P<var>\w+)[ \t]*=[ \t]*{_LABS}exercise\([ \t]*[\"']?(?P<nb>\d+)[\"']?[ \t]*,[ \t]*(?P<num>\d+)[ \t]*\)", re.M)
+_MENTION = re.compile(rf"{_LABS}(?:load|exercise)\([ \t]*[\"']?(?P<nb>\d+)[\"']?")
+_INLINE_CHECK = re.compile(rf"{_LABS}exercise\([ \t]*[\"']?(?P<nb>\d+)[\"']?[ \t]*,[ \t]*(?P<num>\d+)[ \t]*\)\.check\(")
+_CALL = re.compile(r"\b(?P<var>[A-Za-z_]\w*)\.check\(")
+
+
+class MarkerError(ValueError):
+    """Solution delimiters that are unbalanced, nested or not written as nbgrader expects."""
+
+
+# --------------------------------------------------------------------------- reading a notebook
+
+
+def _source(cell: Any) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def _tags(cell: Any) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def _nbgrader_exercise(cell: Any) -> bool:
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return bool(meta.get("solution") or meta.get("grade"))
+
+
+def notebook_ids(nb: Any, path: str | Path | None = None) -> list[str]:
+    """The notebook numbers whose exercises ``nb`` uses: from its ``labs.load("NN")`` /
+    ``labs.exercise("NN", k)`` calls, else from a file name starting with two digits."""
+    found = []
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            for m in _MENTION.finditer(_source(cell)):
+                nb_id = m.group("nb").zfill(2)
+                if nb_id not in found:
+                    found.append(nb_id)
+    if not found and path is not None:
+        m = re.match(r"(\d\d)(?:_|\b)", Path(path).name)
+        if m:
+            found.append(m.group(1))
+    return found
+
+
+def bindings(nb: Any) -> dict[str, str | None]:
+    """Which variable holds which exercise: {"q1": "03.1", ...} (None where the key is unknown)."""
+    from .core import load
+
+    found: dict[str, str | None] = {}
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        text = _source(cell)
+        for m in _LOAD.finditer(text):
+            names = [t.strip() for t in re.sub(r"[()\[\]]", " ", m.group("targets")).split(",") if t.strip()]
+            try:
+                keys = [ex.key for ex in load(m.group("nb"))]
+            except ValueError:
+                keys = []
+            for i, name in enumerate(names):
+                found[name] = keys[i] if i < len(keys) else None
+        for m in _ONE.finditer(text):
+            found[m.group("var")] = f"{m.group('nb').zfill(2)}.{int(m.group('num'))}"
+    return found
+
+
+def checks_in(text: str, bound: dict[str, str | None]) -> list[tuple[int, str | None]]:
+    """(offset, exercise key) of every exercise check in ``text``, in order."""
+    hits = [(m.start(), f"{m.group('nb').zfill(2)}.{int(m.group('num'))}") for m in _INLINE_CHECK.finditer(text)]
+    for m in _CALL.finditer(text):
+        var = m.group("var")
+        if var in bound:
+            hits.append((m.start(), bound[var]))
+        elif not bound and var not in ("self", "torch", "np"):  # no bindings seen: any .check( counts
+            hits.append((m.start(), None))
+    return sorted(hits, key=lambda h: h[0])
+
+
+def solution_regions(text: str, *, code: bool = True) -> list[tuple[int, int]]:
+    """(begin line, end line) of every solution region, 0-based and inclusive of the markers.
+
+    Raises :class:`MarkerError` for nested or unterminated regions, an END without a BEGIN, and (in
+    code cells) a marker line that is not exactly ``### BEGIN SOLUTION`` / ``### END SOLUTION``.
+    """
+    regions, start = [], None
+    for i, line in enumerate(text.split("\n")):
+        is_begin, is_end = BEGIN in line, END in line
+        if not (is_begin or is_end):
+            continue
+        if code and line.strip() not in (BEGIN_LINE, END_LINE):
+            raise MarkerError(
+                f"line {i + 1}: {line.strip()!r} mentions a solution marker; write the marker on a line of its own, "
+                f"exactly as {BEGIN_LINE!r} or {END_LINE!r}"
+            )
+        if is_begin:
+            if start is not None:
+                raise MarkerError(f"line {i + 1}: a second BEGIN SOLUTION before the END SOLUTION of the one on line {start + 1}")
+            start = i
+        else:
+            if start is None:
+                raise MarkerError(f"line {i + 1}: END SOLUTION without a BEGIN SOLUTION before it")
+            regions.append((start, i))
+            start = None
+    if start is not None:
+        raise MarkerError(f"line {start + 1}: BEGIN SOLUTION without an END SOLUTION after it")
+    return regions
+
+
+def replace_regions(text: str, stub: list[str], *, code: bool = True) -> tuple[str, int]:
+    """``text`` with every solution region replaced by ``stub`` (indented like its BEGIN line)."""
+    lines = text.split("\n")
+    regions = solution_regions(text, code=code)
+    out, last = [], 0
+    for begin, end in regions:
+        out += lines[last:begin]
+        indent = re.match(r"[ \t]*", lines[begin]).group(0)
+        out += [indent + s if s else s for s in stub]
+        last = end + 1
+    out += lines[last:]
+    return "\n".join(out), len(regions)
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class CellPlan:
+    index: int
+    cell_type: str
+    regions: int = 0                      # solution regions replaced in this cell
+    answers: str | None = None            # the exercise those regions answer (the next check after them)
+    checks: list[str | None] = field(default_factory=list)  # exercises checked in this cell
+    clear: bool = False                   # its outputs are cleared in the student version
+
+
+@dataclass
+class ReleasePlan:
+    notebooks: list[str]                  # notebook numbers whose exercises are used
+    cells: list[CellPlan]
+    expected: list[str]                   # exercise keys the registry has for those notebooks
+    problems: list[str] = field(default_factory=list)   # errors: no student version can be made
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def n_regions(self) -> int:
+        return sum(c.regions for c in self.cells)
+
+    @property
+    def checked(self) -> list[str]:
+        return [k for c in self.cells for k in c.checks if k]
+
+    def summary(self) -> str:
+        def spans(indices: list[int]) -> str:
+            return ", ".join(str(i) for i in indices) or "none"
+
+        lines = [
+            f"exercises of notebook(s) {', '.join(self.notebooks) or 'none'}: {', '.join(self.expected) or 'none registered'}",
+            f"{self.n_regions} solution region(s) -> placeholders, in cells {spans([c.index for c in self.cells if c.regions])}",
+            f"outputs cleared in cells {spans([c.index for c in self.cells if c.clear])}",
+            f"checks in cells {spans([c.index for c in self.cells if c.checks])}: {', '.join(k or '?' for k in self.checked) or 'none'}",
+        ]
+        lines += [f"WARNING: {w}" for w in self.warnings]
+        lines += [f"ERROR: {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+def plan(nb: Any, path: str | Path | None = None) -> ReleasePlan:
+    """What :func:`student_version` will do to ``nb`` (nothing is changed)."""
+    from .core import load
+
+    ids = notebook_ids(nb, path)
+    expected: list[str] = []
+    warnings: list[str] = []
+    for nb_id in ids:
+        try:
+            expected += [ex.key for ex in load(nb_id)]
+        except ValueError as error:
+            warnings.append(str(error))
+    bound = bindings(nb)
+    cells, problems = [], []
+    pending: list[CellPlan] = []  # cells whose regions wait for the next check to say which exercise they answer
+    section_started = False
+    for index, cell in enumerate(nb.cells):
+        cp = CellPlan(index, cell.cell_type)
+        text = _source(cell)
+        is_code = cell.cell_type == "code"
+        if cell.cell_type in ("code", "markdown"):
+            try:
+                regions = solution_regions(text, code=is_code)
+            except MarkerError as error:
+                problems.append(f"cell {index}: {error}")
+                regions = []
+            cp.regions = len(regions)
+        if is_code:
+            hits = checks_in(text, bound)
+            cp.checks = [key for _, key in hits]
+            last_end = len("\n".join(text.split("\n")[: regions[-1][1] + 1])) if cp.regions else -1
+            after = [key for offset, key in hits if offset > last_end]
+            if cp.regions:
+                pending.append(cp)
+            if after or (hits and not cp.regions):
+                for waiting in pending:
+                    waiting.answers = (after or [key for _, key in hits])[0]
+                pending = []
+            opens = bool(cp.regions or hits or EXERCISE_TAG in _tags(cell) or _nbgrader_exercise(cell))
+            section_started = section_started or opens
+            cp.clear = (section_started and KEEP_OUTPUT_TAG not in _tags(cell)) or cp.regions > 0 or bool(hits)
+        cells.append(cp)
+    for waiting in pending:
+        warnings.append(f"cell {waiting.index}: a solution region with no exercise check after it")
+    checked = {k for c in cells for k in c.checks if k}
+    for key in expected:
+        if key not in checked:
+            warnings.append(f"exercise {key} is registered but no cell checks it (it will always grade as 0)")
+    for c in cells:
+        for key in c.checks:
+            if key is not None and key not in expected:
+                warnings.append(f"cell {c.index} checks exercise {key}, which the registry does not have")
+    return ReleasePlan(ids, cells, expected, problems, warnings)
+
+
+def _instruction(key: str | None, bound: dict[str, str | None]) -> str:
+    if key is None:
+        return "Your answer here: replace this line with your code, then run the cell to check it."
+    from .core import exercise
+
+    var = next((v for v, k in bound.items() if k == key), None)
+    try:
+        ex = exercise(*key.split("."))
+        what = f"exercise {key} ({ex.title})"
+    except ValueError:
+        what = f"exercise {key}"
+    helper = f"; {var}.hint() gives a hint" if var else ""
+    return f"Your answer here: {what}. Replace this line with your code{helper}."
+
+
+def student_version(nb: Any, path: str | Path | None = None) -> tuple[Any, ReleasePlan]:
+    """A copy of ``nb`` with solution regions replaced and exercise outputs cleared, and the plan.
+
+    Raises :class:`MarkerError` (listing every problem) when the markers are malformed.
+    """
+    the_plan = plan(nb, path)
+    if the_plan.problems:
+        raise MarkerError("; ".join(the_plan.problems))
+    bound = bindings(nb)
+    student = copy.deepcopy(nb)
+    for cp, cell in zip(the_plan.cells, student.cells):
+        if cp.regions:
+            if cp.cell_type == "code":
+                stub = [CODE_STUB, f"raise NotImplementedError({json.dumps(_instruction(cp.answers, bound), ensure_ascii=False)})"]
+                cell.source, _ = replace_regions(_source(cell), stub, code=True)
+            else:
+                cell.source, _ = replace_regions(_source(cell), [TEXT_STUB], code=False)
+        if cp.cell_type == "code" and cp.clear:
+            cell.outputs = []
+            cell.execution_count = None
+        cell.get("metadata", {}).pop("execution", None)
+    return student, the_plan
+
+
+# --------------------------------------------------------------------------- whole folders
+
+
+def course_notebooks(folder: str | Path) -> list[Path]:
+    """Every notebook in ``folder`` (not in checkpoints), sorted."""
+    folder = Path(folder)
+    if folder.is_file():
+        return [folder]
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is neither a notebook nor a folder of notebooks")
+    return sorted(p for p in folder.glob("*.ipynb") if not p.name.startswith("."))
+
+
+def release(source: str | Path, out_dir: str | Path, *, dry_run: bool = False, log=print) -> dict[str, ReleasePlan]:
+    """Write the student version of every notebook in ``source`` to ``out_dir``.
+
+    Notebooks without solution regions are copied unchanged. Every notebook is checked before
+    anything is written; malformed markers raise :class:`MarkerError` naming the notebook and cell.
+    With ``dry_run`` only the plans are returned (and logged).
+    """
+    import nbformat
+
+    paths = course_notebooks(source)
+    out_dir = Path(out_dir)
+    if not dry_run and any((out_dir / path.name).resolve() == path.resolve() for path in paths):
+        raise ValueError(f"the student versions must go to another folder than {out_dir}: they would overwrite the solutions")
+    plans, students, problems = {}, {}, []
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        p = plan(nb, path)
+        plans[path.name] = p
+        if p.problems:
+            problems += [f"{path.name}: {problem}" for problem in p.problems]
+        elif p.n_regions or any(c.clear for c in p.cells):
+            students[path.name] = student_version(nb, path)[0]
+        else:
+            students[path.name] = nb
+        if log:
+            if not p.n_regions and not p.checked and not p.problems:
+                log(f"{path.name}: no exercises, copied unchanged")
+            else:
+                log(f"{path.name}:\n  " + p.summary().replace("\n", "\n  "))
+    if problems:
+        raise MarkerError("malformed solution markers:\n  " + "\n  ".join(problems))
+    if not dry_run:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, nb in students.items():
+            nbformat.write(nb, out_dir / name)
+        if log:
+            log(f"wrote {len(students)} student notebook(s) to {out_dir}")
+    return plans
