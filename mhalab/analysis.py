@@ -561,8 +561,9 @@ def per_example_loss(logits: Tensor, targets: Tensor, ignore_index: int = -100) 
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"logits {tuple(logits.shape)} do not match targets {tuple(targets.shape)} (expected [..., V] vs [...])")
     V = logits.size(-1)
+    logits = logits if logits.dtype == torch.float64 else logits.float()  # half precision -> float32
     ce = F.cross_entropy(
-        logits.reshape(-1, V).float(), targets.reshape(-1), ignore_index=ignore_index, reduction="none"
+        logits.reshape(-1, V), targets.reshape(-1), ignore_index=ignore_index, reduction="none"
     ).view(targets.shape)  # [B, T(, R)]
     valid = (targets != ignore_index).float()
     return (ce * valid).flatten(1).sum(1) / valid.flatten(1).sum(1).clamp(min=1)  # [B]
@@ -603,7 +604,7 @@ def head_importance(
     """
     N, H = model_shape(model)
     param = next(model.parameters())
-    total = torch.zeros(N, H, device=param.device, dtype=torch.float32)
+    total = torch.zeros(N, H, device=param.device, dtype=torch.float64 if param.dtype == torch.float64 else torch.float32)
     count = 0
     keep = torch.ones(N, H, device=param.device) if mask is None else mask.to(param.device, torch.float32)
     if tuple(keep.shape) != (N, H):
@@ -616,7 +617,7 @@ def head_importance(
                 logits = _forward(model, batch)
             losses = per_example_loss(logits, batch.targets) if loss_fn is None else loss_fn(logits, batch)  # [B]
             (grad,) = torch.autograd.grad(losses.sum(), xi)  # [B, N, H]: dL(x_b)/d xi for each example b
-            total += grad.abs().float().sum(dim=0)
+            total += grad.abs().sum(dim=0).to(total.dtype)
             count += B
     importance = total / count
     if normalize:

@@ -1,0 +1,247 @@
+"""mhalab.analysis: capturing attention, head scores, ablation, importance and pruning."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mhalab import analysis as A
+from mhalab.models import ModelConfig, Transformer
+from mhalab.tasks import Batch, MultiRelationTask
+
+
+@pytest.fixture
+def task():
+    return MultiRelationTask((-1, 1), vocab_size=8, seq_len=8)
+
+
+@pytest.fixture
+def model(task):
+    torch.manual_seed(0)
+    return Transformer(ModelConfig.for_task(task, d_model=16, n_heads=4, n_layers=2))
+
+
+@pytest.fixture
+def batch(task):
+    return task.sample(6, generator=torch.Generator().manual_seed(1))
+
+
+def no_hooks(model):
+    return all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+
+
+# ------------------------------------------------------------------------------ capture
+def test_capture_matches_model_and_leaves_it_alone(model, batch):
+    model.train()
+    before = model(batch.inputs).detach()
+    attention = A.capture_attention(model, batch)
+    assert len(attention) == 2
+    assert all(a.shape == (6, 4, 8, 8) for a in attention)  # [layer][batch, head, query, key]
+    for ours, theirs in zip(attention, model.attention_patterns(batch.inputs)):
+        torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(attention[0].sum(-1), torch.ones(6, 4, 8))
+    assert model.training and no_hooks(model)
+    assert torch.equal(model(batch.inputs), before)
+    assert A.stack_attention(attention).shape == (2, 6, 4, 8, 8)
+
+
+def test_capture_accepts_token_ids_and_stack_rejects_ragged(model, batch):
+    assert A.capture_attention(model, batch.inputs)[1].shape == (6, 4, 8, 8)
+    with pytest.raises(ValueError, match="different shapes"):
+        A.stack_attention([torch.rand(1, 2, 3, 3), torch.rand(1, 2, 3, 4)])
+
+
+# ------------------------------------------------------------------------------- scores
+def hand_made(T=6):
+    """One layer, one example, three heads: previous-token, uniform, first-token."""
+    prev = torch.zeros(T, T)
+    prev[0, 0] = 1.0
+    prev[torch.arange(1, T), torch.arange(T - 1)] = 1.0
+    uniform = torch.full((T, T), 1.0 / T)
+    first = torch.zeros(T, T)
+    first[:, 0] = 1.0
+    return torch.stack([prev, uniform, first])[None, None]  # [N=1, B=1, H=3, T, T]
+
+
+def test_generic_scores_on_hand_made_patterns():
+    T = 6
+    s = A.head_scores(hand_made(T))
+    assert list(s) == list(A.GENERIC_SCORES)
+    torch.testing.assert_close(s["previous-token"][0], torch.tensor([1.0, 1 / T, 1 / (T - 1)]))  # query 1 looks at 0
+    torch.testing.assert_close(s["next-token"][0], torch.tensor([0.0, 1 / T, 0.0]))
+    torch.testing.assert_close(s["self"][0], torch.tensor([1 / T, 1 / T, 1 / T]))  # prev's query 0 looks at itself
+    torch.testing.assert_close(s["first-token"][0], torch.tensor([1 / (T - 1), 1 / T, 1.0]))
+    torch.testing.assert_close(s["entropy"][0], torch.tensor([0.0, math.log(T), 0.0]))
+    mean_distance_uniform = sum(abs(q - k) for q in range(T) for k in range(T)) / T / T
+    torch.testing.assert_close(s["distance"][0], torch.tensor([(T - 1) / T, mean_distance_uniform, (T - 1) / 2]))
+
+
+def test_relation_score_uses_the_sources():
+    T = 6
+    sources = torch.arange(T)[None] - 1  # [B=1, T]: the relation "one to the left"
+    sources[0, 0] = -1  # points nowhere from query 0: left out
+    score = A.relation_score(hand_made(T), sources)
+    torch.testing.assert_close(score[0], torch.tensor([1.0, 1 / T, 1 / (T - 1)]))
+    with pytest.raises(ValueError, match=r"must be \[batch, query\]"):
+        A.relation_score(hand_made(T), sources[:, :3])
+    with pytest.raises(ValueError, match="points nowhere"):
+        A.relation_score(hand_made(T), torch.full((1, T), -1))
+
+
+def test_head_scores_on_a_task_batch(model, batch):
+    s = A.head_scores(A.capture_attention(model, batch), batch)
+    assert list(s)[:2] == ["left1", "right1"] and all(v.shape == (2, 4) for v in s.values())
+    # For this task "left1" is the previous token (queries 1..T-1), so the two scores agree.
+    torch.testing.assert_close(s["left1"], s["previous-token"])
+    with pytest.raises(KeyError, match="not in this batch"):
+        A.head_scores(A.capture_attention(model, batch), batch, relations=["left9"])
+    text = A.format_scores(s, names=["left1", "entropy"])
+    assert text.splitlines()[1].startswith("L0H0") and len(text.splitlines()) == 9
+
+
+def test_best_heads_and_matching():
+    s = {"a": torch.tensor([[0.9, 0.1], [0.2, 0.3]]), "b": torch.tensor([[0.1, 0.2], [0.85, 0.4]])}
+    assert A.best_heads(s, ["a", "b"]) == {"a": ((0, 0), pytest.approx(0.9)), "b": ((1, 0), pytest.approx(0.85))}
+    assert A.heads_matching(s, ["a", "b"], 0.8) == {(0, 0): "a", (0, 1): None, (1, 0): "b", (1, 1): None}
+
+
+# ------------------------------------------------------------------------------ ablation
+def test_bad_heads_get_clear_errors(model):
+    with pytest.raises(IndexError, match=r"layer 2 is out of range: the model has layers 0..1"):
+        A.check_heads(model, [(2, 0)])
+    with pytest.raises(IndexError, match=r"head 4 is out of range: layer 1 has heads 0..3"):
+        A.check_heads(model, (1, 4))
+    with pytest.raises(TypeError, match="must be an int"):
+        A.check_heads(model, [(0, 1.0)])
+    with pytest.raises(TypeError, match=r"\(layer, head\) pair"):
+        A.check_heads(model, [3])
+    assert A.check_heads(model, [(1, 2), (0, 3), (1, 2)]) == [(0, 3), (1, 2)]
+    with pytest.raises(ValueError, match="method must be"):
+        with A.ablate(model, [(0, 0)], method="random"):
+            pass
+
+
+def test_zero_ablation_is_the_head_mask_and_is_undone_exactly(model, batch):
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    intact = model(batch.inputs).detach()
+    mask = torch.ones(2, 4)
+    mask[0, 1] = mask[1, 3] = 0.0
+    with A.ablate(model, [(0, 1), (1, 3)]) as m:
+        assert m is model
+        ablated = model(batch.inputs).detach()
+    torch.testing.assert_close(ablated, model(batch.inputs, head_mask=mask).detach())
+    assert not torch.allclose(ablated, intact)
+    assert torch.equal(model(batch.inputs), intact) and no_hooks(model)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with pytest.raises(RuntimeError, match="boom"):  # restored after an exception too
+        with A.ablate(model, [(0, 0)]):
+            raise RuntimeError("boom")
+    assert no_hooks(model) and torch.equal(model(batch.inputs), intact)
+
+
+def test_mean_ablation(model, batch):
+    one = batch.inputs[:1]
+    intact = model(one).detach()
+    # With a one-sequence reference, the mean of a head's output *is* its output: nothing changes.
+    with A.ablate(model, [(0, 2)], method="mean", reference=one):
+        torch.testing.assert_close(model(one).detach(), intact)
+    with A.ablate(model, [(0, 2)], method="mean", reference=batch):
+        assert not torch.allclose(model(one), intact)
+    with pytest.raises(ValueError, match="needs a reference batch"):
+        with A.ablate(model, [(0, 2)], method="mean"):
+            pass
+    with pytest.raises(ValueError, match="same length"):
+        with A.ablate(model, [(0, 2)], method="mean", reference=batch.inputs[:, :5]):
+            model(batch.inputs)
+    assert no_hooks(model)
+
+
+def test_ablate_each_head(model, task, batch):
+    table = A.ablate_each_head(model, task, batch)
+    assert table.baseline == A.evaluate_batch(model, task, batch)
+    assert table.ablated["accuracy"].shape == (2, 4)
+    with A.ablate(model, (1, 2)):
+        manual = A.evaluate_batch(model, task, batch)
+    assert table.ablated["loss"][1, 2].item() == pytest.approx(manual["loss"], rel=1e-5)
+    assert table.drop("loss")[1, 2].item() == pytest.approx(table.baseline["loss"] - manual["loss"], rel=1e-4)
+    with pytest.raises(KeyError, match="no metric"):
+        table.drop("bleu")
+
+
+# ---------------------------------------------------------------------------- importance
+def test_importance_is_the_gate_gradient(model, task):
+    """I_h = E_x |dL(x)/d xi_h|, checked against central finite differences on the head mask."""
+    model = model.double()
+    batch = task.sample(3, generator=torch.Generator().manual_seed(2))
+    ours = A.head_importance(model, batch, normalize=False)
+    eps = 1e-5
+    expected = torch.zeros(2, 4, dtype=torch.float64)
+    for layer in range(2):
+        for head in range(4):
+            up, down = torch.ones(2, 4, dtype=torch.float64), torch.ones(2, 4, dtype=torch.float64)
+            up[layer, head] += eps
+            down[layer, head] -= eps
+            with torch.no_grad():
+                l_up = A.per_example_loss(model(batch.inputs, head_mask=up), batch.targets)  # [B]
+                l_down = A.per_example_loss(model(batch.inputs, head_mask=down), batch.targets)
+            expected[layer, head] = ((l_up - l_down) / (2 * eps)).abs().mean()  # |.| per example, then the mean
+    torch.testing.assert_close(ours.double(), expected, rtol=1e-4, atol=1e-8)
+    # The same examples split into two batches: the same expectation.
+    halves = [Batch(batch.inputs[a:b], batch.targets[a:b], {k: v[a:b] for k, v in batch.sources.items()}) for a, b in ((0, 1), (1, 3))]
+    torch.testing.assert_close(A.head_importance(model, halves, normalize=False), ours)
+
+
+def test_importance_of_a_dead_head_is_zero_and_layers_are_normalised(model, batch):
+    with torch.no_grad():
+        model.blocks[1].attn.out_proj.weight[:, 2 * 4 : 3 * 4] = 0.0  # head 2 of layer 1 writes nothing
+    importance = A.head_importance(model, batch)
+    assert importance[1, 2] == 0.0 and (importance[0] > 0).all()
+    torch.testing.assert_close(importance.norm(dim=-1), torch.ones(2))
+    mask = torch.ones(2, 4)
+    mask[0, 0] = 0.0
+    assert A.head_importance(model, batch, mask=mask)[0, 0] == 0.0
+    with pytest.raises(ValueError, match="mask must be"):
+        A.head_importance(model, batch, mask=torch.ones(4))
+
+
+def test_per_example_loss_matches_cross_entropy(task, batch):
+    logits = torch.randn(6, 8, 2, 8)
+    per = A.per_example_loss(logits, batch.targets)
+    assert per.shape == (6,)
+    first = torch.nn.functional.cross_entropy(logits[0].reshape(-1, 8), batch.targets[0].reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(per[0], first)
+
+
+# ------------------------------------------------------------------------------- pruning
+def test_pruning_curve(model, task, batch):
+    curve = A.pruning_curve(model, task, batch, random_orders=2, seed=1)
+    assert curve.removed.tolist() == list(range(9)) and curve.n_heads == 8
+    assert curve.by_importance.shape == (9,) and curve.random.shape == (2, 9)
+    assert curve.baseline == A.evaluate_batch(model, task, batch)["accuracy"] == curve.by_importance[0]
+    assert sorted(curve.importance_order) == [(l, h) for l in range(2) for h in range(4)]
+    assert all(sorted(o) == sorted(curve.importance_order) for o in curve.random_orders)
+    everything = [(l, h) for l in range(2) for h in range(4)]
+    with A.ablate(model, everything):  # the last point: no head left at all
+        assert curve.by_importance[-1] == A.evaluate_batch(model, task, batch)["accuracy"]
+    assert np.allclose(curve.random[:, -1], curve.by_importance[-1])
+    importance = A.head_importance(model, batch)
+    assert curve.importance_order[0] == min(everything, key=lambda lh: float(importance[lh]))
+    again = A.pruning_curve(model, task, batch, random_orders=0, recompute=True, max_removed=2)
+    assert again.by_importance.shape == (3,) and len(again.importance_order) == 2
+    assert no_hooks(model)
+    with pytest.raises(ValueError, match="max_removed"):
+        A.pruning_curve(model, task, batch, max_removed=9)
+
+
+def test_removable_counts_heads_before_the_first_drop():
+    curve = A.PruningCurve(
+        baseline=0.9, metric="accuracy", removed=np.arange(5),
+        by_importance=np.array([0.9, 0.9, 0.895, 0.85, 0.91]),
+        importance_order=[], random=np.array([[0.9, 0.7, 0.6, 0.5, 0.4]]), random_orders=[], n_heads=4,
+    )
+    assert curve.removable(0.01) == 2  # the fourth point is the first more than 1 point below
+    assert curve.removable(0.1) == 4
+    assert curve.removable(0.01, curve="random") == 0
+    with pytest.raises(ValueError, match="curve must be"):
+        curve.removable(curve="best")
