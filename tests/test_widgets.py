@@ -1,0 +1,119 @@
+"""mhalab.widgets: the head explorer answers from precomputed arrays, with or without a frontend."""
+
+import numpy as np
+import pytest
+import torch
+
+from mhalab import analysis, widgets
+from mhalab.models import ModelConfig, Transformer
+from mhalab.tasks import MultiRelationTask
+
+
+@pytest.fixture(scope="module")
+def setup():
+    task = MultiRelationTask((-1, 2), vocab_size=8, seq_len=8)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.for_task(task, d_model=16, n_heads=4, n_layers=2))
+    batch = task.sample(5, generator=torch.Generator().manual_seed(3))
+    explorer = widgets.head_explorer(model, batch, task, examples=3, figsize=(6, 3))
+    return task, model, batch, explorer
+
+
+def test_explorer_precomputes_everything(setup):
+    task, model, batch, ex = setup
+    assert ex.attention.shape == (2, 3, 4, 8, 8)  # [layer, example, head, query, key]
+    stacked = analysis.stack_attention(analysis.capture_attention(model, batch))
+    np.testing.assert_allclose(ex.attention, stacked[:, :3].numpy())
+    assert set(ex.scores) == {"left1", "right2", *analysis.GENERIC_SCORES}
+    assert ex.ablation is not None and ex.ablation.ablated["accuracy"].shape == (2, 4)
+    assert ex.labels[0] == task.token_labels(batch.inputs[0])
+    assert ex.png.startswith(b"\x89PNG") and ex.timings == []
+
+
+def test_update_changes_the_picture_and_times_itself(setup):
+    _, _, _, ex = setup
+    ex.update(layer=0, head=0, example=0, highlight="none")
+    before_png, before_map = ex.png, np.array(ex.image.get_array())
+    seconds = ex.update(layer=1, head=2)
+    assert isinstance(seconds, float) and 0 < seconds < 5 and ex.timings[-1] == seconds
+    assert ex.png != before_png
+    np.testing.assert_array_equal(ex.image.get_array(), ex.attention[1, 0, 2])
+    assert not np.array_equal(ex.image.get_array(), before_map)
+    ex.update(example=2)  # new tick labels
+    assert [t.get_text() for t in ex.ax_map.get_xticklabels()] == ex.labels[2]
+    assert "layer 1, head 2, example 2" in ex.map_title.get_text()
+
+
+def test_highlight_marks_where_the_relation_points(setup):
+    _, _, batch, ex = setup
+    ex.update(example=1, highlight="right2")
+    keys, queries = ex.markers.get_offsets().T
+    src = batch.sources["right2"][1]
+    assert queries.tolist() == [q for q in range(8) if src[q] >= 0]
+    assert keys.tolist() == [int(src[q]) for q in queries.astype(int)]
+    ex.update(highlight="previous-token")
+    assert ex.markers.get_offsets().tolist() == [[q - 1, q] for q in range(1, 8)]
+    ex.update(highlight="none")
+    assert len(ex.markers.get_offsets()) == 0
+
+
+def test_bad_controls_get_clear_errors(setup):
+    _, _, _, ex = setup
+    with pytest.raises(IndexError, match=r"layer 2 is out of range: choose 0..1"):
+        ex.update(layer=2)
+    with pytest.raises(IndexError, match=r"example 3 is out of range: choose 0..2"):
+        ex.update(example=3)
+    with pytest.raises(TypeError, match="head must be an int"):
+        ex.update(head="1")
+    with pytest.raises(ValueError, match="highlight must be one of"):
+        ex.update(highlight="left7")
+
+
+def test_sliders_drive_the_same_update(setup):
+    _, _, _, ex = setup
+    ui = ex.widget  # builds without a frontend
+    assert type(ui).__name__ == "VBox"
+    ex.update(layer=0, head=0)
+    shown, n = ex._image_widget.value, len(ex.timings)
+    ex._head_slider.value = 3
+    assert ex.head == 3 and len(ex.timings) == n + 1  # one redraw per move
+    assert ex._image_widget.value == ex.png and ex.png != shown
+    ex.update(layer=1)  # from Python: the sliders follow without a second redraw
+    assert ex._layer_slider.value == 1 and len(ex.timings) == n + 2
+    assert "ms" in ex._status.value
+
+
+def test_static_fallback_without_a_frontend(setup, monkeypatch):
+    _, _, _, ex = setup
+    assert not widgets.widgets_available()  # no kernel under pytest
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
+    ex._ipython_display_()
+    assert len(shown) == 1 and shown[0].data == ex.png
+    assert "HeadExplorer" in repr(ex)
+
+
+def test_reuses_a_precomputed_ablation_and_skips_it_when_asked(setup):
+    task, model, batch, ex = setup
+    again = widgets.HeadExplorer(model, batch, task, ablation=ex.ablation)
+    assert again.ablation is ex.ablation and "head off" in again.ablation_text(0, 0)
+    bare = widgets.HeadExplorer(model, batch.inputs, ablation=False)
+    assert bare.relations == [] and bare.ablation is None and "pass task=" in bare.ablation_text(0, 0)
+    assert bare.labels[0] == [str(int(t)) for t in batch.inputs[0]]
+
+
+def test_head_grid(setup):
+    import matplotlib.pyplot as plt
+
+    task, model, batch, ex = setup
+    fig = widgets.head_grid(ex, layer=1)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(titles) == 4 and all(t.startswith(f"H{h}:") for h, t in enumerate(titles))
+    plt.close(fig)
+    fig = widgets.head_grid(model, batch, 0, task=task, columns=2)
+    assert len(fig.axes) == 4
+    plt.close(fig)
+    with pytest.raises(IndexError, match="layer 5 is out of range"):
+        widgets.head_grid(ex, layer=5)
+    with pytest.raises(ValueError, match="needs the batch"):
+        widgets.head_grid(model)
