@@ -1,0 +1,139 @@
+"""Tests for mhalab.parallelism: counting attention operations, recording calls, batched vs looped heads."""
+
+import pytest
+import torch
+from torch import nn
+
+from mhalab import MultiHeadAttention
+from mhalab.parallelism import (
+    StackConfig,
+    batched_attention,
+    batched_heads,
+    head_weights,
+    looped_attention,
+    looped_heads,
+    record_attention_calls,
+    time_heads,
+)
+
+
+def test_decoder_only_32_by_32_is_1024_operations():
+    stack = StackConfig("llama-7b shape", n_heads=32, decoder_layers=32, d_model=4096)
+    assert stack.attention_blocks == 32
+    assert stack.attention_operations == 1024
+    assert stack.sequential_steps == 32
+    assert stack.breakdown() == {"decoder self-attention (causal)": 1024}
+
+
+def test_encoder_decoder_counts_cross_attention_twice_per_decoder_layer():
+    stack = StackConfig("transformer base", n_heads=8, encoder_layers=6, decoder_layers=6, cross_attention=True)
+    assert stack.attention_operations == 6 * 8 + 6 * 8 * 2 == 144
+    assert stack.sequential_steps == 18
+    assert sum(stack.breakdown().values()) == stack.attention_operations
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(n_heads=0, decoder_layers=2), "n_heads"),
+        (dict(n_heads=4), "at least one layer"),
+        (dict(n_heads=4, decoder_layers=2, cross_attention=True), "encoder_layers >= 1"),
+        (dict(n_heads=3, decoder_layers=2, d_model=64), "not divisible"),
+        (dict(n_heads=4, encoder_layers=-1, decoder_layers=1), "encoder_layers"),
+    ],
+)
+def test_bad_stack_configs_say_what_is_wrong(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        StackConfig("bad", **kwargs)
+
+
+class _TinyEncoderDecoder(nn.Module):
+    def __init__(self, d=16, h=4):
+        super().__init__()
+        self.enc = nn.ModuleList(MultiHeadAttention(d, h) for _ in range(2))
+        self.dec_self = MultiHeadAttention(d, h)
+        self.dec_cross = MultiHeadAttention(d, h)
+
+    def forward(self, src, tgt):
+        for layer in self.enc:
+            src = src + layer(src)[0]
+        tgt = tgt + self.dec_self(tgt, is_causal=True)[0]
+        return tgt + self.dec_cross(tgt, src, src)[0]
+
+
+def test_record_attention_calls_in_order_with_kinds_and_lengths():
+    model = _TinyEncoderDecoder()
+    src, tgt = torch.randn(2, 7, 16), torch.randn(2, 5, 16)
+    with record_attention_calls(model) as calls:
+        model(src, tgt)
+    assert [c.module for c in calls] == ["enc.0", "enc.1", "dec_self", "dec_cross"]
+    assert [c.kind for c in calls] == ["self", "self", "self", "cross"]
+    assert [(c.query_len, c.key_len) for c in calls] == [(7, 7), (7, 7), (5, 5), (5, 7)]
+    assert sum(c.n_heads for c in calls) == 16
+    # hooks are gone afterwards
+    model(src, tgt)
+    assert len(calls) == 4
+
+
+def test_record_attention_calls_needs_attention_modules():
+    with pytest.raises(ValueError, match="no mhalab.MultiHeadAttention"):
+        with record_attention_calls(nn.Linear(2, 2)):
+            pass
+
+
+@pytest.mark.parametrize("h", [1, 4, 16])
+def test_batched_and_looped_compute_the_same(h):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, 5, 32 // h, generator=g) for _ in range(3))
+    torch.testing.assert_close(batched_attention(q, k, v), looped_attention(q, k, v))
+    w = head_weights(32, h, generator=g)
+    x = torch.randn(2, 5, 32, generator=g)
+    torch.testing.assert_close(batched_heads(x, w), looped_heads(x, w), atol=1e-5, rtol=1e-5)
+
+
+def test_batched_heads_matches_multi_head_attention_module():
+    g = torch.Generator().manual_seed(1)
+    w = head_weights(32, 4, generator=g)
+    m = MultiHeadAttention(32, 4, bias=False)
+    with torch.no_grad():
+        m.qkv_proj.weight.copy_(w.W_qkv)
+        m.out_proj.weight.copy_(w.W_o)
+    x = torch.randn(2, 6, 32, generator=g)
+    torch.testing.assert_close(batched_heads(x, w), m(x)[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("part", ["attention", "layer"])
+def test_time_heads_returns_one_row_per_head_count(part):
+    threads = torch.get_num_threads()
+    rows = time_heads((1, 4), part=part, d_model=32, seq_len=8, repeats=2, warmup=0)
+    assert [r.heads for r in rows] == [1, 4] and [r.d_k for r in rows] == [32, 8]
+    assert all(r.batched_s > 0 and r.looped_s > 0 and r.ratio == r.looped_s / r.batched_s for r in rows)
+    assert torch.get_num_threads() == threads  # restored
+
+
+def test_time_heads_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="part must be one of"):
+        time_heads(part="everything")
+    with pytest.raises(ValueError, match="not divisible"):
+        time_heads((3,), d_model=32)
+    with pytest.raises(ValueError, match="repeats"):
+        time_heads(repeats=0)
+
+
+def test_benchmark_script_prints_and_writes_json(tmp_path, capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "heads_parallel.py"
+    spec = importlib.util.spec_from_file_location("heads_parallel", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "r.json"
+    result = bench.main(["--d-model", "32", "--heads", "1,4", "--sizes", "1x8", "--repeats", "2", "--json", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert [r["heads"] for r in result["runs"][0]["rows"]] == [1, 4]
+    assert {run["part"] for run in result["runs"]} == {"attention", "layer"}
+    assert "looped/batched" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench.main(["--sizes", "64"])
