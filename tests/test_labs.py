@@ -488,3 +488,15 @@ def test_course_notebook_student_release_runs_and_grades_zero(path, tmp_path):
     assert not report.kernel_died
     assert [e.status for e in report.exercises] == ["unanswered"] * len(report.exercises), report.format()
     assert report.score == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", LAB_NOTEBOOKS[:1], ids=nb_ids[:1])
+def test_grading_a_course_solution_notebook_gives_full_marks(path, tmp_path):
+    """End to end on one real notebook (the others' solutions are executed by nbval, and their committed
+    outputs must show every check passing: test_course_notebook_release_plan)."""
+    copy = tmp_path / path.name
+    copy.write_bytes(path.read_bytes())
+    report = grade(copy, timeout=600)
+    assert report.score == report.max_score > 0, report.format()
+    assert report.errors == [] and report.outcomes_from == "kernel"

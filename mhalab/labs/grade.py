@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -164,7 +165,8 @@ def execute(nb: Any, *, cwd: str | Path, timeout: float | None = 600, kernel_nam
     )
     died = False
     env = {k: v for k, v in os.environ.items() if k != STRICT_ENV}  # grading records outcomes; it never stops on one
-    with client.setup_kernel(env=env):
+    # The kernel's own stderr (start-up warnings) is not the learner's output: keep it off the report.
+    with client.setup_kernel(env=env, stderr=subprocess.DEVNULL):
         try:
             info = client.wait_for_reply(client.kc.kernel_info())
             if info and "language_info" in info.get("content", {}):
