@@ -1,0 +1,90 @@
+"""sweep_heads on a tiny task: one row per (heads, seed), equal parameter counts, determinism, clear errors."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest
+import torch
+
+from mhalab.sweep import SweepResults, SweepRow, sweep_heads
+from mhalab.tasks import MultiRelationTask
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    task = MultiRelationTask((-1, 1), vocab_size=5, seq_len=6)
+    return task, sweep_heads(task, d_model=8, heads=(1, 2, 8), seeds=(0, 1), steps=3, device="cpu",
+                             eval_batches=1, eval_batch_size=16, progress=False)
+
+
+def test_one_row_per_run_with_equal_parameters(tiny):
+    _, results = tiny
+    assert [(r.heads, r.seed) for r in results.rows] == [(1, 0), (1, 1), (2, 0), (2, 1), (8, 0), (8, 1)]
+    assert [r.d_k for r in results.rows] == [8, 8, 4, 4, 1, 1]
+    assert len({r.parameters for r in results.rows}) == 1
+    for r in results.rows:
+        assert set(r.relations) == {"left1", "right1"}
+        assert 0.0 <= r.accuracy <= 1.0 and r.loss > 0 and r.seconds > 0
+        # overall accuracy is the mean of the two relations (both have the same number of targets here)
+        assert r.accuracy == pytest.approx(sum(r.relations.values()) / 2, abs=1e-6)
+
+
+def test_summaries_gaps_and_printing(tiny):
+    _, results = tiny
+    assert results.heads == [1, 2, 8] and results.seeds == [0, 1]
+    by_seed = results.by_seed()
+    for seed, gap in results.gaps(8).items():
+        assert gap == pytest.approx(max(by_seed[seed].values()) - by_seed[seed][8])
+        assert gap >= 0
+    assert results.best_heads() in (1, 2, 8)
+    text = str(results)
+    assert "heads" in text and "left1" in text and len(text.splitlines()) == 1 + 1 + 6
+    assert len(results.summary().splitlines()) == 1 + 3
+    assert results.to_records()[0]["accuracy/left1"] == results.rows[0].relations["left1"]
+    with pytest.raises(KeyError, match="not swept"):
+        results.gaps(4)
+    with pytest.raises(KeyError, match="unknown metric"):
+        results.by_heads("speed")
+    ax = results.plot()
+    assert len(ax.get_xticks()) == 3
+
+
+def test_same_seed_same_result(tiny):
+    task, results = tiny
+    again = sweep_heads(task, d_model=8, heads=(2,), seeds=(1,), steps=3, device="cpu", eval_batches=1,
+                        eval_batch_size=16, progress=False)
+    first = next(r for r in results.rows if (r.heads, r.seed) == (2, 1))
+    assert again.rows[0].loss == first.loss and again.rows[0].relations == first.relations
+
+
+def test_the_callers_random_state_is_untouched(tiny):
+    task, _ = tiny
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    sweep_heads(task, d_model=8, heads=(1,), seeds=(0,), steps=1, device="cpu", eval_batches=1,
+                eval_batch_size=4, progress=False)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_bad_settings_fail_before_training():
+    task = MultiRelationTask((-1, 1), vocab_size=5, seq_len=6)
+    with pytest.raises(ValueError, match="not divisible by n_heads=3"):
+        sweep_heads(task, d_model=8, heads=(1, 3), steps=1, progress=False)
+    with pytest.raises(ValueError, match="seeds has repeats"):
+        sweep_heads(task, d_model=8, heads=(1,), seeds=(0, 0), steps=1, progress=False)
+    with pytest.raises(ValueError, match="n_heads"):
+        sweep_heads(task, d_model=8, heads=(1,), steps=1, model={"n_heads": 2}, progress=False)
+    with pytest.raises(ValueError, match="sets seed itself"):
+        sweep_heads(task, d_model=8, heads=(1,), steps=1, seed=3, progress=False)
+    with pytest.raises(TypeError, match="unknown ModelConfig field"):
+        sweep_heads(task, d_model=8, heads=(1,), steps=1, model={"width": 3}, progress=False)
+
+
+def test_results_can_be_built_by_hand():
+    rows = [SweepRow(h, 4 // h, s, 10, 1.0, acc, {}, 0.1) for h, s, acc in [(1, 0, 0.2), (4, 0, 0.9), (1, 1, 0.4), (4, 1, 0.5)]]
+    results = SweepResults(rows, d_model=4, steps=1)
+    assert results.by_heads() == {1: [0.2, 0.4], 4: [0.9, 0.5]}
+    assert results.gaps(1) == pytest.approx({0: 0.7, 1: 0.1})
+    assert results.best_heads() == 4
