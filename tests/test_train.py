@@ -1,0 +1,347 @@
+"""Tests for mhalab.train: learning, exact resume, divergence, validation, checkpoints.
+
+The tasks here are tiny ones defined in this file (the Task protocol of mhalab.tasks), so that
+these tests do not depend on the course's tasks and run in a few seconds.
+"""
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mhalab.models import EncoderDecoder, ModelConfig, Transformer
+from mhalab.train import EVAL_SEED, History, TrainingDiverged, evaluate, load_checkpoint, train
+
+
+@dataclass
+class Batch:
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    sources: dict
+    decoder_inputs: torch.Tensor | None = None
+
+
+class PreviousToken:
+    """Predict the token one to the left (a task one attention head solves)."""
+
+    name = "previous-token"
+    vocab_size = 8
+    seq_len = 8
+    n_targets = 1
+    relations = ("previous",)
+    causal = True
+
+    def __init__(self):
+        self.samples = 0  # how many batches were drawn (tests use it to see if training started)
+
+    def sample(self, batch_size, *, generator, device=None):
+        self.samples += 1
+        device = generator.device if device is None else device
+        x = torch.randint(0, self.vocab_size, (batch_size, self.seq_len), generator=generator, device=device)
+        y = torch.full_like(x, -100)
+        y[:, 1:] = x[:, :-1]
+        pos = torch.arange(self.seq_len, device=device).expand(batch_size, -1)
+        return Batch(x, y, {"previous": pos - 1})
+
+    def loss(self, logits, batch):
+        return F.cross_entropy(logits.reshape(-1, self.vocab_size).float(), batch.targets.reshape(-1), ignore_index=-100)
+
+    def metrics(self, logits, batch):
+        valid = batch.targets != -100
+        correct = (logits.argmax(-1) == batch.targets) & valid
+        return {"loss": float(self.loss(logits, batch)), "accuracy": float(correct.sum() / valid.sum())}
+
+    def token_labels(self, tokens_1d):
+        return [str(int(t)) for t in tokens_1d]
+
+
+class InterruptAt(PreviousToken):
+    """Raises KeyboardInterrupt when drawing the batch of training step ``at`` (like Ctrl-C mid-run)."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at = at
+        self.training_samples = 0
+
+    def sample(self, batch_size, *, generator, device=None):
+        if torch.is_grad_enabled():  # evaluation draws its batches under no_grad
+            self.training_samples += 1
+            if self.training_samples == self.at:
+                raise KeyboardInterrupt
+        return super().sample(batch_size, generator=generator, device=device)
+
+
+class NaNAt(PreviousToken):
+    """The loss of training step ``at`` is NaN (as when the weights blow up)."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at = at
+        self.losses = 0
+
+    def loss(self, logits, batch):
+        loss = super().loss(logits, batch)
+        if torch.is_grad_enabled():
+            self.losses += 1
+            if self.losses == self.at:
+                return loss * float("nan")
+        return loss
+
+
+def model_for(task, seed=0, **overrides):
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig.for_task(task, **{**dict(d_model=16, n_heads=2, n_layers=1), **overrides}))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """These models are tiny: one thread is faster, and on a shared or xdist-split CPU, several
+    threads per process oversubscribe the cores and make every step many times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+FAST = dict(batch_size=32, device="cpu", progress=False, eval_batches=1, eval_batch_size=64)
+
+
+# ------------------------------------------------------------------ learning
+def test_loss_falls_and_accuracy_rises():
+    task = PreviousToken()
+    model = model_for(task)
+    before = evaluate(model, task, batches=2, batch_size=64)
+    history = train(model, task, steps=150, lr=1e-2, eval_every=50, **FAST)
+    assert len(history.steps) == len(history.train_loss) == len(history.lr) == 150
+    assert history.steps == list(range(1, 151))
+    first, last = sum(history.train_loss[:10]) / 10, sum(history.train_loss[-10:]) / 10
+    assert last < 0.5 * first, (first, last)
+    assert [s for s, _ in history.evals] == [50, 100, 150]
+    assert history.final["accuracy"] > before["accuracy"] + 0.3
+    assert max(history.lr) == pytest.approx(1e-2, rel=0.05)  # warm-up reaches the peak, cosine decays it
+    assert history.lr[-1] < 0.2e-2 and history.lr[0] < 0.5e-2
+    assert history.device == "cpu" and history.precision == "fp32" and history.elapsed > 0
+
+
+def test_encoder_decoder_trains_on_batches_with_decoder_inputs():
+    class Reverse(PreviousToken):
+        name = "reverse"
+        causal = False
+
+        def sample(self, batch_size, *, generator, device=None):
+            src = torch.randint(1, self.vocab_size, (batch_size, self.seq_len), generator=generator, device=device)
+            tgt = src.flip(1)
+            bos = torch.zeros(batch_size, 1, dtype=torch.long, device=src.device)
+            return Batch(src, tgt, {}, decoder_inputs=torch.cat([bos, tgt[:, :-1]], dim=1))
+
+    task = Reverse()
+    torch.manual_seed(0)
+    model = EncoderDecoder(ModelConfig.for_task(task, d_model=16, n_heads=2, n_layers=1))
+    history = train(model, task, steps=40, lr=1e-2, **FAST)
+    assert sum(history.train_loss[-5:]) < sum(history.train_loss[:5])
+
+
+# -------------------------------------------------------------------- resume
+def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    kwargs = dict(steps=24, lr=1e-2, checkpoint_every=5, eval_every=8, seed=3, **FAST)
+    overrides = dict(dropout=0.1)  # dropout draws random numbers too: their state must be restored
+
+    reference = model_for(PreviousToken(), **overrides)
+    expected = train(reference, PreviousToken(), checkpoint=tmp_path / "straight.pt", **kwargs)
+
+    path = tmp_path / "interrupted.pt"
+    with pytest.raises(KeyboardInterrupt):
+        train(model_for(PreviousToken(), **overrides), InterruptAt(13), checkpoint=path, **kwargs)  # dies in step 13
+    assert load_checkpoint(path)["step"] == 10
+
+    resumed_model = model_for(PreviousToken(), seed=99, **overrides)  # other initial weights: all come from the file
+    task = PreviousToken()
+    resumed = train(resumed_model, task, checkpoint=path, **kwargs)
+    assert task.samples == 14 + 2  # steps 11..24, and one held-out batch at steps 16 and 24 each
+    for (name, a), (_, b) in zip(reference.state_dict().items(), resumed_model.state_dict().items()):
+        assert torch.equal(a, b), f"{name} differs after resuming"
+    assert resumed.train_loss == expected.train_loss
+    assert resumed.evals == expected.evals
+
+
+def test_resume_with_other_settings_is_refused(tmp_path):
+    path = tmp_path / "run.pt"
+    task = PreviousToken()
+    train(model_for(task), task, steps=4, checkpoint=path, **FAST)
+    with pytest.raises(ValueError, match=r"other settings.*'lr': \(0.003, 0.01\)"):
+        train(model_for(task), task, steps=8, lr=0.01, checkpoint=path, **FAST)
+    with pytest.raises(ValueError, match="another model configuration"):
+        train(model_for(task, d_model=32), task, steps=8, checkpoint=path, **FAST)
+    with pytest.raises(ValueError, match="already at step 4, beyond steps=2"):
+        train(model_for(task), task, steps=2, checkpoint=path, **FAST)
+
+
+def test_finished_checkpoint_just_loads(tmp_path):
+    path = tmp_path / "run.pt"
+    task = PreviousToken()
+    trained = model_for(task)
+    first = train(trained, task, steps=6, checkpoint=path, **FAST)
+    again = model_for(task, seed=5)
+    second = train(again, task, steps=6, checkpoint=path, **FAST)
+    assert second.train_loss == first.train_loss
+    assert all(torch.equal(a, b) for a, b in zip(trained.state_dict().values(), again.state_dict().values()))
+
+
+def test_checkpoint_holds_only_plain_values_and_tensors(tmp_path):
+    path = tmp_path / "run.pt"
+    task = PreviousToken()
+    model = model_for(task)
+    history = train(model, task, steps=6, checkpoint=path, **FAST)
+    state = torch.load(path, weights_only=True)  # would fail on pickled classes
+    assert state["step"] == 6
+    assert state["config"] == model.config.to_dict()
+    assert {"model", "optimizer", "scheduler", "rng", "train_args", "history"} <= set(state)
+    assert {"torch", "data"} <= set(state["rng"])
+    assert History.from_dict(state["history"]).train_loss == history.train_loss
+    assert [p.name for p in tmp_path.iterdir()] == ["run.pt"]  # no temporary files left behind
+
+
+def test_a_crash_while_saving_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "run.pt"
+    task = PreviousToken()
+    train(model_for(task), task, steps=4, checkpoint=path, **FAST)
+    before = path.read_bytes()
+
+    def broken_save(obj, f, *args, **kwargs):
+        f.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        train(model_for(task), task, steps=8, checkpoint=path, checkpoint_every=2, **FAST)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["run.pt"]
+
+
+# ----------------------------------------------------------------- divergence
+def test_nan_loss_stops_training_naming_the_step_and_keeps_the_checkpoint(tmp_path):
+    path = tmp_path / "run.pt"
+    task = NaNAt(7)
+    with pytest.raises(TrainingDiverged) as caught:
+        train(model_for(task), task, steps=20, checkpoint=path, checkpoint_every=5, **FAST)
+    err = caught.value
+    assert isinstance(err, FloatingPointError)
+    assert err.step == 7
+    assert "step 7 " in str(err) and "lower learning rate" in str(err)
+    assert "(step 5)" in str(err)  # points at the checkpoint that survived
+    state = load_checkpoint(path)
+    assert state["step"] == 5
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+def test_nan_without_checkpoint_still_names_the_step():
+    task = NaNAt(3)
+    with pytest.raises(TrainingDiverged, match="at step 3 "):
+        train(model_for(task), task, steps=40, **FAST)
+    assert task.samples < 20  # caught within one read-back group, not at the end
+
+
+# ----------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    "overrides,error,message",
+    [
+        (dict(steps=0), ValueError, "steps must be at least 1"),
+        (dict(steps=2.5), TypeError, "steps must be an int"),
+        (dict(batch_size=0), ValueError, "batch_size must be at least 1"),
+        (dict(lr=0), ValueError, "lr must be > 0"),
+        (dict(lr=float("nan")), TypeError, "lr must be a finite number"),
+        (dict(weight_decay=-1), ValueError, "weight_decay must be >= 0"),
+        (dict(warmup_steps=50), ValueError, "warmup_steps=50 is longer than the whole run"),
+        (dict(precision="fp8"), ValueError, "precision must be one of"),
+        (dict(precision="bf16"), ValueError, "only used on CUDA"),
+        (dict(precision="fp16"), ValueError, "only used on CUDA"),
+        (dict(device="tpu"), ValueError, "unknown device 'tpu'"),
+        (dict(eval_every=0), ValueError, "eval_every must be at least 1"),
+        (dict(grad_clip=0), ValueError, "grad_clip must be > 0"),
+        (dict(seed=EVAL_SEED), ValueError, "held-out evaluation stream"),
+        (dict(checkpoint=3), TypeError, "checkpoint must be a file path"),
+        (dict(progress="yes"), TypeError, "progress must be True or False"),
+    ],
+)
+def test_bad_arguments_fail_before_training(overrides, error, message):
+    task = PreviousToken()
+    kwargs = {**FAST, "steps": 10, **overrides}
+    with pytest.raises(error, match=message):
+        train(model_for(task), task, **kwargs)
+    assert task.samples == 0
+
+
+def test_model_for_another_task_fails_before_training():
+    task = PreviousToken()
+    wrong = Transformer(ModelConfig(vocab_size=9, d_model=16, n_heads=2, max_len=4))
+    with pytest.raises(ValueError, match=r"vocab_size 9 != task's 8; max_len 4 < task's seq_len 8.*for_task"):
+        train(wrong, task, steps=5, **FAST)
+    assert task.samples == 0
+
+
+def test_bad_head_count_fails_before_anything_is_built():
+    with pytest.raises(ValueError, match="not divisible by n_heads=3"):
+        ModelConfig.for_task(PreviousToken(), d_model=16, n_heads=3)
+
+
+# ------------------------------------------------------------ evaluate, RNG
+def test_evaluate_is_repeatable_and_leaves_random_state_alone():
+    task = PreviousToken()
+    model = model_for(task).train()
+    state = torch.get_rng_state()
+    first = evaluate(model, task, batches=2, batch_size=16)
+    assert evaluate(model, task, batches=2, batch_size=16) == first
+    assert evaluate(model, task, batches=2, batch_size=16, seed=1) != first
+    assert model.training
+    assert torch.equal(torch.get_rng_state(), state)
+    assert set(first) == {"loss", "accuracy"}
+
+
+def test_train_leaves_the_global_random_state_alone():
+    task = PreviousToken()
+    model = model_for(task)
+    state = torch.get_rng_state()
+    train(model, task, steps=3, **FAST)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_same_seed_same_run_other_seed_other_run():
+    task = PreviousToken()
+    a = train(model_for(task), task, steps=5, seed=1, **FAST)
+    b = train(model_for(task), task, steps=5, seed=1, **FAST)
+    c = train(model_for(task), task, steps=5, seed=2, **FAST)
+    assert a.train_loss == b.train_loss != c.train_loss
+
+
+def test_history_plots_itself():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    task = PreviousToken()
+    history = train(model_for(task), task, steps=30, eval_every=10, **FAST)
+    fig = history.plot(title="previous token")
+    assert len(fig.axes) == 2 and fig.dpi <= 80
+    labels = [line.get_label() for line in fig.axes[1].get_lines()]
+    assert labels == ["accuracy"]
+    assert "accuracy=" in repr(history)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["auto", "fp32", "fp16"])
+def test_trains_on_cuda(precision, tmp_path):
+    task = PreviousToken()
+    model = model_for(task)
+    path = tmp_path / "gpu.pt"
+    history = train(model, task, steps=60, lr=1e-2, device="cuda", precision=precision,
+                    checkpoint=path, batch_size=32, progress=False, eval_batches=1)
+    assert next(model.parameters()).is_cuda
+    assert history.train_loss[-1] < history.train_loss[0]
+    assert history.precision == ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if precision == "auto" else precision
+    state = load_checkpoint(path)
+    assert state["step"] == 60 and state["rng"]["cuda"] is not None
