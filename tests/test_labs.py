@@ -31,6 +31,7 @@ from mhalab.labs.checks import call_on_hidden_cases, case, expect_close, expect_
 from mhalab.labs.grade import NOT_CHECKED, grade, printed_outcomes
 from mhalab.labs.release import (
     MarkerError,
+    nbgrader_version,
     plan,
     release,
     replace_regions,
@@ -402,6 +403,32 @@ def test_printed_outcomes_are_read_from_outputs():
 def test_command_line_entry_point():
     run = subprocess.run([sys.executable, "-m", "mhalab.labs", "--help"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "release" in run.stdout and "grade" in run.stdout
+
+
+def test_nbgrader_version_marks_answers_and_splits_checks_into_locked_tests():
+    nb = synthetic_notebook()
+    graded = nbgrader_version(nb)
+    meta = [(c.source.split("\n")[0], c.metadata.get("nbgrader")) for c in graded.cells]
+    answers = [m for _, m in meta if m and m["solution"]]
+    tests = [(src, m) for src, m in meta if m and m["grade"] and not m["solution"]]
+    assert [m["grade_id"] for m in answers] == ["ex99-1-answer", "ex99-2-answer", "cell6-written", "ex99-3-answer"]
+    assert [(src, m["grade_id"], m["points"], m["locked"]) for src, m in tests] == [
+        ("assert q1.check(double)", "ex99-1-check", 1, True),
+        ("assert q2.check(n_heads)", "ex99-2-check", 1, True),
+        ("assert q3.check(mask)", "ex99-3-check", 1, True),
+    ]
+    assert len(graded.cells) == len(nb.cells) + 2  # two answer cells had their check split off
+    assert graded.cells[4].source.endswith("### END SOLUTION") and "return 2 * x" in graded.cells[4].source
+    assert len({m["grade_id"] for _, m in meta if m}) == len([m for _, m in meta if m])  # ids are unique
+
+
+def test_nbgrader_clears_the_nbgrader_version():
+    """With nbgrader installed (it is not a dependency), its own ClearSolutions accepts our cells."""
+    preprocessors = pytest.importorskip("nbgrader.preprocessors")
+    graded = nbgrader_version(synthetic_notebook())
+    cleared, _ = preprocessors.ClearSolutions().preprocess(graded, {"language": "python"})
+    text = "\n".join(c.source for c in cleared.cells)
+    assert "return 2 * x" not in text and "raise NotImplementedError()" in text
 
 
 # --------------------------------------------------------------------------- grading (runs kernels)

@@ -3,6 +3,7 @@
     python -m mhalab.labs release notebooks/ OUT_DIR      write student versions (solutions -> placeholders)
     python -m mhalab.labs release --check notebooks/      only list what release would change
     python -m mhalab.labs grade SUBMISSION.ipynb [--json out.json] [--timeout S]
+    python -m mhalab.labs nbgrader notebooks/ OUT_DIR     write nbgrader-ready source versions (cell metadata)
     python -m mhalab.labs list [NN ...]                   the exercises of each notebook
 """
 
@@ -59,6 +60,18 @@ def cmd_grade(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_nbgrader(args: argparse.Namespace) -> int:
+    _need("nbformat")
+    from .release import MarkerError, nbgrader_release
+
+    try:
+        nbgrader_release(args.source, args.out_dir)
+    except (MarkerError, ValueError, FileNotFoundError) as error:
+        print(f"mhalab.labs nbgrader: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from .core import available_notebooks, load
 
@@ -90,6 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--notebook", dest="exercises_of", metavar="NN", help="whose exercises to expect (default: from its labs.load call or file name)")
     p.add_argument("--executed", metavar="OUT.ipynb", help="also save the executed notebook (feedback for the learner)")
     p.set_defaults(func=cmd_grade)
+
+    p = sub.add_parser("nbgrader", help="write nbgrader-ready source versions of the notebooks", description=(
+        "Copy every notebook with solution regions, adding the cell metadata nbgrader needs: answer cells marked as "
+        "solutions, each exercise check split into a locked test cell (assert q.check(...)) worth the exercise's "
+        "points. Put the result in an nbgrader course's source/<assignment>/ folder."))
+    p.add_argument("source", help="a folder of notebooks (e.g. notebooks/) or one notebook")
+    p.add_argument("out_dir", help="where the nbgrader source versions go")
+    p.set_defaults(func=cmd_nbgrader)
 
     p = sub.add_parser("list", help="list the exercises of each notebook")
     p.add_argument("notebooks", nargs="*", help="notebook numbers (default: all)")

@@ -354,3 +354,112 @@ def release(source: str | Path, out_dir: str | Path, *, dry_run: bool = False, l
         if log:
             log(f"wrote {len(students)} student notebook(s) to {out_dir}")
     return plans
+
+
+# --------------------------------------------------------------------------- nbgrader
+
+
+def _assert_checks(text: str) -> str:
+    """Turn every top-level ``X.check(...)`` expression statement of ``text`` into ``assert X.check(...)``."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text
+    lines = text.split("\n")
+    for node in reversed(tree.body):
+        call = node.value if isinstance(node, ast.Expr) else None
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "check":
+            line = lines[node.lineno - 1]
+            lines[node.lineno - 1] = line[: node.col_offset] + "assert " + line[node.col_offset:]
+    return "\n".join(lines)
+
+
+def _nbgrader_meta(grade_id: str, *, solution: bool, grade: bool, points: float = 0) -> dict[str, Any]:
+    meta = {"grade": grade, "grade_id": grade_id, "locked": not solution, "schema_version": 3, "solution": solution, "task": False}
+    if grade:
+        meta["points"] = points
+    return meta
+
+
+def nbgrader_version(nb: Any, path: str | Path | None = None) -> Any:
+    """A copy of the solution notebook ``nb`` ready for an nbgrader course's ``source/`` folder.
+
+    nbgrader needs cell metadata that plain notebooks lack: a solution region must sit in a cell
+    marked as a solution ("autograded answer"), and points come from locked test cells that fail by
+    raising. So each code cell with solution regions is marked as an answer cell and the exercise
+    checks that end it are split off into a locked test cell worth the exercise's points, where
+    ``q1.check(f)`` becomes ``assert q1.check(f)``. A check in a later cell (the answer held in a
+    variable) becomes that test cell. A markdown solution region becomes a manually graded answer
+    worth 0 points. The solutions and everything else are unchanged.
+    """
+    import nbformat
+
+    from .core import exercise
+
+    the_plan = plan(nb, path)
+    if the_plan.problems:
+        raise MarkerError("; ".join(the_plan.problems))
+    bound = bindings(nb)
+
+    def points(key: str | None) -> float:
+        try:
+            return exercise(*key.split(".")).points if key else 1
+        except ValueError:
+            return 1
+
+    def gid(key: str | None, kind: str, index: int) -> str:
+        return f"ex{key.replace('.', '-')}-{kind}" if key else f"cell{index}-{kind}"
+
+    out = copy.deepcopy(nb)
+    cells = []
+    graded = set()
+    for cp, cell in zip(the_plan.cells, out.cells):
+        text = _source(cell)
+        if cp.cell_type == "markdown" and cp.regions:
+            cell.metadata["nbgrader"] = _nbgrader_meta(gid(cp.answers, "written", cp.index), solution=True, grade=True, points=0)
+        elif cp.cell_type == "code" and cp.regions:
+            lines = text.split("\n")
+            last_end = solution_regions(text)[-1][1]
+            hit_lines = [(text[:offset].count("\n"), key) for offset, key in checks_in(text, bound)]
+            hit_lines = [(line, key) for line, key in hit_lines if line > last_end]
+            cell.metadata["nbgrader"] = _nbgrader_meta(gid(cp.answers, "answer", cp.index), solution=True, grade=False)
+            if hit_lines:  # split the trailing checks off into a locked test cell
+                first, key = hit_lines[0]
+                cell.source = "\n".join(lines[:first]).rstrip("\n")
+                test_cell = nbformat.v4.new_code_cell(_assert_checks("\n".join(lines[first:])))
+                test_cell.outputs, cell.outputs = cell.get("outputs", []), []  # what the check printed
+                test_cell.metadata["nbgrader"] = _nbgrader_meta(gid(key, "check", cp.index), solution=False, grade=True, points=points(key))
+                graded.add(key)
+                cells += [cell, test_cell]
+                continue
+        elif cp.cell_type == "code" and cp.checks and not cp.regions:
+            key = cp.checks[0]
+            if key not in graded:
+                cell.source = _assert_checks(text)
+                cell.metadata["nbgrader"] = _nbgrader_meta(gid(key, "check", cp.index), solution=False, grade=True, points=points(key))
+                graded.add(key)
+        cells.append(cell)
+    out.cells = cells
+    return out
+
+
+def nbgrader_release(source: str | Path, out_dir: str | Path, *, log=print) -> list[Path]:
+    """Write :func:`nbgrader_version` of every notebook with solution regions to ``out_dir``."""
+    import nbformat
+
+    out_dir = Path(out_dir)
+    written = []
+    for path in course_notebooks(source):
+        nb = nbformat.read(path, as_version=4)
+        if not plan(nb, path).n_regions:
+            continue
+        if (out_dir / path.name).resolve() == path.resolve():
+            raise ValueError(f"write the nbgrader versions to another folder than {path.parent}")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nbgrader_version(nb, path), out_dir / path.name)
+        written.append(out_dir / path.name)
+        if log:
+            log(f"{path.name}: nbgrader source version written")
+    return written
