@@ -380,12 +380,13 @@ class TestHeads:
             assert isinstance(p, HeadProjections)
             assert p.W_Q.shape == p.W_K.shape == p.W_V.shape == (D, dk) and p.W_O.shape == (dk, D)
             assert p.b_Q.shape == p.b_K.shape == p.b_V.shape == (dk,)
-            for name in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V"):
-                t = getattr(p, name)
-                assert t._base is not None or t.data_ptr() != 0
-                assert t.untyped_storage().data_ptr() == ours.qkv_proj.weight.untyped_storage().data_ptr() or \
-                    t.untyped_storage().data_ptr() == ours.qkv_proj.bias.untyped_storage().data_ptr(), name
-            assert p.W_O.untyped_storage().data_ptr() == ours.out_proj.weight.untyped_storage().data_ptr()
+            owners = {"W_Q": ours.qkv_proj.weight, "W_K": ours.qkv_proj.weight, "W_V": ours.qkv_proj.weight,
+                      "W_O": ours.out_proj.weight, "b_Q": ours.qkv_proj.bias, "b_K": ours.qkv_proj.bias,
+                      "b_V": ours.qkv_proj.bias}
+            for name, owner in owners.items():
+                view = getattr(p, name)
+                assert view._base is owner, f"{name} of head {i} is not a view of the module's parameter"
+                assert view.untyped_storage().data_ptr() == owner.untyped_storage().data_ptr(), name
         assert MultiHeadAttention(D, H, bias=False).head_projections(0).b_Q is None
 
     def test_writing_a_view_changes_the_module(self):
