@@ -275,7 +275,9 @@ class MultiHeadAttention(nn.Module):
             is_causal: forbid attending to later positions (decoder self-attention). Unlike
                 torch's module it needs no ``attn_mask`` beside it. When there are more keys than
                 queries (decoding with a cache) the queries are the *last* L positions.
-            need_weights: also return the attention weights (runs the explicit path).
+            need_weights: also return the attention weights (runs the explicit path). With
+                dropout in training mode they are the softmax before dropout (torch's module
+                returns them after dropout); in eval mode the two agree.
             average_attn_weights: return weights ``[B, L, S]`` averaged over heads (as torch
                 does) instead of ``[B, H, L, S]``.
             head_mask: ``[H]`` or ``[B, H]``, multiplies each head's output before W_O
