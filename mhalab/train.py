@@ -449,6 +449,9 @@ def train(
         generator.manual_seed(seed)
         if ckpt_path is not None and ckpt_path.exists():
             state = load_checkpoint(ckpt_path)
+            if int(state["step"]) > steps:
+                raise ValueError(f"checkpoint {str(ckpt_path)!r} is already at step {state['step']}, beyond "
+                                 f"steps={steps}; pass steps >= that, or another checkpoint path")
             _check_resume_args(state["train_args"], args, ckpt_path)
             _load_model_state(model, state, ckpt_path)
             optimizer.load_state_dict(state["optimizer"])
@@ -462,9 +465,6 @@ def train(
             generator.set_state(rng["data"])
             history = History.from_dict(state["history"])
             start = int(state["step"])
-            if start > steps:
-                raise ValueError(f"checkpoint {str(ckpt_path)!r} is already at step {start}, beyond steps={steps}; "
-                                 "pass steps >= that, or another checkpoint path")
 
         def save(step: int) -> None:
             _save_atomic({
