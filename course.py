@@ -84,9 +84,16 @@ def default_workers() -> int:
 
 def cmd_test(args: list[str]) -> int:
     python = ensure_environment()
+    env = dict(os.environ)
     if not args:
-        args = ["-n", str(default_workers()), "--dist", "loadfile", "tests", "notebooks"]
-    return run([python, "-m", "pytest", *args], cwd=ROOT)
+        workers = default_workers()
+        args = ["-n", str(workers), "--dist", "loadfile", "tests", "notebooks"]
+        # Each test worker (and each notebook kernel it starts) gets its share of the cores:
+        # two processes with torch's default of one thread per core would fight over them.
+        threads = str(max(1, (os.cpu_count() or 1) // workers))
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.setdefault(name, threads)
+    return run([python, "-m", "pytest", *args], cwd=ROOT, env=env)
 
 
 def cmd_execute(args: list[str]) -> int:
