@@ -4,7 +4,7 @@ Every task here draws random sequences from a seed, directly on the training dev
 copy per step), and records, for every query position, *which position* each relation points to
 (``Batch.sources``). That ground truth is what later notebooks score heads against.
 
-Two tasks:
+Three tasks:
 
 * :class:`MultiRelationTask`: at every position, predict several tokens at once, each sitting at its own
   fixed relative offset (the token two to the left, one to the left, one to the right, ...). Each
@@ -14,6 +14,9 @@ Two tasks:
 * :class:`KeyValueRecall`: a list of key/value pairs, then queries; the answer to a query is the value
   stored under the same key. Here the head must *match contents*: the query's key against every stored
   key. Telling many keys apart takes several dimensions per head.
+* :class:`Seq2SeqTask` (added for notebook 06): copy or reverse a sequence, for an encoder-decoder. Its
+  batches (:class:`Seq2SeqBatch`) also carry the decoder's input, and ``sources`` point from each decoder
+  position into the source: the ground truth for cross-attention.
 
 Shapes: ``B`` batch, ``T`` sequence length, ``R`` number of targets per position, ``V`` vocabulary.
 """
@@ -27,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["Batch", "Task", "MultiRelationTask", "KeyValueRecall", "IGNORE"]
+__all__ = ["Batch", "Task", "MultiRelationTask", "KeyValueRecall", "Seq2SeqBatch", "Seq2SeqTask", "IGNORE"]
 
 IGNORE = -100  # target value meaning "nothing to predict here" (cross_entropy's ignore_index)
 
@@ -338,3 +341,89 @@ class KeyValueRecall(Task):
             f"KeyValueRecall(n_pairs={self.n_pairs}, n_keys={self.n_keys}, n_values={self.n_values}, "
             f"n_queries={self.n_queries}, causal={self.causal})"
         )
+
+
+# ----------------------------------------------------------------------------- sequence to sequence
+@dataclass
+class Seq2SeqBatch(Batch):
+    """A :class:`Batch` for an encoder-decoder: ``inputs`` is the source, plus the decoder's own input.
+
+    Attributes:
+        decoder_inputs: ``[B, T]`` long: the target shifted right by one, starting with the task's BOS
+            token (teacher forcing: decoder position t sees the true answers before t and predicts
+            ``targets[:, t]``). :meth:`mhalab.models.EncoderDecoder.forward_batch` reads it.
+
+    ``sources`` point from each *decoder* position into the *source* sequence: they are the ground truth
+    for cross-attention.
+    """
+
+    decoder_inputs: Tensor
+
+    def to(self, device: torch.device | str) -> "Seq2SeqBatch":
+        return Seq2SeqBatch(
+            self.inputs.to(device), self.targets.to(device), {k: v.to(device) for k, v in self.sources.items()},
+            self.decoder_inputs.to(device),
+        )
+
+
+class Seq2SeqTask(Task):
+    """Copy or reverse a random sequence: the smallest job that needs an encoder *and* a decoder.
+
+    The source is ``seq_len`` symbols drawn uniformly from ``n_symbols``; the target is the same
+    symbols (``mode="copy"``) or the same symbols in reverse order (``mode="reverse"``). Batches are
+    :class:`Seq2SeqBatch`: ``inputs`` (source) ``[B, T]``, ``decoder_inputs`` (BOS + target[:-1]) ``[B, T]``,
+    ``targets`` ``[B, T]``. Token ids: symbols ``0 .. n_symbols-1``, BOS ``n_symbols`` (``bos_id``), so
+    ``vocab_size = n_symbols + 1``; source and target share the vocabulary (and an EncoderDecoder's embedding).
+
+    Relation (``target_relation``): ``"mirror"`` for reverse, ``"same"`` for copy. ``sources[name][b, t]``
+    is the *source* position whose symbol decoder position t must output: ``T - 1 - t`` (reverse, the
+    anti-diagonal) or ``t`` (copy, the diagonal). A cross-attention head that solves the task puts its
+    weight there.
+
+    ``causal`` is False: the task itself lets a model see the whole source. An
+    :class:`~mhalab.models.EncoderDecoder` ignores it (its encoder sees everything, its decoder is
+    causal); an encoder-only :class:`~mhalab.models.Transformer` can also solve it from ``inputs`` alone.
+
+    Args:
+        mode: ``"reverse"`` or ``"copy"``.
+        n_symbols: size of the symbol alphabet (at least 2).
+        seq_len: length of source and target.
+    """
+
+    n_targets = 1
+    causal = False
+    MODES = {"reverse": "mirror", "copy": "same"}
+
+    def __init__(self, mode: str = "reverse", *, n_symbols: int = 10, seq_len: int = 8, name: str | None = None) -> None:
+        if mode not in self.MODES:
+            raise ValueError(f"mode must be one of {tuple(self.MODES)}, got {mode!r}")
+        self.mode = mode
+        self.n_symbols = _check_int("n_symbols", n_symbols, 2)
+        self.seq_len = _check_int("seq_len", seq_len, 2)
+        self.bos_id = n_symbols
+        self.vocab_size = n_symbols + 1
+        self.target_relation = self.MODES[mode]
+        self.relations = (self.target_relation,)
+        self.name = name or mode
+
+    def source_positions(self, device: torch.device | str | None = None) -> Tensor:
+        """``[T]``: for each decoder position, the source position it must read (the ground truth)."""
+        positions = torch.arange(self.seq_len, device=device)
+        return positions.flip(0) if self.mode == "reverse" else positions
+
+    def _generate(self, batch_size: int, generator: torch.Generator, device: torch.device) -> Seq2SeqBatch:
+        B, T = batch_size, self.seq_len
+        source = torch.randint(0, self.n_symbols, (B, T), generator=generator, device=device)  # [B, T]
+        where = self.source_positions(device)  # [T]
+        targets = source[:, where]  # [B, T]: the symbol each decoder position must output
+        bos = torch.full((B, 1), self.bos_id, dtype=torch.long, device=device)
+        decoder_inputs = torch.cat([bos, targets[:, :-1]], dim=1)  # [B, T]: shifted right, BOS first
+        sources = {self.target_relation: where.expand(B, T).contiguous()}  # [B, T]
+        return Seq2SeqBatch(source, targets, sources, decoder_inputs)
+
+    def token_labels(self, tokens_1d: Tensor) -> list[str]:
+        alphabet = string.ascii_lowercase if self.n_symbols <= 26 else None
+        return ["<s>" if int(t) == self.bos_id else (alphabet[int(t)] if alphabet else str(int(t))) for t in tokens_1d]
+
+    def __repr__(self) -> str:
+        return f"Seq2SeqTask(mode={self.mode!r}, n_symbols={self.n_symbols}, seq_len={self.seq_len})"
