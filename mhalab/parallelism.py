@@ -119,6 +119,8 @@ class AttentionCall:
     kind: str  # "self" or "cross"
     query_len: int
     key_len: int
+    causal: bool  # called with is_causal=True (each query sees only itself and earlier keys)
+    masked: bool  # called with an explicit attn_mask or key_padding_mask
 
 
 @contextlib.contextmanager
@@ -146,7 +148,11 @@ def record_attention_calls(model: nn.Module) -> Iterator[list[AttentionCall]]:
         cache = kwargs.get("kv_cache")
         if cache is not None:  # cached decoding: the queries also see every earlier token
             key_len = len(cache)
-        calls.append(AttentionCall(len(calls), names[module], module.n_heads, kind, query.size(1), key_len))
+        causal = bool(kwargs.get("is_causal", False))
+        masked = kwargs.get("attn_mask") is not None or kwargs.get("key_padding_mask") is not None
+        calls.append(
+            AttentionCall(len(calls), names[module], module.n_heads, kind, query.size(1), key_len, causal, masked)
+        )
 
     handles = [m.register_forward_hook(hook, with_kwargs=True) for m in names]
     try:

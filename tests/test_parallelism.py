@@ -53,12 +53,13 @@ class _TinyEncoderDecoder(nn.Module):
         self.enc = nn.ModuleList(MultiHeadAttention(d, h) for _ in range(2))
         self.dec_self = MultiHeadAttention(d, h)
         self.dec_cross = MultiHeadAttention(d, h)
+        self.padding = None
 
     def forward(self, src, tgt):
         for layer in self.enc:
             src = src + layer(src)[0]
         tgt = tgt + self.dec_self(tgt, is_causal=True)[0]
-        return tgt + self.dec_cross(tgt, src, src)[0]
+        return tgt + self.dec_cross(tgt, src, src, key_padding_mask=self.padding)[0]
 
 
 def test_record_attention_calls_in_order_with_kinds_and_lengths():
@@ -69,10 +70,16 @@ def test_record_attention_calls_in_order_with_kinds_and_lengths():
     assert [c.module for c in calls] == ["enc.0", "enc.1", "dec_self", "dec_cross"]
     assert [c.kind for c in calls] == ["self", "self", "self", "cross"]
     assert [(c.query_len, c.key_len) for c in calls] == [(7, 7), (7, 7), (5, 5), (5, 7)]
+    assert [c.causal for c in calls] == [False, False, True, False]
+    assert not any(c.masked for c in calls)
     assert sum(c.n_heads for c in calls) == 16
     # hooks are gone afterwards
     model(src, tgt)
     assert len(calls) == 4
+    model.padding = torch.zeros(2, 7, dtype=torch.bool)
+    with record_attention_calls(model) as calls:
+        model(src, tgt)
+    assert [c.masked for c in calls] == [False, False, False, True]
 
 
 def test_record_attention_calls_needs_attention_modules():
