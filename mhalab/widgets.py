@@ -207,15 +207,26 @@ class HeadExplorer:
         Image.fromarray(rgba[..., :3]).save(buffer, format="png", compress_level=1)  # fast, still lossless
         return buffer.getvalue()
 
-    def role(self, layer: int, head: int) -> str:
-        """The head's best-matching relation or generic score (at least ``threshold``), or a description."""
-        best, value = None, self.threshold
+    @property
+    def heads(self) -> list[tuple[int, int]]:
+        """Every ``(layer, head)`` pair, in order."""
+        return [(l, h) for l in range(self.n_layers) for h in range(self.n_heads)]
+
+    def role_name(self, layer: int, head: int) -> str:
+        """The name (relation or generic score) on which the head puts the most attention, if that is at
+        least ``threshold``; else ``"none"``."""
+        best, value = _NONE, self.threshold
         for name in self.bar_names:
             v = float(self.scores[name][layer, head])
             if v >= value:
                 best, value = name, v
-        if best is not None:
-            return f"{best} ({value:.2f})"
+        return best
+
+    def role(self, layer: int, head: int) -> str:
+        """The head's best-matching relation or generic score (at least ``threshold``), or a description."""
+        best = self.role_name(layer, head)
+        if best != _NONE:
+            return f"{best} ({float(self.scores[best][layer, head]):.2f})"
         if float(self.scores["entropy"][layer, head]) > 0.75 * np.log(self.S):
             return "spread out (no single position)"
         return "no clean match"
