@@ -1,0 +1,47 @@
+"""Exercises of notebook 06: references pass, plausible mistakes fail with a message that says what is off."""
+
+import pytest
+import torch
+
+from mhalab import labs
+
+EXERCISES = labs.load("06")
+
+
+def test_three_exercises_in_order():
+    assert [q.number for q in EXERCISES] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("q", EXERCISES, ids=lambda q: q.key)
+def test_reference_and_solution_pass(q, capsys):
+    assert q.check(q.reference)
+    namespace = {}
+    exec("import torch\n" + q.solution_text, namespace)
+    solution = [v for k, v in namespace.items() if callable(v) and not k.startswith("__") and k != "torch"][-1]
+    assert q.check(solution)
+    assert "✓" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("q", EXERCISES, ids=lambda q: q.key)
+def test_wrong_answers_fail_with_a_reason(q, capsys):
+    for wrong in q.wrong:
+        assert not q.check(wrong)
+        out = capsys.readouterr().out
+        assert out.startswith("✗") and len(out) > 60
+
+
+def test_specific_messages(capsys):
+    q1, q2, q3 = EXERCISES
+    q1.check(lambda L, S: torch.ones(L, S).tril().bool())  # forgets the cached tokens
+    assert "n_keys=7" in capsys.readouterr().out
+    q1.check(lambda L, S: ~torch.ones(L, S, dtype=torch.bool).tril(S - L))  # True = forbidden
+    assert "inverted" in capsys.readouterr().out
+    q2.check(lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("causal", (b, h, t, t)),
+                                 "cross": ("none", (b, h, s, t))})
+    assert "tgt_len, src_len" in capsys.readouterr().out
+    q2.check(lambda b, h, s, t: {"encoder": ("none", (b, h, s, s))})
+    assert "keys" in capsys.readouterr().out
+    q3.check(lambda h, e, d: ((e + d) * h, e + d))
+    assert "cross-attention" in capsys.readouterr().out
+    q3.check(lambda h, e, d: 3)
+    assert "pair" in capsys.readouterr().out
