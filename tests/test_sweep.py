@@ -88,3 +88,13 @@ def test_results_can_be_built_by_hand():
     assert results.by_heads() == {1: [0.2, 0.4], 4: [0.9, 0.5]}
     assert results.gaps(1) == pytest.approx({0: 0.7, 1: 0.1})
     assert results.best_heads() == 4
+
+
+def test_threads_are_restored_after_the_sweep():
+    task = MultiRelationTask((-1, 1), vocab_size=5, seq_len=6)
+    before = torch.get_num_threads()
+    sweep_heads(task, d_model=8, heads=(1,), seeds=(0,), steps=1, device="cpu", eval_batches=1,
+                eval_batch_size=4, threads=1, progress=False)
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads must be a positive int"):
+        sweep_heads(task, d_model=8, heads=(1,), steps=1, threads=0, progress=False)
