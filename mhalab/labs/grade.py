@@ -178,6 +178,44 @@ def execute(nb: Any, *, cwd: str | Path, timeout: float | None = 600, kernel_nam
     return nb, died
 
 
+def results_cell() -> Any:
+    """The cell the grader appends: it prints every recorded outcome as one JSON line."""
+    import nbformat
+
+    return nbformat.v4.new_code_cell(_RESULTS_CELL)
+
+
+def read_results(cell: Any) -> dict[str, dict[str, Any]] | None:
+    """The outcomes a :func:`results_cell` printed (None if it did not run or was tampered with)."""
+    for output in cell.get("outputs", []):
+        text = output.get("text", "") if output.get("output_type") == "stream" else ""
+        text = "".join(text) if isinstance(text, list) else text
+        if RESULTS_TAG in text:
+            try:
+                found = json.loads(text.split(RESULTS_TAG, 1)[1].strip().split("\n", 1)[0])
+            except json.JSONDecodeError:
+                return None
+            return found if isinstance(found, dict) else None
+    return None
+
+
+def score(executed: Any, expected: list, recorded: dict[str, dict[str, Any]]) -> list[ExerciseGrade]:
+    """One grade per expected exercise, from the recorded outcomes and the executed notebook's errors."""
+    unanswered = _unanswered_keys(executed, cell_errors(executed))
+    grades = []
+    for ex in expected:
+        outcome = recorded.get(ex.key)
+        if isinstance(outcome, dict):
+            status = outcome.get("status", PASSED if outcome.get("passed") else FAILED)
+            message = str(outcome.get("message", ""))
+        elif ex.key in unanswered:
+            status, message = UNANSWERED, "no answer yet: the NotImplementedError placeholder is still there"
+        else:
+            status, message = NOT_CHECKED, "its check never ran (no cell called it, or an earlier error stopped it)"
+        grades.append(ExerciseGrade(ex.key, ex.title, ex.points, ex.points if status == PASSED else 0, status, message))
+    return grades
+
+
 def grade(
     path: str | Path,
     *,
@@ -207,39 +245,15 @@ def grade(
     if not expected:
         raise ValueError(f"{path}: notebook(s) {ids} have no registered exercises")
 
-    run = nbformat.from_dict(nb)  # copy: the submission itself is never modified
-    run.cells.append(nbformat.v4.new_code_cell(_RESULTS_CELL))
+    run = nbformat.from_dict(nb)  # a copy: the submission itself is never modified
+    run.cells.append(results_cell())
     start = time.perf_counter()
     run, died = execute(run, cwd=cwd or path.parent, timeout=timeout, kernel_name=kernel_name)
     elapsed = time.perf_counter() - start
-    results_cell = run.cells.pop()
-
-    recorded: dict[str, dict[str, Any]] | None = None
-    for output in results_cell.get("outputs", []):
-        text = output.get("text", "") if output.get("output_type") == "stream" else ""
-        text = "".join(text) if isinstance(text, list) else text
-        if RESULTS_TAG in text:
-            try:
-                recorded = json.loads(text.split(RESULTS_TAG, 1)[1].strip().split("\n", 1)[0])
-            except json.JSONDecodeError:
-                recorded = None
-    source = "kernel"
-    if recorded is None:
+    recorded, source = read_results(run.cells.pop()), "kernel"
+    if recorded is None:  # the kernel died (or the learner broke the reporting): read the printed lines
         recorded, source = printed_outcomes(run), "outputs"
-
-    errors = cell_errors(run)
-    unanswered = _unanswered_keys(run, errors)
-    grades = []
-    for ex in expected:
-        outcome = recorded.get(ex.key)
-        if outcome is not None:
-            status, message = outcome.get("status", PASSED if outcome.get("passed") else FAILED), outcome.get("message", "")
-        elif ex.key in unanswered:
-            status, message = UNANSWERED, "no answer yet: the NotImplementedError placeholder is still there"
-        else:
-            status, message = NOT_CHECKED, "its check never ran (no cell called it, or an earlier error stopped it)"
-        grades.append(ExerciseGrade(ex.key, ex.title, ex.points, ex.points if status == PASSED else 0, status, message))
-
+    grades = score(run, expected, recorded)
     if executed_path is not None:
         nbformat.write(run, executed_path)
-    return GradeReport(str(path), ids, grades, errors, died, source, round(elapsed, 1))
+    return GradeReport(str(path), ids, grades, cell_errors(run), died, source, round(elapsed, 1))
