@@ -44,24 +44,23 @@ def _grade(tmp_path, nb, name="99_fixture.ipynb", **kwargs):
 
 
 @pytest.mark.slow
-def test_grading_the_solution_gives_full_marks(tmp_path):
-    report = _grade(tmp_path, synthetic_notebook())
-    assert [e.status for e in report.exercises] == ["passed"] * 3
-    assert report.score == report.max_score == 3 and report.errors == [] and report.outcomes_from == "kernel"
+def test_grade_command_gives_the_solution_full_marks_and_the_student_version_zero(tmp_path, capsys):
+    solution = tmp_path / "99_fixture.ipynb"
+    nbformat.write(synthetic_notebook(), solution)
+    student = tmp_path / "99_student.ipynb"
+    nbformat.write(student_version(synthetic_notebook())[0], student)
+    out_json = tmp_path / "grades.json"
+    assert labs_main(["grade", str(solution), str(student), "--json", str(out_json), "--timeout", "120"]) == 0
+    full, zero = json.loads(out_json.read_text())
 
+    assert [e["status"] for e in full["exercises"]] == ["passed"] * 3
+    assert full["score"] == full["max_score"] == 3 and full["errors"] == [] and full["outcomes_from"] == "kernel"
 
-@pytest.mark.slow
-def test_grading_the_student_version_gives_zero_without_crashing(tmp_path, capsys):
-    student, _ = student_version(synthetic_notebook())
-    path = tmp_path / "99_student.ipynb"
-    nbformat.write(student, path)
-    assert labs_main(["grade", str(path), "--json", str(tmp_path / "grade.json"), "--timeout", "120"]) == 0
-    data = json.loads((tmp_path / "grade.json").read_text())
-    assert data["score"] == 0 and data["max_score"] == 3
-    assert [e["status"] for e in data["exercises"]] == ["unanswered"] * 3
-    assert {e["ename"] for e in data["errors"]} == {"NotImplementedError"}
+    assert zero["score"] == 0 and zero["max_score"] == 3 and not zero["kernel_died"]
+    assert [e["status"] for e in zero["exercises"]] == ["unanswered"] * 3
+    assert {e["ename"] for e in zero["errors"]} == {"NotImplementedError"}
     out = capsys.readouterr().out
-    assert "total" in out and "0/3" in out
+    assert "3/3" in out and "0/3" in out
 
 
 @pytest.mark.slow

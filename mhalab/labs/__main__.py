@@ -2,7 +2,7 @@
 
     python -m mhalab.labs release notebooks/ OUT_DIR      write student versions (solutions -> placeholders)
     python -m mhalab.labs release --check notebooks/      only list what release would change
-    python -m mhalab.labs grade SUBMISSION.ipynb [--json out.json] [--timeout S]
+    python -m mhalab.labs grade SUBMISSION.ipynb [...] [--json out.json] [--timeout S]
     python -m mhalab.labs nbgrader notebooks/ OUT_DIR     write nbgrader-ready source versions (cell metadata)
     python -m mhalab.labs list [NN ...]                   the exercises of each notebook
 """
@@ -38,26 +38,37 @@ def cmd_release(args: argparse.Namespace) -> int:
 def cmd_grade(args: argparse.Namespace) -> int:
     _need("nbformat")
     _need("nbclient")
+    import json
+
     from .grade import grade
 
-    if not Path(args.notebook).is_file():
-        sys.exit(f"mhalab.labs grade: no notebook at {args.notebook}")
-    try:
-        report = grade(
-            args.notebook,
-            timeout=args.timeout if args.timeout and args.timeout > 0 else None,
-            kernel_name=args.kernel,
-            notebook=args.exercises_of,
-            executed_path=args.executed,
-        )
-    except ValueError as error:
-        print(f"mhalab.labs grade: {error}", file=sys.stderr)
-        return 1
-    print(report.format())
-    if args.json:
-        Path(args.json).write_text(report.to_json() + "\n")
+    if args.executed and len(args.notebooks) > 1:
+        sys.exit("mhalab.labs grade: --executed saves one notebook; grade one submission at a time with it")
+    reports, failed = [], 0
+    for notebook in args.notebooks:
+        if not Path(notebook).is_file():
+            print(f"mhalab.labs grade: no notebook at {notebook}", file=sys.stderr)
+            failed += 1
+            continue
+        try:
+            report = grade(
+                notebook,
+                timeout=args.timeout if args.timeout and args.timeout > 0 else None,
+                kernel_name=args.kernel,
+                notebook=args.exercises_of,
+                executed_path=args.executed,
+            )
+        except ValueError as error:
+            print(f"mhalab.labs grade: {error}", file=sys.stderr)
+            failed += 1
+            continue
+        print(report.format())
+        reports.append(report.to_dict())
+    if args.json and reports:
+        data = reports[0] if len(args.notebooks) == 1 else reports
+        Path(args.json).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
         print(f"wrote {args.json}")
-    return 0
+    return 1 if failed else 0
 
 
 def cmd_nbgrader(args: argparse.Namespace) -> int:
@@ -96,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("grade", help="run a learner's notebook and score its exercises", description=(
         "Execute the notebook in a fresh kernel (continuing past errors), then score every exercise the "
         "registry has for it: passed = its points, anything else = 0."))
-    p.add_argument("notebook", help="the submitted .ipynb")
-    p.add_argument("--json", metavar="OUT", help="also write the grade as JSON to OUT")
+    p.add_argument("notebooks", nargs="+", metavar="notebook", help="the submitted .ipynb (several: graded one after the other)")
+    p.add_argument("--json", metavar="OUT", help="also write the grade as JSON to OUT (a list when several notebooks are graded)")
     p.add_argument("--timeout", type=float, default=600, metavar="S", help="seconds one cell may run before it is interrupted (default 600; 0 = no limit)")
     p.add_argument("--kernel", default="python3", help="Jupyter kernel to run it with (default python3)")
     p.add_argument("--notebook", dest="exercises_of", metavar="NN", help="whose exercises to expect (default: from its labs.load call or file name)")
