@@ -126,8 +126,8 @@ class HeadExplorer:
         has_sources = getattr(batch, "sources", None) is not None
         self.relations: list[str] = list(batch.sources) if has_sources else []
         scores = analysis.head_scores(attention, batch if has_sources else None)
-        self.scores = {name: s.numpy() for name, s in scores.items()}
-        self.attention = attention[:, : self.n_examples].float().numpy()  # [N, E, H, T, S]
+        self.scores = {name: s.cpu().numpy() for name, s in scores.items()}
+        self.attention = attention[:, : self.n_examples].float().cpu().numpy()  # [N, E, H, T, S]
         self.sources = {r: batch.sources[r][: self.n_examples].cpu().numpy() for r in self.relations}
         self.labels = [_labels(task, tokens[e].cpu()) for e in range(self.n_examples)]
         self.bar_names = self.relations + list(analysis.FRACTION_SCORES)  # fractions in [0, 1]
