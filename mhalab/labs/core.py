@@ -23,6 +23,12 @@ Authoring an exercise (in ``mhalab/labs/exNN.py``)::
         wrong=[lambda d_model, n_heads: d_model],    # plausible mistakes that must fail
     ))
 
+In the notebook's last section, load the exercises once (``q1, q2 = labs.load("03")``), then give
+each exercise a markdown cell with the task and one code cell: the ``def`` line outside the
+``### BEGIN SOLUTION`` / ``### END SOLUTION`` markers, the body inside, and ``q1.check(f)`` at the
+end of the same cell. (An answer that is a value checked in a later cell needs a placeholder before
+the markers, ``mask = None``, so the student version reports "no answer yet", not a NameError.)
+
 A checker receives the learner's answer (a value or a function), tests it (functions on cases
 the learner did not see), and raises :class:`Wrong` with a useful message when it is off.
 Any other exception raised by the learner's function is reported as such, with the line it came
