@@ -22,7 +22,6 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from . import train as _train
 from .attention import check_head_count
 from .counting import count_parameters
 from .device import pick_device
@@ -292,6 +291,9 @@ def sweep_heads(
     threads_before = torch.get_num_threads()
 
     from tqdm.auto import tqdm
+
+    # Imported here, not at the top, so that mhalab.train can re-export sweep_heads without a circular import.
+    from . import train as _train
 
     rows: list[SweepRow] = []
     models: dict[tuple[int, int], Any] = {}
