@@ -1,6 +1,19 @@
 """mhalab: learn multi-head attention by computing, training and looking.
 
-Importing mhalab touches no GPU; devices are chosen when you train.
+The modules, one idea each::
+
+    mhalab.attention    scaled_dot_product_attention, MultiHeadAttention, KVCache
+    mhalab.counting     parameters and KV cache against the head count (cost_table)
+    mhalab.models       ModelConfig, Transformer, EncoderDecoder built from MultiHeadAttention
+    mhalab.tasks        synthetic tasks with ground-truth relations
+    mhalab.train        train, evaluate, checkpoints; sweep_heads (from mhalab.sweep)
+    mhalab.analysis     attention capture, head scores, ablation, importance, pruning
+    mhalab.widgets      head_explorer and head_grid (ipywidgets + matplotlib)
+    mhalab.parallelism  counting and timing attention operations across layers and heads
+    mhalab.labs         auto-checked exercises
+
+Train with ``from mhalab.train import train`` (the package does not re-export ``train``, so
+``mhalab.train`` stays the module). Importing mhalab touches no GPU; devices are chosen when you train.
 """
 
 from .attention import (
@@ -10,12 +23,16 @@ from .attention import (
     scaled_dot_product_attention,
     valid_head_counts,
 )
+from .models import EncoderDecoder, ModelConfig, Transformer
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "EncoderDecoder",
     "KVCache",
+    "ModelConfig",
     "MultiHeadAttention",
+    "Transformer",
     "causal_mask",
     "scaled_dot_product_attention",
     "valid_head_counts",

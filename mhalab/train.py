@@ -603,3 +603,9 @@ def _run(model, task, optimizer, scheduler, scaler, generator, history, save, *,
         bar.close()
     history.elapsed = elapsed_before + time.perf_counter() - began
     return history
+
+
+# The head-count sweep trains through this module; it lives in sweep.py (one idea per module).
+from .sweep import sweep_heads  # noqa: E402  (sweep imports train lazily, so either import order works)
+
+__all__.append("sweep_heads")
