@@ -3,7 +3,8 @@
     python -m mhalab.labs release notebooks/ OUT_DIR      write student versions (solutions -> placeholders)
     python -m mhalab.labs release --check notebooks/      only list what release would change
     python -m mhalab.labs grade SUBMISSION.ipynb [...] [--json out.json] [--timeout S]
-    python -m mhalab.labs nbgrader notebooks/ OUT_DIR     write nbgrader-ready source versions (cell metadata)
+    python -m mhalab.labs nbgrader --mark notebooks/      mark the answer cells for nbgrader, in place (--check: only list)
+    python -m mhalab.labs nbgrader notebooks/ OUT_DIR     write nbgrader copies with checks split into autograded test cells
     python -m mhalab.labs list [NN ...]                   the exercises of each notebook
 """
 
@@ -73,9 +74,18 @@ def cmd_grade(args: argparse.Namespace) -> int:
 
 def cmd_nbgrader(args: argparse.Namespace) -> int:
     _need("nbformat")
-    from .release import MarkerError, nbgrader_release
+    from .release import MarkerError, mark_notebooks, nbgrader_release
 
+    if args.mark and args.out_dir is not None:
+        sys.exit("mhalab.labs nbgrader: --mark edits the notebooks in place; give no output folder")
+    if not args.mark and args.check:
+        sys.exit("mhalab.labs nbgrader: --check goes with --mark (it lists the answer cells that lack nbgrader metadata)")
+    if not args.mark and args.out_dir is None:
+        sys.exit("mhalab.labs nbgrader: give an output folder (nbgrader notebooks/ OUT_DIR), or --mark to mark the notebooks in place")
     try:
+        if args.mark:
+            changed = mark_notebooks(args.source, check=args.check)
+            return 1 if args.check and changed else 0
         nbgrader_release(args.source, args.out_dir)
     except (MarkerError, ValueError, FileNotFoundError) as error:
         print(f"mhalab.labs nbgrader: {error}", file=sys.stderr)
@@ -115,12 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--executed", metavar="OUT.ipynb", help="also save the executed notebook (feedback for the learner)")
     p.set_defaults(func=cmd_grade)
 
-    p = sub.add_parser("nbgrader", help="write nbgrader-ready source versions of the notebooks", description=(
-        "Copy every notebook with solution regions, adding the cell metadata nbgrader needs: answer cells marked as "
-        "solutions, each exercise check split into a locked test cell (assert q.check(...)) worth the exercise's "
-        "points. Put the result in an nbgrader course's source/<assignment>/ folder."))
+    p = sub.add_parser("nbgrader", help="prepare the notebooks for an nbgrader course", description=(
+        "With --mark: give every cell holding a solution region the cell metadata nbgrader needs (an answer cell, "
+        "grade_id like ex03-1-answer), in place, changing nothing else; then the notebooks go into an nbgrader "
+        "course's source/<assignment>/ folder unchanged. Idempotent; --check only lists and exits 1 if a notebook "
+        "needs marking. Without --mark: copy every notebook with solution regions to OUT_DIR with answer cells marked "
+        "and each exercise check split into a locked test cell (assert q.check(...)) worth the exercise's points."))
     p.add_argument("source", help="a folder of notebooks (e.g. notebooks/) or one notebook")
-    p.add_argument("out_dir", help="where the nbgrader source versions go")
+    p.add_argument("out_dir", nargs="?", help="where the nbgrader copies go (not with --mark)")
+    p.add_argument("--mark", action="store_true", help="mark the answer cells in place instead of writing copies")
+    p.add_argument("--check", action="store_true", help="with --mark: only list what would change; exit 1 if anything would")
     p.set_defaults(func=cmd_nbgrader)
 
     p = sub.add_parser("list", help="list the exercises of each notebook")

@@ -23,6 +23,11 @@ marked as an nbgrader solution/grade cell. A cell in that section tagged ``keep-
 nbgrader's text stub, ``YOUR ANSWER HERE``.
 
 Command line: ``python -m mhalab.labs release notebooks/ OUT_DIR`` (``--check`` only lists).
+
+For nbgrader, :func:`mark_answer_cells` gives the cells holding solution regions the cell metadata
+nbgrader needs (``python -m mhalab.labs nbgrader --mark notebooks/``, in place), so the solution
+notebooks go into an nbgrader course's ``source/`` folder unchanged; :func:`nbgrader_version` makes
+copies that also split each check into a locked, autograded test cell.
 """
 
 from __future__ import annotations
@@ -410,6 +415,9 @@ def nbgrader_version(nb: Any, path: str | Path | None = None) -> Any:
             return 1
 
     def gid(key: str | None, kind: str, index: int) -> str:
+        existing = out.cells[index].get("metadata", {}).get("nbgrader", {}).get("grade_id")  # set by mark_answer_cells
+        if existing and kind in ("answer", "written"):
+            return existing
         return f"ex{key.replace('.', '-')}-{kind}" if key else f"cell{index}-{kind}"
 
     out = copy.deepcopy(nb)
@@ -463,3 +471,128 @@ def nbgrader_release(source: str | Path, out_dir: str | Path, *, log=print) -> l
         if log:
             log(f"{path.name}: nbgrader source version written")
     return written
+
+
+# --------------------------------------------------------------------------- nbgrader metadata, in place
+
+#: What ``nbgrader generate_assignment`` needs on a code cell holding solution regions (an
+#: "autograded answer" in nbgrader's words; schema v3 requires the four flags, and a grade_id as
+#: soon as one of them is true). No points: the course's checks do the scoring.
+ANSWER_METADATA = {"grade": False, "locked": False, "schema_version": 3, "solution": True}
+_OUR_ID = re.compile(r"^(?:ex\d+-\d+-(?:answer|written)|answer-[\w-]+)(?:-\d+)?$")
+_VALID_ID = re.compile(r"^[a-zA-Z0-9_\-]+$")  # nbgrader's grade_id pattern (schema v3), non-empty
+
+
+def _answer_ok(meta: Any, cell_type: str) -> bool:
+    """Whether a region cell's nbgrader metadata already satisfies nbgrader (kept as it is then)."""
+    if not isinstance(meta, dict) or meta.get("schema_version") != 3 or not meta.get("solution") or meta.get("locked"):
+        return False
+    if not _VALID_ID.match(str(meta.get("grade_id", ""))):
+        return False
+    if cell_type == "markdown" or meta.get("grade"):  # nbgrader: markdown answers are graded; graded cells have points
+        return meta.get("grade") is True and isinstance(meta.get("points"), (int, float))
+    return meta.get("grade") is False
+
+
+def mark_answer_cells(nb: Any, path: str | Path | None = None) -> list[str]:
+    """Give every cell holding a solution region the nbgrader metadata of an answer cell, in place.
+
+    Code cells get :data:`ANSWER_METADATA` with ``grade_id`` ``"ex03-1-answer"`` (the exercise whose
+    check follows the region); markdown cells, which nbgrader only accepts as manually graded
+    answers, get ``grade: true, points: 0`` and ``"ex03-1-written"``. Where the exercise is unknown
+    the id is ``"answer-<cell id>"``. Ids are unique in the notebook (a ``-2`` suffix where needed).
+
+    Idempotent: metadata that already satisfies nbgrader is kept as it is (so a grade_id, once in an
+    nbgrader gradebook, never changes, and an instructor's own points stay). A cell that no longer
+    holds a region loses metadata this function wrote (nbgrader would replace the whole cell).
+    Nothing but cell metadata is touched. Returns what changed, one line per cell.
+    """
+    the_plan = plan(nb, path)
+    if the_plan.problems:
+        raise MarkerError("; ".join(the_plan.problems))
+    # the exercise each region answers; a markdown region takes the next check after it
+    answers: dict[int, str | None] = {}
+    upcoming: str | None = None
+    for cp in reversed(the_plan.cells):
+        if cp.checks:
+            upcoming = next((k for k in cp.checks if k), upcoming)
+        if cp.regions:
+            answers[cp.index] = cp.answers if cp.cell_type == "code" else (cp.answers or upcoming)
+
+    changes: list[str] = []
+    taken: set[str] = set()
+    to_mark: list[int] = []
+    for cp, cell in zip(the_plan.cells, nb.cells):
+        meta = cell.get("metadata", {}).get("nbgrader")
+        if cp.regions and _answer_ok(meta, cp.cell_type) and meta["grade_id"] not in taken:
+            taken.add(meta["grade_id"])
+        elif cp.regions:
+            to_mark.append(cp.index)
+        elif isinstance(meta, dict):
+            ours = meta.get("solution") and not meta.get("locked") and _OUR_ID.match(str(meta.get("grade_id", "")))
+            if ours and (not meta.get("grade") or meta.get("points") == 0):
+                del cell.metadata["nbgrader"]
+                changes.append(f"cell {cp.index}: no solution region any more, nbgrader metadata {meta.get('grade_id')!r} removed")
+            elif meta.get("grade") or meta.get("solution") or meta.get("locked"):
+                taken.add(str(meta.get("grade_id", "")))
+
+    for index in to_mark:
+        cell = nb.cells[index]
+        key = answers.get(index)
+        if key:
+            base = f"ex{key.replace('.', '-')}-{'written' if cell.cell_type == 'markdown' else 'answer'}"
+        else:
+            base = f"answer-{cell.get('id') or index}"
+        grade_id, n = base, 1
+        while grade_id in taken:
+            n += 1
+            grade_id = f"{base}-{n}"
+        taken.add(grade_id)
+        old = cell.setdefault("metadata", {}).get("nbgrader")
+        new = dict(ANSWER_METADATA, grade_id=grade_id)
+        if cell.cell_type == "markdown":
+            new.update(grade=True, points=0)
+        elif isinstance(old, dict) and old.get("grade") and isinstance(old.get("points"), (int, float)):
+            new.update(grade=True, points=old["points"])  # an instructor made it a graded answer: keep that
+        cell.metadata["nbgrader"] = new
+        changes.append(f"cell {index}: marked as an nbgrader answer cell, grade_id {grade_id!r}")
+    return changes
+
+
+def _dump(nb: Any) -> str:
+    """JSON text as nbformat writes it (so a metadata change is the only diff)."""
+    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def mark_notebooks(source: str | Path, *, check: bool = False, log=print) -> dict[str, list[str]]:
+    """:func:`mark_answer_cells` on every notebook in ``source``, rewriting the files that change.
+
+    The file is read and written as plain JSON in nbformat's layout, so sources, outputs and
+    execution counts stay byte for byte. With ``check`` nothing is written. Returns
+    {notebook name: changes} for the notebooks that needed (``check``) or got changes.
+    """
+    import nbformat
+
+    paths = course_notebooks(source)
+    pending, problems = {}, []
+    for path in paths:
+        raw = path.read_text(encoding="utf-8")
+        nb = nbformat.from_dict(json.loads(raw))
+        try:
+            changes = mark_answer_cells(nb, path)
+        except MarkerError as error:
+            problems.append(f"{path.name}: {error}")
+            continue
+        if changes:
+            nbformat.validate(nb)
+            pending[path] = (nb, changes)
+    if problems:
+        raise MarkerError("malformed solution markers:\n  " + "\n  ".join(problems))
+    for path, (nb, changes) in pending.items():
+        if not check:
+            path.write_text(_dump(nb), encoding="utf-8")
+        if log:
+            log(f"{path.name}: " + ("would change" if check else "updated") + "\n  " + "\n  ".join(changes))
+    if log and not pending:
+        log(f"{len(paths)} notebook(s): every solution region already sits in an nbgrader answer cell")
+    return {path.name: changes for path, (nb, changes) in pending.items()}
