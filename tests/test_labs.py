@@ -88,6 +88,17 @@ def test_hint_and_solution_print(ex, capsys):
     assert ex.solution_text in out
 
 
+@pytest.mark.parametrize("ex", [ex for ex in EXERCISES if callable(ex.reference)], ids=lambda ex: ex.key)
+def test_printed_solution_passes(ex, capsys):
+    """What ``solution()`` shows a learner is itself a right answer (not only the hidden reference)."""
+    namespace: dict = {}
+    exec("import math\nimport torch\n" + ex.solution_text, namespace)
+    defined = [v for k, v in namespace.items() if callable(v) and not k.startswith("__") and k not in ("math", "torch")]
+    if not defined:
+        pytest.skip(f"the solution of {ex.key} defines no function (it is a value or a call)")
+    assert ex.check(defined[-1]) is True, ex.last_message
+
+
 def test_registry_is_consistent():
     by_notebook: dict[str, list[int]] = {}
     for ex in EXERCISES:

