@@ -130,21 +130,40 @@ async () => {
 """
 
 
+_ERROR_OUTPUT = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']"
+
+
 def _run_all_and_wait(page, n_code_cells: int, timeout_s: float) -> None:
-    page.click("#jp-MainMenu .lm-MenuBar-itemLabel:text-is('Run')")
-    page.click("li.lm-Menu-item[data-command='runmenu:run-all']")
+    """Run All from the Run menu, make sure it started, and wait until every cell has run (or one failed)."""
+    started = "() => document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt').length > 0 && " \
+              "Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')).some(p => /\\S/.test(p.textContent.replace(/[\\[\\]: \\u00a0]/g, '')))"
+    for attempt in range(3):
+        # Make the notebook the current widget first: the Run menu acts on the focused document.
+        page.locator(".jp-Notebook .jp-Cell").first.click()
+        page.click("#jp-MainMenu .lm-MenuBar-itemLabel:text-is('Run')")
+        page.click("li.lm-Menu-item[data-command='runmenu:run-all']")
+        try:  # a number or "*" in some prompt: the kernel has the cells
+            page.wait_for_function(started, timeout=60_000, polling=500)
+            break
+        except Exception:
+            if attempt == 2:
+                raise
     # Done when every code cell has an execution number (none blank "[ ]:" or queued "[*]:") and the
-    # kernel is idle. The copy starts without numbers, so this cannot be satisfied before the run.
+    # kernel is idle, or as soon as a cell shows a traceback. The copy starts without numbers, so this
+    # cannot be satisfied before the run.
     page.wait_for_function(
-        """(n) => {
+        """([n, errorSelector]) => {
+            if (document.querySelector(errorSelector) !== null) return true;
             const prompts = Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt'));
             const idle = document.querySelector(".jp-Notebook-ExecutionIndicator[data-status='idle']") !== null;
             return idle && prompts.length === n && prompts.every(p => /^\\[\\d+\\]:$/.test(p.textContent.trim()));
         }""",
-        arg=n_code_cells,
+        arg=[n_code_cells, _ERROR_OUTPUT],
         timeout=timeout_s * 1000,
         polling=1000,
     )
+    if page.locator(_ERROR_OUTPUT).count():
+        raise AssertionError(f"a cell of notebook 05 failed in JupyterLab:\n{page.locator(_ERROR_OUTPUT).first.text_content()[-3000:]}")
 
 
 def _move(page, slider_index: int, key: str) -> dict:
@@ -162,7 +181,7 @@ def _move(page, slider_index: int, key: str) -> dict:
     return {"before": before, "after": after, "latency_s": (changed - pressed) / 1000}
 
 
-def test_sliders_redraw_the_heat_map(jupyterlab):
+def test_sliders_redraw_the_heat_map(jupyterlab, record_property):
     from playwright.sync_api import sync_playwright
 
     base, token, root = jupyterlab
@@ -198,8 +217,7 @@ def test_sliders_redraw_the_heat_map(jupyterlab):
             assert "redrawn in" in status
 
             # No error anywhere: no traceback in any output, no widget that failed to render.
-            tracebacks = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']").count()
-            assert tracebacks == 0, page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']").first.text_content()
+            assert page.locator(_ERROR_OUTPUT).count() == 0, page.locator(_ERROR_OUTPUT).first.text_content()
             assert page.get_by_text("Error displaying widget").count() == 0
             assert not errors, errors
         finally:
@@ -210,4 +228,5 @@ def test_sliders_redraw_the_heat_map(jupyterlab):
         f"\nslider move -> new heat map in the browser: median {1000 * statistics.median(latencies):.0f} ms, "
         f"max {1000 * max(latencies):.0f} ms over {len(latencies)} moves ({', '.join(f'{1000 * t:.0f}' for t in latencies)} ms)"
     )
+    record_property("slider_latency_ms", [round(1000 * t) for t in latencies])  # in the JUnit XML report
     assert statistics.median(latencies) < TARGET_S, f"slider moves take {latencies} s; target < {TARGET_S} s"
