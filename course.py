@@ -58,7 +58,13 @@ def ensure_environment() -> Path:
     python = venv_python()
     if not python.exists():
         print(f"Creating a virtual environment in {VENV}", flush=True)
-        venv.EnvBuilder(with_pip=True).create(VENV)
+        try:
+            venv.EnvBuilder(with_pip=True).create(VENV)
+        except (OSError, subprocess.CalledProcessError) as error:
+            sys.exit(
+                f"course.py: could not create a virtual environment in {VENV} ({error}). On Debian/Ubuntu "
+                "install the venv module first (`sudo apt install python3-venv`), then run this again."
+            )
     stamp = VENV / STAMP_NAME
     fingerprint = requirements_fingerprint()
     if stamp.exists() and stamp.read_text() == fingerprint:
