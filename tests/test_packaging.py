@@ -17,8 +17,8 @@ from nbtools import colab_cell_problems, colab_cell_source, course_notebooks  # 
 
 if sys.version_info >= (3, 11):
     import tomllib
-else:  # pragma: no cover - Python 3.10
-    tomllib = pytest.importorskip("tomli")
+else:  # pragma: no cover - Python 3.10 (the test extra installs tomli there)
+    import tomli as tomllib
 
 CONDA_TO_PIP = {"pytorch": "torch"}  # conda-forge names that differ from PyPI's
 MAX_NOTEBOOK_BYTES = 2 * 1024 * 1024
@@ -26,8 +26,10 @@ REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9_.\-]*)\s*(?:(>=|==|<=|~=|!
 
 
 def parse(requirement: str) -> tuple[str, str | None, str | None]:
-    """``"numpy>=1.24"`` -> ``("numpy", ">=", "1.24")``; names normalised as pip does."""
-    match = REQUIREMENT.match(requirement)
+    """``"numpy>=1.24"`` -> ``("numpy", ">=", "1.24")``; names normalised as pip does.
+
+    An environment marker (``; python_version < "3.11"``) is dropped: conda lists the package plainly."""
+    match = REQUIREMENT.match(requirement.split(";", 1)[0])
     assert match, f"cannot read the requirement {requirement!r}: write it as name>=version"
     name, op, version = match.groups()
     return re.sub(r"[-_.]+", "-", name).lower(), op, version
