@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mhalab.attention import MultiHeadAttention, causal_mask
-from mhalab.device import pick_device
+from mhalab.device import pick_device, synchronize
 
 TARGET = 1.05  # ours_sdpa / torch must not exceed this
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -68,11 +68,6 @@ class LoopOfHeads(nn.Module):
             q, k, v = q_proj(x), k_proj(x), v_proj(x)  # each [B, L, dk]
             heads.append(F.scaled_dot_product_attention(q, k, v, is_causal=is_causal))  # [B, L, dk]
         return self.out_proj(torch.cat(heads, dim=-1))  # concat -> [B, L, D], then W_O
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def make_steps(n_heads: int, args, device: torch.device, dtype: torch.dtype) -> dict:
@@ -122,10 +117,10 @@ def time_interleaved(steps: dict, repeats: int, warmup: int, device: torch.devic
     for r in range(repeats):
         order = names[r % len(names):] + names[: r % len(names)]  # rotate so no one always goes first
         for name in order:
-            sync(device)
+            synchronize(device)
             start = time.perf_counter()
             steps[name]()
-            sync(device)
+            synchronize(device)
             times[name].append(time.perf_counter() - start)
     return times
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mhalab.device import pick_device
+from mhalab.device import pick_device, synchronize
 from mhalab.models import ModelConfig, Transformer
 
 
@@ -72,13 +72,11 @@ def make_step(model, tokens, targets):
 
 
 def timed(step, n: int, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     for _ in range(n):
         step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     return time.perf_counter() - start
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["pick_device", "describe_device", "autocast_dtype"]
+__all__ = ["pick_device", "describe_device", "autocast_dtype", "synchronize"]
 
 _CHOICES = ("auto", "cpu", "cuda", "mps")
 
@@ -64,3 +64,14 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
     if device.type != "cuda":
         return None
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait until ``device`` has finished its queued work (CUDA and MPS run asynchronously; a CPU does not).
+
+    Timings must call it before reading the clock, or they measure only how fast work is queued.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention, check_head_count
+from .device import synchronize
 
 __all__ = [
     "StackConfig",
@@ -262,13 +263,6 @@ class HeadTiming:
         return {**asdict(self), "ratio": self.ratio}
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
 def _versions(part, heads, d_model, batch, seq_len, device, dtype, generator):
     """For each head count: (batched thunk, looped thunk), both computing the same tensor."""
     versions = {}
@@ -340,11 +334,11 @@ def time_heads(
             for round_ in range(warmup + repeats):
                 for h, pair in versions.items():
                     for version, fn in zip(("batched", "looped"), pair):
-                        _synchronize(device)
+                        synchronize(device)
                         start = time.perf_counter()
                         for _ in range(inner):
                             fn()
-                        _synchronize(device)
+                        synchronize(device)
                         if round_ >= warmup:
                             samples.setdefault((version, h), []).append((time.perf_counter() - start) / inner)
     finally:
