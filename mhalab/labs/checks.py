@@ -5,7 +5,7 @@ the shape, the size and direction of a wrong value, the hidden case a function f
 printing the expected answer. A checker is then a few lines::
 
     def _check_split(answer):
-        expect_callable(answer, "split_heads")
+        # call_on_hidden_cases first checks that the answer is a function (expect_callable)
         call_on_hidden_cases(answer, [case(torch.randn(2, 5, 12), 3), case(torch.randn(1, 7, 8), 2)],
                              reference=_split_reference, name="split_heads")
 
@@ -64,9 +64,7 @@ def describe(value: Any) -> str:
     if isinstance(value, (list, tuple)) and len(value) <= 6:
         inner = ", ".join(describe(v) for v in value)
         return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
-    if isinstance(value, torch.nn.Module):
-        return f"a {type(value).__name__}"
-    return f"a {type(value).__name__}"
+    return f"a {type(value).__name__}"  # a module, a function, ...
 
 
 def _fmt_number(x: float) -> str:

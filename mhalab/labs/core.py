@@ -2,7 +2,7 @@
 
 Authoring an exercise (in ``mhalab/labs/exNN.py``)::
 
-    from .checks import call_on_hidden_cases, case, expect_callable
+    from .checks import call_on_hidden_cases, case
     from .core import Exercise, register
 
     def _reference(d_model, n_heads):
@@ -10,8 +10,8 @@ Authoring an exercise (in ``mhalab/labs/exNN.py``)::
 
     def _check_dk(answer):
         # Raise Wrong("what is off, without giving the answer") when the answer is wrong;
-        # the helpers in mhalab.labs.checks do that with consistent messages.
-        expect_callable(answer)
+        # the helpers in mhalab.labs.checks do that with consistent messages
+        # (call_on_hidden_cases also says so when the answer is not a function).
         call_on_hidden_cases(answer, [case(96, 3), case(512, 8)], _reference)
 
     register(Exercise(

@@ -16,7 +16,6 @@ def _causal_reference(n_queries: int, n_keys: int) -> torch.Tensor:
 
 
 def _check_causal(causal_allowed) -> None:
-    expect_callable(causal_allowed, "causal_allowed")
     # Square first (a whole sequence), then the queries as the last few positions (decoding with a cache).
     call_on_hidden_cases(
         causal_allowed,
