@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ._checks import check_int
 from .attention import KVCache, MultiHeadAttention, check_head_count
 
 __all__ = [
@@ -85,19 +86,12 @@ def kv_cache_per_token(
 ) -> KVCacheSize:
     """Keys and values cached per token: ``2 * n_heads * d_k * n_layers = 2 * d_model * n_layers``."""
     d_k = check_head_count(d_model, n_heads)
-    _check_positive_int("n_layers", n_layers)
+    check_int("n_layers", n_layers, 1)
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32 or torch.bfloat16, got {dtype!r}")
     elements = 2 * n_heads * d_k * n_layers
     size = None if dtype is None else elements * torch.empty((), dtype=dtype).element_size()
     return KVCacheSize(elements, size)
-
-
-def _check_positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {name}={value}")
 
 
 @dataclass(frozen=True)
@@ -142,7 +136,7 @@ def cost_table(d_model: int = 512, heads=(1, 8, 32, 64), *, bias: bool = False, 
         raise TypeError(f"heads must be a sequence of head counts such as (1, 8, 32, 64), got {heads!r}")
     if len(heads) == 0:
         raise ValueError("heads is empty: give at least one head count, e.g. heads=(1, 8, 32, 64)")
-    _check_positive_int("decode_tokens", decode_tokens)
+    check_int("decode_tokens", decode_tokens, 1)
     rows = []
     generator = torch.Generator().manual_seed(0)
     for h in heads:

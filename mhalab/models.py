@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._checks import check_int
 from .attention import KVCache, MultiHeadAttention, check_head_count
 
 __all__ = [
@@ -77,12 +78,12 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layers", "max_len", "n_targets"):
-            _check_positive_int(name, getattr(self, name))
+            check_int(name, getattr(self, name), 1)
         # The same message MultiHeadAttention would give, but before any module is built.
         check_head_count(self.d_model, self.n_heads)
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
-        _check_positive_int("d_ff", self.d_ff)
+        check_int("d_ff", self.d_ff, 1)
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
         if self.positions not in _POSITIONS:
@@ -121,13 +122,6 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
         return cls(**values)
-
-
-def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {name}={value}")
 
 
 def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._checks import check_int
+
 __all__ = ["Batch", "Task", "MultiRelationTask", "KeyValueRecall", "Seq2SeqBatch", "Seq2SeqTask", "IGNORE"]
 
 IGNORE = -100  # target value meaning "nothing to predict here" (cross_entropy's ignore_index)
@@ -56,15 +58,6 @@ class Batch:
         return Batch(self.inputs.to(device), self.targets.to(device), {k: v.to(device) for k, v in self.sources.items()})
 
 
-def _check_int(name: str, value, minimum: int, *, maximum: int | None = None, why: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < minimum or (maximum is not None and value > maximum):
-        allowed = f"at least {minimum}" if maximum is None else f"between {minimum} and {maximum}"
-        raise ValueError(f"{name} must be {allowed}{why}, got {name}={value}")
-    return value
-
-
 class Task:
     """Base class: a generator of batches plus the loss and metrics that go with them.
 
@@ -88,7 +81,7 @@ class Task:
         ``generator`` must live on ``device`` (``torch.Generator(device=device).manual_seed(s)``), so
         that no random numbers are made on the host and copied over at every step.
         """
-        _check_int("batch_size", batch_size, 1)
+        check_int("batch_size", batch_size, 1)
         if not isinstance(generator, torch.Generator):
             raise TypeError(
                 f"generator must be a torch.Generator, e.g. torch.Generator(device=device).manual_seed(0), "
@@ -207,8 +200,8 @@ class MultiRelationTask(Task):
         causal: bool = False,
         name: str = "multi-relation",
     ) -> None:
-        self.vocab_size = _check_int("vocab_size", vocab_size, 2)
-        self.seq_len = _check_int("seq_len", seq_len, 2)
+        self.vocab_size = check_int("vocab_size", vocab_size, 2)
+        self.seq_len = check_int("seq_len", seq_len, 2)
         offsets = tuple(offsets)
         if not offsets:
             raise ValueError("offsets must name at least one relative offset, e.g. offsets=(-1, 1)")
@@ -301,12 +294,12 @@ class KeyValueRecall(Task):
         causal: bool = True,
         name: str = "key-value recall",
     ) -> None:
-        self.n_pairs = _check_int("n_pairs", n_pairs, 1)
-        self.n_keys = _check_int(
+        self.n_pairs = check_int("n_pairs", n_pairs, 1)
+        self.n_keys = check_int(
             "n_keys", n_keys, n_pairs, why=f" (the {n_pairs} keys in one sequence are distinct, so n_keys >= n_pairs)"
         )
-        self.n_values = _check_int("n_values", n_values, 2)
-        self.n_queries = _check_int("n_queries", n_queries, 1)
+        self.n_values = check_int("n_values", n_values, 2)
+        self.n_queries = check_int("n_queries", n_queries, 1)
         self.causal = bool(causal)
         self.name = name
         self.vocab_size = n_keys + n_values
@@ -398,8 +391,8 @@ class Seq2SeqTask(Task):
         if mode not in self.MODES:
             raise ValueError(f"mode must be one of {tuple(self.MODES)}, got {mode!r}")
         self.mode = mode
-        self.n_symbols = _check_int("n_symbols", n_symbols, 2)
-        self.seq_len = _check_int("seq_len", seq_len, 2)
+        self.n_symbols = check_int("n_symbols", n_symbols, 2)
+        self.seq_len = check_int("seq_len", seq_len, 2)
         self.bos_id = n_symbols
         self.vocab_size = n_symbols + 1
         self.target_relation = self.MODES[mode]

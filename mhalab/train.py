@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ._checks import check_int
 from .device import autocast_dtype, pick_device
 
 __all__ = [
@@ -175,15 +176,6 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[str, torch.
 
 
 # ------------------------------------------------------------------------- validation
-def _int_arg(name: str, value: Any, minimum: int, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {name}={value}")
-
-
 def _float_arg(name: str, value: Any, *, low: float, low_inclusive: bool, high: float | None = None, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -254,9 +246,9 @@ def evaluate(
     mode (no dropout); its mode is restored afterwards.
     """
     _check_task(task)
-    _int_arg("batches", batches, 1)
-    _int_arg("batch_size", batch_size, 1)
-    _int_arg("seed", seed, 0)
+    check_int("batches", batches, 1)
+    check_int("batch_size", batch_size, 1)
+    check_int("seed", seed, 0)
     device = _model_device(model) if device is None else pick_device(device)
     _, dtype = resolve_precision(precision, device)
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -385,21 +377,23 @@ def train(
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     _check_task(task)
-    _int_arg("steps", steps, 1)
-    _int_arg("batch_size", batch_size, 1)
+    check_int("steps", steps, 1)
+    check_int("batch_size", batch_size, 1)
     _float_arg("lr", lr, low=0.0, low_inclusive=False)
     _float_arg("weight_decay", weight_decay, low=0.0, low_inclusive=True)
-    _int_arg("warmup_steps", warmup_steps, 0, allow_none=True)
-    if warmup_steps is not None and warmup_steps > steps:
-        raise ValueError(f"warmup_steps={warmup_steps} is longer than the whole run (steps={steps})")
+    if warmup_steps is not None:
+        check_int("warmup_steps", warmup_steps, 0)
+        if warmup_steps > steps:
+            raise ValueError(f"warmup_steps={warmup_steps} is longer than the whole run (steps={steps})")
     _float_arg("final_lr_fraction", final_lr_fraction, low=0.0, low_inclusive=True, high=1.0)
-    _int_arg("seed", seed, 0)
+    check_int("seed", seed, 0)
     if seed == EVAL_SEED:
         raise ValueError(f"seed={EVAL_SEED} is the held-out evaluation stream's seed; train with another seed")
-    _int_arg("checkpoint_every", checkpoint_every, 1, allow_none=True)
-    _int_arg("eval_every", eval_every, 1, allow_none=True)
-    _int_arg("eval_batches", eval_batches, 1)
-    _int_arg("eval_batch_size", eval_batch_size, 1)
+    for name, value in (("checkpoint_every", checkpoint_every), ("eval_every", eval_every)):
+        if value is not None:
+            check_int(name, value, 1)
+    check_int("eval_batches", eval_batches, 1)
+    check_int("eval_batch_size", eval_batch_size, 1)
     _float_arg("grad_clip", grad_clip, low=0.0, low_inclusive=False, allow_none=True)
     if not isinstance(progress, bool):
         raise TypeError(f"progress must be True or False, got {progress!r}")
