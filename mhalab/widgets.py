@@ -59,6 +59,16 @@ def _labels(task: Any, tokens: torch.Tensor) -> list[str]:
     return [str(int(t)) for t in tokens]
 
 
+def _best_match(scores: dict[str, np.ndarray], names: Sequence[str], layer: int, head: int, threshold: float) -> tuple[str | None, float]:
+    """The name in ``names`` with the head's highest score if that score is at least ``threshold``, and the score."""
+    best, value = None, threshold
+    for name in names:
+        v = float(scores[name][layer, head])
+        if v >= value:
+            best, value = name, v
+    return best, value
+
+
 def _marker_points(name: str, sources: dict[str, np.ndarray], example: int, T: int, S: int) -> np.ndarray:
     """``[P, 2]`` (key, query) points where score/relation ``name`` says a head should look."""
     q = np.arange(T)
@@ -215,12 +225,8 @@ class HeadExplorer:
     def role_name(self, layer: int, head: int) -> str:
         """The name (relation or generic score) on which the head puts the most attention, if that is at
         least ``threshold``; else ``"none"``."""
-        best, value = _NONE, self.threshold
-        for name in self.bar_names:
-            v = float(self.scores[name][layer, head])
-            if v >= value:
-                best, value = name, v
-        return best
+        best, _ = _best_match(self.scores, self.bar_names, layer, head, self.threshold)
+        return _NONE if best is None else best
 
     def role(self, layer: int, head: int) -> str:
         """The head's best-matching relation or generic score (at least ``threshold``), or a description."""
@@ -435,11 +441,7 @@ def head_grid(
         if head >= H:
             ax.axis("off")
             continue
-        match, value = None, threshold
-        for r in relations:
-            v = float(explorer.scores[r][layer, head])
-            if v >= value:
-                match, value = r, v
+        match, value = _best_match(explorer.scores, relations, layer, head, threshold)
         if match is None:
             cmap, colour, title = "Greys", "0.4", "no relation"
         else:
