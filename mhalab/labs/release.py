@@ -311,8 +311,11 @@ def student_version(nb: Any, path: str | Path | None = None) -> tuple[Any, Relea
 # --------------------------------------------------------------------------- whole folders
 
 
-def course_notebooks(folder: str | Path) -> list[Path]:
-    """Every notebook in ``folder`` (not in checkpoints), sorted."""
+def notebooks_in(folder: str | Path) -> list[Path]:
+    """``folder`` itself if it is a notebook, else every notebook in it (not in checkpoints), sorted.
+
+    Any name goes (a student folder need not follow the course's ``NN_topic.ipynb`` names that
+    tools/nbtools.py's ``course_notebooks`` lists)."""
     folder = Path(folder)
     if folder.is_file():
         return [folder]
@@ -330,7 +333,7 @@ def release(source: str | Path, out_dir: str | Path, *, dry_run: bool = False, l
     """
     import nbformat
 
-    paths = course_notebooks(source)
+    paths = notebooks_in(source)
     out_dir = Path(out_dir)
     if not dry_run and any((out_dir / path.name).resolve() == path.resolve() for path in paths):
         raise ValueError(f"the student versions must go to another folder than {out_dir}: they would overwrite the solutions")
@@ -459,7 +462,7 @@ def nbgrader_release(source: str | Path, out_dir: str | Path, *, log=print) -> l
 
     out_dir = Path(out_dir)
     written = []
-    for path in course_notebooks(source):
+    for path in notebooks_in(source):
         nb = nbformat.read(path, as_version=4)
         if not plan(nb, path).n_regions:
             continue
@@ -573,7 +576,7 @@ def mark_notebooks(source: str | Path, *, check: bool = False, log=print) -> dic
     """
     import nbformat
 
-    paths = course_notebooks(source)
+    paths = notebooks_in(source)
     pending, problems = {}, []
     for path in paths:
         raw = path.read_text(encoding="utf-8")
