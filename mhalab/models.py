@@ -292,6 +292,15 @@ def _per_layer_head_mask(head_mask: Tensor | None, n_layers: int, n_heads: int, 
     )
 
 
+def _output_logits(head: nn.Linear, x: Tensor, config: ModelConfig) -> Tensor:
+    """``x [B, T, D]`` -> logits ``[B, T, V]``, or ``[B, T, n_targets, V]`` when ``n_targets > 1``."""
+    logits = head(x)  # [B, T, n_targets * V]
+    if config.n_targets > 1:
+        B, T, _ = logits.shape
+        logits = logits.view(B, T, config.n_targets, config.vocab_size)  # [B, T, n_targets, V]
+    return logits
+
+
 def _check_config(config: Any) -> ModelConfig:
     if not isinstance(config, ModelConfig):
         raise TypeError(f"expected a mhalab.models.ModelConfig, got {type(config).__name__}; "
@@ -360,15 +369,8 @@ class Transformer(nn.Module):
             )
             if return_attention:
                 attention.append(weights)  # [B, H, T, S]
-        logits = self._logits(self.ln_final(x))
+        logits = _output_logits(self.head, self.ln_final(x), cfg)
         return (logits, attention) if return_attention else logits
-
-    def _logits(self, x: Tensor) -> Tensor:
-        logits = self.head(x)  # [B, T, n_targets * V]
-        if self.config.n_targets > 1:
-            B, T, _ = logits.shape
-            logits = logits.view(B, T, self.config.n_targets, self.config.vocab_size)  # [B, T, n_targets, V]
-        return logits
 
     def forward_batch(self, batch: Any) -> Tensor:
         """Logits for a task's :class:`~mhalab.tasks.Batch` (what :func:`mhalab.train.train` calls)."""
@@ -521,10 +523,7 @@ class EncoderDecoder(nn.Module):
             if return_attention:
                 attention["decoder"].append(self_w)  # [B, H, T, T]
                 attention["cross"].append(cross_w)  # [B, H, T, S]
-        logits = self.head(self.ln_final(x))  # [B, T, n_targets * V]
-        if cfg.n_targets > 1:
-            B, T, _ = logits.shape
-            logits = logits.view(B, T, cfg.n_targets, cfg.vocab_size)  # [B, T, n_targets, V]
+        logits = _output_logits(self.head, self.ln_final(x), cfg)
         return (logits, attention) if return_attention else logits
 
     def forward(
