@@ -426,7 +426,7 @@ class MultiHeadAttention(nn.Module):
             total = additive if total is None else total + additive
         if is_causal and L > 1:  # (one new token may see every cached key: nothing to mask)
             allowed = causal_mask(L, S, device=device)  # bottom-right aligned when decoding with a cache
-            additive = torch.zeros(L, S, dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
+            additive = self._as_additive(~allowed, "causal mask", dtype, device)  # [L, S]
             total = additive[None, None] if total is None else total + additive
         elif past > 0 and L > 1:
             raise ValueError(
