@@ -227,17 +227,29 @@ class MultiRelationTask(Task):
         self.name = name
         self.n_targets = len(offsets)
         self.relations = tuple(offset_name(o) for o in offsets)
+        self._index_cache: dict[torch.device, tuple[Tensor, Tensor, Tensor]] = {}  # see _relation_index
+
+    def _relation_index(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """``(source, gather_index, outside)``, each ``[T, R]`` on ``device``, built once per device.
+
+        They are the same for every batch, and building them copies ``offsets`` from the host, which
+        on a GPU would wait for all queued work at every training step.
+        """
+        cached = self._index_cache.get(device)
+        if cached is None:
+            T = self.seq_len
+            source = torch.arange(T)[:, None] + torch.tensor(self.offsets)[None, :]  # [T, R]: where each relation points
+            outside = (source < 0) | (source >= T)  # [T, R]: off the edge of the sequence
+            cached = tuple(t.to(device) for t in (source.masked_fill(outside, -1), source.clamp(0, T - 1), outside))
+            self._index_cache[device] = cached
+        return cached
 
     def _generate(self, batch_size: int, generator: torch.Generator, device: torch.device) -> Batch:
         B, T = batch_size, self.seq_len
         inputs = torch.randint(0, self.vocab_size, (B, T), generator=generator, device=device)  # [B, T]
-        positions = torch.arange(T, device=device)  # [T]
-        offsets = torch.tensor(self.offsets, device=device)  # [R]
-        source = positions[:, None] + offsets[None, :]  # [T, R]: the position each relation points to
-        inside = (source >= 0) & (source < T)  # [T, R]
-        gathered = inputs[:, source.clamp(0, T - 1)]  # [B, T, R]: token at i + offset_r
-        targets = gathered.masked_fill(~inside, IGNORE)  # [B, T, R]
-        source = source.masked_fill(~inside, -1)
+        source, gather_index, outside = self._relation_index(device)  # each [T, R]
+        gathered = inputs[:, gather_index]  # [B, T, R]: token at i + offset_r
+        targets = gathered.masked_fill(outside, IGNORE)  # [B, T, R]
         sources = {name: source[:, r].expand(B, T).contiguous() for r, name in enumerate(self.relations)}  # each [B, T]
         return Batch(inputs, targets, sources)
 
