@@ -142,6 +142,7 @@ class SweepResults:
         rel = self.relations
         header = ["heads", "d_k", "params", "accuracy (mean)", "min", "max", *rel]
         acc = self.by_heads("accuracy")
+        relation_means = {n: self.mean(n) for n in rel}  # once per relation, not once per (relation, head count)
         first = {}
         for r in self.rows:
             first.setdefault(r.heads, r)
@@ -151,7 +152,7 @@ class SweepResults:
             lines.append([
                 str(h), str(first[h].d_k), f"{first[h].parameters:,}", f"{sum(v) / len(v):.{digits}f}",
                 f"{min(v):.{digits}f}", f"{max(v):.{digits}f}",
-                *(f"{self.mean(n)[h]:.{digits}f}" for n in rel),
+                *(f"{relation_means[n][h]:.{digits}f}" for n in rel),
             ])
         return _format_table(header, lines)
 
