@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
+from .models import _eval_mode
 
 __all__ = [
     "GENERIC_SCORES",
@@ -150,16 +151,6 @@ def _forward(model: nn.Module, batch_or_tokens: Any) -> Tensor:
     if hasattr(batch_or_tokens, "inputs") and hasattr(model, "forward_batch"):
         return model.forward_batch(batch_or_tokens)
     return model(_tokens(batch_or_tokens))
-
-
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
 
 
 # -------------------------------------------------------------------------------- capturing

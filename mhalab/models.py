@@ -21,9 +21,10 @@ Per-head tensors follow ``[layer][batch, head, query, key]`` (the layout bertviz
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -301,6 +302,17 @@ def _output_logits(head: nn.Linear, x: Tensor, config: ModelConfig) -> Tensor:
     return logits
 
 
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """Run the ``with`` body in eval mode (no dropout), then give ``model`` back its own mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
 def _check_config(config: Any) -> ModelConfig:
     if not isinstance(config, ModelConfig):
         raise TypeError(f"expected a mhalab.models.ModelConfig, got {type(config).__name__}; "
@@ -382,12 +394,8 @@ class Transformer(nn.Module):
 
         Each row (one query) sums to 1 over the keys.  Training mode is restored afterwards.
         """
-        was_training = self.training
-        self.eval()
-        try:
+        with _eval_mode(self):
             _, attention = self(tokens, head_mask=head_mask, return_attention=True)
-        finally:
-            self.train(was_training)
         return attention
 
     def new_kv_caches(self) -> list[KVCache]:
@@ -415,9 +423,7 @@ class Transformer(nn.Module):
             raise ValueError("generate needs one prediction per position (n_targets=1)")
         if new_tokens < 0:
             raise ValueError(f"new_tokens must be >= 0, got {new_tokens}")
-        was_training = self.training
-        self.eval()
-        try:
+        with _eval_mode(self):
             caches = self.new_kv_caches()
             out = prompt
             logits = self(prompt, kv_caches=caches)[:, -1]  # [B, V]: prediction after the prompt
@@ -430,8 +436,6 @@ class Transformer(nn.Module):
                 out = torch.cat([out, nxt], dim=1)  # [B, T + 1]
                 if i + 1 < new_tokens:
                     logits = self(nxt, kv_caches=caches)[:, -1]  # [B, V]
-        finally:
-            self.train(was_training)
         return out
 
 
@@ -561,12 +565,8 @@ class EncoderDecoder(nn.Module):
     @torch.no_grad()
     def attention_patterns(self, src: Tensor, tgt: Tensor) -> dict[str, list[Tensor]]:
         """Eval-mode weights: ``{"encoder": [B,H,S,S] per layer, "decoder": [B,H,T,T], "cross": [B,H,T,S]}``."""
-        was_training = self.training
-        self.eval()
-        try:
+        with _eval_mode(self):
             _, attention = self(src, tgt, return_attention=True)
-        finally:
-            self.train(was_training)
         return attention
 
     @torch.no_grad()
@@ -576,9 +576,7 @@ class EncoderDecoder(nn.Module):
         The source is encoded once; the decoder feeds one token per step, its self-attention
         keys and values kept in per-layer KV caches.
         """
-        was_training = self.training
-        self.eval()
-        try:
+        with _eval_mode(self):
             memory = self.encode(src)  # [B, S, D]
             caches = [KVCache() for _ in self.decoder]
             out = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)  # [B, 1]
@@ -587,6 +585,4 @@ class EncoderDecoder(nn.Module):
                 logits = self.decode(nxt, memory, kv_caches=caches)[:, -1]  # [B, V]
                 nxt = logits.argmax(-1, keepdim=True)  # [B, 1]
                 out = torch.cat([out, nxt], dim=1)  # [B, T + 1]
-        finally:
-            self.train(was_training)
         return out
