@@ -13,9 +13,10 @@ Why it answers fast (a slider move is well under 0.5 s on a laptop CPU):
   ``ipywidgets.Image`` shows.  No ipympl, no JavaScript of our own, nothing fetched from the network:
   only matplotlib and the ipywidgets that JupyterLab, Jupyter Notebook, VS Code and Colab ship.
 
-Where ipywidgets cannot be imported or there is no live kernel (a script, a static HTML export),
-displaying the explorer shows the current picture as a plain PNG instead, and ``update()`` still
-works from Python.  :meth:`HeadExplorer.update` returns the seconds a redraw took (also kept in
+Displaying the explorer gives one output holding both the live widget and a still PNG of the current
+picture with a line saying how to get the sliders: frontends that draw widgets show the sliders, and
+every viewer that cannot (GitHub, nbviewer, the course website, a script without a kernel) shows the
+still.  ``update()`` works from Python either way.  :meth:`HeadExplorer.update` returns the seconds a redraw took (also kept in
 ``.timings``) so tests and ``benchmarks/explorer.py`` can time it.
 
 :func:`head_grid` draws all heads of one layer as small maps, each coloured by the relation it
@@ -363,19 +364,44 @@ class HeadExplorer:
         finally:
             self._syncing = False
 
+    #: The line under the still picture, for viewers that cannot run the sliders.
+    STATIC_NOTE = "A still of the head explorer: run this notebook (Jupyter or Colab) to move its sliders."
+
     def show_static(self):
         """The current picture as an ``IPython.display.Image`` (what is shown without widgets)."""
         from IPython.display import Image
 
         return Image(data=self.png, format="png")
 
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
+    def static_png(self) -> bytes:
+        """The current picture with :attr:`STATIC_NOTE` written under it, as PNG bytes."""
+        from matplotlib import font_manager
+        from PIL import Image, ImageDraw, ImageFont
 
+        picture = Image.open(io.BytesIO(self.png)).convert("RGB")
+        font = ImageFont.truetype(font_manager.findfont("DejaVu Sans"), 12)
+        still = Image.new("RGB", (picture.width, picture.height + 20), "white")
+        still.paste(picture, (0, 0))
+        ImageDraw.Draw(still).text((6, picture.height + 3), self.STATIC_NOTE, fill=(70, 70, 70), font=font)
+        buffer = io.BytesIO()
+        still.save(buffer, format="png")
+        return buffer.getvalue()
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        """One output that every viewer can show: the live widget where a frontend draws widgets, and the
+        still picture with a line saying how to get the sliders (``image/png``) for those that cannot
+        (GitHub, nbviewer, the course website, a frontend that refuses widgets). Without a kernel
+        (a script, a static export) only the still picture."""
+        import base64
+
+        bundle = {
+            "image/png": base64.b64encode(self.static_png()).decode("ascii"),
+            "text/plain": f"{self!r}\n{self.STATIC_NOTE}",
+        }
         if widgets_available():
-            display(self.widget)
-        else:
-            display(self.show_static())
+            view = {"version_major": 2, "version_minor": 0, "model_id": self.widget.model_id}
+            bundle["application/vnd.jupyter.widget-view+json"] = view
+        return bundle
 
     def __repr__(self) -> str:
         return (

@@ -83,14 +83,40 @@ def test_sliders_drive_the_same_update(setup):
     assert "ms" in ex._status.value
 
 
-def test_static_fallback_without_a_frontend(setup, monkeypatch):
+def _png_size(data: bytes) -> tuple[int, int]:
+    from PIL import Image
+    import io
+
+    return Image.open(io.BytesIO(data)).size
+
+
+def test_static_fallback_without_a_frontend(setup):
+    import base64
+
     _, _, _, ex = setup
     assert not widgets.widgets_available()  # no kernel under pytest
-    shown = []
-    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
-    ex._ipython_display_()
-    assert len(shown) == 1 and shown[0].data == ex.png
-    assert "HeadExplorer" in repr(ex)
+    bundle = ex._repr_mimebundle_()
+    assert set(bundle) == {"image/png", "text/plain"}  # no widget view without a kernel to drive it
+    still = base64.b64decode(bundle["image/png"])
+    assert still.startswith(b"\x89PNG") and still == ex.static_png()
+    width, height = _png_size(still)
+    assert (width, height - 20) == _png_size(ex.png)  # the current picture, with a band for the note below
+    assert ex.STATIC_NOTE in bundle["text/plain"] and "HeadExplorer" in bundle["text/plain"]
+
+
+def test_one_output_holds_the_widget_and_the_still(setup, monkeypatch):
+    """Where a kernel runs, the bundle also carries the widget view: a frontend that draws widgets shows
+    the sliders, a saved notebook shown without widgets (GitHub, nbviewer, the website) shows the still."""
+    _, _, _, ex = setup
+    monkeypatch.setattr(widgets, "widgets_available", lambda: True)
+    bundle = ex._repr_mimebundle_()
+    view = bundle["application/vnd.jupyter.widget-view+json"]
+    assert view["model_id"] == ex.widget.model_id and view["version_major"] == 2
+    assert "image/png" in bundle and ex.STATIC_NOTE in bundle["text/plain"]
+    ex.update(layer=1, head=1)
+    moved = ex._repr_mimebundle_()["image/png"]
+    ex.update(layer=0, head=0)
+    assert ex._repr_mimebundle_()["image/png"] != moved  # the still is the current picture
 
 
 def test_reuses_a_precomputed_ablation_and_skips_it_when_asked(setup):
