@@ -75,8 +75,7 @@ def ensure_environment(extras: str = EXTRAS) -> Path:
         stamped, _, installed = stamp.read_text().partition(" ")
         if stamped == fingerprint and wanted <= set(installed.split(",")):
             return python
-        if stamped == fingerprint:
-            wanted |= set(installed.split(","))
+        wanted |= set(filter(None, installed.split(",")))  # keep (and update) what an earlier command installed
     extras = ",".join(sorted(wanted))
     has_torch = subprocess.call([str(python), "-c", "import torch"], stderr=subprocess.DEVNULL) == 0
     if not has_torch:
