@@ -444,7 +444,7 @@ def plot_block(model, tokens: Tensor):
     ax.set_ylim(-0.6, 4.1)
     ax.set_aspect("equal")
     ax.axis("off")
-    fig.suptitle(f"where attention sits: {n_blocks} pre-norm block{'s' if n_blocks > 1 else ''}, "
-                 f"each adding its output to the residual stream", fontsize=10)
+    fig.suptitle(f"where attention sits: {n_blocks} pre-norm block{'s' if n_blocks > 1 else ''}; "
+                 f"each branch adds its output to the residual stream", fontsize=10)
     fig.tight_layout()
     return fig
