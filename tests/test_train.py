@@ -347,3 +347,43 @@ def test_trains_on_cuda(precision, tmp_path):
     assert history.precision == ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if precision == "auto" else precision
     state = load_checkpoint(path)
     assert state["step"] == 60 and state["rng"]["cuda"] is not None
+
+
+# ------------------------------------------------------------ bugs (each failed before its fix)
+def test_resume_with_more_steps_when_the_warm_up_was_derived(tmp_path):
+    """warmup_steps=None derives the warm-up from steps; resuming with more steps is still the same run."""
+    path = tmp_path / "run.pt"
+    task = PreviousToken()
+    train(model_for(task), task, steps=40, checkpoint=path, **FAST)  # warm-up derived from 40 steps
+    with pytest.warns(UserWarning, match="stretched"):
+        history = train(model_for(task), task, steps=80, checkpoint=path, **FAST)  # ... and from 80 now
+    assert history.steps == list(range(1, 81))
+    assert load_checkpoint(path)["step"] == 80
+
+
+def test_mps_random_state_is_captured_and_restored(monkeypatch):
+    """Training reseeds the MPS generator (torch.manual_seed does), so its state is saved and restored too."""
+    from mhalab.checkpoint import capture_rng, restore_rng
+
+    mps_state = {"now": torch.tensor([1, 2, 3], dtype=torch.uint8)}
+    monkeypatch.setattr(torch.mps, "get_rng_state", lambda *a, **k: mps_state["now"].clone())
+    monkeypatch.setattr(torch.mps, "set_rng_state", lambda state, *a, **k: mps_state.update(now=state.clone()))
+    mps = torch.device("mps")
+    saved = capture_rng(mps)
+    assert torch.equal(saved["mps"], torch.tensor([1, 2, 3], dtype=torch.uint8)) and "cuda" not in saved
+    cpu_before = torch.get_rng_state()
+    mps_state["now"] = torch.tensor([9], dtype=torch.uint8)
+    torch.rand(3)
+    restore_rng(saved, mps)
+    assert torch.equal(mps_state["now"], saved["mps"])
+    assert torch.equal(torch.get_rng_state(), cpu_before)
+
+
+def test_torch_floor_is_the_release_the_code_needs():
+    """torch.amp.GradScaler("cuda") (train's fp16 path) arrived in torch 2.3; pyproject must not promise less."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    floor = re.search(r'"torch>=(\d+)\.(\d+)', text)
+    assert floor and (int(floor[1]), int(floor[2])) >= (2, 3), floor
