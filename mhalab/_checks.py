@@ -1,8 +1,9 @@
-"""Argument checks shared by the modules, so every bad int gets the same clear message."""
+"""Argument checks shared by the modules, so every bad value gets the same clear message."""
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Iterable
 
 
 def check_int(name: str, value: Any, minimum: int, *, maximum: int | None = None, why: str = "") -> int:
@@ -16,3 +17,27 @@ def check_int(name: str, value: Any, minimum: int, *, maximum: int | None = None
         allowed = f"at least {minimum}" if maximum is None else f"between {minimum} and {maximum}"
         raise ValueError(f"{name} must be {allowed}{why}, got {name}={value}")
     return value
+
+
+def check_float(name: str, value: Any, *, low: float, low_inclusive: bool = True, high: float | None = None) -> float:
+    """Return ``value`` if it is a finite number (int or float, not a bool) above ``low`` (and <= ``high``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"{name} must be a finite number, got {value!r}")
+    too_low = value < low if low_inclusive else value <= low
+    if too_low or (high is not None and value > high):
+        bound = f"{'>=' if low_inclusive else '>'} {low}" + (f" and <= {high}" if high is not None else "")
+        raise ValueError(f"{name} must be {bound}, got {name}={value}")
+    return value
+
+
+def check_distinct_ints(name: str, values: int | Iterable[int]) -> list[int]:
+    """``values`` (one int, or several without repeats) as a non-empty list; else raise, naming ``name``."""
+    values = [values] if isinstance(values, int) else list(values)
+    if not values:
+        raise ValueError(f"{name} must list at least one value")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must hold ints, got {v!r}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{name} has repeats: {values}")
+    return values
