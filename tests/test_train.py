@@ -4,15 +4,15 @@ The tasks here are tiny ones defined in this file (the Task protocol of mhalab.t
 these tests do not depend on the course's tasks and run in a few seconds.
 """
 
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from mhalab.models import EncoderDecoder, ModelConfig, Transformer
-from mhalab.train import EVAL_SEED, History, TrainingDiverged, evaluate, load_checkpoint, train
+from mhalab.checkpoint import load_checkpoint
+from mhalab.train import EVAL_SEED, History, TrainConfig, TrainingDiverged, evaluate, make_config, train
 
 
 @dataclass
@@ -199,7 +199,9 @@ def test_checkpoint_holds_only_plain_values_and_tensors(tmp_path):
     state = torch.load(path, weights_only=True)  # would fail on pickled classes
     assert state["step"] == 6
     assert state["config"] == model.config.to_dict()
-    assert {"model", "optimizer", "scheduler", "rng", "train_args", "history"} <= set(state)
+    assert {"model", "optimizer", "scheduler", "rng", "train_config", "history"} <= set(state)
+    assert state["train_config"] == TrainConfig(steps=6, checkpoint=str(path), **FAST).to_dict()
+    assert state["train_config"]["warmup_steps"] is None  # what was asked for, not the derived number
     assert {"torch", "data"} <= set(state["rng"])
     assert History.from_dict(state["history"]).train_loss == history.train_loss
     assert [p.name for p in tmp_path.iterdir()] == ["run.pt"]  # no temporary files left behind
@@ -281,6 +283,24 @@ def test_model_for_another_task_fails_before_training():
     with pytest.raises(ValueError, match=r"vocab_size 9 != task's 8; max_len 4 < task's seq_len 8.*for_task"):
         train(wrong, task, steps=5, **FAST)
     assert task.samples == 0
+
+
+def test_settings_are_one_checked_config():
+    config = TrainConfig(steps=10, lr=1e-2, **FAST)
+    with pytest.raises(ValueError, match="warmup_steps=20 is longer than the whole run"):
+        replace(config, warmup_steps=20)  # an edited config is checked too
+    with pytest.raises(TypeError, match=r"unknown training setting\(s\) \['step'\].*'steps', 'batch_size'"):
+        train(model_for(PreviousToken()), PreviousToken(), step=10)
+    with pytest.raises(TypeError, match="say how long to train: steps="):
+        train(model_for(PreviousToken()), PreviousToken(), lr=1e-2)
+    with pytest.raises(TypeError, match="config must be a TrainConfig"):
+        train(model_for(PreviousToken()), PreviousToken(), {"steps": 10})
+    assert make_config(config, steps=20) == replace(config, steps=20)
+    assert TrainConfig(steps=1).precision == "fp32"  # the same numbers on every device unless asked otherwise
+    task = PreviousToken()
+    from_config = train(model_for(task), task, config, seed=2)
+    from_keywords = train(model_for(task), task, steps=10, lr=1e-2, seed=2, **FAST)
+    assert from_config.train_loss == from_keywords.train_loss
 
 
 def test_bad_head_count_fails_before_anything_is_built():
