@@ -24,7 +24,7 @@ import math
 import os
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from ._checks import check_float, check_int
 from .checkpoint import load_checkpoint, preserved_rng, restore, save_checkpoint, snapshot
 from .device import autocast, pick_device, resolve_precision
-from .plotting import plot_history
+from .history import History
 
 __all__ = ["train", "evaluate", "TrainConfig", "make_config", "History", "TrainingDiverged", "EVAL_SEED"]
 
@@ -103,28 +103,23 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        check_int("steps", self.steps, 1)
-        check_int("batch_size", self.batch_size, 1)
+        for name, low in (("steps", 1), ("batch_size", 1), ("seed", 0), ("eval_batches", 1), ("eval_batch_size", 1)):
+            check_int(name, getattr(self, name), low)
+        for name, low in (("warmup_steps", 0), ("eval_every", 1), ("checkpoint_every", 1)):  # these may be None
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), low)
+        if self.warmup_steps is not None and self.warmup_steps > self.steps:
+            raise ValueError(f"warmup_steps={self.warmup_steps} is longer than the whole run (steps={self.steps})")
+        if self.seed == EVAL_SEED:
+            raise ValueError(f"seed={EVAL_SEED} is the held-out evaluation stream's seed; train with another seed")
         check_float("lr", self.lr, low=0.0, low_inclusive=False)
         check_float("weight_decay", self.weight_decay, low=0.0)
-        if self.warmup_steps is not None:
-            check_int("warmup_steps", self.warmup_steps, 0)
-            if self.warmup_steps > self.steps:
-                raise ValueError(f"warmup_steps={self.warmup_steps} is longer than the whole run (steps={self.steps})")
         check_float("final_lr_fraction", self.final_lr_fraction, low=0.0, high=1.0)
         if self.grad_clip is not None:
             check_float("grad_clip", self.grad_clip, low=0.0, low_inclusive=False)
-        check_int("seed", self.seed, 0)
-        if self.seed == EVAL_SEED:
-            raise ValueError(f"seed={EVAL_SEED} is the held-out evaluation stream's seed; train with another seed")
         if isinstance(self.device, torch.device):
             object.__setattr__(self, "device", str(self.device))
         resolve_precision(self.precision, pick_device(self.device))  # a bad device or precision fails now
-        for name in ("eval_every", "checkpoint_every"):
-            if getattr(self, name) is not None:
-                check_int(name, getattr(self, name), 1)
-        check_int("eval_batches", self.eval_batches, 1)
-        check_int("eval_batch_size", self.eval_batch_size, 1)
         if self.checkpoint is not None and not isinstance(self.checkpoint, (str, os.PathLike)):
             raise TypeError(f"checkpoint must be a file path (str or pathlib.Path), got {type(self.checkpoint).__name__}")
         if not isinstance(self.progress, bool):
@@ -162,65 +157,6 @@ def make_config(config: TrainConfig | None = None, /, **overrides: Any) -> Train
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig (or None), got {type(config).__name__}")
     return replace(config, **overrides)
-
-
-# ----------------------------------------------------------------------------- history
-@dataclass
-class History:
-    """What happened during training.
-
-    Attributes:
-        steps: step numbers 1..n, one per optimizer step.
-        train_loss: the training loss at each of those steps (one batch each, so noisy).
-        lr: the learning rate used at each step.
-        evals: ``(step, metrics)`` for every evaluation on the held-out batches.
-        elapsed: seconds spent training (summed over resumed runs).
-        device, precision: where and how it ran.
-    """
-
-    steps: list[int] = field(default_factory=list)
-    train_loss: list[float] = field(default_factory=list)
-    lr: list[float] = field(default_factory=list)
-    evals: list[tuple[int, dict[str, float]]] = field(default_factory=list)
-    elapsed: float = 0.0
-    device: str = ""
-    precision: str = ""
-
-    @property
-    def final(self) -> dict[str, float]:
-        """Metrics of the last evaluation (``{}`` if there was none)."""
-        return dict(self.evals[-1][1]) if self.evals else {}
-
-    def metric(self, name: str) -> tuple[list[int], list[float]]:
-        """``(steps, values)`` of one evaluation metric, e.g. ``history.metric("accuracy")``."""
-        pairs = [(s, m[name]) for s, m in self.evals if name in m]
-        if not pairs and self.evals:
-            raise KeyError(f"no metric {name!r}; evaluations recorded {sorted(self.evals[-1][1])}")
-        return [s for s, _ in pairs], [v for _, v in pairs]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain Python values only (what a checkpoint stores)."""
-        return {
-            "steps": list(self.steps), "train_loss": list(self.train_loss), "lr": list(self.lr),
-            "evals": [(int(s), {k: float(v) for k, v in m.items()}) for s, m in self.evals],
-            "elapsed": float(self.elapsed), "device": self.device, "precision": self.precision,
-        }
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "History":
-        values = dict(values)
-        values["evals"] = [(int(s), dict(m)) for s, m in values.get("evals", [])]
-        return cls(**values)
-
-    def __repr__(self) -> str:
-        final = ", ".join(f"{k}={v:.4g}" for k, v in self.final.items() if "/" not in k)
-        return (f"History({len(self.steps)} steps on {self.device or '?'} ({self.precision or '?'}), "
-                f"{self.elapsed:.1f} s; final: {final or 'no evaluation'})")
-
-    def plot(self, *, smooth: int = 20, title: str | None = None):
-        """Training loss (per step and smoothed) and the held-out metrics; returns the figure
-        (:func:`mhalab.plotting.plot_history`).  In a notebook end the line with ``;``."""
-        return plot_history(self, smooth=smooth, title=title)
 
 
 # ------------------------------------------------------------------------- helpers
@@ -339,7 +275,7 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
     parts = dict(
         model=model, optimizer=optimizer, device=device, generator=torch.Generator(device=device),
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cfg.lr_factor(step)),
-        scaler=torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16) if device.type == "cuda" else None,
+        scaler=torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16),  # passes through unless fp16
     )
     history = History(device=str(device), precision=precision)
     start = 0
@@ -388,7 +324,6 @@ def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtyp
     from tqdm.auto import tqdm
 
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    use_scaler = scaler is not None and scaler.is_enabled()
     save_every = cfg.checkpoint_every or max(1, cfg.steps // 10)
     pending: list[Tensor] = []  # this group's losses, still on the device
     pending_lr: list[float] = []
@@ -437,18 +372,12 @@ def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtyp
                 loss = task.loss(logits, batch)
             optimizer.zero_grad(set_to_none=True)
             pending_lr.append(optimizer.param_groups[0]["lr"])
-            if use_scaler:
-                scaler.scale(loss).backward()
+            scaler.scale(loss).backward()
+            if cfg.grad_clip is not None:
                 scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-                if cfg.grad_clip is not None:
-                    torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                if cfg.grad_clip is not None:
-                    torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
-                optimizer.step()
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
+            scaler.step(optimizer)
+            scaler.update()
             scheduler.step()
             pending.append(loss.detach())
 
