@@ -355,16 +355,18 @@ def test_history_plots_itself():
 
 # --------------------------------------------------------------------- GPU
 @pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["auto", "fp32", "fp16"])
+@pytest.mark.parametrize("precision", [None, "auto", "fp32", "fp16"])
 def test_trains_on_cuda(precision, tmp_path):
     task = PreviousToken()
     model = model_for(task)
     path = tmp_path / "gpu.pt"
-    history = train(model, task, steps=60, lr=1e-2, device="cuda", precision=precision,
-                    checkpoint=path, batch_size=32, progress=False, eval_batches=1)
+    chosen = {} if precision is None else {"precision": precision}
+    history = train(model, task, steps=60, lr=1e-2, device="cuda", checkpoint=path, batch_size=32, progress=False,
+                    eval_batches=1, **chosen)
     assert next(model.parameters()).is_cuda
     assert history.train_loss[-1] < history.train_loss[0]
-    assert history.precision == ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if precision == "auto" else precision
+    fastest = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    assert history.precision == {None: "fp32", "auto": fastest}.get(precision, precision)  # fp32 unless asked
     state = load_checkpoint(path)
     assert state["step"] == 60 and state["rng"]["cuda"] is not None
 
