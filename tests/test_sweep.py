@@ -4,11 +4,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from mhalab.sweep import SweepResults, SweepRow, sweep_heads
 from mhalab.tasks import MultiRelationTask
+from mhalab.train import TrainConfig
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +59,9 @@ def test_same_seed_same_result(tiny):
                         eval_batch_size=16, progress=False)
     first = next(r for r in results.rows if (r.heads, r.seed) == (2, 1))
     assert again.rows[0].loss == first.loss and again.rows[0].relations == first.relations
+    config = TrainConfig(steps=3, batch_size=32, lr=5e-3, device="cpu", eval_batches=1, eval_batch_size=16)
+    from_config = sweep_heads(task, d_model=8, heads=(2,), seeds=(1,), config=config, progress=False)
+    assert from_config.rows[0].loss == first.loss and from_config.config == replace(config, progress=False)
 
 
 def test_the_callers_random_state_is_untouched(tiny):
