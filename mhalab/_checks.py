@@ -41,3 +41,28 @@ def check_distinct_ints(name: str, values: int | Iterable[int]) -> list[int]:
     if len(set(values)) != len(values):
         raise ValueError(f"{name} has repeats: {values}")
     return values
+
+
+def check_task(task: Any) -> None:
+    """Raise unless ``task`` has what :class:`mhalab.tasks.Task` promises (what training draws on)."""
+    missing = [a for a in ("sample", "loss", "metrics", "vocab_size", "seq_len") if not hasattr(task, a)]
+    if missing:
+        raise TypeError(f"task must follow mhalab.tasks.Task (sample, loss, metrics, vocab_size, seq_len); "
+                        f"{type(task).__name__} lacks {missing}")
+
+
+def check_model_fits_task(model: Any, task: Any) -> None:
+    """Catch a model built for another task before any training happens."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or not hasattr(cfg, "vocab_size"):
+        return
+    problems = []
+    if cfg.vocab_size != task.vocab_size:
+        problems.append(f"vocab_size {cfg.vocab_size} != task's {task.vocab_size}")
+    if getattr(cfg, "max_len", task.seq_len) < task.seq_len:
+        problems.append(f"max_len {cfg.max_len} < task's seq_len {task.seq_len}")
+    if getattr(cfg, "n_targets", 1) != getattr(task, "n_targets", 1):
+        problems.append(f"n_targets {cfg.n_targets} != task's {task.n_targets}")
+    if problems:
+        raise ValueError(f"the model does not fit task {getattr(task, 'name', type(task).__name__)!r}: "
+                         + "; ".join(problems) + ". Build it with ModelConfig.for_task(task, d_model=..., n_heads=...)")

@@ -1,14 +1,10 @@
-"""Checkpoints: one file that holds everything needed to resume a training run exactly.
+"""Checkpoints: one file holding everything needed to resume a training run exactly.
 
-As in nanoGPT, a checkpoint is one ``torch.save`` dict: ``model`` (the weights), ``optimizer``,
-``step`` and the configs (``config``: the ModelConfig as a dict, ``train_config``: the
-:class:`~mhalab.train.TrainConfig` as asked for), plus ``scheduler``, ``scaler``, ``history``,
-``task`` and ``precision``, and ``rng``: every random-number state the run draws from (CPU, the
-GPU's, and ``data``, the task's batch generator), so a resumed run continues bit for bit.
-Only tensors and plain values go in, so ``torch.load(weights_only=True)`` reads it.
-
-Writing is atomic (a temporary file renamed over the old one): a crash or a Ctrl-C while saving
-leaves the previous checkpoint, never half a file.
+As in nanoGPT, a checkpoint is one ``torch.save`` dict: ``model`` (weights), ``optimizer``, ``step``,
+``config`` (the ModelConfig as a dict) and ``train_config`` (the TrainConfig as asked for), plus
+``scheduler``, ``scaler``, ``history``, ``task``, ``precision`` and ``rng`` (every random state the run
+draws from: CPU, GPU and ``data``, the batch generator).  Only tensors and plain values go in, so
+``torch.load(weights_only=True)`` reads it.  Writing is atomic: a crash while saving leaves the old file.
 """
 
 from __future__ import annotations

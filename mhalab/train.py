@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_float, check_int
+from ._checks import check_float, check_int, check_model_fits_task, check_task
 from .checkpoint import load_checkpoint, preserved_rng, restore, save_checkpoint, snapshot
 from .device import autocast, pick_device, resolve_precision
 from .history import History
@@ -160,30 +160,6 @@ def make_config(config: TrainConfig | None = None, /, **overrides: Any) -> Train
 
 
 # ------------------------------------------------------------------------- helpers
-def _check_task(task: Any) -> None:
-    missing = [a for a in ("sample", "loss", "metrics", "vocab_size", "seq_len") if not hasattr(task, a)]
-    if missing:
-        raise TypeError(f"task must follow mhalab.tasks.Task (sample, loss, metrics, vocab_size, seq_len); "
-                        f"{type(task).__name__} lacks {missing}")
-
-
-def _check_model_fits_task(model: nn.Module, task: Any) -> None:
-    """Catch a model built for another task before any training happens."""
-    cfg = getattr(model, "config", None)
-    if cfg is None or not hasattr(cfg, "vocab_size"):
-        return
-    problems = []
-    if cfg.vocab_size != task.vocab_size:
-        problems.append(f"vocab_size {cfg.vocab_size} != task's {task.vocab_size}")
-    if getattr(cfg, "max_len", task.seq_len) < task.seq_len:
-        problems.append(f"max_len {cfg.max_len} < task's seq_len {task.seq_len}")
-    if getattr(cfg, "n_targets", 1) != getattr(task, "n_targets", 1):
-        problems.append(f"n_targets {cfg.n_targets} != task's {task.n_targets}")
-    if problems:
-        raise ValueError(f"the model does not fit task {getattr(task, 'name', type(task).__name__)!r}: "
-                         + "; ".join(problems) + ". Build it with ModelConfig.for_task(task, d_model=..., n_heads=...)")
-
-
 def _logits(model: nn.Module, batch: Any) -> Tensor:
     forward_batch = getattr(model, "forward_batch", None)
     return forward_batch(batch) if forward_batch is not None else model(batch.inputs)
@@ -214,7 +190,7 @@ def evaluate(
     never disturbs training.  ``device=None`` uses the model's device.  The model runs in eval
     mode (no dropout); its mode is restored afterwards.
     """
-    _check_task(task)
+    check_task(task)
     check_int("batches", batches, 1)
     check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
@@ -255,8 +231,8 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
     cfg = make_config(config, **settings)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    _check_task(task)
-    _check_model_fits_task(model, task)
+    check_task(task)
+    check_model_fits_task(model, task)
     device = pick_device(cfg.device)
     precision, amp_dtype = resolve_precision(cfg.precision, device)
     path = None if cfg.checkpoint is None else Path(cfg.checkpoint)
@@ -298,13 +274,11 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
 
 def _check_resume(state: dict[str, Any], cfg: TrainConfig, run: dict[str, str], path: Path) -> None:
     """Refuse a checkpoint of another run; only ``steps`` may change (and then the schedule stretches)."""
-    saved = state["train_config"]
-    if int(state["step"]) > cfg.steps:
+    if state["step"] > cfg.steps:
         raise ValueError(f"checkpoint {str(path)!r} is already at step {state['step']}, beyond steps={cfg.steps}; "
                          "pass steps >= that, or another checkpoint path")
-    now = {**cfg.to_dict(), **run}
-    saved = {**saved, "task": state.get("task"), "precision": state.get("precision")}
-    diff = {k: (saved.get(k), now[k]) for k in (*_RESUME_MUST_MATCH, *run) if saved.get(k) != now[k]}
+    saved, now = {**state["train_config"], **{k: state[k] for k in run}}, {**cfg.to_dict(), **run}
+    diff = {k: (saved[k], now[k]) for k in (*_RESUME_MUST_MATCH, *run) if saved[k] != now[k]}
     if diff:
         raise ValueError(
             f"checkpoint {str(path)!r} was written by a run with other settings (name: (checkpoint, now)) {diff}; "
