@@ -54,7 +54,7 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module | None = None) -> 
     found = state.get("format") if isinstance(state, dict) else None
     if found != FORMAT:
         raise ValueError(f"{str(path)!r} is not a checkpoint this mhalab reads (format {FORMAT}, found {found!r}); "
-                         "train into a new checkpoint path")
+                         "delete it to train again, or train into a new checkpoint path")
     if model is not None:
         load_weights(model, state, path)
     return state
