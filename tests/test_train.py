@@ -207,6 +207,15 @@ def test_checkpoint_holds_only_plain_values_and_tensors(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["run.pt"]  # no temporary files left behind
 
 
+def test_a_file_of_another_format_is_refused_before_training(tmp_path):
+    path = tmp_path / "old.pt"
+    torch.save({"format": "mhalab-checkpoint-v1", "step": 3}, path)
+    task = PreviousToken()
+    with pytest.raises(ValueError, match="not a checkpoint this mhalab reads.*delete it"):
+        train(model_for(task), task, steps=4, checkpoint=path, **FAST)
+    assert task.samples == 0
+
+
 def test_a_crash_while_saving_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "run.pt"
     task = PreviousToken()
