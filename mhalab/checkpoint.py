@@ -44,8 +44,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
 def load_checkpoint(path: str | os.PathLike, model: nn.Module | None = None) -> dict[str, Any]:
     """Read a checkpoint written by :func:`mhalab.train.train`; with ``model``, load its weights into it.
 
-    Returns the dict described in this module's docstring (``History.from_dict(state["history"])``
-    rebuilds the history).
+    Returns the dict described in this module's docstring (``History(**state["history"])`` rebuilds the history).
     """
     path = Path(path)
     if not path.is_file():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .plotting import plot_history
@@ -44,18 +44,8 @@ class History:
         return [s for s, _ in pairs], [v for _, v in pairs]
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain Python values only (what a checkpoint stores)."""
-        return {
-            "steps": list(self.steps), "train_loss": list(self.train_loss), "lr": list(self.lr),
-            "evals": [(int(s), {k: float(v) for k, v in m.items()}) for s, m in self.evals],
-            "elapsed": float(self.elapsed), "device": self.device, "precision": self.precision,
-        }
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "History":
-        values = dict(values)
-        values["evals"] = [(int(s), dict(m)) for s, m in values.get("evals", [])]
-        return cls(**values)
+        """Plain Python values only (what a checkpoint stores); ``History(**d)`` rebuilds it."""
+        return asdict(self)
 
     def __repr__(self) -> str:
         final = ", ".join(f"{k}={v:.4g}" for k, v in self.final.items() if "/" not in k)

@@ -204,11 +204,9 @@ def sweep_heads(
         model: extra :class:`~mhalab.models.ModelConfig` fields (e.g. ``{"d_ff": 128}``).
         keep_models: keep every trained model in ``results.models[(heads, seed)]`` (in eval mode), to
             look at their attention afterwards.
-        threads: on a CPU, the number of threads torch may use while the sweep trains (its setting is
-            restored afterwards); None leaves it alone. Models this small gain nothing from a second
-            thread, and on a busy machine (other notebooks, tests in parallel) the threads wait on each
-            other: we measured 100 steps at ``d_model=64`` taking 5 s on one thread and 20-30 s on two
-            while the two cores were shared with other work. Ignored on GPUs.
+        threads: torch's CPU threads while the sweep trains (restored afterwards; None leaves them alone).
+            Models this small gain nothing from a second thread, and on a busy 2-core machine we measured
+            100 steps at ``d_model=64`` taking 5 s on one thread and 20-30 s on two. Ignored on GPUs.
         progress: one progress bar over all runs.
         config, settings: the training settings of every run, as for :func:`mhalab.train.train`
             (``steps`` at least; without ``config``, ``batch_size=32`` and ``lr=5e-3`` unless given).

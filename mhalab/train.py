@@ -1,21 +1,15 @@
 """Training loop: AdamW with warm-up and cosine decay, evaluation, checkpoints that resume exactly.
 
-:func:`train` trains any model whose ``forward_batch(batch)`` (or ``forward(batch.inputs)``)
-returns the logits a task's ``loss`` expects, on batches the task draws on the device from a
-seeded ``torch.Generator``.  Every setting lives in one :class:`TrainConfig`, checked when it is
-made; ``train(model, task, steps=500, lr=1e-2)`` builds one from keywords.  Because the data
-generator, the optimizer, the schedule and every random-number state go into the checkpoint
-(:mod:`mhalab.checkpoint`), stopping and resuming gives the same weights, bit for bit on a CPU,
-as one uninterrupted run.
+:func:`train` trains any model whose ``forward_batch(batch)`` (or ``forward(batch.inputs)``) returns the
+logits a task's ``loss`` expects, on batches the task draws from a seeded ``torch.Generator``.  Every
+setting lives in one checked :class:`TrainConfig`; ``train(model, task, steps=500, lr=1e-2)`` builds one
+from keywords.  The data generator, optimizer, schedule and random states go into the checkpoint
+(:mod:`mhalab.checkpoint`), so a resumed run equals an uninterrupted one, bit for bit on a CPU.
 
-Things that cost nothing to learn but are easy to get wrong, handled here:
-
-* device choice (``device="auto"``: cuda, then mps, then cpu) and precision: float32 by default
-  on every device, so a notebook's numbers do not depend on the hardware; bf16 or fp16 autocast
-  on CUDA only when asked for (``precision="bf16"``, ``"fp16"`` or ``"auto"``);
-* no host-device synchronisation per step: losses stay on the device and are read in groups,
-  which is also where a NaN or infinite loss is caught (:class:`TrainingDiverged` names the step);
-* a diverged run never overwrites the last good checkpoint, and a Ctrl-C says how to resume.
+Easy to get wrong, handled here: float32 on every device by default, so a notebook's numbers do not
+depend on the hardware (bf16/fp16 autocast on CUDA only when asked for); no host-device sync per step
+(losses are read in groups, which is where a NaN is caught: :class:`TrainingDiverged` names the step);
+a diverged run never overwrites the last good checkpoint, and a Ctrl-C says how to resume.
 """
 
 from __future__ import annotations
@@ -263,7 +257,7 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
             state = load_checkpoint(path)
             _check_resume(state, cfg, run, path)
             restore(state, path=path, **parts)
-            history, start = History.from_dict(state["history"]), int(state["step"])
+            history, start = History(**state["history"]), int(state["step"])
 
         def save(step: int) -> None:
             save_checkpoint(snapshot(step=step, train_config=cfg.to_dict(), history=history.to_dict(), **run, **parts),

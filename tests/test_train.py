@@ -203,7 +203,7 @@ def test_checkpoint_holds_only_plain_values_and_tensors(tmp_path):
     assert state["train_config"] == TrainConfig(steps=6, checkpoint=str(path), **FAST).to_dict()
     assert state["train_config"]["warmup_steps"] is None  # what was asked for, not the derived number
     assert {"torch", "data"} <= set(state["rng"])
-    assert History.from_dict(state["history"]).train_loss == history.train_loss
+    assert History(**state["history"]).train_loss == history.train_loss
     assert [p.name for p in tmp_path.iterdir()] == ["run.pt"]  # no temporary files left behind
 
 
