@@ -3,7 +3,7 @@
 Usage (through the course script, which installs the `site` extra first):
     python3 course.py site [OUT]        # default OUT: build/site; open OUT/index.html
 
-Stages ``site/`` (configuration and intro page) with a copy of every course notebook and a table of
+Stages ``website/`` (configuration and intro page) with a copy of every course notebook and a table of
 contents listing them in order, then runs ``jupyter-book build`` on it and copies the HTML to OUT.
 Nothing is executed and nothing is fetched: the pages show the committed outputs, equations are
 rendered by a MathJax copied into the site, and search works from the site's own index.
@@ -22,7 +22,7 @@ import yaml
 
 from nbtools import ROOT, course_notebooks, repository_url
 
-SITE = ROOT / "site"
+SITE = ROOT / "website"
 
 
 def stage(source: Path) -> list[str]:

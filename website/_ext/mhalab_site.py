@@ -1,4 +1,4 @@
-"""Sphinx tweaks for the course website (site/_config.yml loads this as a local extension)."""
+"""Sphinx tweaks for the course website (website/_config.yml loads this as a local extension)."""
 
 
 def _drop_thebe(app, pagename, templatename, context, doctree):
