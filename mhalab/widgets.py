@@ -170,7 +170,7 @@ class HeadExplorer:
 
         T, S = self.T, self.S
         self.image = self.ax_map.imshow(np.zeros((T, S)), vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto", interpolation="nearest")
-        self.figure.colorbar(self.image, ax=self.ax_map, fraction=0.046, pad=0.02)
+        self.figure.colorbar(self.image, ax=self.ax_map, fraction=0.046, pad=0.02).set_label("attention weight", fontsize=8)
         self.ax_map.set_xlabel("key (attended to)", fontsize=8)
         self.ax_map.set_ylabel("query", fontsize=8)
         self.ax_map.set_xticks(range(S))
@@ -449,10 +449,10 @@ def head_grid(
             cmap, colour = _RELATION_CMAPS[i % len(_RELATION_CMAPS)], RELATION_COLOURS[i % len(RELATION_COLOURS)]
             title = f"{match} {value:.2f}"
         ax.imshow(explorer.attention[layer, example, head], vmin=0, vmax=1, cmap=cmap, interpolation="nearest")
-        ax.set_title(f"H{head}: {title}", fontsize=8, color=colour)
+        ax.set_title(f"H{head}: {title}", fontsize=10, color=colour)
         for spine in ax.spines.values():
             spine.set_edgecolor(colour)
             spine.set_linewidth(2 if match else 0.8)
-    fig.suptitle(f"layer {layer}: every head (rows = queries, columns = keys), example {example}", fontsize=9)
+    fig.suptitle(f"layer {layer}: every head (rows = queries, columns = keys), example {example}", fontsize=11)
     fig.tight_layout()
     return fig
