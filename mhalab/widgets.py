@@ -433,7 +433,7 @@ def head_grid(
     relations = explorer.relations
     columns = columns or min(H, 8)
     rows = -(-H // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(size * columns, size * rows + 0.5), dpi=dpi, squeeze=False)
+    fig, axes = plt.subplots(rows, columns, figsize=(size * columns, (size + 0.3) * rows + 0.4), dpi=dpi, squeeze=False)
     for head in range(rows * columns):
         ax = axes[head // columns][head % columns]
         ax.set_xticks([])
