@@ -171,7 +171,7 @@ class HeadExplorer:
 
         T, S = self.T, self.S
         self.image = self.ax_map.imshow(np.zeros((T, S)), vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto", interpolation="nearest")
-        self.figure.colorbar(self.image, ax=self.ax_map, fraction=0.046, pad=0.02)
+        self.figure.colorbar(self.image, ax=self.ax_map, fraction=0.046, pad=0.02).set_label("attention weight", fontsize=8)
         self.ax_map.set_xlabel("key (attended to)", fontsize=8)
         self.ax_map.set_ylabel("query", fontsize=8)
         self.ax_map.set_xticks(range(S))
@@ -459,7 +459,7 @@ def head_grid(
     relations = explorer.relations
     columns = columns or min(H, 8)
     rows = -(-H // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(size * columns, size * rows + 0.5), dpi=dpi, squeeze=False)
+    fig, axes = plt.subplots(rows, columns, figsize=(size * columns, (size + 0.3) * rows + 0.4), dpi=dpi, squeeze=False)
     for head in range(rows * columns):
         ax = axes[head // columns][head % columns]
         ax.set_xticks([])
@@ -475,10 +475,10 @@ def head_grid(
             cmap, colour = _RELATION_CMAPS[i % len(_RELATION_CMAPS)], RELATION_COLOURS[i % len(RELATION_COLOURS)]
             title = f"{match} {value:.2f}"
         ax.imshow(explorer.attention[layer, example, head], vmin=0, vmax=1, cmap=cmap, interpolation="nearest")
-        ax.set_title(f"H{head}: {title}", fontsize=8, color=colour)
+        ax.set_title(f"H{head}: {title}", fontsize=10, color=colour)
         for spine in ax.spines.values():
             spine.set_edgecolor(colour)
             spine.set_linewidth(2 if match else 0.8)
-    fig.suptitle(f"layer {layer}: every head (rows = queries, columns = keys), example {example}", fontsize=9)
+    fig.suptitle(f"layer {layer}: every head (rows = queries, columns = keys), example {example}", fontsize=11)
     fig.tight_layout()
     return fig
