@@ -271,3 +271,27 @@ def test_config_for_task():
 def test_model_needs_a_config():
     with pytest.raises(TypeError, match="ModelConfig"):
         Transformer(dict(vocab_size=10))
+
+
+# ------------------------------------------------------------- running helpers
+def test_eval_mode_restores_the_mode_even_after_an_error():
+    model = Transformer(small(dropout=0.1)).train()
+    with pytest.raises(RuntimeError, match="boom"):
+        with eval_mode(model) as same:
+            assert same is model and not model.training and not model.blocks[0].training
+            raise RuntimeError("boom")
+    assert model.training and model.blocks[0].training
+
+
+def test_batch_logits_takes_a_batch_or_token_ids():
+    from mhalab.models import batch_logits
+
+    model = Transformer(small()).eval()
+    x = tokens()
+    assert torch.equal(batch_logits(model, x), model(x))
+    assert torch.equal(batch_logits(model, SimpleNamespace(inputs=x)), model(x))
+    enc_dec = EncoderDecoder(small()).eval()
+    batch = SimpleNamespace(inputs=tokens(length=7), decoder_inputs=tokens(length=5))
+    assert torch.equal(batch_logits(enc_dec, batch), enc_dec(batch.inputs, batch.decoder_inputs))
+    with pytest.raises(TypeError, match="task Batch or a \\[batch, seq\\] tensor"):
+        batch_logits(model, [[1, 2, 3]])
