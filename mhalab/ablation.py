@@ -47,8 +47,8 @@ Head = tuple[int, int]  # (layer, head)
 
 # ----------------------------------------------------------------------------------- heads
 def _z_points(model: nn.Module) -> list[str]:
-    """The ``z`` hook point of each attention layer, in order (``blocks.0.attn.z``, ...)."""
-    return [f"{name}.z" for name in attention_modules(model)]
+    """The ``z`` hook point of each attention layer, in order (``blocks.0.attn.z``, ...; ``z`` for a lone layer)."""
+    return [f"{name}.z" if name else "z" for name in attention_modules(model)]
 
 
 def model_shape(model: nn.Module) -> tuple[int, int]:

@@ -178,3 +178,14 @@ def test_removable_counts_heads_before_the_first_drop():
     assert curve.removable(0.01, curve="random") == 0
     with pytest.raises(ValueError, match="curve must be"):
         curve.removable(curve="best")
+
+
+def test_a_lone_attention_layer_is_layer_0():
+    from mhalab import MultiHeadAttention
+
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(8, 2, bias=False).eval()
+    x = torch.randn(1, 3, 8)
+    with A.ablate(attn, [(0, 0), (0, 1)]):
+        assert (attn(x)[0] == 0).all()  # every head off and no bias: nothing comes out
+    assert A.model_shape(attn) == (1, 2)
