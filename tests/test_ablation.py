@@ -6,24 +6,7 @@ import torch
 
 from mhalab import ablation as A
 from mhalab.hooks import gate_heads, hook_points, run_with_hooks
-from mhalab.models import ModelConfig, Transformer
-from mhalab.tasks import Batch, MultiRelationTask
-
-
-@pytest.fixture
-def task():
-    return MultiRelationTask((-1, 1), vocab_size=8, seq_len=8)
-
-
-@pytest.fixture
-def model(task):
-    torch.manual_seed(0)
-    return Transformer(ModelConfig.for_task(task, d_model=16, n_heads=4, n_layers=2))
-
-
-@pytest.fixture
-def batch(task):
-    return task.sample(6, generator=torch.Generator().manual_seed(1))
+from mhalab.tasks import Batch
 
 
 def no_hooks(model):

@@ -7,24 +7,6 @@ import torch
 
 from mhalab import scores as S
 from mhalab.hooks import run_with_cache
-from mhalab.models import ModelConfig, Transformer
-from mhalab.tasks import MultiRelationTask
-
-
-@pytest.fixture
-def task():
-    return MultiRelationTask((-1, 1), vocab_size=8, seq_len=8)
-
-
-@pytest.fixture
-def model(task):
-    torch.manual_seed(0)
-    return Transformer(ModelConfig.for_task(task, d_model=16, n_heads=4, n_layers=2))
-
-
-@pytest.fixture
-def batch(task):
-    return task.sample(6, generator=torch.Generator().manual_seed(1))
 
 
 def patterns(model, batch):
