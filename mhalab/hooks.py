@@ -170,7 +170,7 @@ def gate_heads(gates: Tensor) -> Hook:
         B, _, H, _ = z.shape
         if gates.shape not in ((H,), (B, H)):
             raise ValueError(f"gates for {name} must be [n_heads] = [{H}] or [batch, n_heads] = [{B}, {H}], got {tuple(gates.shape)}")
-        g = gates.view(-1, 1, H, 1).to(z.dtype)  # [1 or B, 1, H, 1]
+        g = gates.view(-1, 1, H, 1).to(device=z.device, dtype=z.dtype)  # [1 or B, 1, H, 1]
         return z * g
 
     return hook
