@@ -16,8 +16,7 @@ Why it answers fast (a slider move is well under 0.5 s on a laptop CPU):
 Displaying the explorer gives one output holding both the live widget and a still PNG of the current
 picture with a line saying how to get the sliders: frontends that draw widgets show the sliders, and
 every viewer that cannot (GitHub, nbviewer, the course website, a script without a kernel) shows the
-still.  ``update()`` works from Python either way.  :meth:`HeadExplorer.update` returns the seconds a redraw took (also kept in
-``.timings``) so tests and ``benchmarks/explorer.py`` can time it.
+still.  ``update()`` works from Python either way.  ``benchmarks/explorer.py`` times it.
 
 :func:`head_grid` draws all heads of one layer as small maps, each coloured by the relation it
 matches best.
@@ -26,14 +25,16 @@ matches best.
 from __future__ import annotations
 
 import io
-import time
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from . import analysis
+from .ablation import AblationTable, ablate_each_head
+from .hooks import run_with_cache
+from .models import eval_mode
+from .scores import FRACTION_SCORES, head_scores, stack_attention
 
 __all__ = ["HeadExplorer", "head_explorer", "head_grid", "widgets_available", "RELATION_COLOURS"]
 
@@ -98,7 +99,7 @@ class HeadExplorer:
         task: the task, for token labels and (with ``ablation=True``) ``task.metrics``.
         examples: how many of the batch's sequences the example slider offers.
         ablation: precompute, for every head, the metrics with that head switched off (needs ``task``);
-            or pass an :class:`~mhalab.analysis.AblationTable` already computed on the same batch.
+            or pass an :class:`~mhalab.ablation.AblationTable` already computed on the same batch.
         method: ``"zero"`` or ``"mean"`` ablation.
         threshold: a head "matches" a relation/score when at least this fraction of its attention lands
             where that relation points.
@@ -106,10 +107,9 @@ class HeadExplorer:
 
     Attributes:
         attention: ``[N, E, H, T, S]`` numpy array, the weights of the ``E`` examples on offer.
-        scores: ``{name: [N, H]}`` numpy arrays from :func:`mhalab.analysis.head_scores`.
-        ablation: the :class:`~mhalab.analysis.AblationTable`, or None.
+        scores: ``{name: [N, H]}`` numpy arrays from :func:`mhalab.scores.head_scores`.
+        ablation: the :class:`~mhalab.ablation.AblationTable`, or None.
         png: the current picture as PNG bytes.
-        timings: seconds taken by every :meth:`update`.
     """
 
     def __init__(
@@ -119,7 +119,7 @@ class HeadExplorer:
         task: Any = None,
         *,
         examples: int = 8,
-        ablation: bool | analysis.AblationTable = True,
+        ablation: bool | AblationTable = True,
         method: str = "zero",
         threshold: float = 0.5,
         figsize: tuple[float, float] = (9.0, 3.8),
@@ -129,32 +129,34 @@ class HeadExplorer:
         highlight: str = _NONE,
     ) -> None:
         self.model, self.task, self.threshold, self.method = model, task, threshold, method
-        tokens = analysis._tokens(batch)
+        tokens = getattr(batch, "inputs", batch)  # [B, T]
+        if not isinstance(tokens, torch.Tensor):
+            raise TypeError(f"expected a task Batch or a [batch, seq] tensor of token ids, got {type(batch).__name__}")
         # All the expensive work happens here, once.
-        attention = analysis.stack_attention(analysis.capture_attention(model, batch))  # [N, B, H, T, S]
+        with eval_mode(model):
+            _, cache = run_with_cache(model, tokens, names="*.pattern")
+        attention = stack_attention(cache)  # [N, B, H, T, S]
         self.n_layers, B, self.n_heads, self.T, self.S = attention.shape
         self.n_examples = max(1, min(int(examples), B))
         has_sources = getattr(batch, "sources", None) is not None
         self.relations: list[str] = list(batch.sources) if has_sources else []
-        scores = analysis.head_scores(attention, batch if has_sources else None)
+        scores = head_scores(attention, batch if has_sources else None)
         self.scores = {name: s.cpu().numpy() for name, s in scores.items()}
         self.attention = attention[:, : self.n_examples].float().cpu().numpy()  # [N, E, H, T, S]
         self.sources = {r: batch.sources[r][: self.n_examples].cpu().numpy() for r in self.relations}
         self.labels = [_labels(task, tokens[e].cpu()) for e in range(self.n_examples)]
-        self.bar_names = self.relations + list(analysis.FRACTION_SCORES)  # fractions in [0, 1]
+        self.bar_names = self.relations + list(FRACTION_SCORES)  # fractions in [0, 1]
         self.ablation = None
-        if isinstance(ablation, analysis.AblationTable):  # computed already (e.g. by the notebook): reuse it
+        if isinstance(ablation, AblationTable):  # computed already (e.g. by the notebook): reuse it
             self.ablation, self.method = ablation, ablation.method
         elif ablation and task is not None:
-            self.ablation = analysis.ablate_each_head(model, task, batch, method=method)
-        self.timings: list[float] = []
+            self.ablation = ablate_each_head(model, task, batch, method=method)
         self.layer, self.head, self.example = 0, 0, 0
         self.highlight = _NONE
         self._widget = None
         self._syncing = False
         self._build_figure(figsize, dpi)
         self.update(layer=layer, head=head, example=0, highlight=highlight)
-        self.timings.clear()  # the first draw is a build cost, not a slider move
 
     # ------------------------------------------------------------------ figure
     def _build_figure(self, figsize: tuple[float, float], dpi: int) -> None:
@@ -245,12 +247,11 @@ class HeadExplorer:
             raise IndexError(f"{name} {value} is out of range: choose 0..{limit - 1}")
         return int(value)
 
-    def update(self, layer: int | None = None, head: int | None = None, example: int | None = None, highlight: str | None = None) -> float:
-        """Show another head/example/highlight; returns the seconds the redraw took (also in ``.timings``).
+    def update(self, layer: int | None = None, head: int | None = None, example: int | None = None, highlight: str | None = None) -> None:
+        """Show another head/example/highlight.
 
         Only what changed is touched: array lookups, the artists' data, one PNG render.
         """
-        start = time.perf_counter()
         if layer is not None:
             self.layer = self._check_index("layer", layer, self.n_layers)
         if head is not None:
@@ -294,11 +295,6 @@ class HeadExplorer:
         if self._widget is not None:
             self._image_widget.value = self.png
             self._sync_controls()
-        elapsed = time.perf_counter() - start
-        self.timings.append(elapsed)
-        if self._widget is not None:
-            self._status.value = f"redrawn in {1000 * elapsed:.0f} ms"
-        return elapsed
 
     @property
     def highlight_options(self) -> list[str]:
@@ -330,13 +326,12 @@ class HeadExplorer:
             self._dropdown = W.Dropdown(options=self.highlight_options, value=self.highlight, description="highlight", style=style)
             self._image_widget = W.Image(value=self.png, format="png")
             self._image_widget.add_class("mhalab-head-map")
-            self._status = W.Label("")
             for control in (self._layer_slider, self._head_slider, self._example_slider, self._dropdown):
                 control.observe(self._on_change, names="value")
             self._widget = W.VBox(
                 [
                     W.HBox([self._layer_slider, self._head_slider, self._example_slider]),
-                    W.HBox([self._dropdown, self._status]),
+                    self._dropdown,
                     self._image_widget,
                 ]
             )
