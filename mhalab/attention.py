@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_head_count, check_head_shape, check_int, valid_head_counts
+from ._checks import check_head_count, check_head_shape, valid_head_counts
 from .kv_cache import KVCache
 from .masks import causal_mask, combine_masks
 from .positions import apply_rotary
