@@ -58,8 +58,9 @@ def test_every_exercise_has_a_corpus(ex):
 @pytest.mark.parametrize("ex", EXERCISES, ids=IDS)
 def test_reference_passes_and_scores_zero_when_handed_in(ex):
     assert ex.verdict(ex.reference, *_context(ex), trusted=True) == (core.PASSED, "correct.")
-    status, message = ex.verdict(ex.reference, *_context(ex))
-    assert status == core.FAILED and "reference" in message
+    if callable(ex.reference) or isinstance(ex.reference, (torch.Tensor, dict, list)):  # (a number is anyone's)
+        status, message = ex.verdict(ex.reference, *_context(ex))
+        assert status == core.FAILED and "reference" in message
 
 
 @pytest.mark.parametrize("ex", EXERCISES, ids=IDS)

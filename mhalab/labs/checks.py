@@ -24,21 +24,18 @@ instead of writing it, and records or replays calls for the grader (:mod:`mhalab
 
 from __future__ import annotations
 
-import builtins
 import copy
-import inspect
 import math
-import os
-import sys
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from .core import AnswerRaised, Borrowed, Wrong, session, where
+from .calls import Opaque, call_answer, largest_tensor, observe
+from .core import Wrong, session
 
 __all__ = [
     "ATOL", "RTOL", "call_answer", "describe", "expect_callable", "expect_close", "expect_equal", "expect_items",
-    "expect_shape", "expect_whole", "first_match", "as_float64",
+    "expect_shape", "expect_whole", "first_match", "as_float64", "largest_tensor", "name_miss", "observe",
 ]
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -84,16 +81,6 @@ def _fmt(x: float) -> str:
 
 def _fmt_shape(shape: Iterable) -> str:
     return "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-
-
-class Opaque:
-    """Stands in (when grading) for a returned object that cannot be recorded: only its description."""
-
-    def __init__(self, description: str):
-        self.description = description
-
-    def __repr__(self) -> str:
-        return self.description
 
 
 # --------------------------------------------------------------------------- numbers and tensors
@@ -319,180 +306,6 @@ def first_match(got: Any, candidates: Mapping[str, Any], *, rtol: float = RTOL, 
         if g.shape == v.shape and bool(_close(g, v, rtol, atol).all()):
             return message
     return None
-
-
-# --------------------------------------------------------------------------- calling the learner's function
-
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # mhalab/
-_MACHINERY = {os.path.join(_PACKAGE, "labs", f) for f in ("checks.py", "core.py")}
-
-
-class _BorrowWatch:
-    """Notes the first function of the mhalab package (other than this machinery) that runs during a call."""
-
-    def __init__(self):
-        self.found: str | None = None
-
-    def __call__(self, frame, event, arg):
-        if event == "call" and self.found is None:
-            filename = frame.f_code.co_filename
-            if filename.startswith(_PACKAGE + os.sep) and filename not in _MACHINERY:
-                module = os.path.relpath(filename, os.path.dirname(_PACKAGE))[:-3].replace(os.sep, ".")
-                self.found = f"{module}.{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)}"
-
-
-def _signature_problem(fn: Callable, args: tuple, template: tuple[str, tuple[str, ...]] | None) -> str | None:
-    try:
-        inspect.signature(fn).bind(*args)
-    except TypeError:
-        pass
-    except ValueError:  # no signature (a builtin): just call it
-        return None
-    else:
-        return None
-    try:
-        yours = f"({', '.join(inspect.signature(fn).parameters)})"
-    except (TypeError, ValueError):
-        yours = "other parameters"
-    given = f"def {template[0]}({', '.join(template[1])})" if template else f"{len(args)} arguments"
-    return f"your function takes {yours}, but it is called with {len(args)} argument(s) as in `{given}`: keep the given parameters"
-
-
-def _encode(value: Any, depth: int = 0) -> Any:
-    """A returned value as plain data that ``torch.load(weights_only=True)`` reads back (no code runs)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().clone()
-    if type(value).__module__ == "numpy" and hasattr(value, "dtype"):
-        if getattr(value, "shape", ()) == () and not hasattr(value, "__len__"):
-            return value.item()
-        if value.dtype != object:
-            return {"__numpy__": torch.from_numpy(value.copy())}
-    if depth < 6 and isinstance(value, (tuple, list)):  # torch.Size and named tuples become tuples
-        return (list if isinstance(value, list) else tuple)(_encode(v, depth + 1) for v in value)
-    if depth < 6 and type(value) is dict:
-        return {(_encode(k, depth + 1) if isinstance(k, tuple) else k): _encode(v, depth + 1) for k, v in value.items()}
-    return {"__opaque__": describe(value)}
-
-
-def decode(value: Any) -> Any:
-    """The inverse of the recording (NumPy arrays come back as NumPy, other objects as :class:`Opaque`)."""
-    if isinstance(value, dict):
-        if set(value) == {"__numpy__"}:
-            return value["__numpy__"].numpy()
-        if set(value) == {"__opaque__"}:
-            return Opaque(value["__opaque__"])
-        return {k: decode(v) for k, v in value.items()}
-    if type(value) in (tuple, list):
-        return type(value)(decode(v) for v in value)
-    return value
-
-
-class _SizeWatch(torch.overrides.TorchFunctionMode):
-    """Notes the largest tensor any torch function makes while it is active."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
-def _live_call(fn: Callable, args: tuple, label: str, allow: tuple) -> Any:
-    state = session()
-    problem = _signature_problem(fn, args, state.template)
-    if problem:
-        raise Wrong(problem)
-    watch, previous, sizes = _BorrowWatch(), sys.getprofile(), _SizeWatch()
-    sys.setprofile(watch)
-    try:
-        with sizes:
-            result = fn(*args)
-    except NotImplementedError:
-        raise
-    except allow:
-        raise
-    except Exception as error:
-        at = where(error)
-        raise AnswerRaised(f"{label} raised {type(error).__name__}: {error}" + (f" (at {at})" if at else "")) from error
-    finally:
-        sys.setprofile(previous)
-        state.largest_tensor = sizes.largest
-    if watch.found and not state.trusted:
-        raise Borrowed(f"your answer calls the course's own `{watch.found}`; this exercise asks you to write it yourself")
-    return result
-
-
-def call_answer(fn: Callable, *args: Any, label: str | None = None, allow: tuple = (), copy_args: bool = True) -> Any:
-    """Call the learner's ``fn(*args)`` (positionally, on deep copies) and return what it returned.
-
-    Raises :class:`Wrong` when ``fn`` is not a function or cannot take the template's arguments,
-    :class:`AnswerRaised` (naming the input and the learner's line) when it raises, unless the exception
-    is one of ``allow`` (re-raised for the checker, e.g. a ``ValueError`` the exercise asks for), and
-    :class:`Borrowed` when it runs mhalab's own code. While grading, calls are recorded or replayed.
-    """
-    state = session()
-    name = state.template[0] if state.template else getattr(fn, "__name__", "your function")
-    if label is None:
-        label = ", ".join(repr(a) if isinstance(a, (bool, int, float, str)) or a is None else describe(a) for a in args)
-    label = f"{name}({label})"
-    expect_callable(fn)
-    if state.replay is not None:
-        kind, *payload = state.replay.pop(0) if state.replay else ("missing",)
-        if kind == "returned":
-            result = decode(payload[0])
-        elif kind == "allowed":
-            ename, text = payload
-            cls = getattr(builtins, ename, None)
-            raise (cls if isinstance(cls, type) and issubclass(cls, Exception) else RuntimeError)(text)
-        elif kind == "wrong":
-            cls = {"AnswerRaised": AnswerRaised, "Borrowed": Borrowed}.get(payload[0], Wrong)
-            raise cls(payload[1])
-        elif kind == "unanswered":
-            raise NotImplementedError(payload[0] if payload else "")
-        else:
-            raise RuntimeError(f"the recording of the answer's calls ended before {label} (the checker is not deterministic)")
-        state.last_call = (label, describe(result))
-        return result
-    try:
-        result = _live_call(fn, copy.deepcopy(args) if copy_args else args, label, allow)
-    except NotImplementedError as error:
-        state.record(("unanswered", str(error)))
-        raise
-    except Wrong as error:
-        state.record(("wrong", type(error).__name__, str(error)))
-        raise
-    except allow as error:
-        state.record(("allowed", type(error).__name__, str(error)))
-        raise
-    state.record(("returned", _encode(result)))
-    state.last_call = (label, describe(result))
-    return result
-
-
-def observe(compute: Callable[[], Any]) -> Any:
-    """A fact about the learner's last call that only their kernel can see (e.g. whether the result is a
-    view of the input): computed live and recorded, or read back from the recording when grading."""
-    state = session()
-    if state.replay is not None:
-        kind, *payload = state.replay.pop(0) if state.replay else ("missing",)
-        if kind != "fact":
-            raise RuntimeError("the recording has no fact here (the checker is not deterministic)")
-        return decode(payload[0])
-    value = compute()
-    state.record(("fact", _encode(value)))
-    return value
-
-
-def largest_tensor() -> int:
-    """The number of entries of the largest tensor a torch function made during the last live call."""
-    return session().largest_tensor
 
 
 def name_miss(got: Any, mistakes: Sequence[tuple[Any, str]]) -> str | None:

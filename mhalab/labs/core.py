@@ -163,7 +163,7 @@ class Exercise:
         return f"{self.notebook}.{self.number}"
 
     def _borrowed(self, answer: Any) -> str | None:
-        if answer is self.reference:
+        if answer is self.reference and (callable(answer) or not isinstance(answer, (bool, int, float, str, tuple, bytes))):
             return "your answer is the course's own reference (q.reference); write the answer yourself"
         if callable(answer) and str(getattr(answer, "__module__", "") or "").startswith("mhalab"):
             return f"your answer is mhalab's own `{answer.__module__}.{getattr(answer, '__qualname__', '?')}`; write it yourself"
@@ -215,7 +215,7 @@ class Exercise:
     def record(self, answer: Any, *context: Any) -> dict:
         """Check ``answer`` in the learner's kernel and return what the grader needs as plain data:
         the answer (a value, or a function's name), the prepared context and every call's result."""
-        from .checks import _encode
+        from .calls import _encode
 
         tape: list = []
         borrowed = self._borrowed(answer)
@@ -235,7 +235,7 @@ class Exercise:
 
     def replay(self, recorded: dict) -> tuple[str, str]:
         """(status, message) judged here from what :meth:`record` wrote in the learner's kernel."""
-        from .checks import decode
+        from .calls import decode
 
         if recorded.get("problem"):
             return FAILED, recorded["problem"]
