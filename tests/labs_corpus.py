@@ -90,6 +90,32 @@ def causal_triu(scores):
     return scores.masked_fill(torch.triu(torch.ones_like(scores, dtype=torch.bool), 1), -1e9).softmax(-1)
 
 
+def mha_einsum(inputs, wq, wk, wv, wo, heads):  # other names, einsum, float64, a loop over heads
+    x = inputs.double()
+    B, T, D = x.shape
+    d = D // heads
+    outs = []
+    for h in range(heads):
+        sl = slice(h * d, (h + 1) * d)
+        q, k, v = (torch.einsum("btd,ed->bte", x, w.double()[sl]) for w in (wq, wk, wv))
+        s = torch.einsum("bid,bjd->bij", q, k) / math.sqrt(d)
+        s = s + torch.full((T, T), float("-inf")).triu(1)
+        outs.append(s.softmax(-1) @ v)
+    return torch.cat(outs, -1) @ wo.double().T
+
+
+def mha_numpy(x, W_Q, W_K, W_V, W_O, n_heads):
+    x, W_Q, W_K, W_V, W_O = (t.double().numpy() for t in (x, W_Q, W_K, W_V, W_O))
+    B, T, D = x.shape
+    d = D // n_heads
+    split = lambda t: t.reshape(B, T, n_heads, d).transpose(0, 2, 1, 3)  # noqa: E731
+    q, k, v = split(x @ W_Q.T), split(x @ W_K.T), split(x @ W_V.T)
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d) + np.triu(np.full((T, T), -np.inf), 1)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    z = (w / w.sum(-1, keepdims=True)) @ v
+    return z.transpose(0, 2, 1, 3).reshape(B, T, D) @ W_O.T
+
+
 # ------------------------------------------------------------------------------------ 03-06
 def gqa_one_line(dm, h, kv, layers):
     return 2 * kv * dm / h * layers  # a float that is a whole number
@@ -186,6 +212,15 @@ CORPUS = {
             (lambda s: s.masked_fill(~_tril(s.size(-1)), float("-inf")).softmax(-2), "softmax runs over the queries"),
             (lambda s: s.masked_fill(_tril(s.size(-1)), float("-inf")).softmax(-1), "the mask is inverted"),
             (lambda s: s.softmax(-1), "no key is masked"),
+        ],
+    },
+    "02.4": {
+        "right": [mha_einsum, mha_numpy],
+        "wrong": [
+            (lambda x, W_Q, W_K, W_V, W_O, n_heads: x @ W_V.T, "stage 2 of 6 (one head, one token): W_O is missing"),
+            (lambda x, W_Q, W_K, W_V, W_O, n_heads: x, "stage 2 of 6"),
+            (lambda x, W_Q, W_K, W_V, W_O: x, "keep the given parameters"),
+            (lambda x, W_Q, W_K, W_V, W_O, n_heads: (x @ W_Q.T @ W_K @ x.mT).softmax(-1) @ x @ W_V.T @ W_O.T, "stage 3 of 6"),
         ],
     },
     "03.1": {

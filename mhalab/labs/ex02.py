@@ -178,3 +178,166 @@ register(Exercise(
     ),
     reference=_causal_reference,
 ))
+
+
+# ------------------------------------------------------------------------------------ exercise 4: the capstone
+# The learner's whole multi-head attention, checked in stages, each with its own diagnosis, then against
+# torch.nn.MultiheadAttention with the same weights. Stages 2-5 compare loosely (they name structural
+# mistakes); stage 6 asks for agreement within 1e-5.
+_LOOSE = dict(rtol=1e-2, atol=1e-2)
+
+
+def _weights(D: int, seed: int) -> tuple[Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(D, D, generator=g) / D**0.5 for _ in range(4))  # W_Q, W_K, W_V, W_O: [out, in]
+
+
+def _mha(x, W_Q, W_K, W_V, W_O, n_heads, *, split="right", merge="right", scale="d_k", causal=True):
+    """Multi-head causal self-attention, with the plausible mistakes as options (float64)."""
+    x, W_Q, W_K, W_V, W_O = (t.double() for t in (x, W_Q, W_K, W_V, W_O))
+    B, T, D = x.shape
+    H, dk = n_heads, D // n_heads
+    cut = {"right": lambda t: t.view(B, T, H, dk).transpose(1, 2),       # [B, H, T, dk]
+           "no-transpose": lambda t: t.reshape(B, H, T, dk),
+           "strided": lambda t: t.view(B, T, dk, H).permute(0, 3, 1, 2)}[split]
+    q, k, v = cut(x @ W_Q.T), cut(x @ W_K.T), cut(x @ W_V.T)
+    scores = q @ k.transpose(-2, -1) / {"d_k": dk**0.5, "none": 1.0, "d_model": D**0.5, "d_k^1": float(dk)}[scale]
+    if causal:
+        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    z = scores.softmax(-1) @ v  # [B, H, T, dk]
+    joined = {"right": lambda z: z.transpose(1, 2).reshape(B, T, D),
+              "no-transpose": lambda z: z.reshape(B, T, D),
+              "strided": lambda z: z.permute(0, 2, 3, 1).reshape(B, T, D)}[merge](z)
+    return joined @ W_O.T  # [B, T, D]
+
+
+def _torch_mha(x, W_Q, W_K, W_V, W_O, n_heads) -> Tensor:
+    """What torch.nn.MultiheadAttention computes with the same weights and a causal mask."""
+    B, T, D = x.shape
+    module = torch.nn.MultiheadAttention(D, n_heads, bias=False, batch_first=True).double()
+    with torch.no_grad():
+        module.in_proj_weight.copy_(torch.cat([W_Q, W_K, W_V]).double())
+        module.out_proj.weight.copy_(W_O.double())
+        future = ~torch.ones(T, T, dtype=torch.bool).tril()  # True = may not attend
+        return module(x.double(), x.double(), x.double(), attn_mask=future, need_weights=False)[0]
+
+
+def _stage(n: int, name: str, message: str) -> Wrong:
+    return Wrong(f"stage {n} of 6 ({name}): {message}")
+
+
+def _run(fn, x, weights, H, label):
+    result = call_answer(fn, x, *weights, H, label=label)
+    return as_float64(result, f"what multi_head_attention({label}) returned")
+
+
+def _check_mha(multi_head_attention) -> None:
+    W12 = _weights(12, 0)
+    g = torch.Generator().manual_seed(3)
+    # stage 1: the shape
+    x = torch.randn(2, 5, 12, generator=g)
+    got = _run(multi_head_attention, x, W12, 3, "x [2, 5, 12], n_heads=3")
+    if got.shape != x.shape:
+        if tuple(got.shape) == (2, 3, 5, 4):
+            raise _stage(1, "shapes", "you return the heads [B, H, T, d_k]; merge them back into [B, T, d_model] and apply W_O")
+        raise _stage(1, "shapes", f"for x [2, 5, 12] the output should have the shape of x, [2, 5, 12], not {list(got.shape)}")
+    # stage 2: one head, one token: its weight is 1, so the output is x W_Vᵀ W_Oᵀ
+    x1 = torch.randn(2, 1, 12, generator=g)
+    got = _run(multi_head_attention, x1, W12, 1, "x [2, 1, 12], n_heads=1")
+    if torch.isnan(got).any():
+        raise _stage(2, "one head, one token", "NaN in the output: a lone token must be allowed to see its own key "
+                     "(the causal mask allows keys j <= i, the diagonal included)")
+    if first_match(got, {"": _mha(x1, *W12, 1)}, **_LOOSE) is None:
+        mistake = first_match(got, {
+            "W_O is missing: the heads' output goes through the output projection": x1.double() @ W12[2].double().T,
+            "the weights are applied untransposed; like nn.Linear, a projection is x @ W.T (W is [out, in])":
+                x1.double() @ W12[2].double() @ W12[3].double(),
+            "the output comes from the queries or keys, not the values": x1.double() @ W12[0].double().T @ W12[3].double().T,
+        }, **_LOOSE)
+        raise _stage(2, "one head, one token", mistake or "with one token its attention weight is 1, so the output must be "
+                     "x W_Vᵀ W_Oᵀ: check the value projection and W_O")
+    # stage 3: the scale, on the last token (which may see every key, whatever the mask)
+    x6 = torch.randn(2, 6, 12, generator=g)
+    got = _run(multi_head_attention, x6, W12, 1, "x [2, 6, 12], n_heads=1")
+    if first_match(got[:, -1], {"": _mha(x6, *W12, 1)[:, -1]}, **_LOOSE) is None:
+        mistake = first_match(got[:, -1], {
+            "the scores are not scaled: divide Q Kᵀ by sqrt(d_k)": _mha(x6, *W12, 1, scale="none")[:, -1],
+            "the scores are divided by d_k; the scale is 1 / sqrt(d_k)": _mha(x6, *W12, 1, scale="d_k^1")[:, -1],
+        }, **_LOOSE)
+        raise _stage(3, "the scale", mistake or "the last token (which may see every token) gets the wrong output: "
+                     "check scores = Q Kᵀ / sqrt(d_k) and the softmax over the keys (the last axis)")
+    # stage 4: the mask: a future token must change nothing earlier
+    changed = x6.clone()
+    changed[:, -1] += torch.randn(2, 12, generator=g)
+    again = _run(multi_head_attention, changed, W12, 1, "x [2, 6, 12] with its last token changed, n_heads=1")
+    if torch.isnan(got).any():
+        raise _stage(4, "the mask", "NaN in the output: some query has every key masked; query i may see keys j <= i, itself included")
+    if not torch.allclose(got[:, :-1], again[:, :-1], atol=1e-6, rtol=0):
+        raise _stage(4, "the mask", "changing the last token changed the outputs of earlier tokens: a token may only see "
+                     "itself and the tokens before it (mask the scores of keys j > i with -inf before the softmax)")
+    if first_match(got, {"": _mha(x6, *W12, 1)}, **_LOOSE) is None:
+        raise _stage(4, "the mask", "no token sees the future, but earlier tokens get the wrong output: query i may see "
+                     "every key j <= i, itself included")
+    # stage 5: the head split and merge
+    got = _run(multi_head_attention, x6, W12, 3, "x [2, 6, 12], n_heads=3")
+    if first_match(got, {"": _mha(x6, *W12, 3)}, **_LOOSE) is None:
+        variants = {}
+        for split in ("right", "no-transpose", "strided"):
+            for merge in ("right", "no-transpose", "strided"):
+                if (split, merge) != ("right", "right"):
+                    variants[(split, merge)] = _mha(x6, *W12, 3, split=split, merge=merge)
+        variants[("scale", "d_model")] = _mha(x6, *W12, 3, scale="d_model")
+        found = first_match(got, {repr(k): v for k, v in variants.items()}, **_LOOSE)
+        messages = {
+            "no-transpose": "your split reshapes [B, T, d_model] straight to [B, H, T, d_k]: a transpose in the wrong place "
+                            "(view as [B, T, H, d_k], then transpose(1, 2)), so each head sees a block of tokens",
+            "strided": "head i should get the contiguous features i*d_k ... (i+1)*d_k - 1, not every n_heads-th feature",
+        }
+        if found == repr(("scale", "d_model")):
+            message = "the scores are divided by sqrt(d_model); each head scales by sqrt(d_k), its own width"
+        elif found:
+            split, merge = eval(found)  # noqa: S307 (our own repr)
+            if split != "right":
+                message = messages[split]
+            else:
+                message = ("your merge joins [B, H, T, d_k] straight into [B, T, d_model]: a transpose is missing there "
+                           "(transpose(1, 2) back to [B, T, H, d_k] first)" if merge == "no-transpose" else messages["strided"])
+        else:
+            message = "one head works, several do not: check how you split the width into heads and merge them back"
+        raise _stage(5, "the head split", message)
+    # stage 6: the whole module against torch.nn.MultiheadAttention with the same weights
+    for B, T, D, H, seed in [(2, 7, 16, 4, 1), (1, 9, 24, 6, 2), (3, 1, 8, 2, 3), (2, 5, 12, 12, 4)]:
+        weights, x = _weights(D, seed), torch.randn(B, T, D, generator=g)
+        label = f"x [{B}, {T}, {D}], n_heads={H}"
+        got = _run(multi_head_attention, x, weights, H, label)
+        want = _torch_mha(x, *weights, H)
+        if first_match(got, {"": want}, rtol=1e-5, atol=1e-5) is None:
+            if got.shape != want.shape:
+                raise _stage(6, "torch.nn.MultiheadAttention", f"for {label} the output has shape {list(got.shape)}, not {list(want.shape)}")
+            diff = (got - want).abs().max().item()
+            raise _stage(6, "torch.nn.MultiheadAttention", f"for {label} your output differs from torch's by up to {diff:.2g} "
+                         "(allowed: 1e-5); is some step computed in lower precision, or with an approximation?")
+
+
+register(Exercise(
+    "02", 4, "the whole multi-head attention",
+    _check_mha,
+    hint=["Project: Q = x @ W_Q.T (and K, V). Split: view [B, T, H, d_k], transpose to [B, H, T, d_k].",
+          "Scores Q Kᵀ / sqrt(d_k), -inf where key j > query i, softmax over the keys, times V; then transpose back, "
+          "reshape to [B, T, d_model] and project with W_O.T."],
+    solution=(
+        "def multi_head_attention(x, W_Q, W_K, W_V, W_O, n_heads):\n"
+        "    B, T, D = x.shape\n"
+        "    d_k = D // n_heads\n"
+        "    def split(t):                                            # [B, T, D] -> [B, H, T, d_k]\n"
+        "        return t.view(B, T, n_heads, d_k).transpose(1, 2)\n"
+        "    Q, K, V = split(x @ W_Q.T), split(x @ W_K.T), split(x @ W_V.T)\n"
+        "    scores = Q @ K.transpose(-2, -1) / d_k ** 0.5             # [B, H, T, T]\n"
+        "    allowed = torch.ones(T, T, dtype=torch.bool).tril()      # query i sees keys j <= i\n"
+        "    weights = scores.masked_fill(~allowed, float('-inf')).softmax(dim=-1)\n"
+        "    heads = weights @ V                                      # [B, H, T, d_k]\n"
+        "    merged = heads.transpose(1, 2).reshape(B, T, D)          # [B, T, D]\n"
+        "    return merged @ W_O.T"
+    ),
+    reference=lambda x, W_Q, W_K, W_V, W_O, n_heads: _mha(x, W_Q, W_K, W_V, W_O, n_heads).to(x.dtype),
+))
