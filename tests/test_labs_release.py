@@ -15,7 +15,7 @@ import torch
 from labs_fixture import answer_meta, lab_notebooks, synthetic_notebook  # also registers notebook "99"'s exercises
 import mhalab.labs as labs
 from mhalab.labs.__main__ import main as labs_main
-from mhalab.labs.grade import collect, execute
+from mhalab.labs.grade import execute
 from mhalab.labs.release import MarkerError, answers, solution_regions, student_version
 
 LAB_NOTEBOOKS = lab_notebooks()

@@ -19,7 +19,38 @@ import torch
 
 from .core import AnswerRaised, Borrowed, Wrong, session, where
 
-__all__ = ["call_answer", "observe", "largest_tensor", "decode"]
+__all__ = ["call_answer", "describe", "expect_callable", "observe", "largest_tensor", "decode"]
+
+
+def describe(value: Any) -> str:
+    """A short description that shows no more than needed: shapes for tensors, ``an int (3)`` for numbers."""
+    if isinstance(value, Opaque):
+        return value.description
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).replace("torch.", "")
+        return f"tensor{list(value.shape)} {dtype}" if value.dim() else f"tensor({value.item():.4g})"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):  # NumPy
+        return f"array{list(value.shape)} {value.dtype}"
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, int):
+        return f"an int ({value})"
+    if isinstance(value, float):
+        return f"a float ({value:.4g})"
+    if isinstance(value, str):
+        return f"a string ({value!r})" if len(value) < 40 else "a string"
+    if isinstance(value, (list, tuple)) and len(value) <= 6:
+        inner = ", ".join(describe(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+    article = "an" if type(value).__name__[:1].lower() in "aeiou" else "a"
+    return f"{article} {type(value).__name__}"
+
+
+def expect_callable(answer: Any, name: str = "your answer") -> None:
+    """The answer must be a function: "expected a function, got an int (3)"."""
+    if not callable(answer):
+        raise Wrong(f"expected a function, got {describe(answer)}: define it with `def` and pass its name "
+                    "without calling it (no parentheses)")
 
 
 class Opaque:
@@ -151,7 +182,7 @@ def call_answer(fn: Callable, *args: Any, label: str | None = None, allow: tuple
     if label is None:
         label = ", ".join(repr(a) if isinstance(a, (bool, int, float, str)) or a is None else describe(a) for a in args)
     label = f"{name}({label})"
-    _expect_callable(fn)
+    expect_callable(fn)
     if state.replay is not None:
         kind, *payload = state.replay.pop(0) if state.replay else ("missing",)
         if kind == "returned":
@@ -205,14 +236,3 @@ def largest_tensor() -> int:
 
 
 
-
-def describe(value: Any) -> str:
-    from .checks import describe as _describe
-
-    return _describe(value)
-
-
-def _expect_callable(answer: Any) -> None:
-    from .checks import expect_callable
-
-    expect_callable(answer)

@@ -8,8 +8,8 @@ Policy (every checker goes through these helpers, so a right answer is never ref
   converted to float64 and compared within ``|got - expected| <= ATOL + RTOL * |expected|``
   (:data:`RTOL` = 1e-4, :data:`ATOL` = 1e-5); NaN and inf must sit where the expected value has them.
   Integer and boolean results (positions, masks) are compared exactly.
-* **Sequences** are compared by content: a list where a tuple was asked is fine, and where the order does
-  not matter to the question (:func:`expect_items`) any order is.
+* **Sequences** are compared by content: a list where a tuple was asked is fine (and the reverse), a
+  ``torch.Size`` is a tuple, and dicts are compared key by key in any order.
 * **Functions** are called the way the exercise's template says (its ``def`` line), positionally, so
   the learner may name the parameters as they like; when their function cannot take the template's
   arguments, the message says to keep the given parameters.
@@ -30,11 +30,11 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from .calls import Opaque, call_answer, largest_tensor, observe
+from .calls import call_answer, describe, expect_callable, largest_tensor, observe
 from .core import Wrong, session
 
 __all__ = [
-    "ATOL", "RTOL", "call_answer", "describe", "expect_callable", "expect_close", "expect_equal", "expect_items",
+    "ATOL", "RTOL", "call_answer", "describe", "expect_callable", "expect_close", "expect_equal",
     "expect_shape", "expect_whole", "first_match", "as_float64", "largest_tensor", "name_miss", "observe",
 ]
 
@@ -49,30 +49,6 @@ def order_of_magnitude(x: float) -> str:
     if x == 0:
         return "zero"
     return f"of order 10^{math.floor(math.log10(abs(x)))}" if math.isfinite(x) else str(x)
-
-
-def describe(value: Any) -> str:
-    """A short description that shows no more than needed: shapes for tensors, ``an int (3)`` for numbers."""
-    if isinstance(value, Opaque):
-        return value.description
-    if isinstance(value, torch.Tensor):
-        dtype = str(value.dtype).replace("torch.", "")
-        return f"tensor{list(value.shape)} {dtype}" if value.dim() else f"tensor({value.item():.4g})"
-    if hasattr(value, "shape") and hasattr(value, "dtype"):  # NumPy
-        return f"array{list(value.shape)} {value.dtype}"
-    if isinstance(value, bool) or value is None:
-        return repr(value)
-    if isinstance(value, int):
-        return f"an int ({value})"
-    if isinstance(value, float):
-        return f"a float ({value:.4g})"
-    if isinstance(value, str):
-        return f"a string ({value!r})" if len(value) < 40 else "a string"
-    if isinstance(value, (list, tuple)) and len(value) <= 6:
-        inner = ", ".join(describe(v) for v in value)
-        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
-    article = "an" if type(value).__name__[:1].lower() in "aeiou" else "a"
-    return f"{article} {type(value).__name__}"
 
 
 def _fmt(x: float) -> str:
@@ -124,13 +100,6 @@ def expect_whole(value: Any, name: str = "your answer") -> int:
     if not math.isfinite(x) or not x.is_integer():
         raise Wrong(f"{name} should be a whole number, got {x:.4g}")
     return int(x)
-
-
-def expect_callable(answer: Any, name: str = "your answer") -> None:
-    """The answer must be a function: "expected a function, got an int (3)"."""
-    if not callable(answer):
-        raise Wrong(f"expected a function, got {describe(answer)}: define it with `def` and pass its name "
-                    "without calling it (no parentheses)")
 
 
 def expect_shape(value: Any, shape: Sequence[int | None], name: str = "your answer") -> None:
@@ -273,20 +242,6 @@ def expect_equal(value: Any, expected: Any, name: str = "your answer") -> None:
         elif torch.equal(~got, want):
             message += " (it is the expected mask inverted: check which value means 'allowed')"
     raise Wrong(message)
-
-
-def expect_items(value: Any, expected: Sequence, name: str = "your answer", *, ordered: bool = False) -> None:
-    """``value`` holds the same items as ``expected`` (any sequence type; any order unless ``ordered``)."""
-    if isinstance(value, (str, Mapping)) or not isinstance(value, Iterable) or isinstance(value, torch.Tensor) and value.dim() == 0:
-        raise Wrong(f"{name} should be a list of {len(expected)} items, got {describe(value)}")
-    got = list(value)
-    if ordered:
-        expect_equal(got, list(expected), name)
-        return
-    missing = [e for e in expected if e not in got]
-    extra = [g for g in got if g not in expected]
-    if missing or extra or len(got) != len(expected):
-        raise Wrong(f"{name} has {len(got)} items; {len(missing)} expected item(s) are missing and {len(extra)} are not expected")
 
 
 def first_match(got: Any, candidates: Mapping[str, Any], *, rtol: float = RTOL, atol: float = ATOL) -> str | None:

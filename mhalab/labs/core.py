@@ -35,13 +35,12 @@ that does not pass raises ``AssertionError`` (the test suite uses it so that nbv
 from __future__ import annotations
 
 import ast
-import contextlib
 import importlib
 import logging
 import os
 import sys
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 __all__ = ["Wrong", "Exercise", "register", "exercise", "load"]
