@@ -166,6 +166,12 @@ def test_answers_that_are_or_call_the_course_code_score_zero():
     assert status == core.FAILED and "previous_token_score" in message
 
 
+def test_the_explorer_exercises_say_what_is_missing():
+    status, message = labs.exercise("05", 1).verdict((0, 0))
+    assert status == core.FAILED and "needs the explorer you looked at" in message
+    assert "must be the explorer" in labs.exercise("05", 2).verdict({(0, 0): None}, "explorer")[1]
+
+
 def test_a_checker_bug_is_not_the_learners_error(caplog):
     def buggy(answer):
         check_calls(answer, [(3,)], lambda x: x)
