@@ -308,15 +308,17 @@ CORPUS = {
     "05.3": {
         "right": [prev_score_loop, lambda a: torch.stack([a[:, h].diagonal(-1, -2, -1).mean() for h in range(a.shape[1])])],
         "wrong": [
-            (lambda attention: torch.diagonal(attention, dim1=-2, dim2=-1).mean(dim=(0, 2)), "entries of the result are off"),
-            (lambda attention: torch.diagonal(attention, offset=1, dim1=-2, dim2=-1).mean(dim=(0, 2)), "entries of the result are off"),
+            (lambda attention: torch.diagonal(attention, dim1=-2, dim2=-1).mean(dim=(0, 2)), "the token itself"),
+            (lambda attention: torch.diagonal(attention, offset=1, dim1=-2, dim2=-1).mean(dim=(0, 2)), "the *next* token"),
+            (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).sum(-1).mean(0) / a.size(-1), "only the T - 1 queries"),
+            (lambda a: a[:, :, 1:, :-1].mean(dim=(0, 2, 3)), "entries of the result are off"),
             (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).mean(-1), "has shape [2, 3]; expected [3]"),
         ],
     },
     "06.1": {
         "right": [causal_allowed_tril, lambda n_queries, n_keys: np.tril(np.ones((n_queries, n_keys), dtype=bool), n_keys - n_queries)],
         "wrong": [
-            (lambda n_queries, n_keys: torch.ones(n_queries, n_keys).tril().bool(), "n_queries=3, n_keys=7 (4 tokens already cached)"),
+            (lambda n_queries, n_keys: torch.ones(n_queries, n_keys).tril().bool(), "they are the *last* 3 positions"),
             (lambda n_queries, n_keys: torch.ones(n_queries, n_keys).triu(n_keys - n_queries).bool(), "transposed"),
             (lambda L, S: torch.ones(L, S).tril(S - L - 1).bool(), "are False where they should be True"),
             (lambda L, S: torch.ones(L, S).tril(S - L), "boolean tensor"),
@@ -332,9 +334,9 @@ CORPUS = {
             (lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("none", (b, h, t, t)),
                                  "cross": ("none", (b, h, t, s))}, "what must a position not see"),
             (lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("causal", (b, h, s, s)),
-                                 "cross": ("none", (b, h, t, s))}, "the decoder's queries come from the target, of length tgt_len"),
+                                 "cross": ("none", (b, h, t, s))}, "the queries of decoder self-attention come from the target, of length tgt_len"),
             (lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("causal", (b, h, t, t)),
-                                 "cross": ("none", (b, h, t, t))}, "the cross's keys come from the source, of length src_len"),
+                                 "cross": ("none", (b, h, t, t))}, "the keys of cross-attention come from the source, of length src_len"),
         ],
     },
     "06.3": {

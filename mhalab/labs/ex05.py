@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .. import analysis
-from .checks import check_calls, expect_whole
+from .checks import call_answer, expect_close, expect_whole, first_match
 from .core import Exercise, Wrong, register
 
 _NONE = "none"  # the explorer's name for "no role" (analysis.heads_matching says None)
@@ -192,7 +192,23 @@ def _pattern_cases() -> list:
 
 
 def _check_prev_score(previous_token_score) -> None:
-    check_calls(previous_token_score, _pattern_cases(), _prev_reference)
+    for (attention,) in _pattern_cases():
+        label = f"attention {list(attention.shape)}"
+        got = call_answer(previous_token_score, attention, label=label)
+        mistake = first_match(got, {
+            "that is the attention to the token itself (the diagonal); the previous token is the key just left of it, q - 1":
+                attention.diagonal(0, -2, -1).mean(dim=(0, 2)),
+            "that is the attention to the *next* token (q + 1); the previous token is the key q - 1":
+                attention.diagonal(1, -2, -1).mean(dim=(0, 2)),
+            "the mean runs over all T queries; only the T - 1 queries that have a previous token count":
+                attention.diagonal(-1, -2, -1).sum(-1).mean(0) / attention.size(-1),
+        })
+        if mistake and first_match(got, {"": _prev_reference(attention)}) is None:
+            raise Wrong(f"previous_token_score({label}): {mistake}")
+        try:
+            expect_close(got, _prev_reference(attention), "the result")
+        except Wrong as wrong:
+            raise Wrong(f"previous_token_score({label}): {wrong}") from None
 
 
 register(Exercise(

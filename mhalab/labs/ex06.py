@@ -17,9 +17,17 @@ def _causal_reference(n_queries: int, n_keys: int) -> torch.Tensor:
 
 def _check_causal(causal_allowed) -> None:
     # Square first (a whole sequence), then the queries as the last few positions (decoding with a cache).
-    check_calls(causal_allowed, [(5, 5), (1, 1), (9, 9), (3, 7), (1, 6)], _causal_reference, compare=expect_equal,
-                labels=["5, 5", "1, 1", "9, 9", "n_queries=3, n_keys=7 (4 tokens already cached)",
-                        "n_queries=1, n_keys=6 (one new token, 5 cached)"])
+    check_calls(causal_allowed, [(5, 5), (1, 1), (9, 9)], _causal_reference, compare=expect_equal)
+    for L, S in [(3, 7), (1, 6)]:
+        label = f"n_queries={L}, n_keys={S} ({S - L} tokens already cached)"
+        got = call_answer(causal_allowed, L, S, label=label)
+        if isinstance(got, torch.Tensor) and got.shape == (L, S) and torch.equal(got.bool(), torch.ones(L, S, dtype=torch.bool).tril()):
+            raise Wrong(f"causal_allowed({label}): your mask lines the queries up with the first keys; they are the "
+                        f"*last* {L} positions, so query i sits at position {S - L} + i and may see the cached tokens too")
+        try:
+            expect_equal(got, _causal_reference(L, S), "the result")
+        except Wrong as wrong:
+            raise Wrong(f"causal_allowed({label}): {wrong}") from None
 
 
 register(Exercise(
@@ -47,6 +55,7 @@ _WHY_MASK = {
     "cross": "the whole source is known before the decoder starts: which source positions may it read?",
 }
 _SIDES = {"encoder": ("source", "source"), "decoder": ("target", "target"), "cross": ("target", "source")}
+_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
 
 def _layout_reference(batch: int, n_heads: int, src_len: int, tgt_len: int) -> dict:
@@ -69,7 +78,7 @@ def _shape_miss(use: str, shape: tuple, want: tuple, src_len: int, tgt_len: int)
         role, side = ("query", "queries") if axis == 2 else ("key", "keys")
         source = _SIDES[use][axis - 2]
         length = "src_len" if source == "source" else "tgt_len"
-        return f"the {role} axis has {got} entries; the {use}'s {side} come from the {source}, of length {length}"
+        return f"the {role} axis has {got} entries; the {side} of {_NAMES[use]} come from the {source}, of length {length}"
     return "the layout is [batch, head, query, key]"
 
 

@@ -134,7 +134,7 @@ def grade(path: str | Path, *, timeout: float | None = 600, kernel_name: str = "
 
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
-    cells = [a for a in answers(nb) if not a.written]
+    cells = [a for a in answers(nb, strict=False) if not a.written]
     ids = sorted({a.key[:2] for a in cells})
     if not ids:
         raise ValueError(f"{path}: no answer cells (cells with nbgrader metadata, grade_id like ex03-1-answer)")
@@ -155,7 +155,8 @@ def grade(path: str | Path, *, timeout: float | None = 600, kernel_name: str = "
     grades = []
     for ex in expected:
         if ex.key not in spec:
-            status, message = NOT_CHECKED, "the submission has no answer cell for it (grade_id ex{}-{}-answer)".format(*ex.key.split("."))
+            status, message = NOT_CHECKED, ("the submission has no answer cell for it ending in its check "
+                                            "(nbgrader grade_id ex{}-{}-answer)".format(*ex.key.split(".")))
         elif ex.key in borrowing:
             status, message = FAILED, "the answer cell reads the course's own answer (q.reference or q.solution_text)"
         elif ex.key not in recorded:
