@@ -340,4 +340,5 @@ register(Exercise(
         "    return merged @ W_O.T"
     ),
     reference=lambda x, W_Q, W_K, W_V, W_O, n_heads: _mha(x, W_Q, W_K, W_V, W_O, n_heads).to(x.dtype),
+    points=3,  # a whole module, in six stages
 ))
