@@ -269,15 +269,14 @@ def name_miss(got: Any, mistakes: Sequence[tuple[Any, str]]) -> str | None:
 
 
 def check_calls(fn: Callable, cases: Iterable[tuple], reference: Callable, *, compare: Callable[..., None] = expect_close,
-                labels: Sequence[str] | None = None, **compare_kwargs: Any) -> None:
+                **compare_kwargs: Any) -> None:
     """Call ``fn`` and ``reference`` on every case (a tuple of positional arguments) and compare.
 
     ``compare`` is :func:`expect_close` (tolerance policy) or :func:`expect_equal` for exact results.
-    The message names the failing case by its inputs (shapes for tensors, or ``labels``).
+    The message names the failing case by its inputs (shapes for tensors).
     """
-    for i, args in enumerate(cases):
-        label = labels[i] if labels else None
-        got = call_answer(fn, *args, label=label)
+    for args in cases:
+        got = call_answer(fn, *args)
         expected = reference(*copy.deepcopy(args))
         try:
             compare(got, expected, "the result", **compare_kwargs)
