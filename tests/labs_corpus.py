@@ -154,6 +154,12 @@ def layout_lists(b, h, s, t):
     return {"encoder": ["none", [b, h, s, s]], "decoder": ["causal", torch.Size([b, h, t, t])], "cross": ("none", (b, h, t, s))}
 
 
+def layout_by_loop(batch_size, heads, source_len, target_len):  # other names, NumPy ints, built in a loop
+    lengths = {"encoder": (source_len, source_len), "decoder": (target_len, target_len), "cross": (target_len, source_len)}
+    return {use: ("causal" if use == "decoder" else "none", tuple(np.int64(n) for n in (batch_size, heads, *lq_lk)))
+            for use, lq_lk in lengths.items()}
+
+
 def count_critical_path(h, e, d):
     cross = d if e else 0
     blocks = e + d + cross
@@ -325,7 +331,7 @@ CORPUS = {
         ],
     },
     "06.2": {
-        "right": [layout_lists],
+        "right": [layout_lists, layout_by_loop],
         "wrong": [
             (lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("causal", (b, h, t, t)),
                                  "cross": ("none", (b, h, s, t))}, "queries and keys are swapped"),
