@@ -2,12 +2,18 @@
 
 The modules, one idea each::
 
-    mhalab.attention    scaled_dot_product_attention, MultiHeadAttention, KVCache
+    mhalab.attention    scaled_dot_product_attention, MultiHeadAttention (hook points pattern, z)
+    mhalab.masks        causal and padding masks
+    mhalab.kv_cache     KVCache for decoding one token at a time
+    mhalab.positions    sinusoidal position table, rotary embedding
+    mhalab.hooks        run_with_cache, run_with_hooks, ablate_heads, gate_heads: the one way to look inside
     mhalab.counting     parameters and KV cache against the head count (cost_table)
     mhalab.models       ModelConfig, Transformer, EncoderDecoder built from MultiHeadAttention
     mhalab.tasks        synthetic tasks with ground-truth relations
-    mhalab.train        train, evaluate, checkpoints; sweep_heads (from mhalab.sweep)
-    mhalab.analysis     attention capture, head scores, ablation, importance, pruning
+    mhalab.train        TrainConfig, train, evaluate (checkpoints in mhalab.checkpoint)
+    mhalab.sweep        sweep_heads: one model per head count at a fixed width
+    mhalab.scores       head scores from attention patterns (relations, previous-token, entropy, ...)
+    mhalab.ablation     switching heads off, head importance, pruning
     mhalab.widgets      head_explorer and head_grid (ipywidgets + matplotlib)
     mhalab.parallelism  counting and timing attention operations across layers and heads
     mhalab.labs         auto-checked exercises
@@ -24,6 +30,7 @@ from .attention import (
     valid_head_counts,
 )
 from .models import EncoderDecoder, ModelConfig, Transformer
+from .sweep import sweep_heads
 
 __version__ = "0.1.0"
 
@@ -35,6 +42,7 @@ __all__ = [
     "Transformer",
     "causal_mask",
     "scaled_dot_product_attention",
+    "sweep_heads",
     "valid_head_counts",
     "__version__",
 ]

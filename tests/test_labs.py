@@ -162,7 +162,7 @@ def test_answers_that_are_or_call_the_course_code_score_zero():
     assert "mhalab's own" in q1.verdict(mhalab.scaled_dot_product_attention)[1]
     status, message = q1.verdict(lambda Q, K, V: q1.reference(Q, K, V))
     assert status == core.FAILED and "course's own `mhalab.labs.ex01._attention_reference`" in message
-    status, message = labs.exercise("05", 3).verdict(lambda a: mhalab.analysis.previous_token_score(a[None])[0])
+    status, message = labs.exercise("05", 3).verdict(lambda a: mhalab.scores.previous_token_score(a[None])[0])
     assert status == core.FAILED and "previous_token_score" in message
 
 

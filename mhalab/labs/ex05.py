@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from .. import analysis
+from ..scores import FRACTION_SCORES, head_scores, previous_token_score
 from .checks import call_answer, expect_close, expect_whole, first_match
 from .core import Exercise, Wrong, register
 
-_NONE = "none"  # the explorer's name for "no role" (analysis.heads_matching says None)
+_NONE = "none"  # the explorer's name for "no role" (heads_matching says None)
 
 
 @dataclass
@@ -34,7 +34,7 @@ class ScoredHeads:
 
     @property
     def bar_names(self) -> list[str]:
-        return list(self.relations) + list(analysis.FRACTION_SCORES)
+        return list(self.relations) + list(FRACTION_SCORES)
 
 
 def _demo() -> ScoredHeads:
@@ -60,7 +60,7 @@ def _demo() -> ScoredHeads:
 
     batch = _Batch()
     batch.sources = {"left2": sources}
-    return ScoredHeads(dict(analysis.head_scores(attention, batch)), ["left2"])
+    return ScoredHeads(dict(head_scores(attention, batch)), ["left2"])
 
 
 DEMO = _demo()
@@ -177,7 +177,7 @@ register(Exercise(
 
 # ------------------------------------------------------------------------------------ exercise 3
 def _prev_reference(attention: torch.Tensor) -> torch.Tensor:
-    return analysis.previous_token_score(attention[None])[0]  # [1, B, H, T, S] -> [H]
+    return previous_token_score(attention[None])[0]  # [1, B, H, T, S] -> [H]
 
 
 def _pattern_cases() -> list:
