@@ -1,8 +1,8 @@
-"""Test-only exercises for notebook "99", used by tests/test_labs.py's synthetic notebooks.
+"""Test-only exercises for notebook "99", and a small solution notebook that uses them.
 
 Importing this module registers them, in the test process and in the kernels the tests start
-(the synthetic notebooks put tests/ on sys.path and import it). It also builds that synthetic
-notebook and finds the course notebooks that have exercises.
+(the synthetic notebook puts tests/ on sys.path and imports it). It also finds the course notebooks
+that have exercises.
 """
 
 from pathlib import Path
@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import torch
 
-from mhalab.labs.checks import call_on_hidden_cases, case, expect_equal
+from mhalab.labs.checks import check_calls, expect_equal
 from mhalab.labs.core import Exercise, register
 
 
@@ -18,53 +18,38 @@ def _double(x):
     return 2 * x
 
 
-def _check_double(answer):
-    call_on_hidden_cases(answer, [case(3), case(-7), case(0.5)], _double, name="double")
-
-
-def _check_count(answer):
-    expect_equal(answer, 4, "n_heads")
-
-
 def _causal(n):
     return torch.ones(n, n, dtype=torch.bool).tril()
 
 
-def _check_mask(answer):
-    expect_equal(answer, _causal(5), "mask")
-
-
 register(Exercise(
-    "99", 1, "double a number", _check_double,
-    hint="Multiply by two.", solution="def double(x):\n    return 2 * x",
-    reference=_double, wrong=[lambda x: x + 2, lambda x: x * x],
+    "99", 1, "double a number", lambda answer: check_calls(answer, [(3,), (-7,), (0.5,)], _double),
+    hint="Multiply by two.", solution="def double(x):\n    return 2 * x", reference=_double,
 ))
 register(Exercise(
-    "99", 2, "a head count", _check_count,
-    hint=["It is a small power of two.", "Between 2 and 8."], solution="n_heads = 4",
-    reference=4, wrong=[8, 4.5, "4"],
+    "99", 2, "a head count", lambda answer: expect_equal(answer, 4, "n_heads"),
+    hint=["It is a small power of two.", "Between 2 and 8."], solution="n_heads = 4", reference=4,
 ))
 register(Exercise(
-    "99", 3, "a causal mask of size 5", _check_mask,
+    "99", 3, "a causal mask of size 5", lambda answer: expect_equal(answer, _causal(5), "mask"),
     hint="torch.tril keeps the lower triangle.", solution="mask = torch.ones(5, 5, dtype=torch.bool).tril()",
-    reference=_causal(5), wrong=[_causal(5).T, _causal(5).float(), ~_causal(5)],
+    reference=_causal(5),
 ))
 
-
-# ------------------------------------------------------------------------------------ notebooks
 
 TESTS = Path(__file__).resolve().parent
 NOTEBOOKS = TESTS.parent / "notebooks"
 
 
 def lab_notebooks() -> list[Path]:
-    """The course notebooks (notebooks/NN_*.ipynb) that have solution regions, found when collected."""
-    found = []
-    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
-        nb = nbformat.read(path, as_version=4)
-        if any("BEGIN SOLUTION" in c.source for c in nb.cells):
-            found.append(path)
-    return found
+    """The course notebooks (notebooks/NN_*.ipynb) that have answer cells, found when collected."""
+    return [p for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+            if any(c.metadata.get("nbgrader", {}).get("solution") for c in nbformat.read(p, as_version=4).cells)]
+
+
+def answer_meta(grade_id: str, markdown: bool = False) -> dict:
+    meta = {"grade": markdown, "grade_id": grade_id, "locked": False, "schema_version": 3, "solution": True}
+    return {**meta, "points": 0} if markdown else meta
 
 
 def synthetic_notebook(*, answers: dict[str, str] | None = None, extra: dict[int, str] | None = None) -> nbformat.NotebookNode:
@@ -83,12 +68,12 @@ def synthetic_notebook(*, answers: dict[str, str] | None = None, extra: dict[int
         v4.new_code_cell(f"def double(x):\n    \"\"\"Twice x.\"\"\"\n    ### BEGIN SOLUTION\n    {answers['double']}\n    ### END SOLUTION\n\nq1.check(double)"),
         v4.new_code_cell(f"### BEGIN SOLUTION\n{answers['n_heads']}\n### END SOLUTION\nq2.check(n_heads)"),
         v4.new_markdown_cell("Why is that a good choice?\n\n### BEGIN SOLUTION\nBecause the width divides evenly.\n### END SOLUTION"),
-        v4.new_code_cell(f"mask = None\n### BEGIN SOLUTION\n{answers['mask']}\n### END SOLUTION"),
-        v4.new_code_cell("q3.check(mask)"),
+        v4.new_code_cell(f"### BEGIN SOLUTION\n{answers['mask']}\n### END SOLUTION\nq3.check(mask)"),
     ]
+    for index, grade_id in ((4, "ex99-1-answer"), (5, "ex99-2-answer"), (6, "ex99-2-written"), (7, "ex99-3-answer")):
+        cells[index].metadata["nbgrader"] = answer_meta(grade_id, cells[index].cell_type == "markdown")
     for index in sorted(extra or {}, reverse=True):
         cells.insert(index, v4.new_code_cell(extra[index]))
     nb = v4.new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     return nb
-

@@ -1,6 +1,6 @@
-"""Tests for grading (``python -m mhalab.labs grade``): a synthetic notebook's solution, student
-version, wrong answers, a slow cell and a dead kernel; and one real course notebook end to end.
-Each test starts a Jupyter kernel (marked slow).
+"""Tests for grading (``python -m mhalab.labs grade``) on the synthetic notebook of tests/labs_fixture.py:
+the solution, the student version, wrong and missing answers, a slow cell, a dead kernel, and the two
+forgeries (outcomes written from a cell; the course's reference handed in). Each starts a kernel (slow).
 """
 
 from __future__ import annotations
@@ -12,29 +12,15 @@ import sys
 import nbformat
 import pytest
 
-from labs_fixture import lab_notebooks, synthetic_notebook  # also registers notebook "99"'s exercises
+from labs_fixture import synthetic_notebook  # also registers notebook "99"'s exercises
 from mhalab.labs.__main__ import main as labs_main
-from mhalab.labs.grade import NOT_CHECKED, grade, printed_outcomes
+from mhalab.labs.grade import NOT_CHECKED, grade
 from mhalab.labs.release import student_version
-
-LAB_NOTEBOOKS = lab_notebooks()
-nb_ids = [p.stem for p in LAB_NOTEBOOKS]
-
-
-def test_printed_outcomes_are_read_from_outputs():
-    nb = synthetic_notebook()
-    nb.cells[4].outputs = [nbformat.v4.new_output("stream", text="✗ Exercise 99.1 (double a number): no answer yet: ...\n✓ Exercise 99.1 (double a number): correct.\n")]
-    nb.cells[5].outputs = [nbformat.v4.new_output("stream", text="✗ Exercise 99.2 (a head count): your answer raised TypeError: x\n")]
-    found = printed_outcomes(nb)
-    assert found["99.1"]["status"] == "passed" and found["99.2"]["status"] == "error"
 
 
 def test_command_line_entry_point():
     run = subprocess.run([sys.executable, "-m", "mhalab.labs", "--help"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "release" in run.stdout and "grade" in run.stdout
-
-
-# --------------------------------------------------------------------------- grading (runs kernels)
 
 
 def _grade(tmp_path, nb, name="99_fixture.ipynb", **kwargs):
@@ -45,31 +31,26 @@ def _grade(tmp_path, nb, name="99_fixture.ipynb", **kwargs):
 
 @pytest.mark.slow
 def test_grade_command_gives_the_solution_full_marks_and_the_student_version_zero(tmp_path, capsys):
-    solution = tmp_path / "99_fixture.ipynb"
+    solution, student = tmp_path / "99_fixture.ipynb", tmp_path / "99_student.ipynb"
     nbformat.write(synthetic_notebook(), solution)
-    student = tmp_path / "99_student.ipynb"
-    nbformat.write(student_version(synthetic_notebook())[0], student)
+    nbformat.write(student_version(synthetic_notebook()), student)
     out_json = tmp_path / "grades.json"
     assert labs_main(["grade", str(solution), str(student), "--json", str(out_json), "--timeout", "120"]) == 0
     full, zero = json.loads(out_json.read_text())
-
     assert [e["status"] for e in full["exercises"]] == ["passed"] * 3
-    assert full["score"] == full["max_score"] == 3 and full["errors"] == [] and full["outcomes_from"] == "kernel"
-
+    assert full["score"] == full["max_score"] == 3 and full["errors"] == []
     assert zero["score"] == 0 and zero["max_score"] == 3 and not zero["kernel_died"]
     assert [e["status"] for e in zero["exercises"]] == ["unanswered"] * 3
-    assert {e["ename"] for e in zero["errors"]} == {"NotImplementedError"}
     out = capsys.readouterr().out
     assert "3/3" in out and "0/3" in out
 
 
 @pytest.mark.slow
-def test_grading_wrong_and_unchecked_answers(tmp_path):
+def test_grading_wrong_and_missing_answers(tmp_path):
     nb = synthetic_notebook(answers={"double": "return x + 2"})
-    del nb.cells[8]  # q3 is never checked
+    nb.cells[7].source = nb.cells[7].source.replace("q3.check(mask)", "")  # the learner deleted the check
     report = _grade(tmp_path, nb)
-    statuses = {e.key: e.status for e in report.exercises}
-    assert statuses == {"99.1": "failed", "99.2": "passed", "99.3": NOT_CHECKED}
+    assert {e.key: e.status for e in report.exercises} == {"99.1": "failed", "99.2": "passed", "99.3": NOT_CHECKED}
     assert report.score == 1 and report.max_score == 3
     assert "double(3)" in report.exercises[0].message
 
@@ -79,25 +60,38 @@ def test_grading_survives_a_slow_cell_and_a_dead_kernel(tmp_path):
     slow = synthetic_notebook(extra={5: "import time\ntime.sleep(600)"})
     report = _grade(tmp_path, slow, timeout=30)  # generous: imports are slow on a loaded machine
     assert report.score == 3, report.format()
-    assert any(e.ename == "KeyboardInterrupt" for e in report.errors)
+    assert any("KeyboardInterrupt" in e for e in report.errors)
 
     dies = synthetic_notebook(extra={5: "import os\nos._exit(1)"})
     report = _grade(tmp_path, dies)
-    assert report.kernel_died and report.outcomes_from == "outputs"
-    assert {e.key: e.status for e in report.exercises} == {"99.1": "passed", "99.2": NOT_CHECKED, "99.3": NOT_CHECKED}
-    assert "kernel died" in report.format()
+    assert report.kernel_died and report.score == 0
+    assert {e.status for e in report.exercises} == {NOT_CHECKED} and "kernel died" in report.format()
 
 
+FORGE_OUTCOMES = """\
+# a learner's cell that claims every exercise passed, in every way the kernel can
+from mhalab.labs import core
+core.Exercise.verdict = lambda self, *a, **k: ("passed", "correct.")
+core.Exercise.check = lambda self, *a, **k: print(f"✓ Exercise {self.key} ({self.title}): correct.")
+for ex in labs.load("99"):
+    ex.last_status, ex.last_message = "passed", "correct."
+    ex.check(None)
+"""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", LAB_NOTEBOOKS[:1], ids=nb_ids[:1])
-def test_grading_a_course_solution_notebook_gives_full_marks(path, tmp_path):
-    """End to end on one real notebook (the others' solutions are executed by nbval, and their committed
-    outputs must show every check passing: test_course_notebook_release_plan)."""
-    copy = tmp_path / path.name
-    copy.write_bytes(path.read_bytes())
-    report = grade(copy, timeout=600)
-    assert report.score == report.max_score > 0, report.format()
-    assert report.errors == [] and report.outcomes_from == "kernel"
+def test_a_cell_that_writes_passed_outcomes_scores_zero(tmp_path):
+    nb = student_version(synthetic_notebook())
+    nb.cells.insert(4, nbformat.v4.new_code_cell(FORGE_OUTCOMES))
+    report = _grade(tmp_path, nb)
+    assert report.score == 0, report.format()
 
+
+@pytest.mark.slow
+def test_handing_in_the_reference_scores_zero(tmp_path):
+    nb = synthetic_notebook(answers={"double": "return q1.reference(x)", "n_heads": "n_heads = q2.reference",
+                                     "mask": "mask = q3.reference"})
+    nb.cells[4].source += "\nq1.check(q1.reference)"
+    report = _grade(tmp_path, nb)
+    assert report.score == 0, report.format()
+    assert all("reference" in e.message for e in report.exercises), report.format()

@@ -1,58 +1,26 @@
-"""Tests for the student release (``python -m mhalab.labs release``) and the nbgrader export.
-
-The rules are unit-tested on a tiny synthetic notebook (tests/labs_fixture.py, exercises of
-notebook "99"). Every course notebook with solution regions (found when the tests are collected) is
-checked for well-formed markers, and its student version is executed end to end (marked slow).
+"""Tests for the exercise map read from nbgrader's cell metadata and the student release
+(``python -m mhalab.labs release``): on the synthetic notebook of tests/labs_fixture.py, and on every
+course notebook with answer cells (its student version executed end to end is marked slow).
 """
 
 from __future__ import annotations
 
-import textwrap
+import copy
+import re
 
 import nbformat
 import pytest
+import torch
 
-from labs_fixture import lab_notebooks, synthetic_notebook  # also registers notebook "99"'s exercises
+from labs_fixture import answer_meta, lab_notebooks, synthetic_notebook  # also registers notebook "99"'s exercises
 import mhalab.labs as labs
 from mhalab.labs.__main__ import main as labs_main
-from mhalab.labs.grade import cell_errors, execute, printed_outcomes, read_results, results_cell, score
-from mhalab.labs.release import MarkerError, nbgrader_version, plan, replace_regions, solution_regions, student_version
+from mhalab.labs.grade import execute
+from mhalab.labs.release import MarkerError, answers, solution_regions, student_version
 
 LAB_NOTEBOOKS = lab_notebooks()
 nb_ids = [p.stem for p in LAB_NOTEBOOKS]
-
-
-# --------------------------------------------------------------------------- release: the text rules
-
-
-def test_regions_are_replaced_like_nbgrader_keeping_indentation():
-    source = textwrap.dedent(
-        """\
-        def f(x):
-            \"\"\"Doc.\"\"\"
-            ### BEGIN SOLUTION
-            y = x + 1
-            return y
-            ### END SOLUTION
-
-        ### BEGIN SOLUTION
-        z = 3
-        ### END SOLUTION
-        q1.check(f)"""
-    )
-    new, n = replace_regions(source, ["# YOUR CODE HERE", "raise NotImplementedError()"])
-    assert n == 2
-    assert new == textwrap.dedent(
-        """\
-        def f(x):
-            \"\"\"Doc.\"\"\"
-            # YOUR CODE HERE
-            raise NotImplementedError()
-
-        # YOUR CODE HERE
-        raise NotImplementedError()
-        q1.check(f)"""
-    )
+SCHEMA_V3_KEYS = {"schema_version", "grade", "locked", "solution", "task", "grade_id", "points", "checksum", "cell_type"}
 
 
 @pytest.mark.parametrize(
@@ -70,20 +38,28 @@ def test_malformed_markers_are_errors(source, problem):
         solution_regions(source)
 
 
-
-# --------------------------------------------------------------------------- the synthetic notebook
-
-
-def test_plan_finds_regions_checks_and_the_exercise_section():
+def test_answers_come_from_the_metadata_and_the_check_call():
+    found = answers(synthetic_notebook())
+    assert [(a.index, a.key, a.written, a.expression, a.context) for a in found] == [
+        (4, "99.1", False, "double", []), (5, "99.2", False, "n_heads", []), (6, "99.2", True, None, []), (7, "99.3", False, "mask", []),
+    ]
     nb = synthetic_notebook()
-    nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="twice x is 42\n")]
-    p = plan(nb)
-    assert p.problems == [] and p.warnings == []
-    assert p.notebooks == ["99"] and p.expected == ["99.1", "99.2", "99.3"]
-    assert [c.index for c in p.cells if c.regions] == [4, 5, 6, 7]
-    assert [c.answers for c in p.cells if c.regions] == ["99.1", "99.2", None, "99.3"]
-    assert p.checked == ["99.1", "99.2", "99.3"]
-    assert [c.index for c in p.cells if c.clear] == [4, 5, 7, 8]
+    nb.cells[7].source += "\nq3.check(mask, explorer)"
+    assert answers(nb)[-1].context == ["explorer"]
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (lambda nb: nb.cells[4].metadata.pop("nbgrader"), "solution region outside an answer cell"),
+    (lambda nb: setattr(nb.cells[4], "source", nb.cells[4].source.replace("q1.check(double)", "")), "has none"),
+    (lambda nb: nb.cells[4].metadata["nbgrader"].update(grade_id="double"), "should be exNN-K-answer"),
+    (lambda nb: nb.cells[5].metadata["nbgrader"].update(grade_id="ex99-1-answer"), "exercise 99.1 has two answer cells"),
+    (lambda nb: setattr(nb.cells[4], "source", nb.cells[4].source.replace("    ### END SOLUTION\n", "")), "without an END"),
+])
+def test_malformed_answer_cells_are_errors(edit, problem):
+    nb = synthetic_notebook()
+    edit(nb)
+    with pytest.raises(MarkerError, match=problem):
+        answers(nb)
 
 
 def test_student_version_has_placeholders_and_no_solutions():
@@ -91,127 +67,94 @@ def test_student_version_has_placeholders_and_no_solutions():
     nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="twice x is 42\n")]
     nb.cells[4].outputs = [nbformat.v4.new_output("stream", text="✓ Exercise 99.1 (double a number): correct.\n")]
     nb.cells[4].execution_count = 3
-    student, _ = student_version(nb)
+    student = student_version(nb)
     text = "\n".join(c.source for c in student.cells)
-    assert "return 2 * x" not in text and "n_heads = 4" not in text and "tril()" not in text and "divides evenly" not in text
-    assert "BEGIN SOLUTION" not in text
-    double = student.cells[4].source
-    assert '    # YOUR CODE HERE\n    raise NotImplementedError("Your answer here: exercise 99.1 (double a number).' in double
-    assert "q1.hint() gives a hint" in double and double.endswith("q1.check(double)")
+    assert "return 2 * x" not in text and "tril()" not in text and "divides evenly" not in text and "SOLUTION" not in text
+    assert student.cells[4].source == ('def double(x):\n    """Twice x."""\n    # YOUR CODE HERE\n'
+                                       '    raise NotImplementedError("Exercise 99.1: write your answer here")\n\nq1.check(double)')
+    assert student.cells[5].source == "# YOUR CODE HERE: exercise 99.2\nn_heads = None\nq2.check(n_heads)"
     assert student.cells[6].source.endswith("YOUR ANSWER HERE")
+    assert all(len(line) <= 80 for line in text.split("\n"))
     assert student.cells[4].outputs == [] and student.cells[4].execution_count is None
     assert student.cells[1].outputs == nb.cells[1].outputs  # everything before the exercises is kept
     assert nb.cells[4].outputs  # the solution notebook itself is untouched
+    assert [c.metadata for c in student.cells] == [c.metadata for c in nb.cells]  # nbgrader metadata kept
 
 
 def test_release_folder_and_check_mode(tmp_path, capsys):
     source = tmp_path / "solutions"
     source.mkdir()
     nbformat.write(synthetic_notebook(), source / "99_fixture.ipynb")
-    plain = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(1)")])
-    nbformat.write(plain, source / "98_plain.ipynb")
-
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(1)")]), source / "98_plain.ipynb")
     assert labs_main(["release", "--check", str(source)]) == 0
     out = capsys.readouterr().out
-    assert "98_plain.ipynb: no exercises, copied unchanged" in out and "4 solution region(s)" in out
+    assert "98_plain.ipynb: no exercises, copied unchanged" in out and "answer cells for 99.1, 99.2, 99.3" in out
     assert not (tmp_path / "student").exists()
-
     assert labs_main(["release", str(source), str(tmp_path / "student")]) == 0
-    written = sorted(p.name for p in (tmp_path / "student").iterdir())
-    assert written == ["98_plain.ipynb", "99_fixture.ipynb"]
+    assert sorted(p.name for p in (tmp_path / "student").iterdir()) == ["98_plain.ipynb", "99_fixture.ipynb"]
     assert "BEGIN SOLUTION" not in (tmp_path / "student" / "99_fixture.ipynb").read_text()
-
     assert labs_main(["release", str(source), str(source)]) == 1  # never over the solutions
     broken = synthetic_notebook()
-    broken.cells[4].source = broken.cells[4].source.replace("    ### END SOLUTION\n", "")
+    del broken.cells[7].metadata["nbgrader"]
     nbformat.write(broken, source / "99_fixture.ipynb")
     assert labs_main(["release", str(source), str(tmp_path / "again")]) == 1
-    assert "cell 4" in capsys.readouterr().err and not (tmp_path / "again").exists()
+    assert "cell 7" in capsys.readouterr().err and not (tmp_path / "again").exists()
 
 
-def test_release_warns_about_unchecked_exercises():
-    nb = synthetic_notebook()
-    del nb.cells[8]  # nobody checks q3 any more
-    warnings = plan(nb).warnings
-    assert any("99.3 is registered but no cell checks it" in w for w in warnings)
-    assert any("cell 7: a solution region with no exercise check after it" in w for w in warnings)
-
-
-
-def test_nbgrader_version_marks_answers_and_splits_checks_into_locked_tests():
-    nb = synthetic_notebook()
-    graded = nbgrader_version(nb)
-    meta = [(c.source.split("\n")[0], c.metadata.get("nbgrader")) for c in graded.cells]
-    answers = [m for _, m in meta if m and m["solution"]]
-    tests = [(src, m) for src, m in meta if m and m["grade"] and not m["solution"]]
-    assert [m["grade_id"] for m in answers] == ["ex99-1-answer", "ex99-2-answer", "cell6-written", "ex99-3-answer"]
-    assert [(src, m["grade_id"], m["points"], m["locked"]) for src, m in tests] == [
-        ("assert q1.check(double)", "ex99-1-check", 1, True),
-        ("assert q2.check(n_heads)", "ex99-2-check", 1, True),
-        ("assert q3.check(mask)", "ex99-3-check", 1, True),
-    ]
-    assert len(graded.cells) == len(nb.cells) + 2  # two answer cells had their check split off
-    assert graded.cells[4].source.endswith("### END SOLUTION") and "return 2 * x" in graded.cells[4].source
-    assert len({m["grade_id"] for _, m in meta if m}) == len([m for _, m in meta if m])  # ids are unique
-
-
-def test_nbgrader_clears_the_nbgrader_version():
-    """With nbgrader installed (it is not a dependency), its own ClearSolutions accepts our cells."""
+def test_nbgrader_accepts_the_notebooks_as_they_are():
+    """With nbgrader installed (it is not a dependency): its validator and ClearSolutions accept them."""
     preprocessors = pytest.importorskip("nbgrader.preprocessors")
-    graded = nbgrader_version(synthetic_notebook())
-    cleared, _ = preprocessors.ClearSolutions().preprocess(graded, {"language": "python"})
-    text = "\n".join(c.source for c in cleared.cells)
-    assert "return 2 * x" not in text and "raise NotImplementedError()" in text
+    from nbgrader.nbgraderformat import MetadataValidator
+
+    for nb in [synthetic_notebook()] + [nbformat.read(p, as_version=4) for p in LAB_NOTEBOOKS]:
+        MetadataValidator().validate_nb(nb)
+        cleared, _ = preprocessors.ClearSolutions().preprocess(copy.deepcopy(nb), {"language": "python"})
+        assert "BEGIN SOLUTION" not in "\n".join(c.source for c in cleared.cells)
 
 
-
-# --------------------------------------------------------------------------- the real notebooks
+# --------------------------------------------------------------------------- the course notebooks
 
 
 @pytest.mark.parametrize("path", LAB_NOTEBOOKS, ids=nb_ids)
-def test_course_notebook_release_plan(path):
-    """Markers are well formed, every region answers a known exercise, every exercise is checked,
-    and the committed solution outputs show every check passing."""
+def test_course_notebook_answer_cells(path):
+    """Every registered exercise has one answer cell (nbgrader schema v3 metadata) ending in its check,
+    every answer cell answers a registered exercise, and the student version has no solution left."""
     nb = nbformat.read(path, as_version=4)
-    p = plan(nb, path)
-    assert p.problems == [] and p.warnings == []
-    assert p.expected, f"{path.name} has solution regions but no registered exercises"
-    assert all(c.answers for c in p.cells if c.regions and c.cell_type == "code")
-    passed = printed_outcomes(nb)
-    assert {key: passed.get(key, {}).get("status") for key in p.expected} == {key: "passed" for key in p.expected}
-    student, _ = student_version(nb, path)
-    assert not any("BEGIN SOLUTION" in c.source for c in student.cells)
+    found = [a for a in answers(nb) if not a.written]
+    keys = [a.key for a in found]
+    assert keys == [ex.key for ex in labs.load(path.name[:2])], f"{path.name}: answer cells {keys}"
+    for a in found:
+        meta = nb.cells[a.index].metadata["nbgrader"]
+        assert set(meta) <= SCHEMA_V3_KEYS and meta == answer_meta(meta["grade_id"]), meta
+        assert not a.borrows
+    student = student_version(nb)
+    assert not any("SOLUTION" in c.source for c in student.cells)
+    stubs = [line for a in found for line in student.cells[a.index].source.split("\n") if "YOUR CODE" in line or "NotImplementedError" in line]
+    assert stubs and all(len(line) <= 80 for line in stubs), stubs
     nbformat.validate(student)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", LAB_NOTEBOOKS, ids=nb_ids)
-def test_course_notebook_student_release_runs_and_its_solutions_pass(path, tmp_path):
-    """One kernel, two parts (one run of the notebook instead of two).
-
-    First the student version: it executes up to and through its exercises, its only errors are the
-    NotImplementedError placeholders, and it grades 0 with every exercise "unanswered". Then, in the
-    same kernel, the solution notebook's exercise cells run: every check passes, so the solutions pass
-    the checks as they are now, not only when the committed outputs were made.
-    """
+def test_course_notebook_student_version_runs_and_its_solutions_pass(path, tmp_path):
+    """One kernel: the student version runs with only the placeholders' errors and every exercise is
+    unanswered; then the solution's answer cells run and every exercise passes, judged here."""
     nb = nbformat.read(path, as_version=4)
-    student, p = student_version(nb, path)
-    expected = [labs.exercise(*key.split(".")) for key in p.expected]
-    solutions = [nbformat.from_dict(nb.cells[c.index]) for c in p.cells if c.cell_type == "code" and (c.regions or c.checks)]
-    n = len(student.cells)
-    run = nbformat.from_dict(student)
-    run.cells += [results_cell(), *solutions, results_cell()]
+    found = [a for a in answers(nb) if not a.written]
+    spec = {a.key: (a.expression, a.context) for a in found}
+    run = student_version(nb)
+    n = len(run.cells)
+    collect_cell = "from mhalab.labs.grade import collect\ncollect({!r}, globals(), {!r})"
+    run.cells += [nbformat.v4.new_code_cell(collect_cell.format(spec, str(tmp_path / "student.pt")))]
+    run.cells += [copy.deepcopy(nb.cells[a.index]) for a in found]
+    run.cells += [nbformat.v4.new_code_cell(collect_cell.format(spec, str(tmp_path / "solution.pt")))]
     run, died = execute(run, cwd=tmp_path, timeout=600)
     assert not died
-
-    student_part = nbformat.from_dict(run)
-    student_part.cells = run.cells[:n]
-    errors = cell_errors(student_part)
-    assert {e.ename for e in errors} <= {"NotImplementedError"}, errors
-    grades = score(student_part, expected, read_results(run.cells[n]))
-    assert [(g.key, g.status, g.score) for g in grades] == [(ex.key, "unanswered", 0) for ex in expected]
-
-    assert [e for e in cell_errors(run) if e.cell > n] == []
-    final = read_results(run.cells[-1])
-    assert {key: final.get(key, {}).get("status") for key in p.expected} == {key: "passed" for key in p.expected}
-
+    errors = [(i, o["ename"]) for i, c in enumerate(run.cells) for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert all(i < n and ename == "NotImplementedError" for i, ename in errors), errors
+    student, solution = (torch.load(tmp_path / f"{name}.pt", weights_only=True) for name in ("student", "solution"))
+    for a in found:
+        ex = labs.exercise(*a.key.split("."))
+        assert ex.replay(student[a.key])[0] == "unanswered", (a.key, ex.replay(student[a.key]))
+        assert ex.replay(solution[a.key]) == ("passed", "correct."), (a.key, ex.replay(solution[a.key]))
+    assert re.search(r"✓ Exercise", str(run.cells[n + 1].outputs))

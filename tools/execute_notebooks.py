@@ -14,18 +14,6 @@ import nbformat
 from nbclient import NotebookClient
 
 
-def mark_for_nbgrader(nb, path: Path) -> None:
-    """Answer cells (those with ### BEGIN SOLUTION regions) keep or get nbgrader's cell metadata,
-    so a notebook rebuilt from a builder script still drops into an nbgrader course unchanged."""
-    from mhalab.labs.release import MarkerError, mark_answer_cells
-
-    try:
-        for change in mark_answer_cells(nb, path):
-            print(f"  nbgrader: {change}", flush=True)
-    except MarkerError as error:
-        print(f"  WARNING: solution markers not marked for nbgrader: {error}", flush=True)
-
-
 def execute(path: Path) -> float:
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
@@ -34,7 +22,6 @@ def execute(path: Path) -> float:
     elapsed = time.perf_counter() - start
     for cell in nb.cells:  # timing metadata changes on every run: keep diffs to real changes
         cell.metadata.pop("execution", None)
-    mark_for_nbgrader(nb, path)
     nbformat.write(nb, path)
     return elapsed
 

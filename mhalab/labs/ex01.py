@@ -7,15 +7,8 @@ import math
 import torch
 from torch import Tensor
 
+from .checks import as_float64, call_answer, expect_shape, first_match
 from .core import Exercise, Wrong, register
-
-
-def _tensor(result, what: str, case: str) -> Tensor:
-    if not isinstance(result, Tensor):
-        raise Wrong(f"{what} should return a torch.Tensor, got {type(result).__name__} for {case}")
-    if not result.is_floating_point():
-        raise Wrong(f"{what} should return floating-point numbers, got dtype {result.dtype} for {case}")
-    return result
 
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -34,26 +27,24 @@ def _attention_cases():
 def _check_attention(attention) -> None:
     for Q, K, V in _attention_cases():
         case = f"Q {list(Q.shape)}, K {list(K.shape)}, V {list(V.shape)}"
-        got = _tensor(attention(Q.clone(), K.clone(), V.clone()), "attention", case)
+        got = as_float64(call_answer(attention, Q, K, V, label=case), f"what attention({case}) returned")
+        Q, K, V = Q.double(), K.double(), V.double()
         want = _attention_reference(Q, K, V)
-        if tuple(got.shape) != tuple(want.shape):
-            if tuple(got.shape) == tuple(Q.shape[:-1]) + (K.size(-2),):
-                raise Wrong(f"for {case} you returned shape {list(got.shape)}: that is the [L, S] matrix of weights. "
-                            f"Attention returns each query's weighted sum of the values: [L, d_v] = {list(want.shape)}")
-            raise Wrong(f"for {case} expected shape [..., L, d_v] = {list(want.shape)}, got {list(got.shape)}")
-        if torch.allclose(got, want, atol=1e-5, rtol=1e-4):
+        if tuple(got.shape) == tuple(Q.shape[:-1]) + (K.size(-2),) and got.shape != want.shape:
+            raise Wrong(f"for {case} you returned shape {list(got.shape)}: that is the [L, S] matrix of weights. "
+                        f"Attention returns each query's weighted sum of the values: [L, d_v] = {list(want.shape)}")
+        expect_shape(got, want.shape, f"the result for {case}")
+        scores, d_k = Q @ K.transpose(-2, -1), Q.size(-1)
+        if first_match(got, {"": want}) is not None:
             continue
-        scores = Q @ K.transpose(-2, -1)
-        d_k = Q.size(-1)
-        variants = {
+        mistake = first_match(got, {
             "the scores are not scaled: divide Q Kᵀ by sqrt(d_k) before the softmax": scores.softmax(-1) @ V,
             "the scores are divided by d_k; the scale is 1 / sqrt(d_k)": (scores / d_k).softmax(-1) @ V,
             "the softmax runs over the queries; each query's weights must sum to 1 over the keys (the last axis)":
                 (scores / math.sqrt(d_k)).softmax(-2) @ V,
-        }
-        for message, wrong in variants.items():
-            if tuple(wrong.shape) == tuple(got.shape) and torch.allclose(got, wrong, atol=1e-5, rtol=1e-4):
-                raise Wrong(f"for {case}: {message}")
+        })
+        if mistake:
+            raise Wrong(f"for {case}: {mistake}")
         diff = (got - want).abs().max().item()
         raise Wrong(f"for {case} your output differs from softmax(Q Kᵀ / sqrt(d_k)) V by up to {diff:.3g}")
 
@@ -71,18 +62,13 @@ register(Exercise(
         "    return weights @ V                                   # [..., L, d_v]"
     ),
     reference=_attention_reference,
-    wrong=[
-        lambda Q, K, V: (Q @ K.transpose(-2, -1)).softmax(-1) @ V,  # no scaling
-        lambda Q, K, V: (Q @ K.transpose(-2, -1) / Q.size(-1)).softmax(-1) @ V,  # divided by d_k
-        lambda Q, K, V: (Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))).softmax(-2) @ V,  # wrong axis
-        lambda Q, K, V: (Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))).softmax(-1),  # the weights
-    ],
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-# (n_keys, d_k, j, weight): orthonormal keys, so every other key scores exactly 0.
-_AIM_CASES = [(5, 8, 2, 0.9), (10, 16, 0, 0.5), (3, 3, 1, 0.6), (6, 64, 5, 0.99), (2, 4, 1, 0.75)]
+# (n_keys, d_k, j, weight): orthonormal keys, so every other key scores exactly 0. Two weights are below
+# 1/S, where key j must score *less* than the others.
+_AIM_CASES = [(5, 8, 2, 0.9), (10, 16, 0, 0.5), (3, 3, 1, 0.6), (5, 8, 3, 0.1), (6, 64, 5, 0.99), (4, 4, 1, 0.05), (2, 4, 1, 0.75)]
 
 
 def _orthonormal_keys(n_keys: int, d_k: int, seed: int) -> Tensor:
@@ -101,18 +87,20 @@ def _check_aim(query_towards) -> None:
     for seed, (S, d_k, j, weight) in enumerate(_AIM_CASES):
         K = _orthonormal_keys(S, d_k, seed)
         case = f"{S} orthonormal keys of width d_k={d_k}, key j={j}, weight={weight}"
-        q = _tensor(query_towards(K.clone(), j, weight), "query_towards", case)
-        if tuple(q.shape) != (d_k,):
-            raise Wrong(f"for {case} return one query vector of shape [d_k] = [{d_k}], got {list(q.shape)}")
-        got = (K @ q.float() / math.sqrt(d_k)).softmax(-1)  # [S]: the weights this query gives
+        q = as_float64(call_answer(query_towards, K, j, weight, label=case), f"the query for {case}")
+        expect_shape(q, (d_k,), f"the query for {case} (one vector of width d_k)")
+        K = K.double()
+        scores = K @ q / math.sqrt(d_k)  # [S], after scaling
+        got = scores.softmax(-1)  # [S]: the weights this query gives
         if abs(got[j].item() - weight) <= 0.01:
             continue
-        unscaled = (K @ q.float()).softmax(-1)[j].item()
-        if abs(unscaled - weight) <= 0.01:
+        if abs((K @ q).softmax(-1)[j].item() - weight) <= 0.01:
             raise Wrong(f"for {case} key j gets {got[j].item():.3f}: your query would be right without the "
                         "1/sqrt(d_k) scaling of the scores, but attention divides them by sqrt(d_k)")
-        scores = K @ q.float() / math.sqrt(d_k)  # [S], after scaling
         others = torch.cat([scores[:j], scores[j + 1:]])
+        if weight < 1 / S and scores[j] >= others.max():
+            raise Wrong(f"for {case} key j gets {got[j].item():.3f}: that weight is below 1/S = {1 / S:.3g}, the share "
+                        "of equal scores, so key j must score *lower* than the other keys (a negative gap)")
         if S > 2 and abs((scores[j] - others.max()).item() - math.log(weight / (1 - weight))) < 1e-3:
             raise Wrong(f"for {case} key j gets {got[j].item():.3f}: your score gap would give {weight} against "
                         f"one other key, but the other {S - 1} keys share the rest of the weight")
@@ -132,9 +120,4 @@ register(Exercise(
         "    return K[j] * gap * math.sqrt(d_k)                 # undo the 1/sqrt(d_k) scaling"
     ),
     reference=_aim_reference,
-    wrong=[
-        lambda K, j, weight: K[j] * math.log(weight * (K.size(0) - 1) / (1 - weight)),  # forgot the scale
-        lambda K, j, weight: K[j] * math.log(weight / (1 - weight)) * math.sqrt(K.size(1)),  # forgot the other keys
-        lambda K, j, weight: K[j] * weight,  # the weight is not a score
-    ],
 ))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .checks import as_float64, call_answer, expect_shape, first_match, observe
 from .core import Exercise, Wrong, register
 
 # Hidden cases: (batch, tokens, d_model, n_heads). None of them is the notebook's example.
@@ -13,56 +14,44 @@ _SPLIT_CASES = [(2, 5, 12, 3), (1, 1, 8, 8), (3, 4, 6, 1), (2, 3, 10, 5), (1, 7,
 
 def _numbered(*shape: int) -> Tensor:
     """A float tensor whose entries are their own memory offsets: every misplaced number shows."""
-    n = 1
-    for s in shape:
-        n *= s
-    return torch.arange(n, dtype=torch.float32).view(*shape)
+    return torch.arange(torch.Size(shape).numel(), dtype=torch.float32).view(*shape)
 
 
-def _as_tensor(result, what: str) -> Tensor:
-    if not isinstance(result, Tensor):
-        raise Wrong(f"{what} should return a torch.Tensor, got {type(result).__name__}")
-    return result
+def _shares_memory(result, x: Tensor) -> bool:
+    return isinstance(result, Tensor) and result.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
 
 
 # ------------------------------------------------------------------------------------ exercise 1
 def _check_split(split_heads) -> None:
     for B, T, D, H in _SPLIT_CASES:
-        dk = D // H
-        x = _numbered(B, T, D)
-        got = _as_tensor(split_heads(x.clone(), H), "split_heads")
-        want = x.view(B, T, H, dk).transpose(1, 2)  # [B, H, T, dk]
-        case = f"x of shape [{B}, {T}, {D}] with n_heads={H}"
-        if tuple(got.shape) != tuple(want.shape):
+        dk, case = D // H, f"x of shape [{B}, {T}, {D}] with n_heads={H}"
+        x = _numbered(B, T, D)  # a fresh input per call, so the result can be compared with its memory
+        result = call_answer(split_heads, x, H, label=case, copy_args=False)
+        view = observe(lambda: _shares_memory(result, x))
+        got, want = as_float64(result, f"what split_heads({case}) returned"), _numbered(B, T, D).view(B, T, H, dk).transpose(1, 2)
+        if got.shape != want.shape:
             if tuple(got.shape) == (B, T, H, dk) and H != T:
-                raise Wrong(
-                    f"for {case} you returned shape [B, T, H, dk] = {list(got.shape)}; the head axis must come "
-                    f"before the token axis: [B, H, T, dk] = {list(want.shape)}"
-                )
+                raise Wrong(f"for {case} you returned shape [B, T, H, dk] = {list(got.shape)}; the head axis must come "
+                            f"before the token axis: [B, H, T, dk] = {list(want.shape)}")
             if tuple(got.shape) in ((B, H, T, D), (B, T, D)):
-                raise Wrong(
-                    f"for {case} you returned shape {list(got.shape)}; each head works in d_k = d_model / n_heads "
-                    f"= {dk} features, so the result is [B, H, T, d_k] = {list(want.shape)}"
-                )
-            raise Wrong(f"for {case} expected shape [B, H, T, d_k] = {list(want.shape)}, got {list(got.shape)}")
-        if torch.equal(got, want):
-            continue
-        if torch.equal(got, x.reshape(B, H, T, dk)):
-            raise Wrong(
-                f"right shape, numbers in the wrong places (for {case}): your head 0 holds all the features of "
-                "the first tokens instead of a slice of the features of every token. Reshaping straight to "
-                "[B, H, T, dk] cuts along the wrong axis: every head must see every token"
-            )
-        if torch.equal(got, x.view(B, T, dk, H).permute(0, 3, 1, 2)):
-            raise Wrong(
-                f"right shape, but (for {case}) your head 0 gets features 0, {H}, {2 * H}, ... (every n_heads-th "
-                f"feature); the convention (mhalab and torch.nn.MultiheadAttention) gives head i the contiguous "
-                f"slice of features i*d_k to (i+1)*d_k - 1"
-            )
-        raise Wrong(
-            f"right shape but wrong numbers for {case}: head i, token t should hold features "
-            "i*d_k ... (i+1)*d_k - 1 of token t"
-        )
+                raise Wrong(f"for {case} you returned shape {list(got.shape)}; each head works in d_k = d_model / n_heads "
+                            f"= {dk} features, so the result is [B, H, T, d_k] = {list(want.shape)}")
+            expect_shape(got, want.shape, f"the result for {case} ([B, H, T, d_k])")
+        if not torch.equal(got, want.double()):
+            if torch.equal(got, x.reshape(B, H, T, dk).double()):
+                raise Wrong(f"right shape, numbers in the wrong places (for {case}): your head 0 holds all the features of "
+                            "the first tokens instead of a slice of the features of every token. Reshaping straight to "
+                            "[B, H, T, dk] cuts along the wrong axis: every head must see every token")
+            if torch.equal(got, _numbered(B, T, D).view(B, T, dk, H).permute(0, 3, 1, 2).double()):
+                raise Wrong(f"right shape, but (for {case}) your head 0 gets features 0, {H}, {2 * H}, ... (every n_heads-th "
+                            "feature); the convention (mhalab and torch.nn.MultiheadAttention) gives head i the contiguous "
+                            "slice of features i*d_k to (i+1)*d_k - 1")
+            raise Wrong(f"right shape but wrong numbers for {case}: head i, token t should hold features "
+                        "i*d_k ... (i+1)*d_k - 1 of token t")
+        if not view:
+            raise Wrong(f"right numbers, but for {case} your result is a copy: it does not share memory with x. Use "
+                        "only view/reshape and transpose/permute, which change strides; .contiguous(), torch.stack, "
+                        ".clone() and NumPy copy the data")
 
 
 def _split_reference(x, n_heads):
@@ -81,35 +70,26 @@ register(Exercise(
         "    return x.view(B, T, n_heads, D // n_heads).transpose(1, 2)  # [B, T, H, dk] -> [B, H, T, dk]"
     ),
     reference=_split_reference,
-    wrong=[
-        lambda x, n_heads: x.view(x.size(0), n_heads, x.size(1), x.size(2) // n_heads),  # no transpose
-        lambda x, n_heads: x.view(x.size(0), x.size(1), n_heads, x.size(2) // n_heads),  # [B, T, H, dk]
-        lambda x, n_heads: x.view(x.size(0), x.size(1), x.size(2) // n_heads, n_heads).permute(0, 3, 1, 2),
-    ],
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 2
 def _check_merge(merge_heads) -> None:
     for B, T, D, H in _SPLIT_CASES:
-        dk = D // H
+        dk, case = D // H, f"heads of shape [{B}, {H}, {T}, {D // H}]"
         heads = _numbered(B, H, T, dk)  # as attention returns them: laid out head by head
-        got = _as_tensor(merge_heads(heads.clone()), "merge_heads")
-        want = heads.transpose(1, 2).reshape(B, T, D)
-        case = f"heads of shape [{B}, {H}, {T}, {dk}]"
-        if tuple(got.shape) != (B, T, D):
-            if tuple(got.shape) == (B, T, dk):
-                raise Wrong(f"for {case} you returned {list(got.shape)}: one head's width; the heads are "
-                            f"concatenated, so the result is [B, T, H * d_k] = [{B}, {T}, {D}]")
-            raise Wrong(f"for {case} expected shape [B, T, H * d_k] = [{B}, {T}, {D}], got {list(got.shape)}")
+        got = as_float64(call_answer(merge_heads, heads, label=case), f"what merge_heads({case}) returned")
+        want = heads.transpose(1, 2).reshape(B, T, D).double()
+        if tuple(got.shape) == (B, T, dk) and dk != D:
+            raise Wrong(f"for {case} you returned {list(got.shape)}: one head's width; the heads are "
+                        f"concatenated, so the result is [B, T, H * d_k] = [{B}, {T}, {D}]")
+        expect_shape(got, (B, T, D), f"the result for {case} ([B, T, H * d_k])")
         if torch.equal(got, want):
             continue
-        if torch.equal(got, heads.reshape(B, T, D)):
-            raise Wrong(
-                f"right shape, numbers in the wrong places (for {case}): your token 0 holds numbers from "
-                "several tokens of head 0. The head axis has to be moved back next to the feature axis "
-                "before the two are joined"
-            )
+        if torch.equal(got, heads.reshape(B, T, D).double()):
+            raise Wrong(f"right shape, numbers in the wrong places (for {case}): your token 0 holds numbers from "
+                        "several tokens of head 0. The head axis has to be moved back next to the feature axis "
+                        "before the two are joined")
         raise Wrong(f"right shape but wrong numbers for {case}: token t should hold head 0's d_k outputs for "
                     "token t, then head 1's, and so on")
 
@@ -126,10 +106,6 @@ register(Exercise(
         "    return x.transpose(1, 2).reshape(B, T, H * dk)  # [B, T, H, dk] -> [B, T, D]"
     ),
     reference=lambda x: x.transpose(1, 2).reshape(x.size(0), x.size(2), x.size(1) * x.size(3)),
-    wrong=[
-        lambda x: x.reshape(x.size(0), x.size(2), x.size(1) * x.size(3)),  # no transpose
-        lambda x: x[:, 0],  # only the first head
-    ],
 ))
 
 
@@ -139,46 +115,48 @@ def _score_cases():
     return [torch.randn(shape, generator=g) * 2 for shape in ((5, 5), (2, 3, 7, 7), (1, 1), (4, 2, 2))]
 
 
+def _causal_mistakes(scores: Tensor) -> dict[str, Tensor]:
+    """What each plausible mistake returns for ``scores`` (float64): message -> weights."""
+    L = scores.size(-1)
+    allowed = torch.ones(L, L, dtype=torch.bool).tril()  # query i may see keys j <= i
+    inf = float("-inf")
+    return {
+        "the mask is inverted: -inf went where keys are allowed (j <= i) and the future was kept. masked_fill fills "
+        "where its mask is True, so give it the forbidden positions (j > i)": scores.masked_fill(allowed, inf).softmax(-1),
+        "the mask is transposed: queries see the future and not the past. Row i is query i, column j is key j, and "
+        "query i may see keys j <= i (the lower triangle)": scores.masked_fill(~allowed.T, inf).softmax(-1),
+        "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last axis":
+            scores.masked_fill(~allowed, inf).softmax(-2),
+        "future keys still get weight: a masked score set to 0 still gets exp(0) in the softmax. Forbidden scores "
+        "must become -inf (or a huge negative number)": scores.masked_fill(~allowed, 0.0).softmax(-1),
+        "the rows of your weights do not sum to 1: mask the scores before the softmax, not the weights after it":
+            scores.softmax(-1) * allowed,
+        "every query hides its own key too; the diagonal (j = i) is allowed, and the first query has nothing else "
+        "to look at (its row becomes NaN)": scores.masked_fill(~allowed.tril(-1), inf).softmax(-1),
+        "no key is masked: every key j > i must get exactly zero weight": scores.softmax(-1),
+    }
+
+
 def _check_causal(causal_attention_weights) -> None:
     for scores in _score_cases():
-        L = scores.size(-1)
-        got = _as_tensor(causal_attention_weights(scores.clone()), "causal_attention_weights")
-        allowed = torch.ones(L, L).tril().bool()  # query i may see keys j <= i
-        want = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
         case = f"scores of shape {list(scores.shape)}"
-        if tuple(got.shape) != tuple(scores.shape):
-            raise Wrong(f"for {case} expected weights of the same shape, got {list(got.shape)}")
+        got = as_float64(call_answer(causal_attention_weights, scores, label=case), f"the weights for {case}")
+        expect_shape(got, scores.shape, f"the weights for {case} (the same shape as the scores)")
+        s = scores.double()
+        want = _causal_reference(s)
+        if first_match(got, {"": want}) is not None:
+            continue
+        mistake = first_match(got, _causal_mistakes(s))
+        if mistake:
+            raise Wrong(f"for {case}: {mistake}")
+        L = s.size(-1)
         if torch.isnan(got).any():
-            raise Wrong(
-                f"NaN in your weights for {case}: a row with every key forbidden has nothing to normalise. "
-                "Query i must be allowed to see key i itself (the diagonal), so the first row keeps one key"
-            )
-        future = ~allowed
-        if L > 1 and (got[..., future].abs() > 1e-6).any():
-            past = torch.ones(L, L).tril(-1).bool()  # keys strictly before the query
-            if (got[..., past].abs() < 1e-6).all():
-                raise Wrong(
-                    f"for {case} your weights let queries see the future and hide the past: row i is query i, "
-                    "column j is key j, and query i may see keys j <= i (the lower triangle)"
-                )
-            if torch.allclose(got, scores.masked_fill(future, 0.0).softmax(-1), atol=1e-5):
-                raise Wrong(
-                    f"for {case} future keys still get weight: a masked score set to 0 still gets exp(0) in the "
-                    "softmax. Forbidden scores must become -inf (or a huge negative number)"
-                )
+            raise Wrong(f"NaN in your weights for {case}: some row has every key masked; query i may always see key i")
+        if (got[..., ~torch.ones(L, L, dtype=torch.bool).tril()].abs() > 1e-6).any():
             raise Wrong(f"for {case} some query puts weight on a later key (j > i); those must get exactly 0")
-        sums = got.sum(-1)
-        if not torch.allclose(sums, torch.ones_like(sums), atol=1e-5):
-            raise Wrong(
-                f"for {case} the rows of your weights sum to {sums.min():.3f} ... {sums.max():.3f}, not 1: "
-                "mask the scores before the softmax, not the weights after it"
-            )
-        if L > 1 and (got.diagonal(dim1=-2, dim2=-1) == 0).any():
-            raise Wrong(f"for {case} some query gives its own key zero weight: the diagonal (j = i) is allowed")
-        if not torch.allclose(got, want, atol=1e-5):
-            diff = (got - want).abs().max().item()
-            raise Wrong(f"for {case} your weights differ from the causal softmax by up to {diff:.3g}; "
-                        "did you scale or shift the scores? (they come in already scaled)")
+        diff = (got - want).abs().max().item()
+        raise Wrong(f"for {case} your weights differ from the causal softmax by up to {diff:.3g}; "
+                    "did you scale or shift the scores? (they come in already scaled)")
 
 
 def _causal_reference(scores):
@@ -199,14 +177,168 @@ register(Exercise(
         "    return scores.masked_fill(~allowed, float('-inf')).softmax(dim=-1)"
     ),
     reference=_causal_reference,
-    wrong=[
-        # off by one: a token may not see itself (row 0 becomes all -inf -> NaN)
-        lambda s: s.masked_fill(~torch.ones(s.size(-1), s.size(-1)).tril(-1).bool(), float("-inf")).softmax(-1),
-        # the transposed mask: queries see the future
-        lambda s: s.masked_fill(~torch.ones(s.size(-1), s.size(-1)).triu().bool(), float("-inf")).softmax(-1),
-        # masking with 0 instead of -inf
-        lambda s: s.masked_fill(~torch.ones(s.size(-1), s.size(-1)).tril().bool(), 0.0).softmax(-1),
-        # masking the weights after the softmax
-        lambda s: s.softmax(-1) * torch.ones(s.size(-1), s.size(-1)).tril(),
-    ],
+))
+
+
+# ------------------------------------------------------------------------------------ exercise 4: the capstone
+# The learner's whole multi-head attention, checked in stages, each with its own diagnosis, then against
+# torch.nn.MultiheadAttention with the same weights. Stages 2-5 compare loosely (they name structural
+# mistakes); stage 6 asks for agreement within 1e-5.
+_LOOSE = dict(rtol=1e-2, atol=1e-2)
+
+
+def _weights(D: int, seed: int) -> tuple[Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(D, D, generator=g) / D**0.5 for _ in range(4))  # W_Q, W_K, W_V, W_O: [out, in]
+
+
+def _mha(x, W_Q, W_K, W_V, W_O, n_heads, *, split="right", merge="right", scale="d_k", causal=True):
+    """Multi-head causal self-attention, with the plausible mistakes as options (float64)."""
+    x, W_Q, W_K, W_V, W_O = (t.double() for t in (x, W_Q, W_K, W_V, W_O))
+    B, T, D = x.shape
+    H, dk = n_heads, D // n_heads
+    cut = {"right": lambda t: t.view(B, T, H, dk).transpose(1, 2),       # [B, H, T, dk]
+           "no-transpose": lambda t: t.reshape(B, H, T, dk),
+           "strided": lambda t: t.view(B, T, dk, H).permute(0, 3, 1, 2)}[split]
+    q, k, v = cut(x @ W_Q.T), cut(x @ W_K.T), cut(x @ W_V.T)
+    scores = q @ k.transpose(-2, -1) / {"d_k": dk**0.5, "none": 1.0, "d_model": D**0.5, "d_k^1": float(dk)}[scale]
+    if causal:
+        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    z = scores.softmax(-1) @ v  # [B, H, T, dk]
+    joined = {"right": lambda z: z.transpose(1, 2).reshape(B, T, D),
+              "no-transpose": lambda z: z.reshape(B, T, D),
+              "strided": lambda z: z.permute(0, 2, 3, 1).reshape(B, T, D)}[merge](z)
+    return joined @ W_O.T  # [B, T, D]
+
+
+def _torch_mha(x, W_Q, W_K, W_V, W_O, n_heads) -> Tensor:
+    """What torch.nn.MultiheadAttention computes with the same weights and a causal mask."""
+    B, T, D = x.shape
+    module = torch.nn.MultiheadAttention(D, n_heads, bias=False, batch_first=True).double()
+    with torch.no_grad():
+        module.in_proj_weight.copy_(torch.cat([W_Q, W_K, W_V]).double())
+        module.out_proj.weight.copy_(W_O.double())
+        future = ~torch.ones(T, T, dtype=torch.bool).tril()  # True = may not attend
+        return module(x.double(), x.double(), x.double(), attn_mask=future, need_weights=False)[0]
+
+
+def _stage(n: int, name: str, message: str) -> Wrong:
+    return Wrong(f"stage {n} of 6 ({name}): {message}")
+
+
+def _run(fn, x, weights, H, label):
+    result = call_answer(fn, x, *weights, H, label=label)
+    return as_float64(result, f"what multi_head_attention({label}) returned")
+
+
+def _check_mha(multi_head_attention) -> None:
+    W12 = _weights(12, 0)
+    g = torch.Generator().manual_seed(3)
+    # stage 1: the shape
+    x = torch.randn(2, 5, 12, generator=g)
+    got = _run(multi_head_attention, x, W12, 3, "x [2, 5, 12], n_heads=3")
+    if got.shape != x.shape:
+        if tuple(got.shape) == (2, 3, 5, 4):
+            raise _stage(1, "shapes", "you return the heads [B, H, T, d_k]; merge them back into [B, T, d_model] and apply W_O")
+        raise _stage(1, "shapes", f"for x [2, 5, 12] the output should have the shape of x, [2, 5, 12], not {list(got.shape)}")
+    # stage 2: one head, one token: its weight is 1, so the output is x W_Vᵀ W_Oᵀ
+    x1 = torch.randn(2, 1, 12, generator=g)
+    got = _run(multi_head_attention, x1, W12, 1, "x [2, 1, 12], n_heads=1")
+    if torch.isnan(got).any():
+        raise _stage(2, "one head, one token", "NaN in the output: a lone token must be allowed to see its own key "
+                     "(the causal mask allows keys j <= i, the diagonal included)")
+    if first_match(got, {"": _mha(x1, *W12, 1)}, **_LOOSE) is None:
+        mistake = first_match(got, {
+            "W_O is missing: the heads' output goes through the output projection": x1.double() @ W12[2].double().T,
+            "the weights are applied untransposed; like nn.Linear, a projection is x @ W.T (W is [out, in])":
+                x1.double() @ W12[2].double() @ W12[3].double(),
+            "the output comes from the queries or keys, not the values": x1.double() @ W12[0].double().T @ W12[3].double().T,
+        }, **_LOOSE)
+        raise _stage(2, "one head, one token", mistake or "with one token its attention weight is 1, so the output must be "
+                     "x W_Vᵀ W_Oᵀ: check the value projection and W_O")
+    # stage 3: the scale, on the last token (which may see every key, whatever the mask)
+    x6 = torch.randn(2, 6, 12, generator=g)
+    got = _run(multi_head_attention, x6, W12, 1, "x [2, 6, 12], n_heads=1")
+    if first_match(got[:, -1], {"": _mha(x6, *W12, 1)[:, -1]}, **_LOOSE) is None:
+        mistake = first_match(got[:, -1], {
+            "the scores are not scaled: divide Q Kᵀ by sqrt(d_k)": _mha(x6, *W12, 1, scale="none")[:, -1],
+            "the scores are divided by d_k; the scale is 1 / sqrt(d_k)": _mha(x6, *W12, 1, scale="d_k^1")[:, -1],
+        }, **_LOOSE)
+        raise _stage(3, "the scale", mistake or "the last token (which may see every token) gets the wrong output: "
+                     "check scores = Q Kᵀ / sqrt(d_k) and the softmax over the keys (the last axis)")
+    # stage 4: the mask: a future token must change nothing earlier
+    changed = x6.clone()
+    changed[:, -1] += torch.randn(2, 12, generator=g)
+    again = _run(multi_head_attention, changed, W12, 1, "x [2, 6, 12] with its last token changed, n_heads=1")
+    if torch.isnan(got).any():
+        raise _stage(4, "the mask", "NaN in the output: some query has every key masked; query i may see keys j <= i, itself included")
+    if not torch.allclose(got[:, :-1], again[:, :-1], atol=1e-6, rtol=0):
+        raise _stage(4, "the mask", "changing the last token changed the outputs of earlier tokens: a token may only see "
+                     "itself and the tokens before it (mask the scores of keys j > i with -inf before the softmax)")
+    if first_match(got, {"": _mha(x6, *W12, 1)}, **_LOOSE) is None:
+        raise _stage(4, "the mask", "no token sees the future, but earlier tokens get the wrong output: query i may see "
+                     "every key j <= i, itself included")
+    # stage 5: the head split and merge
+    got = _run(multi_head_attention, x6, W12, 3, "x [2, 6, 12], n_heads=3")
+    if first_match(got, {"": _mha(x6, *W12, 3)}, **_LOOSE) is None:
+        variants = {}
+        for split in ("right", "no-transpose", "strided"):
+            for merge in ("right", "no-transpose", "strided"):
+                if (split, merge) != ("right", "right"):
+                    variants[(split, merge)] = _mha(x6, *W12, 3, split=split, merge=merge)
+        variants[("scale", "d_model")] = _mha(x6, *W12, 3, scale="d_model")
+        found = first_match(got, {repr(k): v for k, v in variants.items()}, **_LOOSE)
+        messages = {
+            "no-transpose": "your split reshapes [B, T, d_model] straight to [B, H, T, d_k]: a transpose in the wrong place "
+                            "(view as [B, T, H, d_k], then transpose(1, 2)), so each head sees a block of tokens",
+            "strided": "head i should get the contiguous features i*d_k ... (i+1)*d_k - 1, not every n_heads-th feature",
+        }
+        if found == repr(("scale", "d_model")):
+            message = "the scores are divided by sqrt(d_model); each head scales by sqrt(d_k), its own width"
+        elif found:
+            split, merge = eval(found)  # noqa: S307 (our own repr)
+            if split != "right":
+                message = messages[split]
+            else:
+                message = ("your merge joins [B, H, T, d_k] straight into [B, T, d_model]: a transpose is missing there "
+                           "(transpose(1, 2) back to [B, T, H, d_k] first)" if merge == "no-transpose" else messages["strided"])
+        else:
+            message = "one head works, several do not: check how you split the width into heads and merge them back"
+        raise _stage(5, "the head split", message)
+    # stage 6: the whole module against torch.nn.MultiheadAttention with the same weights
+    for B, T, D, H, seed in [(2, 7, 16, 4, 1), (1, 9, 24, 6, 2), (3, 1, 8, 2, 3), (2, 5, 12, 12, 4)]:
+        weights, x = _weights(D, seed), torch.randn(B, T, D, generator=g)
+        label = f"x [{B}, {T}, {D}], n_heads={H}"
+        got = _run(multi_head_attention, x, weights, H, label)
+        want = _torch_mha(x, *weights, H)
+        if first_match(got, {"": want}, rtol=1e-5, atol=1e-5) is None:
+            if got.shape != want.shape:
+                raise _stage(6, "torch.nn.MultiheadAttention", f"for {label} the output has shape {list(got.shape)}, not {list(want.shape)}")
+            diff = (got - want).abs().max().item()
+            raise _stage(6, "torch.nn.MultiheadAttention", f"for {label} your output differs from torch's by up to {diff:.2g} "
+                         "(allowed: 1e-5); is some step computed in lower precision, or with an approximation?")
+
+
+register(Exercise(
+    "02", 4, "the whole multi-head attention",
+    _check_mha,
+    hint=["Project: Q = x @ W_Q.T (and K, V). Split: view [B, T, H, d_k], transpose to [B, H, T, d_k].",
+          "Scores Q Kᵀ / sqrt(d_k), -inf where key j > query i, softmax over the keys, times V; then transpose back, "
+          "reshape to [B, T, d_model] and project with W_O.T."],
+    solution=(
+        "def multi_head_attention(x, W_Q, W_K, W_V, W_O, n_heads):\n"
+        "    B, T, D = x.shape\n"
+        "    d_k = D // n_heads\n"
+        "    def split(t):                                            # [B, T, D] -> [B, H, T, d_k]\n"
+        "        return t.view(B, T, n_heads, d_k).transpose(1, 2)\n"
+        "    Q, K, V = split(x @ W_Q.T), split(x @ W_K.T), split(x @ W_V.T)\n"
+        "    scores = Q @ K.transpose(-2, -1) / d_k ** 0.5             # [B, H, T, T]\n"
+        "    allowed = torch.ones(T, T, dtype=torch.bool).tril()      # query i sees keys j <= i\n"
+        "    weights = scores.masked_fill(~allowed, float('-inf')).softmax(dim=-1)\n"
+        "    heads = weights @ V                                      # [B, H, T, d_k]\n"
+        "    merged = heads.transpose(1, 2).reshape(B, T, D)          # [B, T, D]\n"
+        "    return merged @ W_O.T"
+    ),
+    reference=lambda x, W_Q, W_K, W_V, W_O, n_heads: _mha(x, W_Q, W_K, W_V, W_O, n_heads).to(x.dtype),
+    points=3,  # a whole module, in six stages
 ))

@@ -3,19 +3,10 @@ width-one head can look, and choosing a head count for a width."""
 
 from __future__ import annotations
 
-from numbers import Integral
-
 import torch
 
+from .checks import as_float64, call_answer, expect_whole, largest_tensor, observe
 from .core import Exercise, Wrong, register
-
-
-def _whole(value, what: str, case: str) -> int:
-    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise Wrong(f"{what} should be a whole number, got {type(value).__name__} ({value!r}) for {case}")
-    return int(value)
 
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -25,27 +16,27 @@ _LIMIT_CASES = [(768, 12, 1000), (512, 64, 4), (96, 32, 10), (64, 1, 16), (4096,
 def _check_limits(head_limits) -> None:
     for d_model, n_heads, seq_len in _LIMIT_CASES:
         case = f"d_model={d_model}, n_heads={n_heads}, seq_len={seq_len}"
-        got = head_limits(d_model, n_heads, seq_len)
+        got = call_answer(head_limits, d_model, n_heads, seq_len, label=case)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise Wrong(f"return a pair (d_k, largest possible rank of one head's score matrix), got {got!r} for {case}")
-        d_k, rank = (_whole(v, name, case) for v, name in zip(got, ("d_k", "the rank bound")))
+            raise Wrong(f"return a pair (d_k, largest possible rank of one head's score matrix); for {case} you returned {got!r}"[:300])
+        d_k, rank = expect_whole(got[0], f"d_k for {case}"), expect_whole(got[1], f"the rank bound for {case}")
         want_dk = d_model // n_heads
         if d_k != want_dk:
             if d_k == d_model:
                 raise Wrong(f"d_k for {case} is the whole width; each head gets an equal share of d_model")
             raise Wrong(f"d_k for {case} is off: it is the width of one head when d_model is shared by n_heads")
-        want_rank = min(want_dk, seq_len)
-        if rank != want_rank:
-            if rank == want_dk:
-                raise Wrong(f"the rank bound for {case} ignores seq_len: Q K^T is seq_len x seq_len, so its rank "
-                            "cannot exceed seq_len either")
-            if rank == seq_len:
-                raise Wrong(f"the rank bound for {case} ignores d_k: Q is [seq_len, d_k], K^T is [d_k, seq_len], "
-                            "and a product has no more rank than its inner dimension")
-            if rank == min(d_model, seq_len):
-                raise Wrong(f"the rank bound for {case} uses the model width; one head's scores come from its own "
-                            "d_k-wide queries and keys")
-            raise Wrong(f"the rank bound for {case} is off: think of Q K^T as a [seq_len, d_k] @ [d_k, seq_len] product")
+        if rank == min(want_dk, seq_len):
+            continue
+        if rank == want_dk:
+            raise Wrong(f"the rank bound for {case} ignores seq_len: Q K^T is seq_len x seq_len, so its rank "
+                        "cannot exceed seq_len either")
+        if rank == seq_len:
+            raise Wrong(f"the rank bound for {case} ignores d_k: Q is [seq_len, d_k], K^T is [d_k, seq_len], "
+                        "and a product has no more rank than its inner dimension")
+        if rank == min(d_model, seq_len):
+            raise Wrong(f"the rank bound for {case} uses the model width; one head's scores come from its own "
+                        "d_k-wide queries and keys")
+        raise Wrong(f"the rank bound for {case} is off: think of Q K^T as a [seq_len, d_k] @ [d_k, seq_len] product")
 
 
 register(Exercise(
@@ -59,11 +50,6 @@ register(Exercise(
         "    return d_k, min(d_k, seq_len)   # Q K^T = [seq_len, d_k] @ [d_k, seq_len]"
     ),
     reference=lambda d_model, n_heads, seq_len: (d_model // n_heads, min(d_model // n_heads, seq_len)),
-    wrong=[
-        lambda d_model, n_heads, seq_len: (d_model // n_heads, d_model // n_heads),  # forgot seq_len
-        lambda d_model, n_heads, seq_len: (d_model // n_heads, seq_len),  # forgot d_k
-        lambda d_model, n_heads, seq_len: (d_model, min(d_model, seq_len)),  # whole width
-    ],
 ))
 
 
@@ -75,7 +61,7 @@ def _favourite_reference(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 def _favourite_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(4)
     cases = []
-    for L, S in [(5, 7), (12, 12), (1, 30), (40, 3)]:
+    for L, S in [(50, 70), (12, 12), (1, 30), (40, 3)]:
         q = torch.randn(L, generator=g)
         q[q.abs() < 0.05] = 0.5  # no query near zero (a zero query weighs every key equally)
         cases.append((q, torch.randn(S, generator=g) * 3))
@@ -86,24 +72,24 @@ def _favourite_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def _check_favourite(favourite_keys) -> None:
     for q, k in _favourite_cases():
-        case = f"q of {len(q)} queries ({int((q < 0).sum())} negative), k of {len(k)} keys"
-        got = favourite_keys(q.clone(), k.clone())
-        got = torch.as_tensor(got)
-        if got.shape != (len(q),):
-            raise Wrong(f"return one key position per query, a tensor of shape [{len(q)}], got shape "
-                        f"{list(got.shape)} for {case}")
-        if got.is_floating_point() and not torch.equal(got, got.round()):
+        L, S = len(q), len(k)
+        case = f"q of {L} queries ({int((q < 0).sum())} negative), k of {S} keys"
+        got = as_float64(call_answer(favourite_keys, q, k, label=case), f"what favourite_keys({case}) returned")
+        largest = observe(largest_tensor)
+        if got.shape != (L,):
+            raise Wrong(f"return one key position per query, a tensor of shape [{L}], got shape {list(got.shape)} for {case}")
+        if not torch.equal(got, got.round()):
             raise Wrong(f"return key *positions* (whole numbers), got fractional values for {case}")
-        got = got.long()
         want = _favourite_reference(q, k)
-        brute = (q[:, None] * k[None, :]).softmax(-1).argmax(-1)  # what the full pattern says
-        assert torch.equal(want, brute)
-        bad = got != want
+        bad = got.long() != want
         if bad.any():
             i = int(bad.nonzero()[0])
             sign = "negative" if q[i] < 0 else "positive"
             raise Wrong(f"for {case}, query {i} (its q is {sign}) gets the wrong key: for a fixed query the score "
                         "q*k_j is a straight line in k_j; which end of the keys does its slope favour?")
+        if L * S > 2 * max(L, S) and largest >= L * S:
+            raise Wrong(f"right positions, but for {case} your function built a tensor of {largest:,} entries, as many "
+                        f"as the {L} x {S} score matrix; the exercise asks for an answer that never builds it")
 
 
 register(Exercise(
@@ -118,11 +104,6 @@ register(Exercise(
         "    return torch.where(q > 0, k.argmax(), k.argmin())   # [L]: positive queries take the largest key"
     ),
     reference=_favourite_reference,
-    wrong=[
-        lambda q, k: k.argmax().expand(len(q)),  # ignores the sign of the query
-        lambda q, k: torch.where(q > 0, k.argmin(), k.argmax()),  # signs swapped
-        lambda q, k: torch.arange(len(q)) % len(k),  # "each query looks at itself"
-    ],
 ))
 
 
@@ -143,7 +124,7 @@ _IMPOSSIBLE = [(8, 4, 4), (64, 3, 32), (10, 3, 3)]
 def _check_choose(choose_heads) -> None:
     for d_model, n_relations, min_d_k in _CHOOSE_CASES:
         case = f"d_model={d_model}, n_relations={n_relations}, min_d_k={min_d_k}"
-        h = _whole(choose_heads(d_model, n_relations, min_d_k), "the head count", case)
+        h = expect_whole(call_answer(choose_heads, d_model, n_relations, min_d_k, label=case), f"the head count for {case}")
         if h < 1 or d_model % h:
             raise Wrong(f"for {case} your head count does not divide d_model, so d_k = d_model / h is not whole")
         if h < n_relations:
@@ -156,7 +137,7 @@ def _check_choose(choose_heads) -> None:
     for d_model, n_relations, min_d_k in _IMPOSSIBLE:
         case = f"d_model={d_model}, n_relations={n_relations}, min_d_k={min_d_k}"
         try:
-            h = choose_heads(d_model, n_relations, min_d_k)
+            h = call_answer(choose_heads, d_model, n_relations, min_d_k, label=case, allow=(ValueError,))
         except ValueError:
             continue
         raise Wrong(f"for {case} no head count satisfies both rules, but your function returned {h!r}; "
@@ -179,11 +160,4 @@ register(Exercise(
         "    raise ValueError(f'no head count gives {n_relations} heads of width >= {min_d_k} at d_model={d_model}')"
     ),
     reference=_choose_reference,
-    wrong=[
-        lambda d_model, n_relations, min_d_k: n_relations,  # may not divide d_model, never raises
-        lambda d_model, n_relations, min_d_k: d_model,  # as many heads as possible: d_k = 1
-        lambda d_model, n_relations, min_d_k: 1,  # one head blends every relation
-        lambda d_model, n_relations, min_d_k: max(h for h in range(1, d_model + 1)
-                                                  if d_model % h == 0 and d_model // h >= min_d_k),  # narrowest allowed
-    ],
 ))

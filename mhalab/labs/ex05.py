@@ -1,29 +1,27 @@
 """Exercises of notebook 05 (what the heads do): find the previous-token head with the explorer, name the
 roles of heads, and compute a previous-token score yourself.
 
-Exercises 1 and 2 are answered by looking: the learner reads heads off the explorer and the check
-confirms them against that explorer's scores, passed as the second argument::
+Exercises 1 and 2 are answered by looking: the learner reads heads off the explorer, and the check
+confirms them against that explorer's scores, passed along as the second argument::
 
-    q1.check((1, 5), explorer)          # "layer 1, head 5 is the previous-token head"
-    q2.check({(0, 2): "left1", ...}, explorer)
+    q1.check((1, 5), explorer)                     # "layer 1, head 5 is the previous-token head"
+    q2.check({(0, 2): "left1", (1, 0): None}, explorer)
 
-Without an explorer the checks use a small hand-made one (``DEMO``), on which the reference answers
-pass (that is what the test suite checks).
+``DEMO`` is a small hand-made stand-in for an explorer (two layers of three heads), used by the tests.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Integral
 from typing import Any
 
 import torch
 
 from ..scores import FRACTION_SCORES, head_scores, previous_token_score
-from .checks import call_on_hidden_cases, case
+from .checks import call_answer, expect_close, expect_whole, first_match
 from .core import Exercise, Wrong, register
 
-_NONE = "none"
+_NONE = "none"  # the explorer's name for "no role" (heads_matching says None)
 
 
 @dataclass
@@ -33,14 +31,6 @@ class ScoredHeads:
     scores: dict[str, Any]  # name -> [N, H]
     relations: list[str]
     threshold: float = 0.5
-
-    @property
-    def n_layers(self) -> int:
-        return len(next(iter(self.scores.values())))
-
-    @property
-    def n_heads(self) -> int:
-        return len(next(iter(self.scores.values()))[0])
 
     @property
     def bar_names(self) -> list[str]:
@@ -61,8 +51,7 @@ def _demo() -> ScoredHeads:
     first = torch.zeros(T, T)
     first[:, 0] = 1.0
     mixed = 0.4 * prev + 0.4 * nxt + 0.2 * eye
-    layers = [torch.stack([prev, uniform, first]), torch.stack([nxt, left2, mixed])]  # each [H=3, T, T]
-    attention = torch.stack(layers)[:, None]  # [N=2, B=1, H=3, T, T]
+    attention = torch.stack([torch.stack([prev, uniform, first]), torch.stack([nxt, left2, mixed])])[:, None]  # [N, B, H, T, T]
     sources = torch.arange(T)[None] - 2
     sources[sources < 0] = -1
 
@@ -71,58 +60,53 @@ def _demo() -> ScoredHeads:
 
     batch = _Batch()
     batch.sources = {"left2": sources}
-    scores = {k: v.numpy() for k, v in head_scores(attention, batch).items()}
-    return ScoredHeads(scores, ["left2"])
+    return ScoredHeads(dict(head_scores(attention, batch)), ["left2"])
 
 
 DEMO = _demo()
 
 
-def _context(explorer: Any) -> Any:
+def _prepare(explorer: Any = None) -> tuple[dict]:
+    """The explorer's scores as plain data (what the grader records)."""
     if explorer is None:
-        return DEMO
+        raise Wrong("this check needs the explorer you looked at, passed along: q.check(your_answer, explorer)")
     if not (hasattr(explorer, "scores") and hasattr(explorer, "bar_names")):
-        raise Wrong(
-            f"the second argument must be the explorer you looked at (from head_explorer(...)), got "
-            f"{type(explorer).__name__}"
-        )
-    return explorer
+        raise Wrong(f"the second argument must be the explorer you looked at (from head_explorer(...)), got {type(explorer).__name__}")
+    names = list(explorer.bar_names)
+    scores = {n: torch.as_tensor(explorer.scores[n], dtype=torch.float64) for n in names + ["next-token"] if n in explorer.scores}
+    return ({"scores": scores, "relations": list(explorer.relations), "names": names,
+             "threshold": float(getattr(explorer, "threshold", 0.5))},)
 
 
-def _head(pair: Any, ctx: Any, what: str) -> tuple[int, int]:
+def _head(pair: Any, ctx: dict, what: str) -> tuple[int, int]:
     if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-        raise Wrong(f"{what} should be a (layer, head) pair such as (0, 3), got {pair!r}")
-    layer, head = pair
-    for name, value in (("layer", layer), ("head", head)):
-        if isinstance(value, bool) or not isinstance(value, Integral):
-            raise Wrong(f"the {name} in {what} should be a whole number, got {value!r}")
-    if not 0 <= layer < ctx.n_layers:
-        raise Wrong(f"{what}: there is no layer {layer}; this model has layers 0..{ctx.n_layers - 1}")
-    if not 0 <= head < ctx.n_heads:
-        raise Wrong(f"{what}: there is no head {head}; each layer has heads 0..{ctx.n_heads - 1}")
-    return int(layer), int(head)
+        raise Wrong(f"{what} should be a (layer, head) pair such as (0, 3), got {pair!r}"[:200])
+    layer, head = (expect_whole(v, f"the {n} in {what}") for v, n in zip(pair, ("layer", "head")))
+    n_layers, n_heads = ctx["scores"]["previous-token"].shape
+    if not 0 <= layer < n_layers:
+        raise Wrong(f"{what}: there is no layer {layer}; this model has layers 0..{n_layers - 1}")
+    if not 0 <= head < n_heads:
+        raise Wrong(f"{what}: there is no head {head}; each layer has heads 0..{n_heads - 1}")
+    return layer, head
 
 
-def _fits(ctx: Any, layer: int, head: int) -> set[str]:
+def _fits(ctx: dict, layer: int, head: int) -> set[str]:
     """Every name that describes the head: at least the threshold and close to its best score."""
-    values = {name: float(ctx.scores[name][layer][head]) for name in ctx.bar_names}
+    values = {name: float(ctx["scores"][name][layer, head]) for name in ctx["names"]}
     top = max(values.values())
-    threshold = getattr(ctx, "threshold", 0.5)
-    if top < threshold:
+    if top < ctx["threshold"]:
         return {_NONE}
-    return {name for name, v in values.items() if v >= threshold and v >= top - 0.05}
+    return {name for name, v in values.items() if v >= ctx["threshold"] and v >= top - 0.05}
 
 
 # ------------------------------------------------------------------------------------ exercise 1
-def _check_previous_token_head(answer, explorer=None) -> None:
-    ctx = _context(explorer)
+def _check_previous_token_head(answer, ctx: dict) -> None:
     layer, head = _head(answer, ctx, "your answer")
-    prev = ctx.scores["previous-token"]
-    score = float(prev[layer][head])
-    best = max(float(prev[l][h]) for l in range(ctx.n_layers) for h in range(ctx.n_heads))
-    if score >= max(0.5, best - 0.1):
+    prev = ctx["scores"]["previous-token"]
+    score = float(prev[layer, head])
+    if score >= max(ctx["threshold"], float(prev.max()) - 0.1):
         return
-    if "next-token" in ctx.scores and float(ctx.scores["next-token"][layer][head]) >= 0.5:
+    if "next-token" in ctx["scores"] and float(ctx["scores"]["next-token"][layer, head]) >= ctx["threshold"]:
         raise Wrong(f"layer {layer}, head {head} looks at the *next* token (its bright cells sit just right of the "
                     "diagonal); the previous token is on the other side")
     raise Wrong(f"layer {layer}, head {head} puts only {score:.0%} of its attention on the previous token; another "
@@ -142,37 +126,37 @@ register(Exercise(
         "q1.check(previous_token_head, explorer)"
     ),
     reference=(0, 0),
-    wrong=[(1, 0), (0, 1), (1, 2), (2, 0)],
+    prepare=_prepare,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-def _check_roles(answer, explorer=None) -> None:
-    ctx = _context(explorer)
+def _check_roles(answer, ctx: dict) -> None:
     if not isinstance(answer, dict):
-        raise Wrong(f"answer with a dict {{(layer, head): role}}, e.g. {{(0, 3): 'left2'}}, got {type(answer).__name__}")
-    names = ctx.bar_names + [_NONE]
+        raise Wrong(f"answer with a dict {{(layer, head): role}}, e.g. {{(0, 3): 'left2', (1, 0): None}}, got {type(answer).__name__}")
     if len(answer) < 3:
         raise Wrong(f"name the roles of at least three heads; you named {len(answer)}")
-    named = [_head(pair, ctx, f"key {pair!r}") for pair in answer]
-    roles = list(answer.values())
-    for role in roles:
+    names = ctx["names"] + [_NONE]
+    named = {_head(pair, ctx, f"key {pair!r}"): _NONE if role is None else role for pair, role in answer.items()}
+    for role in named.values():
         if role not in names:
-            raise Wrong(f"{role!r} is not a role the explorer knows; use one of {names}")
-    if _NONE not in roles:
-        raise Wrong("include at least one head that matches no relation and no generic score (role 'none')")
-    if ctx.relations and not any(r in ctx.relations for r in roles):
-        raise Wrong(f"include at least one head that carries a relation of the task ({', '.join(ctx.relations)})")
-    for (layer, head), role in zip(named, roles):
-        fits = _fits(ctx, layer, head)
-        if role in fits:
+            raise Wrong(f"{role!r} is not a role the explorer knows; use one of {names} (or None for no role)"[:300])
+    if _NONE not in named.values():
+        raise Wrong("include at least one head that matches no relation and no generic score (role None or 'none')")
+    for (layer, head), role in named.items():
+        if role in _fits(ctx, layer, head):
             continue
         if role == _NONE:
             raise Wrong(f"layer {layer}, head {head} does have a clear role: more than half of its attention lands "
                         "on one kind of position")
-        score = float(ctx.scores[role][layer][head])
+        score = float(ctx["scores"][role][layer, head])
         raise Wrong(f"layer {layer}, head {head} is not a {role!r} head: only {score:.0%} of its attention lands where "
                     f"{role!r} points (highlight it in the explorer to see)")
+    carries = [lh for lh, role in named.items() if role != _NONE
+               and any(float(ctx["scores"][r][lh]) >= ctx["threshold"] for r in ctx["relations"])]
+    if ctx["relations"] and not carries:
+        raise Wrong(f"include at least one head that carries a relation of the task ({', '.join(ctx['relations'])}): "
+                    "one whose bar for that relation passes the dotted line")
 
 
 register(Exercise(
@@ -180,19 +164,14 @@ register(Exercise(
     _check_roles,
     hint=["The bar chart beside the heat map shows how much of the head's attention lands where each relation "
           "points; a head has a role when one bar is well past the dotted line (half of its attention).",
-          "A head whose bars are all short spreads its attention or mixes positions: its role is 'none'."],
+          "A head whose bars are all short spreads its attention or mixes positions: its role is None ('none')."],
     solution=(
-        "roles = {(0, 0): 'previous-token', (1, 1): 'left2', (0, 1): 'none'}   # for the DEMO heads\n"
+        "roles = {(0, 0): 'previous-token', (1, 1): 'left2', (0, 1): None}   # for the DEMO heads\n"
         "# in the notebook: heads read off the explorer, e.g. {lh: explorer.role_name(*lh) for lh in heads}\n"
         "q2.check(roles, explorer)"
     ),
-    reference={(0, 0): "previous-token", (1, 1): "left2", (0, 1): _NONE},
-    wrong=[
-        {(0, 0): "next-token", (1, 1): "left2", (0, 1): _NONE},  # the wrong side of the diagonal
-        {(0, 0): "previous-token", (1, 2): "left2", (0, 1): _NONE},  # a mixed head named after a relation
-        {(0, 0): "previous-token", (1, 1): "left2", (1, 0): _NONE},  # a clear head called 'none'
-        {(0, 0): "previous-token", (1, 1): "left2"},  # too few
-    ],
+    reference={(0, 0): "previous-token", (1, 1): "left2", (0, 1): None},
+    prepare=_prepare,
 ))
 
 
@@ -208,13 +187,28 @@ def _pattern_cases() -> list:
         scores = torch.randn(B, H, T, T, generator=g) * 3
         if causal:
             scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-        cases.append(case(scores.softmax(-1)))
+        cases.append((scores.softmax(-1),))
     return cases
 
 
 def _check_prev_score(previous_token_score) -> None:
-    call_on_hidden_cases(previous_token_score, _pattern_cases(), _prev_reference, name="previous_token_score",
-                         rtol=1e-4, atol=1e-6)
+    for (attention,) in _pattern_cases():
+        label = f"attention {list(attention.shape)}"
+        got = call_answer(previous_token_score, attention, label=label)
+        mistake = first_match(got, {
+            "that is the attention to the token itself (the diagonal); the previous token is the key just left of it, q - 1":
+                attention.diagonal(0, -2, -1).mean(dim=(0, 2)),
+            "that is the attention to the *next* token (q + 1); the previous token is the key q - 1":
+                attention.diagonal(1, -2, -1).mean(dim=(0, 2)),
+            "the mean runs over all T queries; only the T - 1 queries that have a previous token count":
+                attention.diagonal(-1, -2, -1).sum(-1).mean(0) / attention.size(-1),
+        })
+        if mistake and first_match(got, {"": _prev_reference(attention)}) is None:
+            raise Wrong(f"previous_token_score({label}): {mistake}")
+        try:
+            expect_close(got, _prev_reference(attention), "the result")
+        except Wrong as wrong:
+            raise Wrong(f"previous_token_score({label}): {wrong}") from None
 
 
 register(Exercise(
@@ -231,9 +225,4 @@ register(Exercise(
         "    return below.mean(dim=(0, 2))"
     ),
     reference=lambda attention: torch.diagonal(attention, offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2)),
-    wrong=[
-        lambda attention: torch.diagonal(attention, dim1=-2, dim2=-1).mean(dim=(0, 2)),  # the token itself
-        lambda attention: torch.diagonal(attention, offset=1, dim1=-2, dim2=-1).mean(dim=(0, 2)),  # the next token
-        lambda attention: torch.diagonal(attention, offset=-1, dim1=-2, dim2=-1).sum(-1).mean(0) / attention.size(-1),
-    ],
 ))

@@ -5,26 +5,29 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import causal_mask
-from .checks import call_on_hidden_cases, case, expect_callable, expect_equal
+from .checks import call_answer, check_calls, expect_equal, expect_whole, name_miss
 from .core import Exercise, Wrong, register
 
 
 # ------------------------------------------------------------------------------------ exercise 1
 def _causal_reference(n_queries: int, n_keys: int) -> torch.Tensor:
-    return causal_mask(n_queries, n_keys)
+    key_pos = torch.arange(n_keys)[None, :]  # [1, S]
+    return key_pos <= torch.arange(n_queries)[:, None] + (n_keys - n_queries)  # [L, S]: True = allowed
 
 
 def _check_causal(causal_allowed) -> None:
     # Square first (a whole sequence), then the queries as the last few positions (decoding with a cache).
-    call_on_hidden_cases(
-        causal_allowed,
-        [case(5, 5), case(1, 1), case(9, 9), case(3, 7, label="n_queries=3, n_keys=7 (4 tokens already cached)"),
-         case(1, 6, label="n_queries=1, n_keys=6 (one new token, 5 cached)")],
-        reference=_causal_reference,
-        name="causal_allowed",
-        compare=expect_equal,
-    )
+    check_calls(causal_allowed, [(5, 5), (1, 1), (9, 9)], _causal_reference, compare=expect_equal)
+    for L, S in [(3, 7), (1, 6)]:
+        label = f"n_queries={L}, n_keys={S} ({S - L} tokens already cached)"
+        got = call_answer(causal_allowed, L, S, label=label)
+        if isinstance(got, torch.Tensor) and got.shape == (L, S) and torch.equal(got.bool(), torch.ones(L, S, dtype=torch.bool).tril()):
+            raise Wrong(f"causal_allowed({label}): your mask lines the queries up with the first keys; they are the "
+                        f"*last* {L} positions, so query i sits at position {S - L} + i and may see the cached tokens too")
+        try:
+            expect_equal(got, _causal_reference(L, S), "the result")
+        except Wrong as wrong:
+            raise Wrong(f"causal_allowed({label}): {wrong}") from None
 
 
 register(Exercise(
@@ -41,18 +44,18 @@ register(Exercise(
         "    return key_pos <= query_pos                           # [L, S], True = allowed"
     ),
     reference=_causal_reference,
-    wrong=[
-        lambda n_queries, n_keys: torch.ones(n_queries, n_keys).tril().bool(),  # top-left aligned
-        lambda n_queries, n_keys: torch.ones(n_queries, n_keys).triu(n_keys - n_queries).bool(),  # the future
-        lambda n_queries, n_keys: torch.ones(n_queries, n_keys).tril(n_keys - n_queries - 1).bool(),  # not itself
-        lambda n_queries, n_keys: torch.ones(n_queries, n_keys, dtype=torch.bool),  # no mask
-    ],
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 2
 _USES = ("encoder", "decoder", "cross")
-_MASKS = ("none", "causal")
+_WHY_MASK = {
+    "encoder": "the encoder reads a source that is given in full: may a position look ahead?",
+    "decoder": "the decoder writes its output one token at a time: what must a position not see?",
+    "cross": "the whole source is known before the decoder starts: which source positions may it read?",
+}
+_SIDES = {"encoder": ("source", "source"), "decoder": ("target", "target"), "cross": ("target", "source")}
+_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
 
 def _layout_reference(batch: int, n_heads: int, src_len: int, tgt_len: int) -> dict:
@@ -63,38 +66,45 @@ def _layout_reference(batch: int, n_heads: int, src_len: int, tgt_len: int) -> d
     }
 
 
+def _shape_miss(use: str, shape: tuple, want: tuple, src_len: int, tgt_len: int) -> str:
+    """What is wrong with one block's weights shape, axis by axis."""
+    if shape[2:] == want[2:][::-1] and want[2] != want[3]:
+        return "queries and keys are swapped: the layout is [batch, head, query, key], who asks first"
+    for axis, (got, right) in enumerate(zip(shape, want)):
+        if got == right:
+            continue
+        if axis < 2:
+            return f"axis {axis} is {('batch', 'heads')[axis]}: it has {right} entries here, not {got}"
+        role, side = ("query", "queries") if axis == 2 else ("key", "keys")
+        source = _SIDES[use][axis - 2]
+        length = "src_len" if source == "source" else "tgt_len"
+        return f"the {role} axis has {got} entries; the {side} of {_NAMES[use]} come from the {source}, of length {length}"
+    return "the layout is [batch, head, query, key]"
+
+
 def _check_layout(attention_layout) -> None:
-    expect_callable(attention_layout, "attention_layout")
     for batch, n_heads, src_len, tgt_len in [(2, 8, 11, 5), (3, 4, 6, 9), (1, 1, 7, 7)]:
         text = f"batch={batch}, n_heads={n_heads}, src_len={src_len}, tgt_len={tgt_len}"
-        got = attention_layout(batch, n_heads, src_len, tgt_len)
+        got = call_answer(attention_layout, batch, n_heads, src_len, tgt_len, label=text)
         want = _layout_reference(batch, n_heads, src_len, tgt_len)
         if not isinstance(got, dict) or set(got) != set(_USES):
-            keys = sorted(got) if isinstance(got, dict) else type(got).__name__
+            keys = sorted(map(str, got)) if isinstance(got, dict) else type(got).__name__
             raise Wrong(f"return a dict with the keys {list(_USES)} (one per use of attention), got {keys}")
         for use in _USES:
             entry = got[use]
             if not isinstance(entry, (tuple, list)) or len(entry) != 2:
-                raise Wrong(f"{use!r}: give a pair (mask, weights_shape), got {entry!r}")
+                raise Wrong(f"{use!r}: give a pair (mask, weights_shape), got {entry!r}"[:200])
             mask, shape = entry
-            if mask not in _MASKS:
-                raise Wrong(f"{use!r}: the mask is one of {list(_MASKS)}, got {mask!r}")
+            if mask not in ("none", "causal"):
+                raise Wrong(f"{use!r}: the mask is 'none' or 'causal', got {mask!r}"[:200])
             if mask != want[use][0]:
-                why = {
-                    "encoder": "the encoder reads a source that is given in full: may a position look ahead?",
-                    "decoder": "the decoder writes its output one token at a time: what must a position not see?",
-                    "cross": "the whole source is known before the decoder starts: which source positions may it read?",
-                }
-                raise Wrong(f"{use!r}: the mask {mask!r} is not right; {why[use]}")
-            try:
-                shape = tuple(int(s) for s in shape)
-            except (TypeError, ValueError):
-                raise Wrong(f"{use!r}: the weights shape should be a tuple of 4 ints, got {shape!r}") from None
+                raise Wrong(f"{use!r}: the mask {mask!r} is not right; {_WHY_MASK[use]}")
+            if not isinstance(shape, (tuple, list, torch.Size)) or len(shape) != 4:
+                raise Wrong(f"{use!r}: the weights shape should be 4 whole numbers, got {shape!r}"[:200])
+            shape = tuple(expect_whole(s, f"{use!r}: an entry of the weights shape") for s in shape)
             if shape != want[use][1]:
-                hint = "[batch, head, query, key]: who asks (queries) comes first, who is read (keys) second"
-                if use == "cross" and shape == (batch, n_heads, src_len, tgt_len):
-                    hint = "queries come from the decoder and keys from the encoder: [batch, head, tgt_len, src_len]"
-                raise Wrong(f"{use!r} for {text}: weights shape {shape} is not right; the layout is {hint}")
+                raise Wrong(f"{use!r} for {text}: weights shape {shape} is not right; "
+                            + _shape_miss(use, shape, want[use][1], src_len, tgt_len))
 
 
 register(Exercise(
@@ -111,14 +121,6 @@ register(Exercise(
         "    }"
     ),
     reference=_layout_reference,
-    wrong=[
-        lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("causal", (b, h, t, t)),
-                            "cross": ("none", (b, h, s, t))},  # cross transposed
-        lambda b, h, s, t: {"encoder": ("causal", (b, h, s, s)), "decoder": ("causal", (b, h, t, t)),
-                            "cross": ("causal", (b, h, t, s))},  # causal everywhere
-        lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("none", (b, h, t, t)),
-                            "cross": ("none", (b, h, t, s))},  # decoder can see the future
-    ],
 ))
 
 
@@ -129,41 +131,39 @@ def _count_reference(n_heads: int, encoder_layers: int, decoder_layers: int) -> 
     return blocks * n_heads, blocks
 
 
-_COUNT_CASES = [
-    case(32, 0, 32, label="n_heads=32, encoder_layers=0, decoder_layers=32 (decoder-only)"),
-    case(16, 24, 0, label="n_heads=16, encoder_layers=24, decoder_layers=0 (encoder-only)"),
-    case(8, 6, 6, label="n_heads=8, encoder_layers=6, decoder_layers=6 (encoder-decoder)"),
-    case(12, 4, 10, label="n_heads=12, encoder_layers=4, decoder_layers=10 (encoder-decoder)"),
-]
+def _critical_path(encoder_layers: int, decoder_layers: int) -> int:
+    """Sequential steps when the decoder's first self-attention runs beside the encoder (it does not need it)."""
+    if not encoder_layers or not decoder_layers:
+        return encoder_layers + decoder_layers
+    return max(encoder_layers, 1) + 1 + 2 * (decoder_layers - 1)
+
+
+_COUNT_CASES = [(32, 0, 32), (16, 24, 0), (8, 6, 6), (12, 4, 10)]
+_COUNT_LABELS = ["n_heads=32, encoder_layers=0, decoder_layers=32 (decoder-only)",
+                 "n_heads=16, encoder_layers=24, decoder_layers=0 (encoder-only)",
+                 "n_heads=8, encoder_layers=6, decoder_layers=6 (encoder-decoder)",
+                 "n_heads=12, encoder_layers=4, decoder_layers=10 (encoder-decoder)"]
 
 
 def _check_count(attention_operations) -> None:
-    expect_callable(attention_operations, "attention_operations")
-    for c in _COUNT_CASES:
-        got = attention_operations(*c.args)
+    for (n_heads, enc, dec), label in zip(_COUNT_CASES, _COUNT_LABELS):
+        got = call_answer(attention_operations, n_heads, enc, dec, label=label)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise Wrong(f"return a pair (operations, sequential_steps), got {got!r} for {c.label}")
-        n_heads, enc, dec = c.args
-        ops, steps = _count_reference(*c.args)
-        got_ops, got_steps = got
+            raise Wrong(f"return a pair (operations, sequential_steps), got {got!r} for {label}"[:300])
+        got_ops, got_steps = expect_whole(got[0], f"operations for {label}"), expect_whole(got[1], f"sequential steps for {label}")
+        ops, steps = _count_reference(n_heads, enc, dec)
         if got_ops != ops:
-            hints = {
-                (enc + dec) * n_heads: "a decoder layer of an encoder-decoder has two attention blocks: "
-                                       "self-attention and cross-attention",
-                (enc + 2 * dec) * n_heads: "cross-attention needs an encoder to attend to: a decoder-only model has none",
-                enc + dec + (dec if enc else 0): "that counts blocks; every head of a block is its own operation",
-            }
-            raise Wrong(f"operations for {c.label}: got {got_ops!r}; " + hints.get(
-                got_ops, "count the heads of every attention block in one forward pass"))
-        if got_steps != steps:
-            hints = {
-                ops: "the heads of one block run side by side; only the blocks must wait for each other",
-                1: "a block needs the previous block's output, so the blocks cannot all run at once",
-                enc + dec: "in a decoder layer, cross-attention takes its queries from the self-attention's "
-                           "output, so it must wait for it",
-            }
-            raise Wrong(f"sequential steps for {c.label}: got {got_steps!r}; " + hints.get(
-                got_steps, "count the attention blocks that must run one after another"))
+            raise Wrong(f"operations for {label}: got {got_ops:,}; " + (name_miss(got_ops, [
+                ((enc + dec) * n_heads, "a decoder layer of an encoder-decoder has two attention blocks: self-attention and cross-attention"),
+                ((enc + 2 * dec) * n_heads, "cross-attention needs an encoder to attend to: a decoder-only model has none"),
+                (steps, "that counts blocks; every head of a block is its own operation"),
+            ]) or "count the heads of every attention block in one forward pass"))
+        if got_steps not in (steps, _critical_path(enc, dec)):  # a standard implementation, or the true critical path
+            raise Wrong(f"sequential steps for {label}: got {got_steps:,}; " + (name_miss(got_steps, [
+                (ops, "the heads of one block run side by side; only the blocks must wait for each other"),
+                (1, "a block needs the previous block's output, so the blocks cannot all run at once"),
+                (enc + dec, "in a decoder layer, cross-attention takes its queries from the self-attention's output, so it must wait for it"),
+            ]) or "count the attention blocks that must run one after another"))
 
 
 register(Exercise(
@@ -175,14 +175,8 @@ register(Exercise(
     solution=(
         "def attention_operations(n_heads, encoder_layers, decoder_layers):\n"
         "    cross = decoder_layers if encoder_layers > 0 else 0   # cross-attention only with an encoder\n"
-        "    blocks = encoder_layers + decoder_layers + cross      # each block waits for the previous one\n"
-        "    return blocks * n_heads, blocks"
+        "    blocks = encoder_layers + decoder_layers + cross      # in a standard implementation each block waits\n"
+        "    return blocks * n_heads, blocks                       # (the decoder's first self-attention need not)"
     ),
     reference=_count_reference,
-    wrong=[
-        lambda h, e, d: ((e + d) * h, e + d),  # forgot cross-attention
-        lambda h, e, d: ((e + 2 * d) * h, e + 2 * d),  # cross-attention without an encoder
-        lambda h, e, d: (_count_reference(h, e, d)[0], _count_reference(h, e, d)[0]),  # heads also sequential
-        lambda h, e, d: (_count_reference(h, e, d)[0], 1),  # everything in parallel
-    ],
 ))

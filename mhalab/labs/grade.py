@@ -1,41 +1,39 @@
-"""Grade a learner's notebook: run it, then read which exercise checks passed.
+"""Grade a learner's notebook: run it, collect the answers, and judge them here.
 
 ``python -m mhalab.labs grade SUBMISSION.ipynb [--json out.json] [--timeout S]``
 
-The notebook is executed top to bottom in a fresh kernel with nbclient, continuing past errors
-(an unanswered exercise raises ``NotImplementedError``; a cell that runs longer than the timeout is
-interrupted). A last cell, added by the grader, prints what every ``check`` recorded in that kernel
-(:func:`mhalab.labs.outcomes`). If the kernel dies before that, the ``✓``/``✗`` lines the checks
-printed are read from the outputs instead. The exercises a notebook should have come from the
-registry (``labs.load("NN")`` for the notebook's number), so an exercise whose check never ran
-scores 0 ("not checked").
+1. The submission runs top to bottom in a fresh kernel (nbclient, continuing past errors; a cell that
+   runs longer than the timeout is interrupted).
+2. A last cell, added by the grader, evaluates each answer cell's check arguments (``attention`` in
+   ``q1.check(attention)``; the answer cells are found by their nbgrader metadata in the submission
+   file) and calls the learner's functions on the checker's hidden inputs. What they returned is
+   written as plain data (tensors, numbers, strings, lists, dicts) to a file named by the grader.
+3. This process reads that file with ``torch.load(weights_only=True)`` (no code runs) and runs every
+   checker on it, from the registry of the course installed here. Nothing the kernel recorded or
+   printed as an outcome counts, so a cell that writes "passed" somewhere changes nothing. An answer
+   that is, or calls, the course's reference or another mhalab function scores 0.
 
-The grade is as trustworthy as the learner's kernel: it runs the learner's code, which could tamper
-with the recorded outcomes. For high-stakes grading, run it in a sandbox and compare the check
-cells with the released version (nbgrader's locked cells do the latter).
+What it does not defend against: the learner's code runs with your permissions, so it can read or
+change anything you can, including mhalab's code in the kernel, and so fake what that last cell
+records (returned values it did not compute). Grade untrusted submissions in a container, without
+network, and read the code of any surprising full score.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
+import secrets
 import subprocess
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .core import ERROR, FAILED, PASSED, STRICT_ENV, UNANSWERED, load
-from .release import _source, bindings, checks_in, notebook_ids
+from .core import FAILED, PASSED, STRICT_ENV, exercise, load
+from .release import answers
 
 NOT_CHECKED = "not checked"
-RESULTS_TAG = "MHALAB-LABS-OUTCOMES "
-_RESULTS_CELL = (
-    "# added by `python -m mhalab.labs grade`: report what every exercise check recorded\n"
-    f"print({RESULTS_TAG!r} + __import__('json').dumps(__import__('mhalab.labs.core', fromlist=['outcomes']).outcomes()))"
-)
-_PRINTED = re.compile(r"^(?P<mark>[✓✗]) Exercise (?P<key>\d+\.\d+) \(.*?\): (?P<message>.*)$", re.M)
 
 
 @dataclass
@@ -44,15 +42,8 @@ class ExerciseGrade:
     title: str
     points: float
     score: float
-    status: str          # passed / failed / error / unanswered / not checked
+    status: str          # passed / failed / error / unanswered / checker error / not checked
     message: str
-
-
-@dataclass
-class CellError:
-    cell: int
-    ename: str
-    evalue: str
 
 
 @dataclass
@@ -60,9 +51,8 @@ class GradeReport:
     notebook: str
     notebooks: list[str]
     exercises: list[ExerciseGrade]
-    errors: list[CellError] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)   # "cell 5: ValueError", from the executed notebook
     kernel_died: bool = False
-    outcomes_from: str = "kernel"   # "kernel" (the grader's last cell) or "outputs" (printed lines)
     elapsed_s: float = 0.0
 
     @property
@@ -74,79 +64,43 @@ class GradeReport:
         return sum(e.points for e in self.exercises)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.update(score=self.score, max_score=self.max_score)
-        return data
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False)
+        return {**asdict(self), "score": self.score, "max_score": self.max_score}
 
     def format(self) -> str:
         width = max([len(e.title) for e in self.exercises] + [10])
         lines = [f"Grade for {self.notebook} (exercises of notebook {', '.join(self.notebooks)}):"]
         for e in self.exercises:
             detail = "" if e.status == PASSED else f"  {e.message}"
-            lines.append(f"  {e.key:<6} {e.title:<{width}}  {_fmt(e.score)}/{_fmt(e.points)}  {e.status}{detail}")
-        lines.append(f"  {'total':<6} {'':<{width}}  {_fmt(self.score)}/{_fmt(self.max_score)}")
+            lines.append(f"  {e.key:<6} {e.title:<{width}}  {e.score:g}/{e.points:g}  {e.status}{detail}")
+        lines.append(f"  {'total':<6} {'':<{width}}  {self.score:g}/{self.max_score:g}")
         if self.kernel_died:
-            lines.append("  The kernel died while running the notebook; later cells did not run (outcomes read from printed outputs).")
-        others = [e for e in self.errors if e.ename != "NotImplementedError"]
-        if others:
-            lines.append(f"  {len(others)} cell(s) raised errors: " + "; ".join(f"cell {e.cell}: {e.ename}" for e in others[:5]))
+            lines.append("  The kernel died while running the notebook; exercises after that were not checked.")
+        if self.errors:
+            lines.append(f"  {len(self.errors)} cell(s) raised errors: " + "; ".join(self.errors[:5]))
         return "\n".join(lines)
 
 
-def _fmt(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+def collect(spec: dict[str, tuple[str, list[str]]], namespace: dict, path: str) -> None:
+    """Run in the learner's kernel by the grader's last cell: record every answer to ``path``.
 
+    ``spec`` maps an exercise key to its check's arguments as source ("attention", ["explorer"]).
+    """
+    import torch
 
-def _status_from_message(mark: str, message: str) -> str:
-    if mark == "✓":
-        return PASSED
-    if message.startswith("no answer yet"):
-        return UNANSWERED
-    if " raised " in message.split(":", 1)[0] + ":" or message.startswith("your answer raised"):
-        return ERROR
-    return FAILED
-
-
-def printed_outcomes(nb: Any) -> dict[str, dict[str, Any]]:
-    """Outcomes read from the ✓/✗ lines the checks printed (the last one per exercise wins)."""
-    found: dict[str, dict[str, Any]] = {}
-    for cell in nb.cells:
-        for output in cell.get("outputs", []):
-            if output.get("output_type") == "stream" and output.get("name") == "stdout":
-                text = output.get("text", "")
-                text = "".join(text) if isinstance(text, list) else text
-                for m in _PRINTED.finditer(text):
-                    status = _status_from_message(m.group("mark"), m.group("message"))
-                    found[m.group("key")] = {"passed": status == PASSED, "status": status, "message": m.group("message")}
-    return found
-
-
-def cell_errors(nb: Any) -> list[CellError]:
-    """Every error output of an executed notebook: (cell index, exception name, message)."""
-    errors = []
-    for index, cell in enumerate(nb.cells):
-        for output in cell.get("outputs", []):
-            if output.get("output_type") == "error":
-                errors.append(CellError(index, output.get("ename", "?"), str(output.get("evalue", ""))[:500]))
-    return errors
-
-
-def _unanswered_keys(nb: Any, errors: list[CellError]) -> set[str]:
-    """Exercises whose cells stopped at the NotImplementedError placeholder before their check ran."""
-    bound = bindings(nb)
-    next_check: dict[int, str | None] = {}
-    upcoming: str | None = None
-    for index in range(len(nb.cells) - 1, -1, -1):
-        cell = nb.cells[index]
-        if cell.cell_type == "code":
-            hits = checks_in(_source(cell), bound)
-            if hits:
-                upcoming = hits[0][1]
-        next_check[index] = upcoming
-    return {next_check[e.cell] for e in errors if e.ename == "NotImplementedError" and next_check.get(e.cell)}
+    recorded: dict[str, Any] = {}
+    for key, (expression, context) in spec.items():
+        try:
+            answer = eval(expression, namespace)  # noqa: S307  (the learner's own kernel)
+            extra = [eval(c, namespace) for c in context]  # noqa: S307
+        except Exception as error:  # e.g. a NameError: the cell stopped before defining it
+            recorded[key] = {"problem": f"`{expression}` could not be evaluated after the notebook ran "
+                                        f"({type(error).__name__}: {error})"[:300], "answer": None}
+            continue
+        try:
+            recorded[key] = exercise(*key.split(".")).record(answer, *extra)
+        except Exception as error:
+            recorded[key] = {"problem": f"recording the answer failed ({type(error).__name__}: {error})"[:300]}
+    torch.save(recorded, path)
 
 
 def execute(nb: Any, *, cwd: str | Path, timeout: float | None = 600, kernel_name: str = "python3") -> tuple[Any, bool]:
@@ -154,106 +108,64 @@ def execute(nb: Any, *, cwd: str | Path, timeout: float | None = 600, kernel_nam
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
 
-    client = NotebookClient(
-        nb,
-        timeout=timeout,
-        kernel_name=kernel_name,
-        allow_errors=True,
-        interrupt_on_timeout=True,    # a cell that runs too long is interrupted, and grading goes on
-        record_timing=False,
-        resources={"metadata": {"path": str(cwd)}},
-    )
-    died = False
-    env = {k: v for k, v in os.environ.items() if k != STRICT_ENV}  # grading records outcomes; it never stops on one
-    # The kernel's own stderr (start-up warnings) is not the learner's output: keep it off the report.
-    with client.setup_kernel(env=env, stderr=subprocess.DEVNULL):
+    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, allow_errors=True, interrupt_on_timeout=True,
+                            record_timing=False, resources={"metadata": {"path": str(cwd)}})
+    env = {k: v for k, v in os.environ.items() if k != STRICT_ENV}  # grading never stops at a failed check
+    with client.setup_kernel(env=env, stderr=subprocess.DEVNULL):  # the kernel's start-up noise is not the learner's
         try:
-            info = client.wait_for_reply(client.kc.kernel_info())
-            if info and "language_info" in info.get("content", {}):
-                nb.metadata["language_info"] = info["content"]["language_info"]
             for index, cell in enumerate(nb.cells):
                 client.execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
         except DeadKernelError:
-            died = True
-    return nb, died
+            return nb, True
+    return nb, False
 
 
-def results_cell() -> Any:
-    """The cell the grader appends: it prints every recorded outcome as one JSON line."""
-    import nbformat
-
-    return nbformat.v4.new_code_cell(_RESULTS_CELL)
-
-
-def read_results(cell: Any) -> dict[str, dict[str, Any]] | None:
-    """The outcomes a :func:`results_cell` printed (None if it did not run or was tampered with)."""
-    for output in cell.get("outputs", []):
-        text = output.get("text", "") if output.get("output_type") == "stream" else ""
-        text = "".join(text) if isinstance(text, list) else text
-        if RESULTS_TAG in text:
-            try:
-                found = json.loads(text.split(RESULTS_TAG, 1)[1].strip().split("\n", 1)[0])
-            except json.JSONDecodeError:
-                return None
-            return found if isinstance(found, dict) else None
-    return None
-
-
-def score(executed: Any, expected: list, recorded: dict[str, dict[str, Any]]) -> list[ExerciseGrade]:
-    """One grade per expected exercise, from the recorded outcomes and the executed notebook's errors."""
-    unanswered = _unanswered_keys(executed, cell_errors(executed))
-    grades = []
-    for ex in expected:
-        outcome = recorded.get(ex.key)
-        if isinstance(outcome, dict):
-            status = outcome.get("status", PASSED if outcome.get("passed") else FAILED)
-            message = str(outcome.get("message", ""))
-        elif ex.key in unanswered:
-            status, message = UNANSWERED, "no answer yet: the NotImplementedError placeholder is still there"
-        else:
-            status, message = NOT_CHECKED, "its check never ran (no cell called it, or an earlier error stopped it)"
-        grades.append(ExerciseGrade(ex.key, ex.title, ex.points, ex.points if status == PASSED else 0, status, message))
-    return grades
-
-
-def grade(
-    path: str | Path,
-    *,
-    timeout: float | None = 600,
-    kernel_name: str = "python3",
-    notebook: str | None = None,
-    cwd: str | Path | None = None,
-    executed_path: str | Path | None = None,
-) -> GradeReport:
-    """Execute the notebook at ``path`` and grade its exercises.
+def grade(path: str | Path, *, timeout: float | None = 600, kernel_name: str = "python3", cwd: str | Path | None = None,
+          executed_path: str | Path | None = None) -> GradeReport:
+    """Execute the notebook at ``path`` and grade its exercises (see the module docstring).
 
     Args:
         timeout: seconds one cell may run before it is interrupted (None: no limit).
-        notebook: whose exercises to expect ("03"); by default read from the notebook's
-            ``labs.load("NN")`` calls, else its file name.
         cwd: where the kernel runs (default: the notebook's folder).
         executed_path: also save the executed notebook there (feedback for the learner).
     """
     import nbformat
+    import torch
 
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
-    ids = [str(notebook).zfill(2)] if notebook else notebook_ids(nb, path)
+    cells = [a for a in answers(nb, strict=False) if not a.written]
+    ids = sorted({a.key[:2] for a in cells})
     if not ids:
-        raise ValueError(f"{path}: cannot tell which notebook's exercises it has; pass notebook='NN' (--notebook NN)")
+        raise ValueError(f"{path}: no answer cells (cells with nbgrader metadata, grade_id like ex03-1-answer)")
     expected = [ex for nb_id in ids for ex in load(nb_id)]
-    if not expected:
-        raise ValueError(f"{path}: notebook(s) {ids} have no registered exercises")
-
-    run = nbformat.from_dict(nb)  # a copy: the submission itself is never modified
-    run.cells.append(results_cell())
-    start = time.perf_counter()
-    run, died = execute(run, cwd=cwd or path.parent, timeout=timeout, kernel_name=kernel_name)
-    elapsed = time.perf_counter() - start
-    recorded, source = read_results(run.cells.pop()), "kernel"
-    if recorded is None:  # the kernel died (or the learner broke the reporting): read the printed lines
-        recorded, source = printed_outcomes(run), "outputs"
-    grades = score(run, expected, recorded)
+    spec = {a.key: (a.expression, a.context) for a in cells}
+    borrowing = {a.key for a in cells if a.borrows}
+    with tempfile.TemporaryDirectory(prefix="mhalab-grade-") as tmp:
+        out = Path(tmp) / f"answers-{secrets.token_hex(8)}.pt"
+        run = nbformat.from_dict(nb)  # a copy: the submission itself is never modified
+        run.cells.append(nbformat.v4.new_code_cell(
+            "# added by `python -m mhalab.labs grade`: record the answers\n"
+            f"__import__('mhalab.labs.grade', fromlist=['collect']).collect({spec!r}, globals(), {str(out)!r})"))
+        start = time.perf_counter()
+        run, died = execute(run, cwd=cwd or path.parent, timeout=timeout, kernel_name=kernel_name)
+        elapsed = time.perf_counter() - start
+        recorded = torch.load(out, weights_only=True) if out.is_file() else {}
+    run.cells.pop()
+    grades = []
+    for ex in expected:
+        if ex.key not in spec:
+            status, message = NOT_CHECKED, ("the submission has no answer cell for it ending in its check "
+                                            "(nbgrader grade_id ex{}-{}-answer)".format(*ex.key.split(".")))
+        elif ex.key in borrowing:
+            status, message = FAILED, "the answer cell reads the course's own answer (q.reference or q.solution_text)"
+        elif ex.key not in recorded:
+            status, message = NOT_CHECKED, "the notebook never got to the end, so its answer could not be collected"
+        else:
+            status, message = ex.replay(recorded[ex.key])
+        grades.append(ExerciseGrade(ex.key, ex.title, ex.points, ex.points if status == PASSED else 0, status, message))
     if executed_path is not None:
         nbformat.write(run, executed_path)
-    return GradeReport(str(path), ids, grades, cell_errors(run), died, source, round(elapsed, 1))
+    errors = [f"cell {i}: {o.get('ename')}" for i, c in enumerate(run.cells) for o in c.get("outputs", [])
+              if o.get("output_type") == "error" and o.get("ename") != "NotImplementedError"]
+    return GradeReport(str(path), ids, grades, errors, died, round(elapsed, 1))

@@ -1,0 +1,370 @@
+"""Answers to every exercise, as learners write them: alternative right answers (another dtype, container,
+formulation, parameter names) that must pass, and plausible wrong ones with (part of) the message each must
+produce. test_labs.py runs them all and fails for an exercise that has no entries here."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from mhalab.labs.ex05 import DEMO
+
+CONTEXT = {"05.1": (DEMO,), "05.2": (DEMO,)}  # what those checks are passed along (an explorer)
+
+
+def _tril(n, k=0):
+    return torch.ones(n, n).tril(k).bool()
+
+
+# ------------------------------------------------------------------------------------ 01
+def attention_einsum(query, key, value):  # other parameter names, einsum
+    w = torch.einsum("...ld,...sd->...ls", query, key).div(query.shape[-1] ** 0.5).softmax(-1)
+    return torch.einsum("...ls,...sd->...ld", w, value)
+
+
+def attention_float64(Q, K, V):
+    Q, K, V = Q.double(), K.double(), V.double()
+    return torch.softmax(Q @ K.mT / math.sqrt(Q.shape[-1]), dim=-1) @ V
+
+
+def attention_numpy(Q, K, V):
+    q, k, v = Q.numpy(), K.numpy(), V.numpy()
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return (w / w.sum(-1, keepdims=True)) @ v
+
+
+def attention_two_params(Q, K):
+    return Q
+
+
+def query_numpy(K, j, weight):
+    S, d = K.shape
+    return K[j].numpy() * np.log(weight * (S - 1) / (1 - weight)) * np.sqrt(d)
+
+
+def query_float64_loop(keys, index, w):
+    S, d = keys.shape
+    q = torch.zeros(d, dtype=torch.float64)
+    for i in range(d):
+        q[i] = keys[index, i].item() * math.log(w * (S - 1) / (1 - w)) * math.sqrt(d)
+    return q
+
+
+# ------------------------------------------------------------------------------------ 02
+def split_reshape_permute(t, h):
+    return t.reshape(t.shape[0], t.shape[1], h, -1).permute(0, 2, 1, 3)
+
+
+def split_unflatten(x, n_heads):
+    return x.unflatten(-1, (n_heads, -1)).transpose(1, 2)
+
+
+def split_stack(x, n_heads):  # right numbers, but a copy
+    d = x.shape[-1] // n_heads
+    return torch.stack([x[..., i * d:(i + 1) * d] for i in range(n_heads)], dim=1)
+
+
+def merge_permute(x):
+    B, H, T, d = x.shape
+    return x.permute(0, 2, 1, 3).contiguous().view(B, T, H * d)
+
+
+def merge_cat(heads):
+    return torch.cat(list(heads.unbind(1)), dim=-1)
+
+
+def causal_where(s):
+    L = s.shape[-1]
+    return torch.where(_tril(L), s, torch.tensor(float("-inf"))).softmax(-1)
+
+
+def causal_renormalised(s):  # softmax, zero the future, renormalise: the same weights
+    w = s.double().softmax(-1) * _tril(s.shape[-1])
+    return (w / w.sum(-1, keepdim=True)).numpy()
+
+
+def causal_triu(scores):
+    return scores.masked_fill(torch.triu(torch.ones_like(scores, dtype=torch.bool), 1), -1e9).softmax(-1)
+
+
+def mha_einsum(inputs, wq, wk, wv, wo, heads):  # other names, einsum, float64, a loop over heads
+    x = inputs.double()
+    B, T, D = x.shape
+    d = D // heads
+    outs = []
+    for h in range(heads):
+        sl = slice(h * d, (h + 1) * d)
+        q, k, v = (torch.einsum("btd,ed->bte", x, w.double()[sl]) for w in (wq, wk, wv))
+        s = torch.einsum("bid,bjd->bij", q, k) / math.sqrt(d)
+        s = s + torch.full((T, T), float("-inf")).triu(1)
+        outs.append(s.softmax(-1) @ v)
+    return torch.cat(outs, -1) @ wo.double().T
+
+
+def mha_numpy(x, W_Q, W_K, W_V, W_O, n_heads):
+    x, W_Q, W_K, W_V, W_O = (t.double().numpy() for t in (x, W_Q, W_K, W_V, W_O))
+    B, T, D = x.shape
+    d = D // n_heads
+    split = lambda t: t.reshape(B, T, n_heads, d).transpose(0, 2, 1, 3)  # noqa: E731
+    q, k, v = split(x @ W_Q.T), split(x @ W_K.T), split(x @ W_V.T)
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d) + np.triu(np.full((T, T), -np.inf), 1)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    z = (w / w.sum(-1, keepdims=True)) @ v
+    return z.transpose(0, 2, 1, 3).reshape(B, T, D) @ W_O.T
+
+
+# ------------------------------------------------------------------------------------ 03-06
+def gqa_one_line(dm, h, kv, layers):
+    return 2 * kv * dm / h * layers  # a float that is a whole number
+
+
+def favourite_numpy(q, k):
+    return np.where(q.numpy() > 0, int(k.argmax()), int(k.argmin()))
+
+
+def favourite_loop(q, k):
+    return [int(k.argmax()) if float(x) > 0 else int(k.argmin()) for x in q]
+
+
+def choose_loop(d, r, m):
+    for h in range(r, d + 1):
+        if d % h == 0 and d / h >= m:
+            return h
+        if d % h == 0:
+            break
+    raise ValueError("none")
+
+
+def prev_score_loop(attention):
+    B, H, T, _ = attention.shape
+    total = torch.zeros(H, dtype=torch.float64)
+    for q in range(1, T):
+        total += attention[:, :, q, q - 1].double().sum(0)
+    return (total / (B * (T - 1))).numpy()
+
+
+def causal_allowed_tril(L, S):
+    return torch.ones(L, S, dtype=torch.bool).tril(S - L)
+
+
+def layout_lists(b, h, s, t):
+    return {"encoder": ["none", [b, h, s, s]], "decoder": ["causal", torch.Size([b, h, t, t])], "cross": ("none", (b, h, t, s))}
+
+
+def layout_by_loop(batch_size, heads, source_len, target_len):  # other names, NumPy ints, built in a loop
+    lengths = {"encoder": (source_len, source_len), "decoder": (target_len, target_len), "cross": (target_len, source_len)}
+    return {use: ("causal" if use == "decoder" else "none", tuple(np.int64(n) for n in (batch_size, heads, *lq_lk)))
+            for use, lq_lk in lengths.items()}
+
+
+def count_critical_path(h, e, d):
+    cross = d if e else 0
+    blocks = e + d + cross
+    steps = blocks - 1 if e and d else blocks  # the decoder's first self-attention runs beside the encoder
+    return blocks * h, steps
+
+
+CORPUS = {
+    "01.1": {
+        "right": [attention_einsum, attention_float64, attention_numpy],
+        "wrong": [
+            (lambda Q, K, V: (Q @ K.transpose(-2, -1)).softmax(-1) @ V, "not scaled"),
+            (lambda Q, K, V: (Q @ K.transpose(-2, -1) / Q.size(-1)).softmax(-1) @ V, "divided by d_k"),
+            (lambda Q, K, V: (Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))).softmax(-2) @ V, "runs over the queries"),
+            (lambda Q, K, V: (Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))).softmax(-1), "matrix of weights"),
+            (attention_two_params, "keep the given parameters"),
+            (3, "expected a function, got an int (3)"),
+            (lambda Q, K, V: Q @ K, "attention(Q [3, 4], K [5, 4], V [5, 2]) raised RuntimeError"),
+            (lambda Q, K, V: "softmax", "should be a number or a tensor, got a string"),
+        ],
+    },
+    "01.2": {
+        "right": [query_numpy, query_float64_loop],
+        "wrong": [
+            (lambda K, j, weight: K[j] * math.log(weight * (K.size(0) - 1) / (1 - weight)), "without the 1/sqrt(d_k) scaling"),
+            (lambda K, j, weight: K[j] * math.log(weight / (1 - weight)) * math.sqrt(K.size(1)), "the other 4 keys share"),
+            (lambda K, j, weight: K[j] * weight, "not 0.9"),
+            (lambda K, j, w: K[j] * abs(math.log(w * (K.size(0) - 1) / (1 - w))) * math.sqrt(K.size(1)), "score *lower*"),
+            (lambda K, j, w: K[j, :2], "has shape [2]; expected [8]"),
+        ],
+    },
+    "02.1": {
+        "right": [split_reshape_permute, split_unflatten],
+        "wrong": [
+            (lambda x, n_heads: x.view(x.size(0), n_heads, x.size(1), x.size(2) // n_heads), "every head must see every token"),
+            (lambda x, n_heads: x.view(x.size(0), x.size(1), n_heads, x.size(2) // n_heads), "head axis must come before"),
+            (lambda x, n_heads: x.view(x.size(0), x.size(1), x.size(2) // n_heads, n_heads).permute(0, 3, 1, 2), "every n_heads-th"),
+            (lambda x, n_heads: x.view(x.size(0), x.size(1), n_heads, -1).transpose(1, 2).contiguous(), "is a copy"),
+            (split_stack, "is a copy"),
+        ],
+    },
+    "02.2": {
+        "right": [merge_permute, merge_cat],
+        "wrong": [
+            (lambda x: x.reshape(x.size(0), x.size(2), x.size(1) * x.size(3)), "numbers in the wrong places"),
+            (lambda x: x[:, 0], "one head's width"),
+        ],
+    },
+    "02.3": {
+        "right": [causal_where, causal_renormalised, causal_triu],
+        "wrong": [
+            (lambda s: s.masked_fill(~_tril(s.size(-1), -1), float("-inf")).softmax(-1), "hides its own key"),
+            (lambda s: s.masked_fill(~torch.ones(s.size(-1), s.size(-1)).triu().bool(), float("-inf")).softmax(-1), "transposed"),
+            (lambda s: s.masked_fill(~_tril(s.size(-1)), 0.0).softmax(-1), "-inf"),
+            (lambda s: s.softmax(-1) * _tril(s.size(-1)), "mask the scores before the softmax"),
+            (lambda s: s.masked_fill(~_tril(s.size(-1)), float("-inf")).softmax(-2), "softmax runs over the queries"),
+            (lambda s: s.masked_fill(_tril(s.size(-1)), float("-inf")).softmax(-1), "the mask is inverted"),
+            (lambda s: s.softmax(-1), "no key is masked"),
+        ],
+    },
+    "02.4": {
+        "right": [mha_einsum, mha_numpy],
+        "wrong": [
+            (lambda x, W_Q, W_K, W_V, W_O, n_heads: x @ W_V.T, "stage 2 of 6 (one head, one token): W_O is missing"),
+            (lambda x, W_Q, W_K, W_V, W_O, n_heads: x, "stage 2 of 6"),
+            (lambda x, W_Q, W_K, W_V, W_O: x, "keep the given parameters"),
+            (lambda x, W_Q, W_K, W_V, W_O, n_heads: (x @ W_Q.T @ W_K @ x.mT).softmax(-1) @ x @ W_V.T @ W_O.T, "stage 3 of 6"),
+        ],
+    },
+    "03.1": {
+        "right": [lambda d, h: (d / h, 4.0 * d * d, torch.tensor(2 * d)), lambda width, heads: [width // heads, 4 * width**2, 2 * width]],
+        "wrong": [
+            (lambda d_model, n_heads: (d_model, 4 * d_model**2, 2 * d_model), "the whole width"),
+            (lambda d_model, n_heads: (d_model // n_heads, 3 * d_model**2, 2 * d_model), "but not the output matrix"),
+            (lambda d_model, n_heads: (d_model // n_heads, 4 * d_model**2, 2 * (d_model // n_heads)), "that is one head"),
+            (lambda d_model, n_heads: (d_model // n_heads, 4 * d_model**2, d_model), "both the keys and the values"),
+            (lambda d, h: (d // h, 4 * d * d + 4 * d, 2 * d), "includes the biases"),
+            (lambda d, h: d // h, "return a tuple (d_k, parameters, kv_cache)"),
+            (lambda d, h: (d / h + 0.5, 4 * d * d, 2 * d), "should be a whole number"),
+        ],
+    },
+    "03.2": {
+        "right": [lambda d, h, n, t, b, nbytes: 2.0 * d * n * t * b * nbytes,
+                  lambda a, b, c, d, e, f: np.int64(2 * a * c * d * e * f)],
+        "wrong": [
+            (lambda d, h, n, t, b, by: d * n * t * b * by, "both keys and values are cached"),
+            (lambda d, h, n, t, b, by: 2 * d * t * b * by, "every layer keeps its own cache"),
+            (lambda d, h, n, t, b, by: 2 * (d // h) * n * t * b * by, "that is one head's cache"),
+            (lambda d, h, n, t, b, by: 2 * d * h * n * t * b * by, "do not multiply by n_heads again"),
+            (lambda d, h, n, t, b, by: 2 * d * n * t * b, "not bytes"),
+            (lambda d_model, n_heads, n_layers, seq_len, batch_size: 0, "keep the given parameters"),
+        ],
+    },
+    "03.3": {
+        "right": [gqa_one_line, lambda width, q_heads, kv_heads, layers: torch.tensor(2 * kv_heads * (width // q_heads) * layers)],
+        "wrong": [
+            (lambda d, h, kv, n: 2 * d * n, "the cache of ordinary multi-head attention"),
+            (lambda d, h, kv, n: kv * (d // h) * n, "both keys and values are cached"),
+            (lambda d, h, kv, n: 2 * kv * (d // h), "every layer keeps its own cache"),
+            (lambda d, h, kv, n: 2 * h * (d // h) * n // kv, "proportional to n_kv_heads"),
+        ],
+    },
+    "04.1": {
+        "right": [lambda d_model, n_heads, seq_len: (d_model / n_heads, min(d_model / n_heads, seq_len)),
+                  lambda d, h, t: [torch.tensor(d // h), np.int64(min(d // h, t))]],
+        "wrong": [
+            (lambda d, h, t: (d // h, d // h), "ignores seq_len"),
+            (lambda d, h, t: (d // h, t), "ignores d_k"),
+            (lambda d, h, t: (d, min(d, t)), "the whole width"),
+        ],
+    },
+    "04.2": {
+        "right": [favourite_numpy, favourite_loop, lambda queries, keys: torch.where(queries > 0, keys.argmax(), keys.argmin()).double()],
+        "wrong": [
+            (lambda q, k: k.argmax().expand(len(q)), "which end of the keys"),
+            (lambda q, k: torch.where(q > 0, k.argmin(), k.argmax()), "which end of the keys"),
+            (lambda q, k: torch.arange(len(q)) % len(k), "wrong key"),
+            (lambda q, k: (q[:, None] * k[None, :]).softmax(-1).argmax(-1), "never builds it"),
+        ],
+    },
+    "04.3": {
+        "right": [choose_loop, lambda width, relations, narrowest: _choose_float(width, relations, narrowest)],
+        "wrong": [
+            (lambda d, r, m: r, "does not divide d_model"),
+            (lambda d, r, m: d, "narrower than min_d_k"),
+            (lambda d, r, m: 1, "fewer heads than relations"),
+            (lambda d, r, m: max(h for h in range(1, d + 1) if d % h == 0 and d // h >= m), "take the smallest"),
+            (lambda d, r, m: _raise(ValueError("no")), "choose_heads(d_model=64, n_relations=4, min_d_k=2) raised ValueError"),
+        ],
+    },
+    "05.1": {
+        "right": [(0, 0), [0, 0], (torch.tensor(0), np.int64(0))],
+        "wrong": [
+            ((1, 0), "looks at the *next* token"),
+            ((0, 1), "puts only 17%"),
+            ((2, 0), "there is no layer 2"),
+            ("0, 0", "(layer, head) pair"),
+        ],
+    },
+    "05.2": {
+        "right": [{(0, 0): "previous-token", (1, 1): "left2", (0, 1): None},
+                  {(0, 0): "previous-token", (1, 1): "left2", (0, 1): "none", (0, 2): "first-token"}],
+        "wrong": [
+            ({(0, 0): "next-token", (1, 1): "left2", (0, 1): None}, "is not a 'next-token' head"),
+            ({(0, 0): "previous-token", (1, 2): "left2", (0, 1): "none"}, "is not a 'left2' head"),
+            ({(0, 0): "previous-token", (1, 1): "left2", (1, 0): None}, "does have a clear role"),
+            ({(0, 0): "previous-token", (1, 1): "left2"}, "at least three heads"),
+            ({(0, 0): "previous-token", (0, 2): "first-token", (0, 1): None}, "carries a relation"),
+            ({(0, 0): "previous-token", (1, 1): "left-2", (0, 1): None}, "not a role the explorer knows"),
+        ],
+    },
+    "05.3": {
+        "right": [prev_score_loop, lambda a: torch.stack([a[:, h].diagonal(-1, -2, -1).mean() for h in range(a.shape[1])])],
+        "wrong": [
+            (lambda attention: torch.diagonal(attention, dim1=-2, dim2=-1).mean(dim=(0, 2)), "the token itself"),
+            (lambda attention: torch.diagonal(attention, offset=1, dim1=-2, dim2=-1).mean(dim=(0, 2)), "the *next* token"),
+            (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).sum(-1).mean(0) / a.size(-1), "only the T - 1 queries"),
+            (lambda a: a[:, :, 1:, :-1].mean(dim=(0, 2, 3)), "entries of the result are off"),
+            (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).mean(-1), "has shape [2, 3]; expected [3]"),
+        ],
+    },
+    "06.1": {
+        "right": [causal_allowed_tril, lambda n_queries, n_keys: np.tril(np.ones((n_queries, n_keys), dtype=bool), n_keys - n_queries)],
+        "wrong": [
+            (lambda n_queries, n_keys: torch.ones(n_queries, n_keys).tril().bool(), "they are the *last* 3 positions"),
+            (lambda n_queries, n_keys: torch.ones(n_queries, n_keys).triu(n_keys - n_queries).bool(), "transposed"),
+            (lambda L, S: torch.ones(L, S).tril(S - L - 1).bool(), "are False where they should be True"),
+            (lambda L, S: torch.ones(L, S).tril(S - L), "boolean tensor"),
+        ],
+    },
+    "06.2": {
+        "right": [layout_lists, layout_by_loop],
+        "wrong": [
+            (lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("causal", (b, h, t, t)),
+                                 "cross": ("none", (b, h, s, t))}, "queries and keys are swapped"),
+            (lambda b, h, s, t: {"encoder": ("causal", (b, h, s, s)), "decoder": ("causal", (b, h, t, t)),
+                                 "cross": ("causal", (b, h, t, s))}, "may a position look ahead"),
+            (lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("none", (b, h, t, t)),
+                                 "cross": ("none", (b, h, t, s))}, "what must a position not see"),
+            (lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("causal", (b, h, s, s)),
+                                 "cross": ("none", (b, h, t, s))}, "the queries of decoder self-attention come from the target, of length tgt_len"),
+            (lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("causal", (b, h, t, t)),
+                                 "cross": ("none", (b, h, t, t))}, "the keys of cross-attention come from the source, of length src_len"),
+        ],
+    },
+    "06.3": {
+        "right": [count_critical_path, lambda heads, enc, dec: [float(h) for h in ((enc + dec + (dec if enc else 0)) * heads, enc + dec + (dec if enc else 0))]],
+        "wrong": [
+            (lambda h, e, d: ((e + d) * h, e + d), "two attention blocks"),
+            (lambda h, e, d: ((e + 2 * d) * h, e + 2 * d), "a decoder-only model has none"),
+            (lambda h, e, d: ((e + d + (d if e else 0)) * h, (e + d + (d if e else 0)) * h), "run side by side"),
+            (lambda h, e, d: ((e + d + (d if e else 0)) * h, 1), "cannot all run at once"),
+        ],
+    },
+}
+
+
+def _choose_float(d, r, m):
+    for h in range(r, d + 1):
+        if d % h == 0:
+            if d / h < m:
+                break
+            return float(h)
+    raise ValueError(f"no head count for d_model={d}")
+
+
+def _raise(error):
+    raise error
