@@ -2,9 +2,10 @@
 
 Shapes use these names throughout:
 
-    B  batch             H   heads (n_heads)
-    L  query length      S   key/value length
-    D  d_model           dk  d_k = d_model / n_heads
+    B  batch             H   query heads (n_heads)
+    L  query length      G   key/value heads (n_kv_heads; G = H unless grouped-query)
+    S  key/value length  dk  head size (d_head; d_model / n_heads unless set)
+    D  d_model
 
 Two mask conventions exist in PyTorch and both appear here, on purpose:
 
@@ -15,6 +16,15 @@ Two mask conventions exist in PyTorch and both appear here, on purpose:
   boolean ``attn_mask`` or ``key_padding_mask`` is True where attention is
   **forbidden** ("ignore this key").  That is the one trap when swapping
   between the two APIs.  Float masks are added to the scores in both.
+
+A query that may see no key at all (every key masked) gets all-zero weights and a zero
+output on both paths (``torch.nn.MultiheadAttention`` returns NaN on one path and zeros on
+the other).
+
+Inside :class:`MultiHeadAttention` two :class:`HookPoint` modules name what a learner wants
+to look at: ``pattern`` (the weights ``[B, H, L, S]``) and ``z`` (each head's output before
+W_O, ``[B, L, H, dk]``).  In a model they are named by their place, e.g.
+``blocks.0.attn.pattern``; :mod:`mhalab.hooks` reads and replaces them.
 """
 
 from __future__ import annotations
@@ -22,19 +32,55 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from torch.torch_version import TorchVersion
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._checks import check_int
+from .kv_cache import KVCache
+from .masks import causal_mask, combine_masks
+from .positions import apply_rotary
+
 __all__ = [
+    "attention_weights",
     "scaled_dot_product_attention",
     "causal_mask",
     "valid_head_counts",
     "check_head_count",
+    "check_head_shape",
     "HeadProjections",
+    "HookPoint",
     "KVCache",
     "MultiHeadAttention",
+    "apply_rotary",
 ]
+
+# F.scaled_dot_product_attention shares K/V heads between query heads itself from torch 2.5 on.
+_SDPA_HAS_GQA = TorchVersion(torch.__version__) >= (2, 5)
+
+
+def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Tensor:
+    """softmax(Q Kᵀ / sqrt(d_k) + mask): ``q [..., L, dk]``, ``k [..., S, dk]`` -> ``[..., L, S]``.
+
+    ``mask`` is broadcastable to ``[..., L, S]``: boolean True where a query **may**
+    attend (as in ``F.scaled_dot_product_attention``), or float added to the scores.
+    Each row sums to 1 over the keys, except the row of a query that may see no key at
+    all: it is all zero (as the fused kernels behave), not NaN.
+    """
+    d_k = q.size(-1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # [..., L, S]: how well each query matches each key
+    if mask is None:
+        return scores.softmax(dim=-1)  # [..., L, S]: one weighting over the keys per query
+    if mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))  # forbidden pairs get zero weight
+    else:
+        scores = scores + mask
+    weights = scores.softmax(dim=-1)
+    # softmax of an all -inf row is 0/0: a query that sees nothing gets nothing.
+    blind = torch.isneginf(scores).all(dim=-1, keepdim=True)  # [..., L, 1]
+    return weights.masked_fill(blind, 0.0)
 
 
 def scaled_dot_product_attention(
@@ -59,35 +105,20 @@ def scaled_dot_product_attention(
 
     Returns:
         ``(out, weights)``: ``out`` is ``[..., L, dv]``, ``weights`` is
-        ``[..., L, S]`` and each row sums to 1 over the keys.
+        ``[..., L, S]`` (see :func:`attention_weights`; a query that may see
+        no key gets zero weights and a zero output).
     """
-    d_k = q.size(-1)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # [..., L, S]: how well each query matches each key
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))  # forbidden pairs get zero weight
-        else:
-            scores = scores + mask
-    weights = scores.softmax(dim=-1)  # [..., L, S]: one weighting over the keys per query
+    weights = attention_weights(q, k, mask=mask)  # [..., L, S]
     mixed = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     out = mixed @ v  # [..., L, dv]: weighted sum of the values
     return out, weights
 
 
-def causal_mask(
-    query_len: int, key_len: int | None = None, *, device: torch.device | str | None = None
-) -> Tensor:
-    """Boolean ``[L, S]`` mask, True where query i may attend to key j (j <= i).
-
-    When ``key_len > query_len`` the queries are the *last* ``query_len``
-    positions (as when decoding with a KV cache), so query i sits at absolute
-    position ``key_len - query_len + i``.
-    """
-    key_len = query_len if key_len is None else key_len
-    offset = key_len - query_len
-    rows = torch.arange(query_len, device=device)[:, None] + offset
-    cols = torch.arange(key_len, device=device)[None, :]
-    return cols <= rows
+def _autocast_enabled(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 asks per device kind
+        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
 
 
 def valid_head_counts(d_model: int) -> list[int]:
@@ -116,10 +147,51 @@ def check_head_count(d_model: int, n_heads: int) -> int:
     return d_model // n_heads
 
 
+def check_head_shape(
+    d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None
+) -> tuple[int, int]:
+    """Validate an attention shape and return ``(n_kv_heads, d_head)`` with defaults filled in.
+
+    ``d_head`` defaults to ``d_model / n_heads`` (which must then be whole); ``n_kv_heads``
+    defaults to ``n_heads`` and must divide it (each K/V head serves a whole group of query heads).
+    """
+    if d_head is None:
+        d_head = check_head_count(d_model, n_heads)  # d_model / n_heads, or an error listing valid n_heads
+    else:  # any head size: d_model need not be n_heads * d_head (T5, Gemma)
+        check_int("d_model", d_model, 1)
+        check_int("n_heads", n_heads, 1)
+        check_int("d_head", d_head, 1)
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    check_int("n_kv_heads", n_kv_heads, 1, maximum=n_heads, why=" (query heads share K/V heads, not the reverse)")
+    if n_heads % n_kv_heads != 0:
+        divisors = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
+        raise ValueError(
+            f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}: each K/V head must serve "
+            f"the same number of query heads. Valid n_kv_heads for n_heads={n_heads}: {_short_list(divisors)}"
+        )
+    return n_kv_heads, d_head
+
+
 def _short_list(values: list[int], limit: int = 24) -> str:
     if len(values) <= limit:
         return ", ".join(map(str, values))
     return ", ".join(map(str, values[: limit - 2])) + ", ..., " + ", ".join(map(str, values[-2:]))
+
+
+class HookPoint(nn.Module):
+    """An identity layer that names an activation so hooks can read or replace it.
+
+    Its name is its place in the model (``blocks.0.attn.pattern``).  :mod:`mhalab.hooks`
+    attaches functions to it; with none attached it costs one function call.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+    @property
+    def active(self) -> bool:
+        """True when a forward hook is attached (someone wants this activation)."""
+        return bool(self._forward_hooks)
 
 
 class HeadProjections(NamedTuple):
@@ -128,6 +200,7 @@ class HeadProjections(NamedTuple):
     ``W_Q, W_K, W_V`` are ``[d_model, d_k]`` (a row vector x maps to ``x @ W_Q``);
     ``W_O`` is ``[d_k, d_model]`` (the head's output maps to ``o @ W_O``).
     Biases are ``[d_k]`` (``b_O`` is shared by all heads, so it is not split) or None.
+    With grouped-query attention ``W_K``/``W_V`` are the shared K/V head this head reads.
     """
 
     W_Q: Tensor
@@ -139,52 +212,6 @@ class HeadProjections(NamedTuple):
     b_V: Tensor | None
 
 
-class KVCache:
-    """The keys and values one attention layer has already computed, for token-by-token decoding.
-
-    ``k`` and ``v`` are ``[B, H, T, dk]`` after ``T`` tokens.  Pass the same
-    cache to every decoding step of one layer; a model keeps one per layer.
-    """
-
-    def __init__(self) -> None:
-        self.k: Tensor | None = None
-        self.v: Tensor | None = None
-
-    def __len__(self) -> int:
-        return 0 if self.k is None else self.k.size(-2)
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add ``[B, H, T_new, dk]`` keys and values; return all of them so far."""
-        if self.k is None:
-            self.k, self.v = k, v
-        else:
-            if k.shape[:2] != self.k.shape[:2] or k.size(-1) != self.k.size(-1):
-                raise ValueError(
-                    f"cannot append keys of shape {tuple(k.shape)} to a cache holding "
-                    f"{tuple(self.k.shape)}: batch, heads and d_k must match (use a fresh KVCache "
-                    "for a new batch or another layer)"
-                )
-            self.k = torch.cat([self.k, k], dim=-2)  # [B, H, T + T_new, dk]
-            self.v = torch.cat([self.v, v], dim=-2)
-        return self.k, self.v
-
-    def reset(self) -> None:
-        self.k = self.v = None
-
-    @property
-    def values_per_token(self) -> int:
-        """Numbers stored per token (per sequence in the batch): keys plus values, all heads."""
-        if self.k is None:
-            raise ValueError("the cache is empty: decode at least one token before reading its size")
-        batch, tokens = self.k.size(0), self.k.size(-2)
-        return (self.k.numel() + self.v.numel()) // (batch * tokens)
-
-    @property
-    def bytes_per_token(self) -> int:
-        """Bytes stored per token (per sequence in the batch)."""
-        return self.values_per_token * self.k.element_size()
-
-
 class MultiHeadAttention(nn.Module):
     """Multi-head attention: h heads of width d_k = d_model / h, concatenated and mixed by W_O.
 
@@ -192,24 +219,48 @@ class MultiHeadAttention(nn.Module):
     the same ``forward`` arguments and mask meanings (a boolean mask is True where
     attention is *forbidden*), returning ``(out, weights)``.
 
-    The projections are stored as one ``qkv_proj`` (``d_model -> 3 d_model``: W_Q,
-    W_K, W_V stacked, each head's slice contiguous) and ``out_proj`` (W_O).
-    ``head_projections(i)`` gives head i's views into them.
+    What real models change, each off by default:
 
-    ``forward`` runs ``torch.nn.functional.scaled_dot_product_attention`` (fused
-    kernels) unless ``need_weights=True``, in which case it runs the explicit math of
-    :func:`scaled_dot_product_attention` and returns the weights.  Both give the same
-    output.
+    * ``n_kv_heads``: grouped-query attention (Ainslie et al. 2023); ``1`` is multi-query
+      attention (Shazeer 2019). Query head j reads K/V head ``j // (n_heads // n_kv_heads)``.
+    * ``d_head``: head size decoupled from ``d_model / n_heads`` (T5, Gemma).
+    * ``rope_base``: rotary position embedding on queries and keys after the split.
+
+    The projections are stored as one ``qkv_proj`` (``d_model -> (H + 2G) dk``: W_Q, W_K,
+    W_V stacked by rows, each head's rows contiguous) and ``out_proj`` (W_O, ``H dk ->
+    d_model``). ``head_projections(i)`` gives head i's views into them.
+
+    ``forward`` runs ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels)
+    unless the weights are wanted: ``need_weights=True``, or a hook on ``pattern``.  Then it
+    runs the explicit math of :func:`scaled_dot_product_attention`.  Both give the same output.
     """
 
-    def __init__(self, d_model: int, n_heads: int, *, bias: bool = True, dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        n_kv_heads: int | None = None,
+        d_head: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        rope_base: float | None = None,
+    ) -> None:
         super().__init__()
-        self.d_k = check_head_count(d_model, n_heads)
+        n_kv_heads, d_head = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
+        if rope_base is not None:
+            if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)) or rope_base <= 1:
+                raise ValueError(f"rope_base must be a number above 1 (e.g. 10000), or None for no rotary embedding, got {rope_base!r}")
+            if d_head % 2:
+                raise ValueError(f"rotary embedding rotates pairs of features, so d_head must be even, got d_head={d_head}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        self.d_model, self.n_heads, self.dropout = d_model, n_heads, dropout
-        self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
+        self.dropout, self.rope_base = dropout, rope_base
+        self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head, bias=bias)
+        self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
+        self.pattern = HookPoint()  # attention weights [B, H, L, S]
+        self.z = HookPoint()  # each head's output before W_O [B, L, H, dk]
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
@@ -220,34 +271,47 @@ class MultiHeadAttention(nn.Module):
             nn.init.zeros_(self.out_proj.bias)
 
     @property
+    def d_k(self) -> int:
+        """The paper's name for the head size ``d_head`` (``d_model / n_heads`` unless set)."""
+        return self.d_head
+
+    @property
     def bias(self) -> bool:
         return self.qkv_proj.bias is not None
 
+    @property
+    def is_standard(self) -> bool:
+        """True for the paper's multi-head attention (what ``torch.nn.MultiheadAttention`` can hold)."""
+        return self.n_kv_heads == self.n_heads and self.d_head * self.n_heads == self.d_model and self.rope_base is None
+
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, n_heads={self.n_heads}, d_k={self.d_k}, bias={self.bias}, dropout={self.dropout}"
+        extra = "" if self.n_kv_heads == self.n_heads else f", n_kv_heads={self.n_kv_heads}"
+        extra += "" if self.rope_base is None else f", rope_base={self.rope_base:g}"
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, d_k={self.d_k}{extra}, bias={self.bias}, dropout={self.dropout}"
 
     # ----------------------------------------------------------------- heads
     def head_projections(self, i: int) -> HeadProjections:
         """Views of W_Q, W_K, W_V (``[d_model, d_k]``) and W_O (``[d_k, d_model]``) for head ``i``."""
         if not 0 <= i < self.n_heads:
             raise IndexError(f"head index {i} is out of range: this module has heads 0..{self.n_heads - 1}")
-        D, dk = self.d_model, self.d_k
-        w, b = self.qkv_proj.weight, self.qkv_proj.bias  # w: [3D, D] (rows: outputs)
-        rows = [slice(p * D + i * dk, p * D + (i + 1) * dk) for p in range(3)]  # Q, K, V rows of head i
+        H, G, dk = self.n_heads, self.n_kv_heads, self.d_head
+        g = i // (H // G)  # the K/V head this query head reads
+        w, b = self.qkv_proj.weight, self.qkv_proj.bias  # w: [(H + 2G) dk, D] (rows: outputs)
+        rows = [slice(i * dk, (i + 1) * dk), slice((H + g) * dk, (H + g + 1) * dk), slice((H + G + g) * dk, (H + G + g + 1) * dk)]
         W_Q, W_K, W_V = (w[r].t() for r in rows)  # each [D, dk]
         b_Q, b_K, b_V = (b[r] for r in rows) if b is not None else (None, None, None)
         W_O = self.out_proj.weight[:, i * dk : (i + 1) * dk].t()  # [dk, D]: head i's columns of W_O
         return HeadProjections(W_Q, W_K, W_V, W_O, b_Q, b_K, b_V)
 
     def split_heads(self, x: Tensor) -> Tensor:
-        """``[B, T, D] -> [B, H, T, dk]``: a view (reshape + transpose), no copy."""
-        B, T, _ = x.shape
-        return x.view(B, T, self.n_heads, self.d_k).transpose(1, 2)  # [B, T, H, dk] -> [B, H, T, dk]
+        """``[B, T, n dk] -> [B, n, T, dk]`` for n query or K/V heads: a view (reshape + transpose), no copy."""
+        B, T, width = x.shape
+        return x.view(B, T, width // self.d_head, self.d_head).transpose(1, 2)  # [B, T, n, dk] -> [B, n, T, dk]
 
     def merge_heads(self, x: Tensor) -> Tensor:
-        """``[B, H, T, dk] -> [B, T, D]``: concatenate the heads along the feature axis."""
+        """``[B, H, T, dk] -> [B, T, H dk]``: concatenate the heads along the feature axis."""
         B, H, T, dk = x.shape
-        return x.transpose(1, 2).reshape(B, T, H * dk)  # [B, T, H, dk] -> [B, T, D]
+        return x.transpose(1, 2).reshape(B, T, H * dk)  # [B, T, H, dk] -> [B, T, H dk]
 
     # --------------------------------------------------------------- forward
     def forward(
@@ -283,7 +347,8 @@ class MultiHeadAttention(nn.Module):
             head_mask: ``[H]`` or ``[B, H]``, multiplies each head's output before W_O
                 (0 switches a head off).
             kv_cache: a :class:`KVCache` for incremental self-attention decoding: the new
-                keys/values are appended to it and the queries attend to all of them.
+                keys/values are appended to it and the queries attend to all of them. The
+                first call (the prompt) must be causal if it has several tokens.
 
         Returns:
             ``(out, weights)``: ``out`` is ``[B, L, D]``; ``weights`` is None unless
@@ -298,45 +363,63 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("kv_cache is for self-attention decoding; cross-attention keys do not grow")
         self._check_inputs(query, key, value)
         B, L, D = query.shape
+        H, G, dk = self.n_heads, self.n_kv_heads, self.d_head
 
         past = 0 if kv_cache is None else len(kv_cache)  # tokens already in the cache
         S = past + key.size(1)  # every key the queries will see
+        if kv_cache is not None and L > 1 and not is_causal:
+            raise ValueError(
+                f"{L} tokens at once into a kv_cache need is_causal=True: a cache holds a causal "
+                "decoder's keys, and without the causal mask earlier tokens would see later ones"
+            )
 
         # Check and build the masks before anything is computed or appended to the cache.
-        head_scale = None if head_mask is None else self._check_head_mask(head_mask, B, query)  # [B or 1, H, 1, 1]
+        head_scale = None if head_mask is None else self._check_head_mask(head_mask, B, query)  # [B or 1, 1, H, 1]
+        want_pattern = need_weights or self.pattern.active
         # Only is_causal, over a square score matrix: the fused kernel builds the causal mask itself
         # (and skips the masked blocks). Otherwise all masks become one float tensor added to the scores.
         fused_causal = (
-            is_causal and not need_weights and attn_mask is None and key_padding_mask is None and past == 0 and L == S
+            is_causal and not want_pattern and attn_mask is None and key_padding_mask is None and past == 0 and L == S
         )
-        mask = None if fused_causal else self._combine_masks(
-            B, L, S, past, key_padding_mask, attn_mask, is_causal, query.dtype, query.device
+        mask = None if fused_causal else combine_masks(
+            B, H, L, S, key_padding_mask, attn_mask, is_causal, query.dtype, query.device
         )  # None, or float [B or 1, H or 1, L, S] added to the scores
 
         # Project: one matmul for self-attention, three slices of the same weight for cross-attention.
+        sizes = (H * dk, G * dk, G * dk)
         if self_attention:
-            q, k, v = self.qkv_proj(query).split(D, dim=-1)  # 3 x [B, L, D]
+            q, k, v = self.qkv_proj(query).split(sizes, dim=-1)  # [B, L, H dk], 2 x [B, L, G dk]
         else:
-            w_q, w_k, w_v = self.qkv_proj.weight.split(D, dim=0)
-            b_q, b_k, b_v = self.qkv_proj.bias.split(D) if self.bias else (None, None, None)
+            w_q, w_k, w_v = self.qkv_proj.weight.split(sizes, dim=0)
+            b_q, b_k, b_v = self.qkv_proj.bias.split(sizes) if self.bias else (None, None, None)
             q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
-        q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)  # [B, H, T, dk]
+        q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)  # [B, H, L, dk], 2 x [B, G, S_new, dk]
+        if self.rope_base is not None:
+            q = apply_rotary(q, torch.arange(past, past + L, device=q.device), self.rope_base)
+            k = apply_rotary(k, torch.arange(past, S, device=k.device), self.rope_base)
         if kv_cache is not None:
-            k, v = kv_cache.append(k, v)  # [B, H, past + L, dk]: the new keys/values join the old ones
+            k, v = kv_cache.append(k, v)  # [B, G, past + L, dk]: the new keys/values join the old ones
 
         dropout_p = self.dropout if self.training else 0.0
-
-        if need_weights:
-            heads, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p)
+        if want_pattern:
+            if G != H:
+                k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # [B, H, S, dk]
+            weights = self.pattern(attention_weights(q, k, mask=mask))  # [B, H, L, S]; a hook may replace it
+            mixed = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+            heads = mixed @ v  # [B, H, L, dk]: each head's weighted sum of its values
         else:
-            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=fused_causal)
+            if G != H and not _SDPA_HAS_GQA:
+                k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # [B, H, S, dk]
+            gqa = {"enable_gqa": True} if G != H and _SDPA_HAS_GQA else {}
+            heads = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=fused_causal, **gqa
+            )  # [B, H, L, dk]
             weights = None
-        # heads: [B, H, L, dk]
 
+        z = self.z(heads.transpose(1, 2))  # [B, L, H, dk]: each head's output; a hook may replace it
         if head_scale is not None:
-            heads = heads * head_scale  # switch off or scale whole heads before they are mixed by W_O
-
-        out = self.out_proj(self.merge_heads(heads))  # concat heads -> [B, L, D], then mix with W_O
+            z = z * head_scale  # switch off or scale whole heads before they are mixed by W_O
+        out = self.out_proj(z.reshape(B, L, H * dk))  # concatenate the heads -> [B, L, H dk], mix with W_O -> [B, L, D]
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)  # [B, L, S]
         return out, weights
@@ -359,6 +442,12 @@ class MultiHeadAttention(nn.Module):
                 )
             if not t.is_floating_point():
                 raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+            weight_dtype = self.qkv_proj.weight.dtype
+            if t.dtype != weight_dtype and not _autocast_enabled(t.device.type):
+                raise TypeError(
+                    f"{name} is {t.dtype} but this module's weights are {weight_dtype}: convert the input "
+                    f"with .to({weight_dtype}) or the module with .to({t.dtype})"
+                )
         if key.size(1) != value.size(1):
             raise ValueError(
                 f"key and value must have the same length (one value per key), got key length "
@@ -370,73 +459,8 @@ class MultiHeadAttention(nn.Module):
                 f"{key.size(0)} and {value.size(0)}"
             )
 
-    @staticmethod
-    def _as_additive(mask: Tensor, name: str, dtype: torch.dtype, device: torch.device) -> Tensor:
-        if mask.device != device:
-            raise ValueError(f"{name} is on {mask.device} but the inputs are on {device}; move it with .to({str(device)!r})")
-        if mask.dtype == torch.bool:
-            # True means "ignore": -inf there, 0 elsewhere.
-            return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
-        if mask.is_floating_point():
-            return mask.to(dtype)
-        raise TypeError(
-            f"{name} must be a bool tensor (True = ignore) or a float tensor (added to the scores), "
-            f"got dtype {mask.dtype}"
-        )
-
-    def _combine_masks(
-        self,
-        B: int,
-        L: int,
-        S: int,
-        past: int,
-        key_padding_mask: Tensor | None,
-        attn_mask: Tensor | None,
-        is_causal: bool,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> Tensor | None:
-        """All masks as one float tensor broadcastable to ``[B, H, L, S]``, or None if there are none."""
-        H = self.n_heads
-        for name, mask in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
-            if mask is not None and not isinstance(mask, Tensor):
-                raise TypeError(f"{name} must be a tensor (bool: True = ignore, or float: added), got {type(mask).__name__}")
-        total: Tensor | None = None
-        if key_padding_mask is not None:
-            if tuple(key_padding_mask.shape) != (B, S):
-                raise ValueError(
-                    f"key_padding_mask must have shape [batch, key_len] = [{B}, {S}], "
-                    f"got {tuple(key_padding_mask.shape)}"
-                )
-            total = self._as_additive(key_padding_mask, "key_padding_mask", dtype, device)[:, None, None, :]  # [B, 1, 1, S]
-        if attn_mask is not None:
-            shape = tuple(attn_mask.shape)
-            additive = self._as_additive(attn_mask, "attn_mask", dtype, device)
-            if shape == (L, S):
-                additive = additive[None, None]  # [1, 1, L, S]
-            elif shape == (B * H, L, S):
-                additive = additive.view(B, H, L, S)  # torch's [B*H, L, S] layout, batch-major
-            elif shape == (B, H, L, S):
-                pass
-            else:
-                raise ValueError(
-                    f"attn_mask must have shape [L, S] = [{L}, {S}], [batch * n_heads, L, S] = "
-                    f"[{B * H}, {L}, {S}] or [batch, n_heads, L, S] = [{B}, {H}, {L}, {S}], got {shape}"
-                )
-            total = additive if total is None else total + additive
-        if is_causal and L > 1:  # (one new token may see every cached key: nothing to mask)
-            allowed = causal_mask(L, S, device=device)  # bottom-right aligned when decoding with a cache
-            additive = self._as_additive(~allowed, "causal mask", dtype, device)  # [L, S]
-            total = additive[None, None] if total is None else total + additive
-        elif past > 0 and L > 1:
-            raise ValueError(
-                "decoding several tokens at once with a kv_cache needs is_causal=True "
-                "(otherwise earlier new tokens would see later ones)"
-            )
-        return total
-
     def _check_head_mask(self, head_mask: Tensor, B: int, query: Tensor) -> Tensor:
-        """``head_mask`` as a ``[B or 1, H, 1, 1]`` multiplier in the query's dtype."""
+        """``head_mask`` as a ``[B or 1, 1, H, 1]`` multiplier of ``z`` in the query's dtype."""
         H = self.n_heads
         if not isinstance(head_mask, Tensor):
             raise TypeError(f"head_mask must be a tensor of shape [n_heads] or [batch, n_heads], got {type(head_mask).__name__}")
@@ -444,9 +468,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"head_mask is on {head_mask.device} but the inputs are on {query.device}")
         shape = tuple(head_mask.shape)
         if shape == (H,):
-            return head_mask.view(1, H, 1, 1).to(query.dtype)
+            return head_mask.view(1, 1, H, 1).to(query.dtype)
         if shape == (B, H):
-            return head_mask.view(B, H, 1, 1).to(query.dtype)
+            return head_mask.view(B, 1, H, 1).to(query.dtype)
         raise ValueError(f"head_mask must have shape [n_heads] = [{H}] or [batch, n_heads] = [{B}, {H}], got {shape}")
 
     # ------------------------------------------------------------ conversion
@@ -474,7 +498,16 @@ class MultiHeadAttention(nn.Module):
         return ours
 
     def to_torch(self) -> nn.MultiheadAttention:
-        """A ``torch.nn.MultiheadAttention(batch_first=True)`` with the same weights."""
+        """A ``torch.nn.MultiheadAttention(batch_first=True)`` with the same weights.
+
+        Only for the paper's attention: torch's module has no shared K/V heads, no head size
+        other than ``d_model / n_heads`` and no rotary embedding.
+        """
+        if not self.is_standard:
+            raise ValueError(
+                f"torch.nn.MultiheadAttention cannot hold this module ({self.extra_repr()}): it needs "
+                "n_kv_heads == n_heads, d_head == d_model / n_heads and rope_base=None"
+            )
         w = self.qkv_proj.weight
         m = nn.MultiheadAttention(
             self.d_model, self.n_heads, dropout=self.dropout, bias=self.bias, batch_first=True,

@@ -9,7 +9,12 @@ The formulas (no biases):
 
     KV cache      2 * h * d_k = 2 * d_model numbers per token per layer
 
-:func:`cost_table` checks them on real modules and real caches.
+Real models break both on purpose.  Grouped-query attention (g K/V heads shared by the h
+query heads; Ainslie et al. 2023, g = 1 is Shazeer's 2019 multi-query attention) gives
+``2 * d_model * h * d_k + 2 * d_model * g * d_k`` parameters and ``2 * g * d_k`` cached
+numbers per token; a head size d_k other than ``d_model / h`` gives ``4 * d_model * h * d_k``.
+Both functions below take ``n_kv_heads`` and ``d_head`` for that.  :func:`cost_table` checks
+the formulas on real modules and real caches.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch
 from torch import nn
 
 from ._checks import check_int
-from .attention import KVCache, MultiHeadAttention, check_head_count
+from .attention import KVCache, MultiHeadAttention, check_head_count, check_head_shape
 
 __all__ = [
     "count_parameters",
@@ -46,6 +51,7 @@ class AttentionParameters:
     d_model: int
     n_heads: int
     d_k: int
+    n_kv_heads: int
     per_head_qkv: int  # one head's W_Q + W_K + W_V (+ their biases)
     q: int  # all heads' W_Q (+ b_Q)
     k: int
@@ -61,16 +67,20 @@ class AttentionParameters:
         return self.q + self.k + self.v + self.o
 
 
-def attention_parameters(d_model: int, n_heads: int, *, bias: bool = False) -> AttentionParameters:
-    """The formula: h heads of ``d_model x d_k`` for each of Q, K, V, plus ``d_model x d_model`` for W_O.
+def attention_parameters(
+    d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None, bias: bool = False
+) -> AttentionParameters:
+    """The formula: h query heads and g K/V heads of ``d_model x d_k`` each, plus ``(h d_k) x d_model`` for W_O.
 
-    With ``bias=True`` each of the four projections adds ``d_model`` (so ``+4 d_model`` in total).
+    Defaults (g = h, d_k = d_model / h) give 4 d_model² whatever h is.  With ``bias=True`` each
+    projection adds its output width (``+4 d_model`` in the default case).
     """
-    d_k = check_head_count(d_model, n_heads)
+    g, d_k = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
     per_head = d_model * d_k + (d_k if bias else 0)  # one head's slice of one projection
-    q = k = v = n_heads * per_head  # = d_model**2 (+ d_model): h * d_k = d_model
-    o = d_model * d_model + (d_model if bias else 0)
-    return AttentionParameters(d_model, n_heads, d_k, 3 * per_head, q, k, v, o)
+    q = n_heads * per_head  # = d_model**2 (+ d_model) when h * d_k = d_model
+    k = v = g * per_head  # only the K/V heads: fewer with grouped-query attention
+    o = n_heads * d_k * d_model + (d_model if bias else 0)
+    return AttentionParameters(d_model, n_heads, d_k, g, 3 * per_head, q, k, v, o)
 
 
 @dataclass(frozen=True)
@@ -82,14 +92,23 @@ class KVCacheSize:
 
 
 def kv_cache_per_token(
-    d_model: int, n_heads: int, *, n_layers: int = 1, dtype: torch.dtype | None = None
+    d_model: int,
+    n_heads: int,
+    *,
+    n_kv_heads: int | None = None,
+    d_head: int | None = None,
+    n_layers: int = 1,
+    dtype: torch.dtype | None = None,
 ) -> KVCacheSize:
-    """Keys and values cached per token: ``2 * n_heads * d_k * n_layers = 2 * d_model * n_layers``."""
-    d_k = check_head_count(d_model, n_heads)
+    """Keys and values cached per token: ``2 * n_kv_heads * d_k * n_layers``.
+
+    That is ``2 * d_model * n_layers`` for the paper's attention (g = h, d_k = d_model / h).
+    """
+    g, d_k = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
     check_int("n_layers", n_layers, 1)
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32 or torch.bfloat16, got {dtype!r}")
-    elements = 2 * n_heads * d_k * n_layers
+    elements = 2 * g * d_k * n_layers
     size = None if dtype is None else elements * torch.empty((), dtype=dtype).element_size()
     return KVCacheSize(elements, size)
 

@@ -656,3 +656,165 @@ class TestReducedPrecisionOnGPU:
         rel = max_diff(torch.cat(steps, 1), full) / full.abs().max().item()
         assert rel <= 2e-2
         assert cache.bytes_per_token == 2 * 64 * 2  # two bytes per number
+
+
+# ------------------------------------------ grouped-query, head size, rotary
+def expanded_to_full_heads(gqa: MultiHeadAttention) -> MultiHeadAttention:
+    """The multi-head module whose K/V heads are gqa's repeated: each query head gets its own copy."""
+    H, G, dk, D_ = gqa.n_heads, gqa.n_kv_heads, gqa.d_head, gqa.d_model
+    full = MultiHeadAttention(D_, H, d_head=dk, bias=gqa.bias, rope_base=gqa.rope_base)
+    w_q, w_k, w_v = gqa.qkv_proj.weight.split((H * dk, G * dk, G * dk))
+    repeat = lambda w: w.view(G, dk, -1).repeat_interleave(H // G, dim=0).reshape(H * dk, -1)  # noqa: E731
+    with torch.no_grad():
+        full.qkv_proj.weight.copy_(torch.cat([w_q, repeat(w_k), repeat(w_v)]))
+        full.out_proj.weight.copy_(gqa.out_proj.weight)
+        if gqa.bias:
+            b_q, b_k, b_v = gqa.qkv_proj.bias.split((H * dk, G * dk, G * dk))
+            full.qkv_proj.bias.copy_(torch.cat([b_q, repeat(b_k[:, None])[:, 0], repeat(b_v[:, None])[:, 0]]))
+            full.out_proj.bias.copy_(gqa.out_proj.bias)
+    return full.eval()
+
+
+def randomised(module: MultiHeadAttention) -> MultiHeadAttention:
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, 0.3)
+    return module.eval()
+
+
+class TestGroupedQueryAttention:
+    @pytest.mark.parametrize("n_kv_heads", [1, 2, 4])
+    @pytest.mark.parametrize("need_weights", [False, True])
+    @pytest.mark.parametrize("is_causal", [False, True])
+    def test_equals_multi_head_with_repeated_kv_heads(self, n_kv_heads, need_weights, is_causal):
+        torch.manual_seed(0)
+        gqa = randomised(MultiHeadAttention(D, H, n_kv_heads=n_kv_heads))
+        full = expanded_to_full_heads(gqa)
+        x = rand(B, L, D)
+        ours, w1 = gqa(x, is_causal=is_causal, need_weights=need_weights, average_attn_weights=False)
+        theirs, w2 = full(x, is_causal=is_causal, need_weights=need_weights, average_attn_weights=False)
+        assert_close(ours, theirs)
+        if need_weights:
+            assert_close(w1, w2, what="weights")
+
+    def test_n_kv_heads_equal_to_n_heads_is_the_standard_module_bit_for_bit(self):
+        torch.manual_seed(0)
+        a = MultiHeadAttention(D, H)
+        torch.manual_seed(0)
+        b = MultiHeadAttention(D, H, n_kv_heads=H)
+        x = rand(B, L, D)
+        assert torch.equal(a(x)[0], b(x)[0]) and b.is_standard
+
+    def test_parameters_and_cache_shrink_with_the_kv_heads(self):
+        gqa = MultiHeadAttention(D, H, n_kv_heads=1, bias=False)
+        assert count_parameters(gqa) == 2 * D * D + 2 * D * (D // H)  # W_Q and W_O full, one K and one V head
+        cache = KVCache()
+        gqa(rand(1, 3, D), kv_cache=cache, is_causal=True)
+        assert cache.k.shape == (1, 1, 3, D // H) and cache.values_per_token == 2 * (D // H)
+
+    def test_head_projections_read_the_shared_kv_head(self):
+        gqa = MultiHeadAttention(D, H, n_kv_heads=2)
+        assert torch.equal(gqa.head_projections(0).W_K, gqa.head_projections(1).W_K)
+        assert not torch.equal(gqa.head_projections(1).W_K, gqa.head_projections(2).W_K)
+        assert torch.equal(gqa.head_projections(3).W_V, gqa.head_projections(2).W_V)
+
+    def test_bad_groupings(self):
+        with pytest.raises(ValueError, match="not a multiple of n_kv_heads=3.*Valid n_kv_heads for n_heads=4: 1, 2, 4"):
+            MultiHeadAttention(D, H, n_kv_heads=3)
+        with pytest.raises(ValueError, match="n_kv_heads must be between 1 and 4"):
+            MultiHeadAttention(D, H, n_kv_heads=8)
+
+    def test_torch_cannot_hold_it(self):
+        with pytest.raises(ValueError, match="n_kv_heads == n_heads"):
+            MultiHeadAttention(D, H, n_kv_heads=2).to_torch()
+
+
+class TestHeadSize:
+    def test_head_size_decoupled_from_the_split(self):
+        """T5-style: more width in the heads than in the model."""
+        m = MultiHeadAttention(D, H, d_head=8, bias=False)
+        assert count_parameters(m) == 4 * D * H * 8  # 4 d_model h d_head, no longer 4 d_model^2
+        out, w = m(rand(B, L, D), need_weights=True, average_attn_weights=False)
+        assert out.shape == (B, L, D) and w.shape == (B, H, L, L)
+
+    def test_head_size_need_not_divide_anything(self):
+        m = MultiHeadAttention(10, 3, d_head=7)
+        assert m.d_k == 7 and m(rand(1, 2, 10))[0].shape == (1, 2, 10)
+
+    def test_bad_head_size(self):
+        with pytest.raises(ValueError, match="d_head must be at least 1"):
+            MultiHeadAttention(D, H, d_head=0)
+
+
+class TestRotary:
+    def test_scores_depend_only_on_the_distance(self):
+        """RoPE's point: q at position m and k at position n score as a function of m - n."""
+        from mhalab.attention import apply_rotary
+
+        torch.manual_seed(0)
+        q, k = rand(1, 1, 1, 8), rand(1, 1, 1, 8)
+        def score(m, n):
+            return (apply_rotary(q, torch.tensor([m]), 100.0) * apply_rotary(k, torch.tensor([n]), 100.0)).sum()
+        assert abs(score(5, 2) - score(13, 10)) < 1e-4
+        assert abs(score(5, 2) - score(5, 4)) > 1e-3
+
+    def test_rotation_keeps_the_norm(self):
+        from mhalab.attention import apply_rotary
+
+        x = rand(2, 3, 6, 8)
+        rotated = apply_rotary(x, torch.arange(6), 10000.0)
+        assert_close(rotated.norm(dim=-1), x.norm(dim=-1))
+        assert_close(rotated[..., 0, :], x[..., 0, :])  # position 0 is not rotated
+
+    def test_odd_head_size_is_refused(self):
+        with pytest.raises(ValueError, match="d_head must be even"):
+            MultiHeadAttention(9, 3, rope_base=10000.0)
+
+    def test_bad_base(self):
+        with pytest.raises(ValueError, match="rope_base must be a number above 1"):
+            MultiHeadAttention(D, H, rope_base=0.5)
+
+
+@pytest.mark.parametrize("options", [{"n_kv_heads": 2}, {"rope_base": 10000.0}, {"n_kv_heads": 1, "rope_base": 100.0, "d_head": 6}])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_cache_decoding_equals_the_full_causal_forward(options, need_weights):
+    """Prompt of 3 tokens at once, then one token at a time: positions continue from the cache."""
+    torch.manual_seed(0)
+    m = randomised(MultiHeadAttention(D, H, **options))
+    x = rand(2, 7, D)
+    full, _ = m(x, is_causal=True)
+    cache = KVCache()
+    parts = [m(x[:, :3], kv_cache=cache, is_causal=True, need_weights=need_weights)[0]]
+    parts += [m(x[:, t : t + 1], kv_cache=cache, need_weights=need_weights)[0] for t in range(3, 7)]
+    assert_close(torch.cat(parts, dim=1), full)
+    assert cache.k.shape == (2, m.n_kv_heads, 7, m.d_k)
+
+
+# ----------------------------------------------------------- edge cases, errors
+@pytest.mark.parametrize("bool_mask", [True, False])
+def test_a_query_that_sees_no_key_gets_zeros_on_both_paths(bool_mask):
+    m = randomised(MultiHeadAttention(D, H, bias=False))
+    x = rand(1, 3, D)
+    forbidden = torch.zeros(3, 3, dtype=torch.bool)
+    forbidden[1] = True  # query 1 may see nothing
+    mask = forbidden if bool_mask else torch.zeros(3, 3).masked_fill(forbidden, float("-inf"))
+    fused, _ = m(x, attn_mask=mask)
+    explicit, weights = m(x, attn_mask=mask, need_weights=True, average_attn_weights=False)
+    assert not explicit.isnan().any() and not fused.isnan().any()
+    assert_close(explicit, fused)
+    assert weights[0, :, 1].abs().max() == 0 and torch.allclose(weights[0, :, 0].sum(-1), torch.ones(H))
+    assert explicit[0, 1].abs().max() == 0  # no bias: nothing seen, nothing said
+
+
+def test_a_prompt_into_an_empty_cache_must_be_causal():
+    m = MultiHeadAttention(D, H)
+    cache = KVCache()
+    with pytest.raises(ValueError, match="need is_causal=True"):
+        m(rand(1, 3, D), kv_cache=cache)
+    assert len(cache) == 0  # nothing was appended
+
+
+def test_float64_input_to_a_float32_module_says_what_to_do():
+    m = MultiHeadAttention(D, H)
+    with pytest.raises(TypeError, match=r"query is torch.float64 but this module's weights are torch.float32: convert the input with .to\(torch.float32\)"):
+        m(rand(1, 3, D).double())
