@@ -147,7 +147,7 @@ def test_smollm2_tokenizer(smollm2, smollm2_reference):
         assert tok.encode(str(prompt)) == smollm2_reference[f"prompt{n}_ids"].tolist()
     assert tok.encode(paragraph()) == smollm2_reference["paragraph_ids"].tolist()
     ids = tok.encode("In 2024", start=False)
-    assert tok.token_strings(ids)[-4:] == ["2", "0", "2", "4"]  # digits one by one
+    assert tok.token_labels(ids)[-4:] == ["2", "0", "2", "4"]  # digits one by one
     assert tok.encode("<|im_start|>user", start=False)[0] == 1  # chat markers are single tokens
     assert tok.decode(tok.encode("Hello, world!")) == "<|endoftext|>Hello, world!"
 

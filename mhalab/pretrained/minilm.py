@@ -91,8 +91,11 @@ class MiniLMTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids))
 
-    def id_to_token(self, i: int) -> str:
-        return self._tok.id_to_token(i)
+    def token_labels(self, ids: Sequence[int] | Tensor) -> list[str]:
+        """Each id as its WordPiece (``[CLS]``, ``cat``, ``##s``), for plot labels and the head explorer."""
+        if isinstance(ids, Tensor):
+            ids = ids.flatten().tolist()
+        return [self._tok.id_to_token(int(i)) for i in ids]
 
 
 class BertBlock(nn.Module):

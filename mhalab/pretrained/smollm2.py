@@ -114,8 +114,8 @@ class SmolLM2Tokenizer:
             ids = ids.flatten().tolist()
         return self._tok.decode(list(ids), skip_special_tokens=skip_special)
 
-    def token_strings(self, ids: Sequence[int] | Tensor) -> list[str]:
-        """Each id as readable text (bytes decoded, a leading space kept), for plot labels."""
+    def token_labels(self, ids: Sequence[int] | Tensor) -> list[str]:
+        """Each id as readable text (bytes decoded, a leading space kept), for plot labels and the head explorer."""
         if isinstance(ids, Tensor):
             ids = ids.flatten().tolist()
         return [self._tok.decode([i], skip_special_tokens=False) for i in ids]
