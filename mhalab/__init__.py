@@ -6,7 +6,8 @@ The modules, one idea each::
     mhalab.counting     parameters and KV cache against the head count (cost_table)
     mhalab.models       ModelConfig, Transformer, EncoderDecoder built from MultiHeadAttention
     mhalab.tasks        synthetic tasks with ground-truth relations
-    mhalab.train        train, evaluate, checkpoints; sweep_heads (from mhalab.sweep)
+    mhalab.train        TrainConfig, train, evaluate (checkpoints in mhalab.checkpoint)
+    mhalab.sweep        sweep_heads: one model per head count at a fixed width
     mhalab.analysis     attention capture, head scores, ablation, importance, pruning
     mhalab.widgets      head_explorer and head_grid (ipywidgets + matplotlib)
     mhalab.parallelism  counting and timing attention operations across layers and heads
@@ -24,6 +25,7 @@ from .attention import (
     valid_head_counts,
 )
 from .models import EncoderDecoder, ModelConfig, Transformer
+from .sweep import sweep_heads
 
 __version__ = "0.1.0"
 
@@ -35,6 +37,7 @@ __all__ = [
     "Transformer",
     "causal_mask",
     "scaled_dot_product_attention",
+    "sweep_heads",
     "valid_head_counts",
     "__version__",
 ]

@@ -1,8 +1,9 @@
-"""Argument checks shared by the modules, so every bad int gets the same clear message."""
+"""Argument checks shared by the modules, so every bad value gets the same clear message."""
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Iterable
 
 
 def check_int(name: str, value: Any, minimum: int, *, maximum: int | None = None, why: str = "") -> int:
@@ -16,3 +17,52 @@ def check_int(name: str, value: Any, minimum: int, *, maximum: int | None = None
         allowed = f"at least {minimum}" if maximum is None else f"between {minimum} and {maximum}"
         raise ValueError(f"{name} must be {allowed}{why}, got {name}={value}")
     return value
+
+
+def check_float(name: str, value: Any, *, low: float, low_inclusive: bool = True, high: float | None = None) -> float:
+    """Return ``value`` if it is a finite number (int or float, not a bool) above ``low`` (and <= ``high``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"{name} must be a finite number, got {value!r}")
+    too_low = value < low if low_inclusive else value <= low
+    if too_low or (high is not None and value > high):
+        bound = f"{'>=' if low_inclusive else '>'} {low}" + (f" and <= {high}" if high is not None else "")
+        raise ValueError(f"{name} must be {bound}, got {name}={value}")
+    return value
+
+
+def check_distinct_ints(name: str, values: int | Iterable[int]) -> list[int]:
+    """``values`` (one int, or several without repeats) as a non-empty list; else raise, naming ``name``."""
+    values = [values] if isinstance(values, int) else list(values)
+    if not values:
+        raise ValueError(f"{name} must list at least one value")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must hold ints, got {v!r}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{name} has repeats: {values}")
+    return values
+
+
+def check_task(task: Any) -> None:
+    """Raise unless ``task`` has what :class:`mhalab.tasks.Task` promises (what training draws on)."""
+    missing = [a for a in ("sample", "loss", "metrics", "vocab_size", "seq_len") if not hasattr(task, a)]
+    if missing:
+        raise TypeError(f"task must follow mhalab.tasks.Task (sample, loss, metrics, vocab_size, seq_len); "
+                        f"{type(task).__name__} lacks {missing}")
+
+
+def check_model_fits_task(model: Any, task: Any) -> None:
+    """Catch a model built for another task before any training happens."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or not hasattr(cfg, "vocab_size"):
+        return
+    problems = []
+    if cfg.vocab_size != task.vocab_size:
+        problems.append(f"vocab_size {cfg.vocab_size} != task's {task.vocab_size}")
+    if getattr(cfg, "max_len", task.seq_len) < task.seq_len:
+        problems.append(f"max_len {cfg.max_len} < task's seq_len {task.seq_len}")
+    if getattr(cfg, "n_targets", 1) != getattr(task, "n_targets", 1):
+        problems.append(f"n_targets {cfg.n_targets} != task's {task.n_targets}")
+    if problems:
+        raise ValueError(f"the model does not fit task {getattr(task, 'name', type(task).__name__)!r}: "
+                         + "; ".join(problems) + ". Build it with ModelConfig.for_task(task, d_model=..., n_heads=...)")

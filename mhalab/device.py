@@ -1,12 +1,15 @@
-"""Choosing where tensors live. Nothing here runs at import time."""
+"""Choosing where tensors live and in which precision training computes. Nothing here runs at import time."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-__all__ = ["pick_device", "describe_device", "autocast_dtype", "synchronize"]
+__all__ = ["pick_device", "describe_device", "autocast_dtype", "resolve_precision", "autocast", "synchronize", "PRECISIONS"]
 
 _CHOICES = ("auto", "cpu", "cuda", "mps")
+PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 
 
 def _mps_available() -> bool:
@@ -50,9 +53,9 @@ def describe_device(device: str | torch.device = "auto") -> str:
     chosen = pick_device(device)
     if chosen.type == "cuda":
         name = torch.cuda.get_device_name(chosen)
-        bf16 = "bf16 autocast" if torch.cuda.is_bf16_supported() else "fp16 autocast with a gradient scaler"
+        fast = "bf16 autocast" if torch.cuda.is_bf16_supported() else "fp16 autocast with a gradient scaler"
         why = "a CUDA GPU is available" if str(device) == "auto" else "asked for"
-        return f"cuda ({name}): {why}; training uses {bf16}"
+        return f"cuda ({name}): {why}; training runs in float32 (precision='auto' opts in to {fast})"
     if chosen.type == "mps":
         return "mps (Apple GPU): no CUDA GPU, but Metal is available; training runs in float32"
     why = "no CUDA or MPS device found" if str(device) == "auto" else "asked for"
@@ -60,10 +63,39 @@ def describe_device(device: str | torch.device = "auto") -> str:
 
 
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """The autocast dtype training uses on ``device``: bf16 or fp16 on CUDA, None (off) elsewhere."""
+    """The fastest autocast dtype on ``device`` (``precision="auto"``): bf16 or fp16 on CUDA, None (off) elsewhere."""
     if device.type != "cuda":
         return None
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def resolve_precision(precision: str, device: torch.device) -> tuple[str, torch.dtype | None]:
+    """``(name, autocast dtype or None)`` for ``precision`` on ``device``; raises on impossible choices.
+
+    ``"fp32"`` (the default everywhere) computes in float32, so a run gives the same numbers on a
+    CPU and a GPU up to rounding.  ``"bf16"`` and ``"fp16"`` (with a gradient scaler) are CUDA
+    autocast, opted in to for speed; ``"auto"`` is the fastest the device has (:func:`autocast_dtype`).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "auto":
+        dtype = autocast_dtype(device)
+        return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype], dtype
+    if precision == "fp32":
+        return "fp32", None
+    if device.type != "cuda":
+        raise ValueError(
+            f"precision={precision!r} (autocast) is only used on CUDA GPUs, but training runs on {device}; "
+            "use precision='fp32' (the default) or 'auto'"
+        )
+    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        raise ValueError("this GPU has no bfloat16 support; use precision='fp16' (with a gradient scaler) or 'fp32'")
+    return precision, torch.bfloat16 if precision == "bf16" else torch.float16
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """``torch.autocast`` to ``dtype`` on ``device``, or a context that does nothing when ``dtype`` is None."""
+    return torch.autocast(device_type=device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 def synchronize(device: torch.device) -> None:

@@ -1,4 +1,4 @@
-"""Small plotting helpers shared by the notebooks: attention heat maps, tensor layouts, cost curves.
+"""The course's figures: attention heat maps, tensor layouts, cost curves, training curves, head-count sweeps.
 
 Every function draws on a matplotlib ``Axes`` (made for you when you pass none) and returns what it
 drew on, so a notebook can place several plots in one figure.  Figures are made at :data:`DPI`
@@ -17,6 +17,7 @@ from torch import Tensor
 __all__ = [
     "DPI", "figure", "heatmap", "attention_maps", "show_memory_layout", "LAYOUTS", "plot_costs",
     "notebook_style", "mechanism_shapes", "plot_mechanism", "score_and_weight_maps", "plot_block",
+    "plot_history", "plot_sweep",
 ]
 
 DPI = 96  # figure dots per inch = CSS pixels per inch: text of n points shows n points tall
@@ -188,6 +189,70 @@ def plot_costs(table, *, width: float = 3.3):
     fig.suptitle(f"d_model = {table.d_model}: what changes with the head count", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------------------------------- training curves
+def plot_history(history, *, smooth: int = 20, title: str | None = None):
+    """A :class:`~mhalab.train.History`: training loss (per step and ``smooth``-step mean) and held-out
+    accuracy. Returns the Figure."""
+    fig, axes = figure(2, width=4.5, height=3.0)
+    ax_loss, ax_acc = axes[0]
+    if history.steps:
+        ax_loss.plot(history.steps, history.train_loss, color="tab:blue", alpha=0.25, lw=0.8, label="train (per step)")
+        k = max(1, min(smooth, len(history.train_loss)))
+        smoothed = torch.tensor(history.train_loss).unfold(0, k, 1).mean(1)  # [steps - k + 1] running means
+        ax_loss.plot(history.steps[k - 1 :], smoothed.tolist(), color="tab:blue", label=f"train ({k}-step mean)")
+    if history.evals:
+        if "loss" in history.evals[-1][1]:
+            ax_loss.plot(*history.metric("loss"), "o-", color="tab:orange", ms=3, label="held-out")
+        for name in sorted(history.evals[-1][1]):
+            if name.startswith("accuracy"):
+                main = name == "accuracy"
+                ax_acc.plot(*history.metric(name), "o-" if main else "-", ms=3, lw=2 if main else 1,
+                            label=name.replace("accuracy/", ""))
+        ax_acc.legend(fontsize=7, loc="lower right")
+    positive = [x for x in history.train_loss if x > 0]
+    if positive and max(positive) / min(positive) > 20:
+        ax_loss.set_yscale("log")
+    ax_loss.set(xlabel="step", ylabel="loss", title="loss")
+    ax_loss.legend(fontsize=7)
+    ax_acc.set(xlabel="step", ylabel="held-out accuracy", title="accuracy", ylim=(-0.02, 1.02))
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_sweep(results, metric: str = "accuracy", *, relations: bool = True, ax=None, title: str | None = None):
+    """A :class:`~mhalab.sweep.SweepResults`: mean ``metric`` against the head count (log scale), error bars
+    spanning the seeds (min to max), each seed as a dot, and (``relations=True``) the mean per relation as
+    thin lines. Returns the Axes."""
+    if ax is None:
+        ax = figure(width=6.4, height=3.6)[1][0, 0]
+    heads = results.heads
+    values = results.by_heads(metric)
+    mean = [sum(values[h]) / len(values[h]) for h in heads]
+    spread = [[m - min(values[h]) for m, h in zip(mean, heads)], [max(values[h]) - m for m, h in zip(mean, heads)]]
+    if relations and metric == "accuracy":
+        for name in results.relations:
+            means = results.mean(name)
+            ax.plot(heads, [means[h] for h in heads], lw=1, alpha=0.55, label=name)
+    for h in heads:
+        ax.plot([h] * len(values[h]), values[h], "o", color="0.3", ms=3, alpha=0.6, zorder=3)
+    ax.errorbar(heads, mean, yerr=spread, fmt="o-", color="black", lw=2, capsize=4, zorder=4,
+                label=f"{metric} (mean; bars: min-max over {len(results.seeds)} seeds)")
+    ax.set_xscale("log", base=2)
+    d_k = {r.heads: r.d_k for r in results.rows}
+    ax.set_xticks(heads, labels=[f"{h}\n{d_k[h]}" for h in heads])
+    ax.set_xlabel(f"heads h  /  d_k = {results.d_model}/h")
+    ax.set_ylabel(f"held-out {metric}")
+    if metric == "accuracy":
+        ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower center")
+    ax.set_title(title or f"d_model = {results.d_model}: same parameters in every column")
+    ax.figure.tight_layout()
+    return ax
 
 
 # ----------------------------------------------------------------------------- notebook style

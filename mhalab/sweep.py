@@ -16,16 +16,18 @@ The models here are small enough that the plain loop is the fast one; a GPU make
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
 
 import torch
 
+from ._checks import check_distinct_ints, check_int
 from .attention import check_head_count
 from .counting import count_parameters
 from .device import pick_device
 from .models import ModelConfig, Transformer
+from .plotting import plot_sweep
+from .train import TrainConfig, make_config, train
 
 __all__ = ["SweepRow", "SweepResults", "sweep_heads"]
 
@@ -46,7 +48,8 @@ class SweepRow:
 
 @dataclass
 class SweepResults:
-    """The table :func:`sweep_heads` returns: ``rows`` (one :class:`SweepRow` per run) plus the settings.
+    """The table :func:`sweep_heads` returns: ``rows`` (one :class:`SweepRow` per run) plus the settings
+    (``config``: the :class:`~mhalab.train.TrainConfig` of every run, ``seed`` aside).
 
     ``print(results)`` shows every run; :meth:`summary` one line per head count; :meth:`plot` the curve.
     """
@@ -55,7 +58,7 @@ class SweepResults:
     d_model: int
     steps: int
     task: str = ""
-    settings: dict[str, Any] = field(default_factory=dict)
+    config: TrainConfig | None = None
     models: dict[tuple[int, int], Any] = field(default_factory=dict, repr=False)  # (heads, seed) -> model, if kept
 
     # ----------------------------------------------------------------- access
@@ -114,15 +117,6 @@ class SweepResults:
             raise KeyError(f"head count {heads} was not swept; the sweep has {self.heads}")
         return {seed: max(values.values()) - values[heads] for seed, values in self.by_seed(metric).items()}
 
-    def to_records(self) -> list[dict[str, Any]]:
-        """One flat dict per run (relations as ``accuracy/<name>``), e.g. for ``pandas.DataFrame``."""
-        records = []
-        for r in self.rows:
-            record = {k: v for k, v in asdict(r).items() if k != "relations"}
-            record.update({f"accuracy/{k}": v for k, v in r.relations.items()})
-            records.append(record)
-        return records
-
     # ----------------------------------------------------------------- printing
     def table(self, digits: int = 3) -> str:
         """Every run, one line each."""
@@ -164,40 +158,9 @@ class SweepResults:
     def __repr__(self) -> str:
         return f"<SweepResults: {len(self.rows)} runs, heads {self.heads}, seeds {self.seeds}, d_model={self.d_model}>"
 
-    # ----------------------------------------------------------------- plotting
     def plot(self, metric: str = "accuracy", *, relations: bool = True, ax=None, title: str | None = None):
-        """Mean ``metric`` against the head count (log scale), error bars spanning the seeds (min to max),
-        each seed as a dot, and (``relations=True``) the mean per relation as thin lines. Returns the Axes."""
-        import matplotlib.pyplot as plt
-
-        if ax is None:
-            _, ax = plt.subplots(figsize=(6.4, 3.6), dpi=72)
-        heads = self.heads
-        values = self.by_heads(metric)
-        mean = [sum(values[h]) / len(values[h]) for h in heads]
-        low = [m - min(values[h]) for m, h in zip(mean, heads)]
-        high = [max(values[h]) - m for m, h in zip(mean, heads)]
-        if relations and metric == "accuracy":
-            for name in self.relations:
-                means = self.mean(name)
-                ax.plot(heads, [means[h] for h in heads], lw=1, alpha=0.55, label=name)
-        for h in heads:
-            ax.plot([h] * len(values[h]), values[h], "o", color="0.3", ms=3, alpha=0.6, zorder=3)
-        ax.errorbar(heads, mean, yerr=[low, high], fmt="o-", color="black", lw=2, capsize=4, zorder=4,
-                    label=f"{metric} (mean; bars: min-max over {len(self.seeds)} seeds)")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(heads)
-        d_k = {r.heads: r.d_k for r in self.rows}
-        ax.set_xticklabels([f"{h}\n{d_k[h]}" for h in heads])
-        ax.set_xlabel(f"heads h  /  d_k = {self.d_model}/h")
-        ax.set_ylabel(f"held-out {metric}")
-        if metric == "accuracy":
-            ax.set_ylim(-0.02, 1.02)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower center")
-        ax.set_title(title or f"d_model = {self.d_model}: same parameters in every column")
-        ax.figure.tight_layout()
-        return ax
+        """Mean ``metric`` against the head count, seeds as error bars (:func:`mhalab.plotting.plot_sweep`)."""
+        return plot_sweep(self, metric, relations=relations, ax=ax, title=title)
 
 
 def _format_table(header: list[str], lines: list[list[str]]) -> str:
@@ -207,18 +170,8 @@ def _format_table(header: list[str], lines: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-def _int_list(name: str, values: Iterable[int]) -> list[int]:
-    if isinstance(values, int):
-        values = [values]
-    values = list(values)
-    if not values:
-        raise ValueError(f"{name} must list at least one value")
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"{name} must hold ints, got {v!r}")
-    if len(set(values)) != len(values):
-        raise ValueError(f"{name} has repeats: {values}")
-    return values
+# sweep_heads' own defaults where they differ from train's: small batches, a higher learning rate
+_SWEEP_DEFAULTS = dict(batch_size=32, lr=5e-3)
 
 
 def sweep_heads(
@@ -227,18 +180,13 @@ def sweep_heads(
     d_model: int,
     heads: Sequence[int],
     seeds: Sequence[int] = (0, 1, 2),
-    steps: int,
     n_layers: int = 1,
-    batch_size: int = 32,
-    lr: float = 5e-3,
-    device: str | torch.device = "auto",
-    eval_batches: int = 4,
-    eval_batch_size: int = 256,
     model: dict[str, Any] | None = None,
     keep_models: bool = False,
     threads: int | None = 1,
     progress: bool = True,
-    **train_kwargs: Any,
+    config: TrainConfig | None = None,
+    **settings: Any,
 ) -> SweepResults:
     """Train one :class:`~mhalab.models.Transformer` per (head count, seed) at fixed ``d_model``.
 
@@ -252,28 +200,24 @@ def sweep_heads(
         d_model: model width, shared by every run; every head count must divide it.
         heads: head counts to try, e.g. ``(1, 2, 4, 8, 16, 32, 64)``.
         seeds: one run per seed and head count.
-        steps, batch_size, lr: passed to :func:`mhalab.train.train` (as is any other keyword,
-            e.g. ``weight_decay`` or ``precision``).
         n_layers: transformer blocks per model.
-        device: where to train (``"auto"``: cuda, then mps, then cpu).
-        eval_batches, eval_batch_size: size of the held-out evaluation at the end of each run.
         model: extra :class:`~mhalab.models.ModelConfig` fields (e.g. ``{"d_ff": 128}``).
         keep_models: keep every trained model in ``results.models[(heads, seed)]`` (in eval mode), to
             look at their attention afterwards.
-        threads: on a CPU, the number of threads torch may use while the sweep trains (its setting is
-            restored afterwards); None leaves it alone. Models this small gain nothing from a second
-            thread, and on a busy machine (other notebooks, tests in parallel) the threads wait on each
-            other: we measured 100 steps at ``d_model=64`` taking 5 s on one thread and 20-30 s on two
-            while the two cores were shared with other work. Ignored on GPUs.
+        threads: torch's CPU threads while the sweep trains (restored afterwards; None leaves them alone).
+            Models this small gain nothing from a second thread, and on a busy 2-core machine we measured
+            100 steps at ``d_model=64`` taking 5 s on one thread and 20-30 s on two. Ignored on GPUs.
         progress: one progress bar over all runs.
+        config, settings: the training settings of every run, as for :func:`mhalab.train.train`
+            (``steps`` at least; without ``config``, ``batch_size=32`` and ``lr=5e-3`` unless given).
+            The seed comes from ``seeds``; each run is silent and evaluated once, at the end, with no checkpoint.
 
     Returns:
         :class:`SweepResults`, in the order heads x seeds.
     """
-    heads = _int_list("heads", heads)
-    seeds = _int_list("seeds", seeds)
-    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
-        raise ValueError(f"d_model must be a positive int, got {d_model!r}")
+    heads = check_distinct_ints("heads", heads)
+    seeds = check_distinct_ints("seeds", seeds)
+    check_int("d_model", d_model, 1)
     bad = [h for h in heads if h < 1 or d_model % h]
     if bad:
         check_head_count(d_model, bad[0])  # raises the standard message naming the valid head counts
@@ -281,20 +225,19 @@ def sweep_heads(
     for key in ("d_model", "n_heads", "n_layers"):
         if key in model:
             raise ValueError(f"pass {key} as sweep_heads' own argument, not inside model={{...}}")
-    for key in ("seed", "progress", "eval_every"):
-        if key in train_kwargs:
+    for key in ("seed", "progress", "eval_every", "checkpoint"):
+        if key in settings:
             raise ValueError(f"sweep_heads sets {key} itself (the seed comes from `seeds`); do not pass {key}=")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+    if threads is not None:
+        check_int("threads", threads, 1, why=" (or None)")
     # Fail on a bad setting now, not after the first few models have trained.
+    base = make_config(config, **settings) if config is not None else make_config(**{**_SWEEP_DEFAULTS, **settings})
+    base = replace(base, progress=False, eval_every=None, checkpoint=None)
     configs = {h: ModelConfig.for_task(task, d_model=d_model, n_heads=h, n_layers=n_layers, **model) for h in heads}
-    on_cpu = pick_device(device).type == "cpu"
+    on_cpu = pick_device(base.device).type == "cpu"
     threads_before = torch.get_num_threads()
 
     from tqdm.auto import tqdm
-
-    # Imported here, not at the top, so that mhalab.train can re-export sweep_heads without a circular import.
-    from . import train as _train
 
     rows: list[SweepRow] = []
     models: dict[tuple[int, int], Any] = {}
@@ -305,20 +248,16 @@ def sweep_heads(
         for h in heads:
             for seed in seeds:
                 bar.set_postfix(heads=h, seed=seed, refresh=True)
-                began = time.perf_counter()
                 with torch.random.fork_rng(devices=[]):  # seed the initialisation without touching the caller's RNG
                     torch.manual_seed(seed)
                     net = Transformer(configs[h])
-                history = _train.train(
-                    net, task, steps=steps, batch_size=batch_size, lr=lr, device=device, seed=seed,
-                    eval_batches=eval_batches, eval_batch_size=eval_batch_size, progress=False, **train_kwargs,
-                )
+                history = train(net, task, base, seed=seed)
                 final = history.final
                 rows.append(SweepRow(
                     heads=h, d_k=configs[h].d_k, seed=seed, parameters=count_parameters(net),
                     loss=float(final.get("loss", math.nan)), accuracy=float(final.get("accuracy", math.nan)),
                     relations={k.removeprefix("accuracy/"): float(v) for k, v in final.items() if k.startswith("accuracy/")},
-                    seconds=time.perf_counter() - began,
+                    seconds=history.elapsed,
                 ))
                 if keep_models:
                     models[(h, seed)] = net.eval()
@@ -326,5 +265,4 @@ def sweep_heads(
     finally:
         bar.close()
         torch.set_num_threads(threads_before)
-    settings = dict(n_layers=n_layers, batch_size=batch_size, lr=lr, model=model, **train_kwargs)
-    return SweepResults(rows, d_model=d_model, steps=steps, task=repr(task), settings=settings, models=models)
+    return SweepResults(rows, d_model=d_model, steps=base.steps, task=repr(task), config=base, models=models)

@@ -4,11 +4,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from mhalab.sweep import SweepResults, SweepRow, sweep_heads
 from mhalab.tasks import MultiRelationTask
+from mhalab.train import TrainConfig
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,7 @@ def test_summaries_gaps_and_printing(tiny):
     text = str(results)
     assert "heads" in text and "left1" in text and len(text.splitlines()) == 1 + 1 + 6
     assert len(results.summary().splitlines()) == 1 + 3
-    assert results.to_records()[0]["accuracy/left1"] == results.rows[0].relations["left1"]
+    assert results.config.steps == 3 and results.config.batch_size == 32 and not results.config.progress
     with pytest.raises(KeyError, match="not swept"):
         results.gaps(4)
     with pytest.raises(KeyError, match="unknown metric"):
@@ -56,6 +59,9 @@ def test_same_seed_same_result(tiny):
                         eval_batch_size=16, progress=False)
     first = next(r for r in results.rows if (r.heads, r.seed) == (2, 1))
     assert again.rows[0].loss == first.loss and again.rows[0].relations == first.relations
+    config = TrainConfig(steps=3, batch_size=32, lr=5e-3, device="cpu", eval_batches=1, eval_batch_size=16)
+    from_config = sweep_heads(task, d_model=8, heads=(2,), seeds=(1,), config=config, progress=False)
+    assert from_config.rows[0].loss == first.loss and from_config.config == replace(config, progress=False)
 
 
 def test_the_callers_random_state_is_untouched(tiny):
@@ -78,6 +84,8 @@ def test_bad_settings_fail_before_training():
         sweep_heads(task, d_model=8, heads=(1,), steps=1, model={"n_heads": 2}, progress=False)
     with pytest.raises(ValueError, match="sets seed itself"):
         sweep_heads(task, d_model=8, heads=(1,), steps=1, seed=3, progress=False)
+    with pytest.raises(TypeError, match=r"unknown training setting\(s\) \['learning_rate'\]"):
+        sweep_heads(task, d_model=8, heads=(1,), steps=1, learning_rate=0.1, progress=False)
     with pytest.raises(TypeError, match="unknown ModelConfig field"):
         sweep_heads(task, d_model=8, heads=(1,), steps=1, model={"width": 3}, progress=False)
 
@@ -96,5 +104,5 @@ def test_threads_are_restored_after_the_sweep():
     sweep_heads(task, d_model=8, heads=(1,), seeds=(0,), steps=1, device="cpu", eval_batches=1,
                 eval_batch_size=4, threads=1, progress=False)
     assert torch.get_num_threads() == before
-    with pytest.raises(ValueError, match="threads must be a positive int"):
+    with pytest.raises(ValueError, match="threads must be at least 1"):
         sweep_heads(task, d_model=8, heads=(1,), steps=1, threads=0, progress=False)

@@ -4,15 +4,15 @@ The tasks here are tiny ones defined in this file (the Task protocol of mhalab.t
 these tests do not depend on the course's tasks and run in a few seconds.
 """
 
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from mhalab.models import EncoderDecoder, ModelConfig, Transformer
-from mhalab.train import EVAL_SEED, History, TrainingDiverged, evaluate, load_checkpoint, train
+from mhalab.checkpoint import load_checkpoint
+from mhalab.train import EVAL_SEED, History, TrainConfig, TrainingDiverged, evaluate, make_config, train
 
 
 @dataclass
@@ -199,10 +199,21 @@ def test_checkpoint_holds_only_plain_values_and_tensors(tmp_path):
     state = torch.load(path, weights_only=True)  # would fail on pickled classes
     assert state["step"] == 6
     assert state["config"] == model.config.to_dict()
-    assert {"model", "optimizer", "scheduler", "rng", "train_args", "history"} <= set(state)
+    assert {"model", "optimizer", "scheduler", "rng", "train_config", "history"} <= set(state)
+    assert state["train_config"] == TrainConfig(steps=6, checkpoint=str(path), **FAST).to_dict()
+    assert state["train_config"]["warmup_steps"] is None  # what was asked for, not the derived number
     assert {"torch", "data"} <= set(state["rng"])
-    assert History.from_dict(state["history"]).train_loss == history.train_loss
+    assert History(**state["history"]).train_loss == history.train_loss
     assert [p.name for p in tmp_path.iterdir()] == ["run.pt"]  # no temporary files left behind
+
+
+def test_a_file_of_another_format_is_refused_before_training(tmp_path):
+    path = tmp_path / "old.pt"
+    torch.save({"format": "mhalab-checkpoint-v1", "step": 3}, path)
+    task = PreviousToken()
+    with pytest.raises(ValueError, match="not a checkpoint this mhalab reads.*delete it"):
+        train(model_for(task), task, steps=4, checkpoint=path, **FAST)
+    assert task.samples == 0
 
 
 def test_a_crash_while_saving_keeps_the_old_checkpoint(tmp_path, monkeypatch):
@@ -283,6 +294,24 @@ def test_model_for_another_task_fails_before_training():
     assert task.samples == 0
 
 
+def test_settings_are_one_checked_config():
+    config = TrainConfig(steps=10, lr=1e-2, **FAST)
+    with pytest.raises(ValueError, match="warmup_steps=20 is longer than the whole run"):
+        replace(config, warmup_steps=20)  # an edited config is checked too
+    with pytest.raises(TypeError, match=r"unknown training setting\(s\) \['step'\].*'steps', 'batch_size'"):
+        train(model_for(PreviousToken()), PreviousToken(), step=10)
+    with pytest.raises(TypeError, match="say how long to train: steps="):
+        train(model_for(PreviousToken()), PreviousToken(), lr=1e-2)
+    with pytest.raises(TypeError, match="config must be a TrainConfig"):
+        train(model_for(PreviousToken()), PreviousToken(), {"steps": 10})
+    assert make_config(config, steps=20) == replace(config, steps=20)
+    assert TrainConfig(steps=1).precision == "fp32"  # the same numbers on every device unless asked otherwise
+    task = PreviousToken()
+    from_config = train(model_for(task), task, config, seed=2)
+    from_keywords = train(model_for(task), task, steps=10, lr=1e-2, seed=2, **FAST)
+    assert from_config.train_loss == from_keywords.train_loss
+
+
 def test_bad_head_count_fails_before_anything_is_built():
     with pytest.raises(ValueError, match="not divisible by n_heads=3"):
         ModelConfig.for_task(PreviousToken(), d_model=16, n_heads=3)
@@ -326,7 +355,7 @@ def test_history_plots_itself():
     task = PreviousToken()
     history = train(model_for(task), task, steps=30, eval_every=10, **FAST)
     fig = history.plot(title="previous token")
-    assert len(fig.axes) == 2 and fig.dpi <= 80
+    assert len(fig.axes) == 2 and fig.dpi <= 100  # small figures; the retina format doubles the pixels
     labels = [line.get_label() for line in fig.axes[1].get_lines()]
     assert labels == ["accuracy"]
     assert "accuracy=" in repr(history)
@@ -335,15 +364,57 @@ def test_history_plots_itself():
 
 # --------------------------------------------------------------------- GPU
 @pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["auto", "fp32", "fp16"])
+@pytest.mark.parametrize("precision", [None, "auto", "fp32", "fp16"])
 def test_trains_on_cuda(precision, tmp_path):
     task = PreviousToken()
     model = model_for(task)
     path = tmp_path / "gpu.pt"
-    history = train(model, task, steps=60, lr=1e-2, device="cuda", precision=precision,
-                    checkpoint=path, batch_size=32, progress=False, eval_batches=1)
+    chosen = {} if precision is None else {"precision": precision}
+    history = train(model, task, steps=60, lr=1e-2, device="cuda", checkpoint=path, batch_size=32, progress=False,
+                    eval_batches=1, **chosen)
     assert next(model.parameters()).is_cuda
     assert history.train_loss[-1] < history.train_loss[0]
-    assert history.precision == ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if precision == "auto" else precision
+    fastest = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    assert history.precision == {None: "fp32", "auto": fastest}.get(precision, precision)  # fp32 unless asked
     state = load_checkpoint(path)
     assert state["step"] == 60 and state["rng"]["cuda"] is not None
+
+
+# ------------------------------------------------------------ bugs (each failed before its fix)
+def test_resume_with_more_steps_when_the_warm_up_was_derived(tmp_path):
+    """warmup_steps=None derives the warm-up from steps; resuming with more steps is still the same run."""
+    path = tmp_path / "run.pt"
+    task = PreviousToken()
+    train(model_for(task), task, steps=40, checkpoint=path, **FAST)  # warm-up derived from 40 steps
+    with pytest.warns(UserWarning, match="stretched"):
+        history = train(model_for(task), task, steps=80, checkpoint=path, **FAST)  # ... and from 80 now
+    assert history.steps == list(range(1, 81))
+    assert load_checkpoint(path)["step"] == 80
+
+
+def test_mps_random_state_is_captured_and_restored(monkeypatch):
+    """Training reseeds the MPS generator (torch.manual_seed does), so its state is saved and restored too."""
+    from mhalab.checkpoint import capture_rng, restore_rng
+
+    mps_state = {"now": torch.tensor([1, 2, 3], dtype=torch.uint8)}
+    monkeypatch.setattr(torch.mps, "get_rng_state", lambda *a, **k: mps_state["now"].clone())
+    monkeypatch.setattr(torch.mps, "set_rng_state", lambda state, *a, **k: mps_state.update(now=state.clone()))
+    mps = torch.device("mps")
+    saved = capture_rng(mps)
+    assert torch.equal(saved["mps"], torch.tensor([1, 2, 3], dtype=torch.uint8)) and "cuda" not in saved
+    cpu_before = torch.get_rng_state()
+    mps_state["now"] = torch.tensor([9], dtype=torch.uint8)
+    torch.rand(3)
+    restore_rng(saved, mps)
+    assert torch.equal(mps_state["now"], saved["mps"])
+    assert torch.equal(torch.get_rng_state(), cpu_before)
+
+
+def test_torch_floor_is_the_release_the_code_needs():
+    """torch.amp.GradScaler("cuda") (train's fp16 path) arrived in torch 2.3; pyproject must not promise less."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    floor = re.search(r'"torch>=(\d+)\.(\d+)', text)
+    assert floor and (int(floor[1]), int(floor[2])) >= (2, 3), floor

@@ -1,7 +1,7 @@
-"""Helpers for authoring, executing and checking the course notebooks (not part of the package).
+"""Helpers for checking the course notebooks (not part of the package).
 
 The notebooks themselves (``notebooks/NN_topic.ipynb``) are the source of truth; these helpers
-make new ones consistent (the Colab set-up cell, tags) and re-run them to refresh their outputs.
+list them and keep their first cell the current Colab set-up cell.
 """
 
 from __future__ import annotations
@@ -35,27 +35,6 @@ def colab_cell_source(url: str | None = None) -> str:
     )
 
 
-def md(text: str) -> nbformat.NotebookNode:
-    return nbformat.v4.new_markdown_cell(text.strip("\n"))
-
-
-def code(text: str, *tags: str) -> nbformat.NotebookNode:
-    cell = nbformat.v4.new_code_cell(text.strip("\n"))
-    if tags:
-        cell.metadata["tags"] = list(tags)
-    return cell
-
-
-def new_notebook(cells: list, title_cell: nbformat.NotebookNode | None = None) -> nbformat.NotebookNode:
-    """A notebook whose first code cell is the Colab set-up cell."""
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    first_code = next((i for i, c in enumerate(cells) if c.cell_type == "code"), len(cells))
-    nb.cells = cells[:first_code] + [code(colab_cell_source())] + cells[first_code:]
-    return nb
-
-
 def course_notebooks() -> list[Path]:
     return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
@@ -74,6 +53,6 @@ def colab_cell_problems(write: bool = False) -> list[str]:
             if first is not None and first.source.startswith(COLAB_MARKER):
                 first.source = expected
             else:
-                nb.cells.insert(0, code(expected))
+                nb.cells.insert(0, nbformat.v4.new_code_cell(expected))
             nbformat.write(nb, path)
     return problems

@@ -1,0 +1,136 @@
+"""Checkpoints: one file holding everything needed to resume a training run exactly.
+
+As in nanoGPT, a checkpoint is one ``torch.save`` dict: ``model`` (weights), ``optimizer``, ``step``,
+``config`` (the ModelConfig as a dict) and ``train_config`` (the TrainConfig as asked for), plus
+``scheduler``, ``scaler``, ``history``, ``task``, ``precision`` and ``rng`` (every random state the run
+draws from: CPU, GPU and ``data``, the batch generator).  Only tensors and plain values go in, so
+``torch.load(weights_only=True)`` reads it.  Writing is atomic: a crash while saving leaves the old file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+__all__ = ["FORMAT", "save_checkpoint", "load_checkpoint", "load_weights", "snapshot", "restore",
+           "capture_rng", "restore_rng", "preserved_rng"]
+
+FORMAT = "mhalab-checkpoint-v2"  # v2: train_config as asked for (v1 stored derived values as train_args)
+
+
+def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
+    """``torch.save(state)`` to a temporary file next to ``path``, then ``os.replace`` it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic: path holds the old file or the new one, nothing in between
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def load_checkpoint(path: str | os.PathLike, model: nn.Module | None = None) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`mhalab.train.train`; with ``model``, load its weights into it.
+
+    Returns the dict described in this module's docstring (``History(**state["history"])`` rebuilds the history).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {str(path)!r}")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    found = state.get("format") if isinstance(state, dict) else None
+    if found != FORMAT:
+        raise ValueError(f"{str(path)!r} is not a checkpoint this mhalab reads (format {FORMAT}, found {found!r}); "
+                         "delete it to train again, or train into a new checkpoint path")
+    if model is not None:
+        load_weights(model, state, path)
+    return state
+
+
+def load_weights(model: nn.Module, state: dict[str, Any], path: str | os.PathLike = "the checkpoint") -> None:
+    """Load ``state["model"]`` into ``model``, first checking that it was written for the same ModelConfig."""
+    config, saved = getattr(model, "config", None), state.get("config")
+    if saved is not None and hasattr(config, "to_dict") and config.to_dict() != saved:
+        diff = {k: (saved.get(k), v) for k, v in config.to_dict().items() if saved.get(k) != v}
+        raise ValueError(
+            f"checkpoint {str(path)!r} was written for another model configuration "
+            f"(field: (checkpoint, this model)) {diff}; build the model with that config, "
+            "or train into a new checkpoint path"
+        )
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        raise ValueError(f"checkpoint {str(path)!r} does not fit this model: {e}") from None
+
+
+def snapshot(*, model: nn.Module, optimizer, scheduler, scaler, generator: torch.Generator, device: torch.device,
+             **extra: Any) -> dict[str, Any]:
+    """The checkpoint dict of a run in progress; ``extra`` (step, train_config, history, ...) goes in as is."""
+    config = getattr(model, "config", None)
+    return {
+        "format": FORMAT,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
+        "rng": {**capture_rng(device), "data": generator.get_state()},
+        "config": config.to_dict() if hasattr(config, "to_dict") else None,
+        **extra,
+    }
+
+
+def restore(state: dict[str, Any], *, model: nn.Module, optimizer, scheduler, scaler, generator: torch.Generator,
+            device: torch.device, path: str | os.PathLike = "the checkpoint") -> None:
+    """Put a :func:`snapshot` back: weights, optimizer, schedule, gradient scaler and random states."""
+    load_weights(model, state, path)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if scaler is not None and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+    restore_rng(state["rng"], device)
+    generator.set_state(state["rng"]["data"])
+
+
+# ------------------------------------------------------------------------ random states
+def capture_rng(device: torch.device) -> dict[str, torch.Tensor]:
+    """The global random states training on ``device`` draws from: ``torch`` (CPU), and ``cuda`` or ``mps``.
+
+    ``torch.manual_seed`` reseeds all of them, so all of them are saved (and restored by :func:`restore_rng`).
+    """
+    states = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    elif device.type == "mps":
+        states["mps"] = torch.mps.get_rng_state()
+    return states
+
+
+def restore_rng(states: dict[str, torch.Tensor], device: torch.device) -> None:
+    """Set the states :func:`capture_rng` returned (those of ``device``'s kind; others are ignored)."""
+    torch.set_rng_state(states["torch"])
+    if device.type == "cuda" and states.get("cuda") is not None:
+        torch.cuda.set_rng_state(states["cuda"], device)
+    elif device.type == "mps" and states.get("mps") is not None:
+        torch.mps.set_rng_state(states["mps"])
+
+
+@contextlib.contextmanager
+def preserved_rng(device: torch.device) -> Iterator[None]:
+    """Run the block, then put the global random states of ``device`` (and the CPU) back as they were."""
+    states = capture_rng(device)
+    try:
+        yield
+    finally:
+        restore_rng(states, device)
