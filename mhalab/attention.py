@@ -233,6 +233,9 @@ class MultiHeadAttention(nn.Module):
     ``forward`` runs ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels)
     unless the weights are wanted: ``need_weights=True``, or a hook on ``pattern``.  Then it
     runs the explicit math of :func:`scaled_dot_product_attention`.  Both give the same output.
+
+    To read or change what happens inside (a head's pattern, switching heads off) attach hooks to
+    its ``pattern`` and ``z`` points with :mod:`mhalab.hooks`; ``forward`` itself has no extra switches.
     """
 
     def __init__(
@@ -325,7 +328,6 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         need_weights: bool = False,
         average_attn_weights: bool = True,
-        head_mask: Tensor | None = None,
         kv_cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (self-attention when they are omitted).
@@ -344,8 +346,6 @@ class MultiHeadAttention(nn.Module):
                 returns them after dropout); in eval mode the two agree.
             average_attn_weights: return weights ``[B, L, S]`` averaged over heads (as torch
                 does) instead of ``[B, H, L, S]``.
-            head_mask: ``[H]`` or ``[B, H]``, multiplies each head's output before W_O
-                (0 switches a head off).
             kv_cache: a :class:`KVCache` for incremental self-attention decoding: the new
                 keys/values are appended to it and the queries attend to all of them. The
                 first call (the prompt) must be causal if it has several tokens.
@@ -373,8 +373,7 @@ class MultiHeadAttention(nn.Module):
                 "decoder's keys, and without the causal mask earlier tokens would see later ones"
             )
 
-        # Check and build the masks before anything is computed or appended to the cache.
-        head_scale = None if head_mask is None else self._check_head_mask(head_mask, B, query)  # [B or 1, 1, H, 1]
+        # Build the masks before anything is computed or appended to the cache.
         want_pattern = need_weights or self.pattern.active
         # Only is_causal, over a square score matrix: the fused kernel builds the causal mask itself
         # (and skips the masked blocks). Otherwise all masks become one float tensor added to the scores.
@@ -417,8 +416,6 @@ class MultiHeadAttention(nn.Module):
             weights = None
 
         z = self.z(heads.transpose(1, 2))  # [B, L, H, dk]: each head's output; a hook may replace it
-        if head_scale is not None:
-            z = z * head_scale  # switch off or scale whole heads before they are mixed by W_O
         out = self.out_proj(z.reshape(B, L, H * dk))  # concatenate the heads -> [B, L, H dk], mix with W_O -> [B, L, D]
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)  # [B, L, S]
@@ -458,20 +455,6 @@ class MultiHeadAttention(nn.Module):
                 f"query, key and value must have the same batch size, got {query.size(0)}, "
                 f"{key.size(0)} and {value.size(0)}"
             )
-
-    def _check_head_mask(self, head_mask: Tensor, B: int, query: Tensor) -> Tensor:
-        """``head_mask`` as a ``[B or 1, 1, H, 1]`` multiplier of ``z`` in the query's dtype."""
-        H = self.n_heads
-        if not isinstance(head_mask, Tensor):
-            raise TypeError(f"head_mask must be a tensor of shape [n_heads] or [batch, n_heads], got {type(head_mask).__name__}")
-        if head_mask.device != query.device:
-            raise ValueError(f"head_mask is on {head_mask.device} but the inputs are on {query.device}")
-        shape = tuple(head_mask.shape)
-        if shape == (H,):
-            return head_mask.view(1, 1, H, 1).to(query.dtype)
-        if shape == (B, H):
-            return head_mask.view(B, 1, H, 1).to(query.dtype)
-        raise ValueError(f"head_mask must have shape [n_heads] = [{H}] or [batch, n_heads] = [{B}, {H}], got {shape}")
 
     # ------------------------------------------------------------ conversion
     @classmethod

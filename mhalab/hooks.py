@@ -6,8 +6,7 @@ modules, so in any model (toy or pretrained) its activations have names from the
     blocks.0.attn.pattern   attention weights      [batch, head, query, key]
     blocks.0.attn.z         each head's output     [batch, query, head, d_head]  (before W_O)
 
-(an encoder-decoder has ``encoder.blocks.0.attn``, ``decoder.blocks.0.self_attn`` and
-``decoder.blocks.0.cross_attn``).  Two calls cover everything::
+(an encoder-decoder has ``encoder.0.attn``, ``decoder.0.self_attn`` and ``decoder.0.cross_attn``).  Two calls cover everything::
 
     logits, cache = run_with_cache(model, tokens, names="*.pattern")
     cache["blocks.0.attn.pattern"]                       # [B, H, L, S]
@@ -38,6 +37,7 @@ __all__ = [
     "run_with_hooks",
     "run_with_cache",
     "ablate_heads",
+    "gate_heads",
 ]
 
 Hook = Callable[[Tensor, str], Union[Tensor, None]]
@@ -137,17 +137,40 @@ def ablate_heads(heads: Sequence[int], means: Tensor | None = None) -> Hook:
     """A hook for a ``z`` point that switches heads ``heads`` off.
 
     Without ``means`` they output zero (so their slice of W_O adds nothing); with ``means``
-    (``[H, d_head]``, e.g. each head's mean output over a reference batch) they output that
-    instead: mean ablation, which removes what a head says about *this* input but not its
-    average contribution.
+    (``[H, d_head]``, or ``[L, H, d_head]`` for one mean per query position: e.g. each head's mean
+    output over a reference batch) they output that instead: mean ablation, which removes what a
+    head says about *this* input but not its average contribution.
     """
     index = torch.as_tensor(heads, dtype=torch.long).flatten()
 
     def hook(z: Tensor, name: str) -> Tensor:  # z: [B, L, H, dk]
         if index.numel() and not (0 <= int(index.min()) and int(index.max()) < z.size(2)):
             raise IndexError(f"{name} has heads 0..{z.size(2) - 1}; cannot ablate heads {index.tolist()}")
+        if means is not None and means.dim() == 3 and means.size(0) != z.size(1):
+            raise ValueError(
+                f"mean ablation on {name}: the means are per position for sequences of length {means.size(0)}, "
+                f"but this input has length {z.size(1)}; take the means on a reference batch of the same length"
+            )
         z = z.clone()
-        z[:, :, index] = 0.0 if means is None else means[index].to(z)  # [len(heads), dk] broadcast over B, L
+        z[:, :, index] = 0.0 if means is None else means[..., index, :].to(z)  # [(L,) len(heads), dk] broadcast
         return z
+
+    return hook
+
+
+def gate_heads(gates: Tensor) -> Hook:
+    """A hook for a ``z`` point that multiplies each head's output by its gate.
+
+    ``gates`` is ``[H]`` (one gate per head) or ``[B, H]`` (per example).  A gate of 0 switches a
+    head off, 1 leaves it alone; a gate that requires grad gives ``dL/d gate`` per head, which is
+    Michel et al.'s (2019) head importance (:func:`mhalab.ablation.head_importance`).
+    """
+
+    def hook(z: Tensor, name: str) -> Tensor:  # z: [B, L, H, dk]
+        B, _, H, _ = z.shape
+        if gates.shape not in ((H,), (B, H)):
+            raise ValueError(f"gates for {name} must be [n_heads] = [{H}] or [batch, n_heads] = [{B}, {H}], got {tuple(gates.shape)}")
+        g = gates.view(-1, 1, H, 1).to(device=z.device, dtype=z.dtype)  # [1 or B, 1, H, 1]
+        return z * g
 
     return hook

@@ -15,14 +15,16 @@ Shapes use these names:
     B  batch        T  (target) sequence length     S  source length
     D  d_model      H  heads                         V  vocab size      N  n_layers
 
-Per-head tensors follow ``[layer][batch, head, query, key]`` (the layout bertviz reads):
-``attention_patterns(...)`` returns a list with one ``[B, H, T, T]`` tensor per layer.
+To look inside, use :mod:`mhalab.hooks`: every attention layer's weights and per-head outputs are
+named by the layer's place, ``blocks.{i}.attn`` in a :class:`Transformer`; ``encoder.{i}.attn``,
+``decoder.{i}.self_attn`` and ``decoder.{i}.cross_attn`` in an :class:`EncoderDecoder`::
+
+    logits, cache = run_with_cache(model, tokens, names="*.pattern")   # cache["blocks.0.attn.pattern"]: [B, H, T, T]
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterator
 
@@ -32,6 +34,7 @@ from torch import Tensor, nn
 
 from ._checks import check_int
 from .attention import KVCache, MultiHeadAttention, check_head_count
+from .positions import sinusoidal_positions
 
 __all__ = [
     "ModelConfig",
@@ -39,23 +42,27 @@ __all__ = [
     "DecoderBlock",
     "Transformer",
     "EncoderDecoder",
-    "sinusoidal_positions",
+    "eval_mode",
+    "batch_logits",
 ]
 
 _POSITIONS = ("learned", "sinusoidal")
 
 
 # ---------------------------------------------------------------------------- config
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     """Every size of a model in one place; invalid combinations fail here, before any training.
+
+    Frozen: change a field with ``dataclasses.replace(config, n_heads=8)``, which checks the
+    new combination again.
 
     Attributes:
         vocab_size: number of distinct tokens (input and output).
         d_model: width of the residual stream.
         n_heads: attention heads per layer; must divide ``d_model`` (d_k = d_model / n_heads).
         n_layers: blocks in the stack (for :class:`EncoderDecoder`: in each of encoder and decoder).
-        d_ff: hidden width of each MLP; None means ``4 * d_model``.
+        d_ff: hidden width of each MLP; None means ``4 * d_model`` (filled in at construction).
         max_len: longest sequence the position table covers.
         dropout: dropout on embeddings, attention weights and residual branches.
         causal: decoder-only (each position sees only itself and earlier ones) if True.
@@ -83,7 +90,7 @@ class ModelConfig:
         # The same message MultiHeadAttention would give, but before any module is built.
         check_head_count(self.d_model, self.n_heads)
         if self.d_ff is None:
-            self.d_ff = 4 * self.d_model
+            object.__setattr__(self, "d_ff", 4 * self.d_model)  # frozen: the one place a field is filled in
         check_int("d_ff", self.d_ff, 1)
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
@@ -125,18 +132,31 @@ class ModelConfig:
         return cls(**values)
 
 
-def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
-    """The fixed position table of "Attention Is All You Need", ``[max_len, d_model]``.
+# ---------------------------------------------------------------------------- running
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Run the ``with`` body in eval mode (no dropout), then give ``model`` back its own mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
-    Even features are ``sin(pos / 10000^(2i/d))``, odd ones ``cos(...)``: each pair of
-    features is a clock at its own frequency, so a fixed offset is a fixed rotation.
-    """
-    position = torch.arange(max_len, dtype=torch.float32)[:, None]  # [max_len, 1]
-    rate = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))  # [ceil(D/2)]
-    table = torch.zeros(max_len, d_model)
-    table[:, 0::2] = torch.sin(position * rate)
-    table[:, 1::2] = torch.cos(position * rate[: d_model // 2])  # odd D has one cosine fewer
-    return table
+
+def batch_logits(model: nn.Module, batch: Any) -> Tensor:
+    """Logits for a task ``Batch`` (through ``model.forward_batch`` when the model has one, else
+    ``model(batch.inputs)``) or for a ``[B, T]`` tensor of token ids."""
+    if isinstance(batch, Tensor):
+        return model(batch)
+    if not isinstance(getattr(batch, "inputs", None), Tensor):
+        raise TypeError(f"expected a task Batch or a [batch, seq] tensor of token ids, got {type(batch).__name__}")
+    forward_batch = getattr(model, "forward_batch", None)
+    return forward_batch(batch) if forward_batch is not None else model(batch.inputs)
+
+
+def _dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    return F.dropout(x, p, training) if p > 0 else x
 
 
 # ---------------------------------------------------------------------------- parts
@@ -150,8 +170,7 @@ class MLP(nn.Module):
         self.dropout = dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        out = self.fc_out(F.gelu(self.fc_in(x)))
-        return F.dropout(out, self.dropout, self.training) if self.dropout > 0 else out
+        return _dropout(self.fc_out(F.gelu(self.fc_in(x))), self.dropout, self.training)
 
 
 class Block(nn.Module):
@@ -170,30 +189,12 @@ class Block(nn.Module):
         self.dropout = config.dropout
 
     def forward(
-        self,
-        x: Tensor,
-        *,
-        causal: bool,
-        head_mask: Tensor | None = None,
-        need_weights: bool = False,
-        key_padding_mask: Tensor | None = None,
-        kv_cache: KVCache | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """``x`` ``[B, T, D]`` -> ``([B, T, D], weights [B, H, T, S] or None)``."""
-        attended, weights = self.attn(
-            self.ln_attn(x),
-            is_causal=causal,
-            key_padding_mask=key_padding_mask,
-            head_mask=head_mask,
-            need_weights=need_weights,
-            average_attn_weights=False,
-            kv_cache=kv_cache,
-        )
-        if self.dropout > 0:
-            attended = F.dropout(attended, self.dropout, self.training)
-        x = x + attended
-        x = x + self.mlp(self.ln_mlp(x))
-        return x, weights
+        self, x: Tensor, *, causal: bool, key_padding_mask: Tensor | None = None, kv_cache: KVCache | None = None
+    ) -> Tensor:
+        """``x`` ``[B, T, D]`` -> ``[B, T, D]``."""
+        attended, _ = self.attn(self.ln_attn(x), is_causal=causal, key_padding_mask=key_padding_mask, kv_cache=kv_cache)
+        x = x + _dropout(attended, self.dropout, self.training)
+        return x + self.mlp(self.ln_mlp(x))
 
 
 class DecoderBlock(nn.Module):
@@ -210,34 +211,16 @@ class DecoderBlock(nn.Module):
         self.mlp = MLP(D, config.d_ff, config.dropout)
         self.dropout = config.dropout
 
-    def _residual(self, x: Tensor, branch: Tensor) -> Tensor:
-        return x + (F.dropout(branch, self.dropout, self.training) if self.dropout > 0 else branch)
-
     def forward(
-        self,
-        x: Tensor,
-        memory: Tensor,
-        *,
-        memory_padding_mask: Tensor | None = None,
-        self_head_mask: Tensor | None = None,
-        cross_head_mask: Tensor | None = None,
-        need_weights: bool = False,
-        kv_cache: KVCache | None = None,
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """``x`` ``[B, T, D]``, ``memory`` ``[B, S, D]`` -> ``(x, self weights [B,H,T,T], cross weights [B,H,T,S])``."""
-        attended, self_w = self.self_attn(
-            self.ln_self(x), is_causal=True, head_mask=self_head_mask,
-            need_weights=need_weights, average_attn_weights=False, kv_cache=kv_cache,
-        )
-        x = self._residual(x, attended)
+        self, x: Tensor, memory: Tensor, *, memory_padding_mask: Tensor | None = None, kv_cache: KVCache | None = None
+    ) -> Tensor:
+        """``x`` ``[B, T, D]`` and the encoder's output ``memory`` ``[B, S, D]`` -> ``[B, T, D]``."""
+        attended, _ = self.self_attn(self.ln_self(x), is_causal=True, kv_cache=kv_cache)
+        x = x + _dropout(attended, self.dropout, self.training)
         # Queries come from the decoder, keys and values from the encoder's output.
-        attended, cross_w = self.cross_attn(
-            self.ln_cross(x), memory, memory, key_padding_mask=memory_padding_mask,
-            head_mask=cross_head_mask, need_weights=need_weights, average_attn_weights=False,
-        )
-        x = self._residual(x, attended)
-        x = x + self.mlp(self.ln_mlp(x))
-        return x, self_w, cross_w
+        attended, _ = self.cross_attn(self.ln_cross(x), memory, memory, key_padding_mask=memory_padding_mask)
+        x = x + _dropout(attended, self.dropout, self.training)
+        return x + self.mlp(self.ln_mlp(x))
 
 
 class _Embedding(nn.Module):
@@ -246,7 +229,6 @@ class _Embedding(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.max_len = config.max_len
-        self.vocab_size = config.vocab_size
         self.tokens = nn.Embedding(config.vocab_size, config.d_model)
         self.learned = config.positions == "learned"
         if self.learned:
@@ -270,27 +252,9 @@ class _Embedding(nn.Module):
                 f"sequence of length {offset + T} is longer than max_len={self.max_len}; "
                 f"build the model with ModelConfig(max_len>={offset + T})"
             )
-        if self.learned:
-            pos = self.positions.weight[offset : offset + T]  # [T, D]
-        else:
-            pos = self.positions_table[offset : offset + T]  # [T, D]
-        x = self.tokens(tokens) + pos  # [B, T, D] + [T, D] broadcasts over the batch
-        return F.dropout(x, self.dropout, self.training) if self.dropout > 0 else x
-
-
-def _per_layer_head_mask(head_mask: Tensor | None, n_layers: int, n_heads: int, batch: int, what: str = "head_mask") -> list[Tensor | None]:
-    """Split ``[N, H]`` or ``[B, N, H]`` into one ``[H]`` or ``[B, H]`` mask per layer."""
-    if head_mask is None:
-        return [None] * n_layers
-    shape = tuple(head_mask.shape)
-    if shape == (n_layers, n_heads):
-        return list(head_mask.unbind(0))  # N x [H]
-    if shape == (batch, n_layers, n_heads):
-        return list(head_mask.unbind(1))  # N x [B, H]
-    raise ValueError(
-        f"{what} must have shape [n_layers, n_heads] = [{n_layers}, {n_heads}] or "
-        f"[batch, n_layers, n_heads] = [{batch}, {n_layers}, {n_heads}], got {shape}"
-    )
+        table = self.positions.weight if self.learned else self.positions_table  # [max_len, D]
+        x = self.tokens(tokens) + table[offset : offset + T]  # [B, T, D] + [T, D] broadcasts over the batch
+        return _dropout(x, self.dropout, self.training)
 
 
 def _output_logits(head: nn.Linear, x: Tensor, config: ModelConfig) -> Tensor:
@@ -302,17 +266,6 @@ def _output_logits(head: nn.Linear, x: Tensor, config: ModelConfig) -> Tensor:
     return logits
 
 
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    """Run the ``with`` body in eval mode (no dropout), then give ``model`` back its own mode."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
-
-
 def _check_config(config: Any) -> ModelConfig:
     if not isinstance(config, ModelConfig):
         raise TypeError(f"expected a mhalab.models.ModelConfig, got {type(config).__name__}; "
@@ -320,12 +273,22 @@ def _check_config(config: Any) -> ModelConfig:
     return config
 
 
+def _cache_offset(kv_caches: list[KVCache] | None, n_layers: int) -> int:
+    """How many tokens the per-layer caches already hold (0 without caches)."""
+    if kv_caches is None:
+        return 0
+    if len(kv_caches) != n_layers:
+        raise ValueError(f"pass one KVCache per layer: expected {n_layers}, got {len(kv_caches)}")
+    return len(kv_caches[0])
+
+
 # ---------------------------------------------------------------------------- models
 class Transformer(nn.Module):
     """Encoder-only (``config.causal=False``) or decoder-only (``config.causal=True``) transformer.
 
     ``forward(tokens [B, T])`` returns logits ``[B, T, V]`` (or ``[B, T, n_targets, V]``).
-    ``blocks[i].attn`` is layer i's :class:`mhalab.MultiHeadAttention`.
+    ``blocks[i].attn`` is layer i's :class:`mhalab.MultiHeadAttention` (hook points
+    ``blocks.{i}.attn.pattern`` and ``blocks.{i}.attn.z``).
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -337,66 +300,26 @@ class Transformer(nn.Module):
         self.head = nn.Linear(config.d_model, config.n_targets * config.vocab_size)
 
     def forward(
-        self,
-        tokens: Tensor,
-        *,
-        head_mask: Tensor | None = None,
-        return_attention: bool = False,
-        key_padding_mask: Tensor | None = None,
-        kv_caches: list[KVCache] | None = None,
-    ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """Logits for every position.
+        self, tokens: Tensor, *, key_padding_mask: Tensor | None = None, kv_caches: list[KVCache] | None = None
+    ) -> Tensor:
+        """Logits ``[B, T, V]`` (``[B, T, n_targets, V]`` if ``n_targets > 1``) for ``tokens`` ``[B, T]``.
 
-        Args:
-            tokens: ``[B, T]`` token ids.
-            head_mask: ``[N, H]`` or ``[B, N, H]``; multiplies each head's output before W_O
-                (0 switches that head off in that layer).
-            return_attention: also return each layer's weights, a list of N ``[B, H, T, S]``
-                (runs the explicit attention path, slower than the fused kernel).
-            key_padding_mask: ``[B, T]``, True where a token is padding that no one should attend to.
-            kv_caches: one :class:`KVCache` per layer for incremental decoding (causal models
-                only): ``tokens`` are the *new* tokens, placed after the cached ones.
-
-        Returns:
-            logits ``[B, T, V]`` (``[B, T, n_targets, V]`` if ``n_targets > 1``), and with
-            ``return_attention`` a tuple ``(logits, attention)``.
+        ``key_padding_mask`` ``[B, T]`` is True where a token is padding that no one should attend to.
+        ``kv_caches`` (causal models only) holds one :class:`KVCache` per layer for incremental
+        decoding: ``tokens`` are then the *new* tokens, placed after the cached ones.
         """
-        cfg = self.config
-        offset = 0
-        if kv_caches is not None:
-            if not cfg.causal:
-                raise ValueError("kv_caches are for decoder-only models (ModelConfig(causal=True)): "
-                                 "a bidirectional model must re-read the whole sequence")
-            if len(kv_caches) != cfg.n_layers:
-                raise ValueError(f"pass one KVCache per layer: expected {cfg.n_layers}, got {len(kv_caches)}")
-            offset = len(kv_caches[0])
-        x = self.embed(tokens, offset)  # [B, T, D]
-        masks = _per_layer_head_mask(head_mask, cfg.n_layers, cfg.n_heads, tokens.size(0))
-        attention: list[Tensor] = []
+        if kv_caches is not None and not self.config.causal:
+            raise ValueError("kv_caches are for decoder-only models (ModelConfig(causal=True)): "
+                             "a bidirectional model must re-read the whole sequence")
+        x = self.embed(tokens, _cache_offset(kv_caches, len(self.blocks)))  # [B, T, D]
         for i, block in enumerate(self.blocks):
-            x, weights = block(
-                x, causal=cfg.causal, head_mask=masks[i], need_weights=return_attention,
-                key_padding_mask=key_padding_mask,
-                kv_cache=None if kv_caches is None else kv_caches[i],
-            )
-            if return_attention:
-                attention.append(weights)  # [B, H, T, S]
-        logits = _output_logits(self.head, self.ln_final(x), cfg)
-        return (logits, attention) if return_attention else logits
+            cache = None if kv_caches is None else kv_caches[i]
+            x = block(x, causal=self.config.causal, key_padding_mask=key_padding_mask, kv_cache=cache)
+        return _output_logits(self.head, self.ln_final(x), self.config)
 
     def forward_batch(self, batch: Any) -> Tensor:
         """Logits for a task's :class:`~mhalab.tasks.Batch` (what :func:`mhalab.train.train` calls)."""
         return self(batch.inputs)
-
-    @torch.no_grad()
-    def attention_patterns(self, tokens: Tensor, *, head_mask: Tensor | None = None) -> list[Tensor]:
-        """Every layer's attention weights in eval mode: a list of N ``[B, H, T, T]`` tensors.
-
-        Each row (one query) sums to 1 over the keys.  Training mode is restored afterwards.
-        """
-        with _eval_mode(self):
-            _, attention = self(tokens, head_mask=head_mask, return_attention=True)
-        return attention
 
     def new_kv_caches(self) -> list[KVCache]:
         """One empty :class:`KVCache` per layer, for :meth:`forward` with ``kv_caches``."""
@@ -423,7 +346,7 @@ class Transformer(nn.Module):
             raise ValueError("generate needs one prediction per position (n_targets=1)")
         if new_tokens < 0:
             raise ValueError(f"new_tokens must be >= 0, got {new_tokens}")
-        with _eval_mode(self):
+        with eval_mode(self):
             caches = self.new_kv_caches()
             out = prompt
             logits = self(prompt, kv_caches=caches)[:, -1]  # [B, V]: prediction after the prompt
@@ -448,9 +371,8 @@ class EncoderDecoder(nn.Module):
     Source and target share one token embedding and vocabulary; ``config.n_layers`` is the
     depth of each stack and ``config.causal`` is not used.
 
-    Attention is returned as a dict of per-layer lists: ``"encoder"`` ``[B, H, S, S]``,
-    ``"decoder"`` ``[B, H, T, T]`` and ``"cross"`` ``[B, H, T, S]``.  Head masks are a dict
-    with any of the same keys, each ``[N, H]`` or ``[B, N, H]``.
+    Hook points: ``encoder.{i}.attn`` (``[B, H, S, S]`` patterns), ``decoder.{i}.self_attn``
+    (``[B, H, T, T]``) and ``decoder.{i}.cross_attn`` (``[B, H, T, S]``), each with ``.pattern`` and ``.z``.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -463,40 +385,12 @@ class EncoderDecoder(nn.Module):
         self.ln_final = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.n_targets * config.vocab_size)
 
-    _PARTS = ("encoder", "decoder", "cross")
-
-    def _masks(self, head_mask: dict[str, Tensor] | None, batch: int) -> dict[str, list[Tensor | None]]:
-        head_mask = head_mask or {}
-        if not isinstance(head_mask, dict):
-            raise TypeError("head_mask for EncoderDecoder is a dict with keys 'encoder', 'decoder', 'cross' "
-                            f"(each [n_layers, n_heads]), got {type(head_mask).__name__}")
-        unknown = sorted(set(head_mask) - set(self._PARTS))
-        if unknown:
-            raise ValueError(f"unknown head_mask key(s) {unknown}; use 'encoder', 'decoder' and/or 'cross'")
-        cfg = self.config
-        return {
-            part: _per_layer_head_mask(head_mask.get(part), cfg.n_layers, cfg.n_heads, batch, f"head_mask[{part!r}]")
-            for part in self._PARTS
-        }
-
-    def encode(
-        self,
-        src: Tensor,
-        *,
-        src_padding_mask: Tensor | None = None,
-        head_mask: dict[str, Tensor] | None = None,
-        return_attention: bool = False,
-    ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """``src [B, S]`` -> memory ``[B, S, D]`` (and the encoder's attention list if asked)."""
-        masks = self._masks(head_mask, src.size(0))["encoder"]
+    def encode(self, src: Tensor, *, src_padding_mask: Tensor | None = None) -> Tensor:
+        """``src [B, S]`` -> memory ``[B, S, D]``."""
         x = self.embed(src)  # [B, S, D]
-        attention = []
-        for block, mask in zip(self.encoder, masks):
-            x, w = block(x, causal=False, head_mask=mask, need_weights=return_attention, key_padding_mask=src_padding_mask)
-            if return_attention:
-                attention.append(w)  # [B, H, S, S]
-        memory = self.ln_encoder(x)
-        return (memory, attention) if return_attention else memory
+        for block in self.encoder:
+            x = block(x, causal=False, key_padding_mask=src_padding_mask)
+        return self.ln_encoder(x)
 
     def decode(
         self,
@@ -504,53 +398,23 @@ class EncoderDecoder(nn.Module):
         memory: Tensor,
         *,
         src_padding_mask: Tensor | None = None,
-        head_mask: dict[str, Tensor] | None = None,
-        return_attention: bool = False,
         kv_caches: list[KVCache] | None = None,
-    ) -> Tensor | tuple[Tensor, dict[str, list[Tensor]]]:
-        """``tgt [B, T]`` and ``memory [B, S, D]`` -> logits ``[B, T, V]`` (and decoder/cross attention)."""
-        cfg = self.config
-        masks = self._masks(head_mask, tgt.size(0))
-        offset = 0
-        if kv_caches is not None:
-            if len(kv_caches) != cfg.n_layers:
-                raise ValueError(f"pass one KVCache per decoder layer: expected {cfg.n_layers}, got {len(kv_caches)}")
-            offset = len(kv_caches[0])
-        x = self.embed(tgt, offset)  # [B, T, D]
-        attention: dict[str, list[Tensor]] = {"decoder": [], "cross": []}
+    ) -> Tensor:
+        """``tgt [B, T]`` and ``memory [B, S, D]`` -> logits ``[B, T, V]``."""
+        x = self.embed(tgt, _cache_offset(kv_caches, len(self.decoder)))  # [B, T, D]
         for i, block in enumerate(self.decoder):
-            x, self_w, cross_w = block(
-                x, memory, memory_padding_mask=src_padding_mask,
-                self_head_mask=masks["decoder"][i], cross_head_mask=masks["cross"][i],
-                need_weights=return_attention, kv_cache=None if kv_caches is None else kv_caches[i],
-            )
-            if return_attention:
-                attention["decoder"].append(self_w)  # [B, H, T, T]
-                attention["cross"].append(cross_w)  # [B, H, T, S]
-        logits = _output_logits(self.head, self.ln_final(x), cfg)
-        return (logits, attention) if return_attention else logits
+            cache = None if kv_caches is None else kv_caches[i]
+            x = block(x, memory, memory_padding_mask=src_padding_mask, kv_cache=cache)
+        return _output_logits(self.head, self.ln_final(x), self.config)
 
-    def forward(
-        self,
-        src: Tensor,
-        tgt: Tensor,
-        *,
-        src_padding_mask: Tensor | None = None,
-        head_mask: dict[str, Tensor] | None = None,
-        return_attention: bool = False,
-    ) -> Tensor | tuple[Tensor, dict[str, list[Tensor]]]:
+    def forward(self, src: Tensor, tgt: Tensor, *, src_padding_mask: Tensor | None = None) -> Tensor:
         """Teacher-forced logits: ``src [B, S]``, ``tgt [B, T]`` -> ``[B, T, V]``.
 
         Position t of the output predicts the target token after ``tgt[:, :t+1]``; feed the
-        target shifted right (starting with a BOS token).  With ``return_attention`` also a
-        dict ``{"encoder", "decoder", "cross"}`` of per-layer ``[B, H, query, key]`` weights.
+        target shifted right (starting with a BOS token).
         """
-        if return_attention:
-            memory, enc_w = self.encode(src, src_padding_mask=src_padding_mask, head_mask=head_mask, return_attention=True)
-            logits, dec = self.decode(tgt, memory, src_padding_mask=src_padding_mask, head_mask=head_mask, return_attention=True)
-            return logits, {"encoder": enc_w, **dec}
-        memory = self.encode(src, src_padding_mask=src_padding_mask, head_mask=head_mask)
-        return self.decode(tgt, memory, src_padding_mask=src_padding_mask, head_mask=head_mask)
+        memory = self.encode(src, src_padding_mask=src_padding_mask)
+        return self.decode(tgt, memory, src_padding_mask=src_padding_mask)
 
     def forward_batch(self, batch: Any) -> Tensor:
         """Logits for a batch with ``inputs`` (source) and ``decoder_inputs`` (target shifted right)."""
@@ -563,20 +427,13 @@ class EncoderDecoder(nn.Module):
         return self(batch.inputs, decoder_inputs)
 
     @torch.no_grad()
-    def attention_patterns(self, src: Tensor, tgt: Tensor) -> dict[str, list[Tensor]]:
-        """Eval-mode weights: ``{"encoder": [B,H,S,S] per layer, "decoder": [B,H,T,T], "cross": [B,H,T,S]}``."""
-        with _eval_mode(self):
-            _, attention = self(src, tgt, return_attention=True)
-        return attention
-
-    @torch.no_grad()
     def generate(self, src: Tensor, new_tokens: int, *, bos_id: int) -> Tensor:
         """Greedy decoding: ``src [B, S]`` -> ``[B, 1 + new_tokens]`` starting with ``bos_id``.
 
         The source is encoded once; the decoder feeds one token per step, its self-attention
         keys and values kept in per-layer KV caches.
         """
-        with _eval_mode(self):
+        with eval_mode(self):
             memory = self.encode(src)  # [B, S, D]
             caches = [KVCache() for _ in self.decoder]
             out = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)  # [B, 1]

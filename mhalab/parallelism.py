@@ -5,9 +5,9 @@ Three ideas, one module:
 * :class:`StackConfig` counts the attention operations of an architecture: one per head per
   attention block (encoder self-attention, decoder self-attention, and, in an encoder-decoder,
   cross-attention).  A 32-layer decoder with 32 heads runs 32 x 32 = 1,024 of them per forward pass.
-* :func:`record_attention_calls` hooks every :class:`~mhalab.MultiHeadAttention` of a real model and
-  records each call in order: it shows that the heads of one block run as a single call while the
-  blocks run one after another (a block needs the previous block's output).
+* The calls themselves are seen on a real model with :mod:`mhalab.hooks`: a hook on every
+  ``*.pattern`` point fires once per attention call, in order, with all of that block's heads in one
+  ``[B, H, L, S]`` tensor, and the blocks fire one after another (a block needs the previous block's output).
 * :func:`batched_heads` and :func:`looped_heads` compute the same multi-head attention layer two ways
   (all heads as one batched operation, or one head at a time in a Python loop) and
   :func:`time_heads` times them against each other.  ``benchmarks/heads_parallel.py`` runs the same
@@ -16,23 +16,19 @@ Three ideas, one module:
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from .attention import MultiHeadAttention, check_head_count
+from .attention import check_head_count
 from .device import synchronize
 
 __all__ = [
     "StackConfig",
-    "AttentionCall",
-    "record_attention_calls",
     "batched_attention",
     "looped_attention",
     "HeadWeights",
@@ -107,60 +103,6 @@ class StackConfig:
             "cross-attention": self.decoder_layers * self.n_heads if self.cross_attention else 0,
         }
         return {kind: n for kind, n in parts.items() if n}
-
-
-# --------------------------------------------------------------------------- recording
-@dataclass(frozen=True)
-class AttentionCall:
-    """One call of a :class:`MultiHeadAttention` inside a model, in the order it happened."""
-
-    order: int  # 0, 1, 2, ... in call order
-    module: str  # the module's name in the model, e.g. "blocks.3.attn"
-    n_heads: int
-    kind: str  # "self" or "cross"
-    query_len: int
-    key_len: int
-    causal: bool  # called with is_causal=True (each query sees only itself and earlier keys)
-    masked: bool  # called with an explicit attn_mask or key_padding_mask
-
-
-@contextlib.contextmanager
-def record_attention_calls(model: nn.Module) -> Iterator[list[AttentionCall]]:
-    """Record every :class:`MultiHeadAttention` call made by ``model`` inside the ``with`` block.
-
-    Usage::
-
-        with record_attention_calls(model) as calls:
-            model(tokens)
-        sum(c.n_heads for c in calls)   # attention operations in that forward pass
-
-    The hooks are removed when the block ends, even on error.
-    """
-    names = {module: name for name, module in model.named_modules() if isinstance(module, MultiHeadAttention)}
-    if not names:
-        raise ValueError(f"{type(model).__name__} contains no mhalab.MultiHeadAttention module to record")
-    calls: list[AttentionCall] = []
-
-    def hook(module, args, kwargs, output):
-        query = args[0] if args else kwargs["query"]
-        key = args[1] if len(args) > 1 else kwargs.get("key")
-        kind = "self" if key is None else "cross"
-        key_len = query.size(1) if key is None else key.size(1)
-        cache = kwargs.get("kv_cache")
-        if cache is not None:  # cached decoding: the queries also see every earlier token
-            key_len = len(cache)
-        causal = bool(kwargs.get("is_causal", False))
-        masked = kwargs.get("attn_mask") is not None or kwargs.get("key_padding_mask") is not None
-        calls.append(
-            AttentionCall(len(calls), names[module], module.n_heads, kind, query.size(1), key_len, causal, masked)
-        )
-
-    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in names]
-    try:
-        yield calls
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 # --------------------------------------------------------------------------- two ways to run h heads

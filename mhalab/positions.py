@@ -1,11 +1,14 @@
-"""Where positions come from: rotary position embedding applied to queries and keys."""
+"""Where positions come from: a fixed sinusoidal table added to the embeddings, or rotary
+position embedding applied to queries and keys."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
 
-__all__ = ["apply_rotary"]
+__all__ = ["apply_rotary", "sinusoidal_positions"]
 
 
 def apply_rotary(x: Tensor, positions: Tensor, base: float) -> Tensor:
@@ -24,3 +27,17 @@ def apply_rotary(x: Tensor, positions: Tensor, base: float) -> Tensor:
     x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()  # [..., T, dk/2] each: the two halves of every pair
     rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # [..., T, dk/2, 2]
     return rotated.flatten(-2).to(x.dtype)  # [..., T, dk]: pairs back in place
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
+    """The fixed position table of "Attention Is All You Need", ``[max_len, d_model]``.
+
+    Even features are ``sin(pos / 10000^(2i/d))``, odd ones ``cos(...)``: each pair of
+    features is a clock at its own frequency, so a fixed offset is a fixed rotation.
+    """
+    position = torch.arange(max_len, dtype=torch.float32)[:, None]  # [max_len, 1]
+    rate = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))  # [ceil(D/2)]
+    table = torch.zeros(max_len, d_model)
+    table[:, 0::2] = torch.sin(position * rate)
+    table[:, 1::2] = torch.cos(position * rate[: d_model // 2])  # odd D has one cosine fewer
+    return table

@@ -29,6 +29,7 @@ from ._checks import check_float, check_int, check_model_fits_task, check_task
 from .checkpoint import load_checkpoint, preserved_rng, restore, save_checkpoint, snapshot
 from .device import autocast, pick_device, resolve_precision
 from .history import History
+from .models import batch_logits, eval_mode
 
 __all__ = ["train", "evaluate", "TrainConfig", "make_config", "History", "TrainingDiverged", "EVAL_SEED"]
 
@@ -154,11 +155,6 @@ def make_config(config: TrainConfig | None = None, /, **overrides: Any) -> Train
 
 
 # ------------------------------------------------------------------------- helpers
-def _logits(model: nn.Module, batch: Any) -> Tensor:
-    forward_batch = getattr(model, "forward_batch", None)
-    return forward_batch(batch) if forward_batch is not None else model(batch.inputs)
-
-
 def _model_device(model: nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
@@ -191,18 +187,14 @@ def evaluate(
     device = _model_device(model) if device is None else pick_device(device)
     _, dtype = resolve_precision(precision, device)
     generator = torch.Generator(device=device).manual_seed(seed)
-    was_training = model.training
-    model.eval()
     totals: dict[str, float] = {}
-    try:
+    with eval_mode(model):
         for _ in range(batches):
             batch = task.sample(batch_size, generator=generator, device=device)
             with autocast(device, dtype):
-                logits = _logits(model, batch)
+                logits = batch_logits(model, batch)
             for name, value in task.metrics(logits.float(), batch).items():
                 totals[name] = totals.get(name, 0.0) + float(value)
-    finally:
-        model.train(was_training)
     return {name: total / batches for name, total in totals.items()}
 
 
@@ -336,7 +328,7 @@ def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtyp
         for step in range(start + 1, cfg.steps + 1):
             batch = task.sample(cfg.batch_size, generator=generator, device=device)
             with autocast(device, amp_dtype):
-                logits = _logits(model, batch)
+                logits = batch_logits(model, batch)
                 loss = task.loss(logits, batch)
             optimizer.zero_grad(set_to_none=True)
             pending_lr.append(optimizer.param_groups[0]["lr"])

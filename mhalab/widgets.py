@@ -13,10 +13,10 @@ Why it answers fast (a slider move is well under 0.5 s on a laptop CPU):
   ``ipywidgets.Image`` shows.  No ipympl, no JavaScript of our own, nothing fetched from the network:
   only matplotlib and the ipywidgets that JupyterLab, Jupyter Notebook, VS Code and Colab ship.
 
-Where ipywidgets cannot be imported or there is no live kernel (a script, a static HTML export),
-displaying the explorer shows the current picture as a plain PNG instead, and ``update()`` still
-works from Python.  :meth:`HeadExplorer.update` returns the seconds a redraw took (also kept in
-``.timings``) so tests and ``benchmarks/explorer.py`` can time it.
+Displaying the explorer gives one output holding both the live widget and a still PNG of the current
+picture with a line saying how to get the sliders: frontends that draw widgets show the sliders, and
+every viewer that cannot (GitHub, nbviewer, the course website, a script without a kernel) shows the
+still.  ``update()`` works from Python either way.  ``benchmarks/explorer.py`` times it.
 
 :func:`head_grid` draws all heads of one layer as small maps, each coloured by the relation it
 matches best.
@@ -25,14 +25,16 @@ matches best.
 from __future__ import annotations
 
 import io
-import time
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from . import analysis
+from .ablation import AblationTable, ablate_each_head
+from .hooks import run_with_cache
+from .models import eval_mode
+from .scores import FRACTION_SCORES, head_scores, stack_attention
 
 __all__ = ["HeadExplorer", "head_explorer", "head_grid", "widgets_available", "RELATION_COLOURS"]
 
@@ -97,7 +99,7 @@ class HeadExplorer:
         task: the task, for token labels and (with ``ablation=True``) ``task.metrics``.
         examples: how many of the batch's sequences the example slider offers.
         ablation: precompute, for every head, the metrics with that head switched off (needs ``task``);
-            or pass an :class:`~mhalab.analysis.AblationTable` already computed on the same batch.
+            or pass an :class:`~mhalab.ablation.AblationTable` already computed on the same batch.
         method: ``"zero"`` or ``"mean"`` ablation.
         threshold: a head "matches" a relation/score when at least this fraction of its attention lands
             where that relation points.
@@ -105,10 +107,9 @@ class HeadExplorer:
 
     Attributes:
         attention: ``[N, E, H, T, S]`` numpy array, the weights of the ``E`` examples on offer.
-        scores: ``{name: [N, H]}`` numpy arrays from :func:`mhalab.analysis.head_scores`.
-        ablation: the :class:`~mhalab.analysis.AblationTable`, or None.
+        scores: ``{name: [N, H]}`` numpy arrays from :func:`mhalab.scores.head_scores`.
+        ablation: the :class:`~mhalab.ablation.AblationTable`, or None.
         png: the current picture as PNG bytes.
-        timings: seconds taken by every :meth:`update`.
     """
 
     def __init__(
@@ -118,7 +119,7 @@ class HeadExplorer:
         task: Any = None,
         *,
         examples: int = 8,
-        ablation: bool | analysis.AblationTable = True,
+        ablation: bool | AblationTable = True,
         method: str = "zero",
         threshold: float = 0.5,
         figsize: tuple[float, float] = (9.0, 3.8),
@@ -128,32 +129,34 @@ class HeadExplorer:
         highlight: str = _NONE,
     ) -> None:
         self.model, self.task, self.threshold, self.method = model, task, threshold, method
-        tokens = analysis._tokens(batch)
+        tokens = getattr(batch, "inputs", batch)  # [B, T]
+        if not isinstance(tokens, torch.Tensor):
+            raise TypeError(f"expected a task Batch or a [batch, seq] tensor of token ids, got {type(batch).__name__}")
         # All the expensive work happens here, once.
-        attention = analysis.stack_attention(analysis.capture_attention(model, batch))  # [N, B, H, T, S]
+        with eval_mode(model):
+            _, cache = run_with_cache(model, tokens, names="*.pattern")
+        attention = stack_attention(cache)  # [N, B, H, T, S]
         self.n_layers, B, self.n_heads, self.T, self.S = attention.shape
         self.n_examples = max(1, min(int(examples), B))
         has_sources = getattr(batch, "sources", None) is not None
         self.relations: list[str] = list(batch.sources) if has_sources else []
-        scores = analysis.head_scores(attention, batch if has_sources else None)
+        scores = head_scores(attention, batch if has_sources else None)
         self.scores = {name: s.cpu().numpy() for name, s in scores.items()}
         self.attention = attention[:, : self.n_examples].float().cpu().numpy()  # [N, E, H, T, S]
         self.sources = {r: batch.sources[r][: self.n_examples].cpu().numpy() for r in self.relations}
         self.labels = [_labels(task, tokens[e].cpu()) for e in range(self.n_examples)]
-        self.bar_names = self.relations + list(analysis.FRACTION_SCORES)  # fractions in [0, 1]
+        self.bar_names = self.relations + list(FRACTION_SCORES)  # fractions in [0, 1]
         self.ablation = None
-        if isinstance(ablation, analysis.AblationTable):  # computed already (e.g. by the notebook): reuse it
+        if isinstance(ablation, AblationTable):  # computed already (e.g. by the notebook): reuse it
             self.ablation, self.method = ablation, ablation.method
         elif ablation and task is not None:
-            self.ablation = analysis.ablate_each_head(model, task, batch, method=method)
-        self.timings: list[float] = []
+            self.ablation = ablate_each_head(model, task, batch, method=method)
         self.layer, self.head, self.example = 0, 0, 0
         self.highlight = _NONE
         self._widget = None
         self._syncing = False
         self._build_figure(figsize, dpi)
         self.update(layer=layer, head=head, example=0, highlight=highlight)
-        self.timings.clear()  # the first draw is a build cost, not a slider move
 
     # ------------------------------------------------------------------ figure
     def _build_figure(self, figsize: tuple[float, float], dpi: int) -> None:
@@ -170,7 +173,7 @@ class HeadExplorer:
 
         T, S = self.T, self.S
         self.image = self.ax_map.imshow(np.zeros((T, S)), vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto", interpolation="nearest")
-        self.figure.colorbar(self.image, ax=self.ax_map, fraction=0.046, pad=0.02)
+        self.figure.colorbar(self.image, ax=self.ax_map, fraction=0.046, pad=0.02).set_label("attention weight", fontsize=8)
         self.ax_map.set_xlabel("key (attended to)", fontsize=8)
         self.ax_map.set_ylabel("query", fontsize=8)
         self.ax_map.set_xticks(range(S))
@@ -244,12 +247,11 @@ class HeadExplorer:
             raise IndexError(f"{name} {value} is out of range: choose 0..{limit - 1}")
         return int(value)
 
-    def update(self, layer: int | None = None, head: int | None = None, example: int | None = None, highlight: str | None = None) -> float:
-        """Show another head/example/highlight; returns the seconds the redraw took (also in ``.timings``).
+    def update(self, layer: int | None = None, head: int | None = None, example: int | None = None, highlight: str | None = None) -> None:
+        """Show another head/example/highlight.
 
         Only what changed is touched: array lookups, the artists' data, one PNG render.
         """
-        start = time.perf_counter()
         if layer is not None:
             self.layer = self._check_index("layer", layer, self.n_layers)
         if head is not None:
@@ -293,11 +295,6 @@ class HeadExplorer:
         if self._widget is not None:
             self._image_widget.value = self.png
             self._sync_controls()
-        elapsed = time.perf_counter() - start
-        self.timings.append(elapsed)
-        if self._widget is not None:
-            self._status.value = f"redrawn in {1000 * elapsed:.0f} ms"
-        return elapsed
 
     @property
     def highlight_options(self) -> list[str]:
@@ -329,13 +326,12 @@ class HeadExplorer:
             self._dropdown = W.Dropdown(options=self.highlight_options, value=self.highlight, description="highlight", style=style)
             self._image_widget = W.Image(value=self.png, format="png")
             self._image_widget.add_class("mhalab-head-map")
-            self._status = W.Label("")
             for control in (self._layer_slider, self._head_slider, self._example_slider, self._dropdown):
                 control.observe(self._on_change, names="value")
             self._widget = W.VBox(
                 [
                     W.HBox([self._layer_slider, self._head_slider, self._example_slider]),
-                    W.HBox([self._dropdown, self._status]),
+                    self._dropdown,
                     self._image_widget,
                 ]
             )
@@ -363,19 +359,44 @@ class HeadExplorer:
         finally:
             self._syncing = False
 
+    #: The line under the still picture, for viewers that cannot run the sliders.
+    STATIC_NOTE = "A still of the head explorer: run this notebook (Jupyter or Colab) to move its sliders."
+
     def show_static(self):
         """The current picture as an ``IPython.display.Image`` (what is shown without widgets)."""
         from IPython.display import Image
 
         return Image(data=self.png, format="png")
 
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
+    def static_png(self) -> bytes:
+        """The current picture with :attr:`STATIC_NOTE` written under it, as PNG bytes."""
+        from matplotlib import font_manager
+        from PIL import Image, ImageDraw, ImageFont
 
+        picture = Image.open(io.BytesIO(self.png)).convert("RGB")
+        font = ImageFont.truetype(font_manager.findfont("DejaVu Sans"), 12)
+        still = Image.new("RGB", (picture.width, picture.height + 20), "white")
+        still.paste(picture, (0, 0))
+        ImageDraw.Draw(still).text((6, picture.height + 3), self.STATIC_NOTE, fill=(70, 70, 70), font=font)
+        buffer = io.BytesIO()
+        still.save(buffer, format="png")
+        return buffer.getvalue()
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        """One output that every viewer can show: the live widget where a frontend draws widgets, and the
+        still picture with a line saying how to get the sliders (``image/png``) for those that cannot
+        (GitHub, nbviewer, the course website, a frontend that refuses widgets). Without a kernel
+        (a script, a static export) only the still picture."""
+        import base64
+
+        bundle = {
+            "image/png": base64.b64encode(self.static_png()).decode("ascii"),
+            "text/plain": f"{self!r}\n{self.STATIC_NOTE}",
+        }
         if widgets_available():
-            display(self.widget)
-        else:
-            display(self.show_static())
+            view = {"version_major": 2, "version_minor": 0, "model_id": self.widget.model_id}
+            bundle["application/vnd.jupyter.widget-view+json"] = view
+        return bundle
 
     def __repr__(self) -> str:
         return (
@@ -433,7 +454,7 @@ def head_grid(
     relations = explorer.relations
     columns = columns or min(H, 8)
     rows = -(-H // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(size * columns, size * rows + 0.5), dpi=dpi, squeeze=False)
+    fig, axes = plt.subplots(rows, columns, figsize=(size * columns, (size + 0.3) * rows + 0.4), dpi=dpi, squeeze=False)
     for head in range(rows * columns):
         ax = axes[head // columns][head % columns]
         ax.set_xticks([])
@@ -449,10 +470,10 @@ def head_grid(
             cmap, colour = _RELATION_CMAPS[i % len(_RELATION_CMAPS)], RELATION_COLOURS[i % len(RELATION_COLOURS)]
             title = f"{match} {value:.2f}"
         ax.imshow(explorer.attention[layer, example, head], vmin=0, vmax=1, cmap=cmap, interpolation="nearest")
-        ax.set_title(f"H{head}: {title}", fontsize=8, color=colour)
+        ax.set_title(f"H{head}: {title}", fontsize=10, color=colour)
         for spine in ax.spines.values():
             spine.set_edgecolor(colour)
             spine.set_linewidth(2 if match else 0.8)
-    fig.suptitle(f"layer {layer}: every head (rows = queries, columns = keys), example {example}", fontsize=9)
+    fig.suptitle(f"layer {layer}: every head (rows = queries, columns = keys), example {example}", fontsize=11)
     fig.tight_layout()
     return fig

@@ -6,6 +6,9 @@ import shutil
 import pytest
 import torch
 
+from mhalab.models import ModelConfig, Transformer
+from mhalab.tasks import MultiRelationTask
+
 
 def pytest_collection_modifyitems(config, items):
     """Skip `gpu` tests without CUDA and `browser` tests without Chromium, saying why.
@@ -35,3 +38,20 @@ def _fail_without_browser(request):
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+# A small untrained model on a two-relation task, shared by tests/test_scores.py and tests/test_ablation.py.
+@pytest.fixture
+def task():
+    return MultiRelationTask((-1, 1), vocab_size=8, seq_len=8)
+
+
+@pytest.fixture
+def model(task):
+    torch.manual_seed(0)
+    return Transformer(ModelConfig.for_task(task, d_model=16, n_heads=4, n_layers=2))
+
+
+@pytest.fixture
+def batch(task):
+    return task.sample(6, generator=torch.Generator().manual_seed(1))

@@ -290,7 +290,6 @@ class TestPathsAgree:
             dict(attn_mask=rand(L, S, device=device)),
             dict(attn_mask=rand(B * H, L, S, device=device), key_padding_mask=ignore),
             dict(is_causal=True),
-            dict(head_mask=torch.tensor([1.0, 0.0, 0.5, 2.0], device=device)),
         ]
         for kwargs in cases:
             out_fast, none = ours(q, kv, kv, need_weights=False, **kwargs)
@@ -424,42 +423,6 @@ class TestHeads:
         with pytest.raises(IndexError, match=r"heads 0\.\.3"):
             MultiHeadAttention(D, H).head_projections(H)
 
-    @pytest.mark.parametrize("need_weights", [True, False])
-    def test_head_mask_zero_equals_removing_that_heads_w_o_slice(self, device, need_weights):
-        _, ours = pair(device=device)
-        x = rand(B, L, D, device=device)
-        dk, off = D // H, 1
-        head_mask = torch.ones(H, device=device)
-        head_mask[off] = 0
-        masked, _ = ours(x, head_mask=head_mask, need_weights=need_weights)
-        ablated = MultiHeadAttention(D, H).to(device).eval()
-        ablated.load_state_dict(ours.state_dict())
-        with torch.no_grad():
-            ablated.out_proj.weight[:, off * dk : (off + 1) * dk] = 0
-        assert_close(masked, ablated(x)[0], what="head_mask [H]")
-        assert max_diff(masked, ours(x)[0]) > 1e-3, "switching a head off changed nothing"
-
-    @pytest.mark.parametrize("need_weights", [True, False])
-    def test_head_mask_per_batch(self, device, need_weights):
-        _, ours = pair(device=device)
-        x = rand(B, L, D, device=device)
-        dk = D // H
-        head_mask = torch.ones(B, H, device=device)
-        head_mask[0, 0] = 0  # sequence 0 loses head 0, sequence 1 loses head 3
-        head_mask[1, 3] = 0
-        masked, _ = ours(x, head_mask=head_mask, need_weights=need_weights)
-        for b, head in ((0, 0), (1, 3)):
-            ablated = MultiHeadAttention(D, H).to(device).eval()
-            ablated.load_state_dict(ours.state_dict())
-            with torch.no_grad():
-                ablated.out_proj.weight[:, head * dk : (head + 1) * dk] = 0
-            assert_close(masked[b], ablated(x)[0][b], what=f"head_mask [B, H], sequence {b}")
-
-    def test_head_mask_scales(self):
-        _, ours = pair(bias=False)
-        x = rand(B, L, D)
-        assert_close(ours(x, head_mask=torch.full((H,), 2.0))[0], 2 * ours(x)[0])
-
 
 # ------------------------------------------------------- property tests
 @settings(max_examples=25, deadline=None)
@@ -588,15 +551,6 @@ class TestBadInput:
         with pytest.raises(TypeError, match=rf"{name} must be a bool tensor .* or a float tensor .*got dtype"):
             m(rand(B, L, D), rand(B, S, D), rand(B, S, D), **{name: torch.zeros(shape, dtype=dtype)})
 
-    @pytest.mark.parametrize("shape", [(H + 1,), (1, H), (B, H, 1), (B, 1), ()], ids=str)
-    def test_head_mask_shape(self, shape):
-        with pytest.raises(ValueError, match=rf"head_mask must have shape \[n_heads\] = \[{H}\] or \[batch, n_heads\]"):
-            MultiHeadAttention(D, H)(rand(B, L, D), head_mask=torch.ones(shape))
-
-    def test_head_mask_type(self):
-        with pytest.raises(TypeError, match="head_mask must be a tensor"):
-            MultiHeadAttention(D, H)(rand(B, L, D), head_mask=[1.0] * H)
-
     def test_mask_not_a_tensor(self):
         with pytest.raises(TypeError, match="attn_mask must be a tensor"):
             MultiHeadAttention(D, H)(rand(B, L, D), attn_mask=[[True] * L] * L)
@@ -642,8 +596,6 @@ class TestReducedPrecisionOnGPU:
         x = rand(B, L, D, device="cuda")
         with pytest.raises(ValueError, match="attn_mask is on cpu but the inputs are on cuda"):
             m(x, attn_mask=torch.zeros(L, L))
-        with pytest.raises(ValueError, match="head_mask is on cpu"):
-            m(x, head_mask=torch.ones(H))
 
     @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
     def test_kv_cache_in_reduced_precision(self, dtype):

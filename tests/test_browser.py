@@ -3,8 +3,9 @@
 Starts JupyterLab on a free localhost port in a temporary root holding a copy of notebook 05 (and no
 checkpoints, so the notebook trains its models from scratch), opens it in headless Chromium through
 Playwright, runs all cells, then moves the explorer's layer and head sliders with the keyboard and checks
-that the heat map (an ``<img>`` that the kernel redraws) really changes, that no error shows up in the page
-or in any output, and how long each move takes from key press to new image (target: < 0.5 s).
+that the heat map (an ``<img>`` that the kernel redraws) really changes and that no error shows up in the page
+or in any output. It reports (never asserts) how long each move takes from key press to new image: a
+wall-clock bound flakes on a busy machine; ``benchmarks/explorer.py`` measures the kernel's side.
 
 Skipped where Chromium is not installed (tests/conftest.py; a failure in CI, where MHALAB_REQUIRE_BROWSER=1).
 Uses Debian's ``chromium`` (never ``playwright install``). Run alone with::
@@ -38,7 +39,7 @@ CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync",
 ]
-TARGET_S = 0.5  # a slider move must show its new image faster than this
+TARGET_S = 0.5  # what a slider move should take (reported next to the measurement, not asserted)
 RUN_ALL_TIMEOUT_S = 900  # notebook 05 takes < 2 min alone; a shared CI machine may be much slower
 
 
@@ -213,8 +214,6 @@ def test_sliders_redraw_the_heat_map(jupyterlab, record_property):
             for what, move in moves:
                 assert move["after"]["hash"] != move["before"]["hash"], f"moving the {what} slider left the heat map unchanged"
                 assert move["after"]["size"] > 1000, "the explorer's image is (nearly) empty"
-            status = page.locator(".mhalab-head-explorer .widget-label").last.text_content()
-            assert "redrawn in" in status
 
             # No error anywhere: no traceback in any output, no widget that failed to render.
             assert page.locator(_ERROR_OUTPUT).count() == 0, page.locator(_ERROR_OUTPUT).first.text_content()
@@ -226,7 +225,7 @@ def test_sliders_redraw_the_heat_map(jupyterlab, record_property):
     latencies = [m["latency_s"] for _, m in moves]
     print(
         f"\nslider move -> new heat map in the browser: median {1000 * statistics.median(latencies):.0f} ms, "
-        f"max {1000 * max(latencies):.0f} ms over {len(latencies)} moves ({', '.join(f'{1000 * t:.0f}' for t in latencies)} ms)"
+        f"max {1000 * max(latencies):.0f} ms over {len(latencies)} moves ({', '.join(f'{1000 * t:.0f}' for t in latencies)} ms); "
+        f"target {1000 * TARGET_S:.0f} ms"
     )
     record_property("slider_latency_ms", [round(1000 * t) for t in latencies])  # in the JUnit XML report
-    assert statistics.median(latencies) < TARGET_S, f"slider moves take {latencies} s; target < {TARGET_S} s"

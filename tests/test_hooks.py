@@ -7,7 +7,9 @@ import torch
 from torch import nn
 
 from mhalab.attention import MultiHeadAttention
-from mhalab.hooks import ablate_heads, attention_modules, hook_points, hooks_attached, run_with_cache, run_with_hooks
+from mhalab.hooks import (
+    ablate_heads, attention_modules, gate_heads, hook_points, hooks_attached, run_with_cache, run_with_hooks,
+)
 
 D, H = 16, 4
 
@@ -140,3 +142,68 @@ def test_gqa_pattern_has_one_map_per_query_head():
     _, cache = run_with_cache(model, torch.randn(1, 6, D), is_causal=True)
     assert cache["blocks.0.attn.pattern"].shape == (1, H, 6, 6)
     assert cache["blocks.0.attn.z"].shape == (1, 6, H, D // H)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_per_example_gates_switch_a_head_off_in_one_sequence_only(model, need_weights):
+    """gate_heads with [B, H]: sequence 0 loses head 0, sequence 1 loses head 3, on either attention path."""
+    attn = model.blocks[0].attn
+    x = torch.randn(2, 5, D)
+    gates = torch.ones(2, H)
+    gates[0, 0] = gates[1, 3] = 0.0
+    with hooks_attached(attn, [("z", gate_heads(gates))]):
+        gated, _ = attn(x, need_weights=need_weights)
+    for b, head in ((0, 0), (1, 3)):
+        expected = run_with_hooks(attn, x, hooks=[("z", ablate_heads([head]))])[0]
+        torch.testing.assert_close(gated[b], expected[b])
+
+
+def test_gates_scale_heads_and_check_their_shape(model):
+    attn = MultiHeadAttention(D, H, bias=False)
+    x = torch.randn(2, 3, D)
+    doubled = run_with_hooks(attn, x, hooks=[("z", gate_heads(torch.full((H,), 2.0)))])[0]
+    torch.testing.assert_close(doubled, 2 * attn(x)[0])
+    with pytest.raises(ValueError, match=r"gates for z must be \[n_heads\] = \[4\] or \[batch, n_heads\] = \[2, 4\]"):
+        run_with_hooks(attn, x, hooks=[("z", gate_heads(torch.ones(3, H)))])
+
+
+def test_gate_gradients_reach_the_gates(model):
+    """What head importance needs: dL/d gate through the hook, one number per head."""
+    gates = torch.ones(H, requires_grad=True)
+    out = run_with_hooks(model, torch.randn(2, 5, D), hooks=[("blocks.1.attn.z", gate_heads(gates))])
+    (grad,) = torch.autograd.grad(out.square().sum(), gates)
+    assert grad.shape == (H,) and (grad != 0).all()
+
+
+def test_per_position_means(model):
+    x = torch.randn(2, 5, D)
+    means = torch.randn(5, H, D // H)  # [L, H, dk]
+    _, cache = run_with_cache(model, x, names="blocks.0.attn.z", hooks=[("blocks.0.attn.z", ablate_heads([1], means))])
+    assert torch.equal(cache["blocks.0.attn.z"][:, :, 1], means[:, 1].expand(2, -1, -1))
+    with pytest.raises(ValueError, match="same length"):
+        run_with_hooks(model, torch.randn(2, 4, D), hooks=[("blocks.0.attn.z", ablate_heads([1], means))])
+
+
+def test_pattern_hooks_fire_once_per_attention_call_in_order():
+    """What notebook 06 counts: one call per block, in order, each with all of its heads."""
+    from mhalab.models import EncoderDecoder, ModelConfig
+
+    torch.manual_seed(0)
+    model = EncoderDecoder(ModelConfig(vocab_size=10, d_model=16, n_heads=4, n_layers=2)).eval()
+    src, tgt = torch.randint(0, 10, (2, 7)), torch.randint(0, 10, (2, 5))
+    calls = []
+    with hooks_attached(model, [("*.pattern", lambda pattern, name: calls.append((name, tuple(pattern.shape))))]):
+        model(src, tgt)
+        assert calls == [
+            ("encoder.0.attn.pattern", (2, H, 7, 7)), ("encoder.1.attn.pattern", (2, H, 7, 7)),
+            ("decoder.0.self_attn.pattern", (2, H, 5, 5)), ("decoder.0.cross_attn.pattern", (2, H, 5, 7)),
+            ("decoder.1.self_attn.pattern", (2, H, 5, 5)), ("decoder.1.cross_attn.pattern", (2, H, 5, 7)),
+        ]
+        calls.clear()
+        model.generate(src[:1], 3, bos_id=0)  # the encoder once, then the decoder once per new token
+    assert [name for name, _ in calls[:2]] == ["encoder.0.attn.pattern", "encoder.1.attn.pattern"]
+    decoder = calls[2:]
+    assert len(decoder) == 3 * 4 and all(shape[2] == 1 for _, shape in decoder)  # one query per step
+    assert [shape[3] for name, shape in decoder if name == "decoder.0.self_attn.pattern"] == [1, 2, 3]  # the cache grows
+    model(src, tgt)
+    assert len(calls) == 14  # the hooks are gone after the with block

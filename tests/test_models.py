@@ -1,13 +1,16 @@
-"""Tests for mhalab.models: shapes, causality, head masking, attention capture, configs."""
+"""Tests for mhalab.models: shapes, causality, hook names and ablation, generation, configs."""
 
 import copy
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from mhalab.attention import check_head_count
-from mhalab.models import EncoderDecoder, ModelConfig, Transformer, sinusoidal_positions
+from mhalab.hooks import ablate_heads, attention_modules, run_with_cache, run_with_hooks
+from mhalab.models import EncoderDecoder, ModelConfig, Transformer, eval_mode
+from mhalab.positions import sinusoidal_positions
 
 V, T, B = 13, 9, 3
 
@@ -82,71 +85,52 @@ def test_encoder_model_looks_both_ways():
     assert not torch.allclose(model(x)[:, :5], model(changed)[:, :5], atol=1e-4)
 
 
-# -------------------------------------------------------------- head masks
+# ------------------------------------------------------- hooks: names, capture, ablation
+def test_hook_names_follow_the_blocks():
+    model = Transformer(small())
+    assert list(attention_modules(model)) == ["blocks.0.attn", "blocks.1.attn"]
+    enc_dec = EncoderDecoder(small())
+    assert list(attention_modules(enc_dec)) == [
+        "encoder.0.attn", "encoder.1.attn",
+        "decoder.0.self_attn", "decoder.0.cross_attn", "decoder.1.self_attn", "decoder.1.cross_attn",
+    ]
+
+
 @pytest.mark.parametrize("layer,head", [(0, 0), (1, 3)])
-def test_head_mask_equals_zeroing_that_heads_slice_of_w_o(layer, head):
+def test_ablating_a_head_equals_zeroing_its_slice_of_w_o(layer, head):
     model = Transformer(small()).eval()
     x = tokens()
-    mask = torch.ones(2, 4)
-    mask[layer, head] = 0.0
-    masked = model(x, head_mask=mask)
+    ablated = run_with_hooks(model, x, hooks=[(f"blocks.{layer}.attn.z", ablate_heads([head]))])
 
     surgery = copy.deepcopy(model)
     dk = surgery.config.d_k
     with torch.no_grad():
         surgery.blocks[layer].attn.out_proj.weight[:, head * dk : (head + 1) * dk] = 0.0
-    assert torch.allclose(masked, surgery(x), atol=1e-6)
-    assert not torch.allclose(masked, model(x), atol=1e-4)
+    assert torch.allclose(ablated, surgery(x), atol=1e-6)
+    assert not torch.allclose(ablated, model(x), atol=1e-4)
 
 
-def test_per_example_head_mask():
-    model = Transformer(small()).eval()
-    x = tokens()
-    mask = torch.ones(B, 2, 4)
-    mask[1, 0, 2] = 0.0  # only example 1 loses head 2 of layer 0
-    out = model(x, head_mask=mask)
-    layer_mask = torch.ones(2, 4)
-    layer_mask[0, 2] = 0.0
-    assert torch.allclose(out[0], model(x)[0], atol=1e-6)
-    assert torch.allclose(out[1], model(x, head_mask=layer_mask)[1], atol=1e-6)
-
-
-def test_head_mask_shape_is_checked():
-    with pytest.raises(ValueError, match=r"\[n_layers, n_heads\] = \[2, 4\]"):
-        Transformer(small())(tokens(), head_mask=torch.ones(4))
-
-
-# -------------------------------------------------------- attention capture
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_patterns_format(causal):
+def test_cached_patterns(causal):
     model = Transformer(small(causal=causal, n_heads=2))
-    model.train()
-    patterns = model.attention_patterns(tokens())
+    with eval_mode(model):
+        logits, cache = run_with_cache(model, tokens(), names="*.pattern")
+        assert torch.allclose(logits, model(tokens()), atol=1e-5)  # looking changes nothing
     assert model.training  # mode restored
-    assert isinstance(patterns, list) and len(patterns) == 2
-    for layer in patterns:
-        assert layer.shape == (B, 2, T, T)  # [batch, head, query, key]
-        assert torch.allclose(layer.sum(-1), torch.ones(B, 2, T), atol=1e-5)
-        future = torch.ones(T, T).triu(1).bool()
-        assert (layer[..., future] == 0).all() == causal
+    assert list(cache) == ["blocks.0.attn.pattern", "blocks.1.attn.pattern"]
+    future = torch.ones(T, T).triu(1).bool()
+    for pattern in cache.values():
+        assert pattern.shape == (B, 2, T, T)  # [batch, head, query, key]
+        assert torch.allclose(pattern.sum(-1), torch.ones(B, 2, T), atol=1e-5)
+        assert (pattern[..., future] == 0).all() == causal
 
 
-def test_return_attention_gives_the_same_logits():
-    model = Transformer(small(causal=True)).eval()
-    x = tokens()
-    logits, attention = model(x, return_attention=True)
-    assert torch.allclose(logits, model(x), atol=1e-5)
-    assert len(attention) == 2
-
-
-def test_masked_head_still_reports_its_pattern_but_contributes_nothing():
+def test_an_ablated_head_still_has_its_pattern_but_later_layers_change():
     model = Transformer(small()).eval()
-    mask = torch.ones(2, 4)
-    mask[0, 1] = 0
-    plain = model.attention_patterns(tokens())
-    masked = model.attention_patterns(tokens(), head_mask=mask)
-    assert torch.allclose(plain[0], masked[0])  # layer 0's patterns do not depend on its head mask
-    assert not torch.allclose(plain[1], masked[1])  # but layer 1 sees a different input
+    _, plain = run_with_cache(model, tokens(), names="*.pattern")
+    _, ablated = run_with_cache(model, tokens(), names="*.pattern", hooks=[("blocks.0.attn.z", ablate_heads([1]))])
+    assert torch.allclose(plain["blocks.0.attn.pattern"], ablated["blocks.0.attn.pattern"])  # its own pattern: the same
+    assert not torch.allclose(plain["blocks.1.attn.pattern"], ablated["blocks.1.attn.pattern"])  # layer 1 sees another input
 
 
 # ------------------------------------------------------------- generation
@@ -181,16 +165,18 @@ def test_tokens_must_be_2d_integers():
 
 # --------------------------------------------------------- encoder-decoder
 def test_encoder_decoder_shapes_and_attention():
-    model = EncoderDecoder(small())
+    model = EncoderDecoder(small()).eval()
     src, tgt = tokens(length=7), tokens(length=5, seed=1)
-    logits, attention = model(src, tgt, return_attention=True)
+    logits, cache = run_with_cache(model, src, tgt, names="*.pattern")
     assert logits.shape == (B, 5, V)
-    assert set(attention) == {"encoder", "decoder", "cross"}
-    shapes = {part: [tuple(w.shape) for w in ws] for part, ws in attention.items()}
-    assert shapes == {"encoder": [(B, 4, 7, 7)] * 2, "decoder": [(B, 4, 5, 5)] * 2, "cross": [(B, 4, 5, 7)] * 2}
-    for ws in attention.values():
-        for w in ws:
-            assert torch.allclose(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-5)
+    shapes = {name: tuple(w.shape) for name, w in cache.items()}
+    assert shapes == {
+        "encoder.0.attn.pattern": (B, 4, 7, 7), "encoder.1.attn.pattern": (B, 4, 7, 7),
+        "decoder.0.self_attn.pattern": (B, 4, 5, 5), "decoder.0.cross_attn.pattern": (B, 4, 5, 7),
+        "decoder.1.self_attn.pattern": (B, 4, 5, 5), "decoder.1.cross_attn.pattern": (B, 4, 5, 7),
+    }
+    for w in cache.values():
+        assert torch.allclose(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-5)
 
 
 def test_encoder_decoder_causality():
@@ -205,16 +191,12 @@ def test_encoder_decoder_causality():
     assert (diff > 1e-5).all()
 
 
-def test_encoder_decoder_head_masks_and_generation():
+def test_encoder_decoder_ablation_and_generation():
     model = EncoderDecoder(small()).eval()
     src, tgt = tokens(length=7), tokens(length=5, seed=1)
-    off = torch.ones(2, 4)
-    off[1, 0] = 0
     base = model(src, tgt)
-    for part in ("encoder", "decoder", "cross"):
-        assert not torch.allclose(model(src, tgt, head_mask={part: off}), base, atol=1e-5), part
-    with pytest.raises(ValueError, match="unknown head_mask key"):
-        model(src, tgt, head_mask={"self": off})
+    for point in ("encoder.1.attn.z", "decoder.1.self_attn.z", "decoder.1.cross_attn.z"):
+        assert not torch.allclose(run_with_hooks(model, src, tgt, hooks=[(point, ablate_heads([0]))]), base, atol=1e-5), point
 
     fast = model.generate(src, 5, bos_id=0)
     slow = torch.zeros(B, 1, dtype=torch.long)
@@ -260,6 +242,15 @@ def test_config_validation(overrides, error, message):
         small(**overrides)
 
 
+def test_config_is_checked_after_construction_too():
+    cfg = small()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.n_heads = 3
+    with pytest.raises(ValueError, match="not divisible by n_heads=3"):
+        dataclasses.replace(cfg, n_heads=3)
+    assert dataclasses.replace(cfg, n_heads=8).d_k == 2
+
+
 def test_config_defaults_and_round_trip():
     cfg = ModelConfig(vocab_size=10, d_model=32, n_heads=8)
     assert cfg.d_ff == 128 and cfg.d_k == 4
@@ -280,3 +271,27 @@ def test_config_for_task():
 def test_model_needs_a_config():
     with pytest.raises(TypeError, match="ModelConfig"):
         Transformer(dict(vocab_size=10))
+
+
+# ------------------------------------------------------------- running helpers
+def test_eval_mode_restores_the_mode_even_after_an_error():
+    model = Transformer(small(dropout=0.1)).train()
+    with pytest.raises(RuntimeError, match="boom"):
+        with eval_mode(model) as same:
+            assert same is model and not model.training and not model.blocks[0].training
+            raise RuntimeError("boom")
+    assert model.training and model.blocks[0].training
+
+
+def test_batch_logits_takes_a_batch_or_token_ids():
+    from mhalab.models import batch_logits
+
+    model = Transformer(small()).eval()
+    x = tokens()
+    assert torch.equal(batch_logits(model, x), model(x))
+    assert torch.equal(batch_logits(model, SimpleNamespace(inputs=x)), model(x))
+    enc_dec = EncoderDecoder(small()).eval()
+    batch = SimpleNamespace(inputs=tokens(length=7), decoder_inputs=tokens(length=5))
+    assert torch.equal(batch_logits(enc_dec, batch), enc_dec(batch.inputs, batch.decoder_inputs))
+    with pytest.raises(TypeError, match="task Batch or a \\[batch, seq\\] tensor"):
+        batch_logits(model, [[1, 2, 3]])

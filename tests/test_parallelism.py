@@ -1,8 +1,10 @@
-"""Tests for mhalab.parallelism: counting attention operations, recording calls, batched vs looped heads."""
+"""Tests for mhalab.parallelism: counting attention operations, batched vs looped heads.
+
+(Seeing the calls on a real model is done with hooks: tests/test_hooks.py.)
+"""
 
 import pytest
 import torch
-from torch import nn
 
 from mhalab import MultiHeadAttention
 from mhalab.parallelism import (
@@ -12,7 +14,6 @@ from mhalab.parallelism import (
     head_weights,
     looped_attention,
     looped_heads,
-    record_attention_calls,
     time_heads,
 )
 
@@ -45,47 +46,6 @@ def test_encoder_decoder_counts_cross_attention_twice_per_decoder_layer():
 def test_bad_stack_configs_say_what_is_wrong(kwargs, message):
     with pytest.raises(ValueError, match=message):
         StackConfig("bad", **kwargs)
-
-
-class _TinyEncoderDecoder(nn.Module):
-    def __init__(self, d=16, h=4):
-        super().__init__()
-        self.enc = nn.ModuleList(MultiHeadAttention(d, h) for _ in range(2))
-        self.dec_self = MultiHeadAttention(d, h)
-        self.dec_cross = MultiHeadAttention(d, h)
-        self.padding = None
-
-    def forward(self, src, tgt):
-        for layer in self.enc:
-            src = src + layer(src)[0]
-        tgt = tgt + self.dec_self(tgt, is_causal=True)[0]
-        return tgt + self.dec_cross(tgt, src, src, key_padding_mask=self.padding)[0]
-
-
-def test_record_attention_calls_in_order_with_kinds_and_lengths():
-    model = _TinyEncoderDecoder()
-    src, tgt = torch.randn(2, 7, 16), torch.randn(2, 5, 16)
-    with record_attention_calls(model) as calls:
-        model(src, tgt)
-    assert [c.module for c in calls] == ["enc.0", "enc.1", "dec_self", "dec_cross"]
-    assert [c.kind for c in calls] == ["self", "self", "self", "cross"]
-    assert [(c.query_len, c.key_len) for c in calls] == [(7, 7), (7, 7), (5, 5), (5, 7)]
-    assert [c.causal for c in calls] == [False, False, True, False]
-    assert not any(c.masked for c in calls)
-    assert sum(c.n_heads for c in calls) == 16
-    # hooks are gone afterwards
-    model(src, tgt)
-    assert len(calls) == 4
-    model.padding = torch.zeros(2, 7, dtype=torch.bool)
-    with record_attention_calls(model) as calls:
-        model(src, tgt)
-    assert [c.masked for c in calls] == [False, False, False, True]
-
-
-def test_record_attention_calls_needs_attention_modules():
-    with pytest.raises(ValueError, match="no mhalab.MultiHeadAttention"):
-        with record_attention_calls(nn.Linear(2, 2)):
-            pass
 
 
 @pytest.mark.parametrize("h", [1, 4, 16])

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from mhalab import analysis, widgets
+from mhalab import widgets
+from mhalab.hooks import run_with_cache
+from mhalab.scores import GENERIC_SCORES, stack_attention
 from mhalab.models import ModelConfig, Transformer
 from mhalab.tasks import MultiRelationTask
 
@@ -22,20 +24,19 @@ def setup():
 def test_explorer_precomputes_everything(setup):
     task, model, batch, ex = setup
     assert ex.attention.shape == (2, 3, 4, 8, 8)  # [layer, example, head, query, key]
-    stacked = analysis.stack_attention(analysis.capture_attention(model, batch))
+    stacked = stack_attention(run_with_cache(model.eval(), batch.inputs, names="*.pattern")[1])
     np.testing.assert_allclose(ex.attention, stacked[:, :3].numpy())
-    assert set(ex.scores) == {"left1", "right2", *analysis.GENERIC_SCORES}
+    assert set(ex.scores) == {"left1", "right2", *GENERIC_SCORES}
     assert ex.ablation is not None and ex.ablation.ablated["accuracy"].shape == (2, 4)
     assert ex.labels[0] == task.token_labels(batch.inputs[0])
-    assert ex.png.startswith(b"\x89PNG") and ex.timings == []
+    assert ex.png.startswith(b"\x89PNG")
 
 
-def test_update_changes_the_picture_and_times_itself(setup):
+def test_update_changes_the_picture(setup):
     _, _, _, ex = setup
     ex.update(layer=0, head=0, example=0, highlight="none")
     before_png, before_map = ex.png, np.array(ex.image.get_array())
-    seconds = ex.update(layer=1, head=2)
-    assert isinstance(seconds, float) and 0 < seconds < 5 and ex.timings[-1] == seconds
+    ex.update(layer=1, head=2)
     assert ex.png != before_png
     np.testing.assert_array_equal(ex.image.get_array(), ex.attention[1, 0, 2])
     assert not np.array_equal(ex.image.get_array(), before_map)
@@ -73,24 +74,51 @@ def test_sliders_drive_the_same_update(setup):
     _, _, _, ex = setup
     ui = ex.widget  # builds without a frontend
     assert type(ui).__name__ == "VBox"
+    (layer_slider, head_slider, _), image = ui.children[0].children, ui.children[-1]
     ex.update(layer=0, head=0)
-    shown, n = ex._image_widget.value, len(ex.timings)
-    ex._head_slider.value = 3
-    assert ex.head == 3 and len(ex.timings) == n + 1  # one redraw per move
-    assert ex._image_widget.value == ex.png and ex.png != shown
+    shown, pictures = image.value, []
+    image.observe(lambda change: pictures.append(change["new"]), names="value")
+    head_slider.value = 3
+    assert ex.head == 3 and len(pictures) == 1  # one new picture per move
+    assert image.value == ex.png and ex.png != shown
     ex.update(layer=1)  # from Python: the sliders follow without a second redraw
-    assert ex._layer_slider.value == 1 and len(ex.timings) == n + 2
-    assert "ms" in ex._status.value
+    assert layer_slider.value == 1 and len(pictures) == 2
 
 
-def test_static_fallback_without_a_frontend(setup, monkeypatch):
+def _png_size(data: bytes) -> tuple[int, int]:
+    from PIL import Image
+    import io
+
+    return Image.open(io.BytesIO(data)).size
+
+
+def test_static_fallback_without_a_frontend(setup):
+    import base64
+
     _, _, _, ex = setup
     assert not widgets.widgets_available()  # no kernel under pytest
-    shown = []
-    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
-    ex._ipython_display_()
-    assert len(shown) == 1 and shown[0].data == ex.png
-    assert "HeadExplorer" in repr(ex)
+    bundle = ex._repr_mimebundle_()
+    assert set(bundle) == {"image/png", "text/plain"}  # no widget view without a kernel to drive it
+    still = base64.b64decode(bundle["image/png"])
+    assert still.startswith(b"\x89PNG") and still == ex.static_png()
+    width, height = _png_size(still)
+    assert (width, height - 20) == _png_size(ex.png)  # the current picture, with a band for the note below
+    assert ex.STATIC_NOTE in bundle["text/plain"] and "HeadExplorer" in bundle["text/plain"]
+
+
+def test_one_output_holds_the_widget_and_the_still(setup, monkeypatch):
+    """Where a kernel runs, the bundle also carries the widget view: a frontend that draws widgets shows
+    the sliders, a saved notebook shown without widgets (GitHub, nbviewer, the website) shows the still."""
+    _, _, _, ex = setup
+    monkeypatch.setattr(widgets, "widgets_available", lambda: True)
+    bundle = ex._repr_mimebundle_()
+    view = bundle["application/vnd.jupyter.widget-view+json"]
+    assert view["model_id"] == ex.widget.model_id and view["version_major"] == 2
+    assert "image/png" in bundle and ex.STATIC_NOTE in bundle["text/plain"]
+    ex.update(layer=1, head=1)
+    moved = ex._repr_mimebundle_()["image/png"]
+    ex.update(layer=0, head=0)
+    assert ex._repr_mimebundle_()["image/png"] != moved  # the still is the current picture
 
 
 def test_reuses_a_precomputed_ablation_and_skips_it_when_asked(setup):

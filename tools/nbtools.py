@@ -24,14 +24,32 @@ def repository_url() -> str:
     return match.group(1)
 
 
+#: Set to what pip should install (``git+file:///path/to/clone``, a wheel's path) to make
+#: the Colab cell install from there, also off Colab: how tests simulate Colab without the network.
+SOURCE_VARIABLE = "MHALAB_SOURCE"
+#: Where the cell writes its pip constraints (every package already installed, at its installed version).
+KEEP_FILE = "/tmp/mhalab-keep-installed.txt"
+
+
 def colab_cell_source(url: str | None = None) -> str:
-    """The first code cell of every notebook: installs mhalab on Colab, does nothing elsewhere."""
+    """The first code cell of every notebook: installs mhalab on Colab, does nothing elsewhere.
+
+    It never replaces what Colab already has (torch, numpy, matplotlib, ipywidgets, tqdm and the rest):
+    every installed package goes into a pip constraints file at its installed version, so pip can only
+    add what is missing (usually mhalab alone). If an installed package were older than mhalab needs,
+    pip would stop with a conflict instead of upgrading it under the running kernel."""
     url = url or repository_url()
     return (
         f"{COLAB_MARKER}: on Colab, install mhalab from the course repository; elsewhere this does nothing.\n"
-        "import sys\n"
-        "if \"google.colab\" in sys.modules:\n"
-        f"    %pip install -q \"mhalab @ git+{url}\""
+        "# Only what is missing is added: the torch, numpy, matplotlib, ipywidgets and tqdm there are kept as they are.\n"
+        "import os, subprocess, sys\n"
+        f"if \"google.colab\" in sys.modules or \"{SOURCE_VARIABLE}\" in os.environ:\n"
+        f"    source = os.environ.get(\"{SOURCE_VARIABLE}\", \"git+{url}\")\n"
+        "    installed = subprocess.run([sys.executable, \"-m\", \"pip\", \"list\", \"--format=freeze\"], capture_output=True, text=True).stdout\n"
+        f"    with open(\"{KEEP_FILE}\", \"w\") as keep:  # pip constraints: each installed version stays\n"
+        "        keep.write(\"\\n\".join(line for line in installed.splitlines() if not line.lower().startswith(\"mhalab==\")))\n"
+        f"    %pip install -q -c {KEEP_FILE} \"$source\"\n"
+        "    import mhalab  # a failed install stops here, not at a later cell"
     )
 
 

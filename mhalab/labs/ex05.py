@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .. import analysis
+from ..scores import FRACTION_SCORES, head_scores, previous_token_score
 from .checks import call_on_hidden_cases, case
 from .core import Exercise, Wrong, register
 
@@ -44,7 +44,7 @@ class ScoredHeads:
 
     @property
     def bar_names(self) -> list[str]:
-        return list(self.relations) + list(analysis.FRACTION_SCORES)
+        return list(self.relations) + list(FRACTION_SCORES)
 
 
 def _demo() -> ScoredHeads:
@@ -71,7 +71,7 @@ def _demo() -> ScoredHeads:
 
     batch = _Batch()
     batch.sources = {"left2": sources}
-    scores = {k: v.numpy() for k, v in analysis.head_scores(attention, batch).items()}
+    scores = {k: v.numpy() for k, v in head_scores(attention, batch).items()}
     return ScoredHeads(scores, ["left2"])
 
 
@@ -198,7 +198,7 @@ register(Exercise(
 
 # ------------------------------------------------------------------------------------ exercise 3
 def _prev_reference(attention: torch.Tensor) -> torch.Tensor:
-    return analysis.previous_token_score(attention[None])[0]  # [1, B, H, T, S] -> [H]
+    return previous_token_score(attention[None])[0]  # [1, B, H, T, S] -> [H]
 
 
 def _pattern_cases() -> list:

@@ -1,109 +1,17 @@
-"""mhalab.analysis: capturing attention, head scores, ablation, importance and pruning."""
-
-import math
+"""mhalab.ablation: switching heads off with hooks, head importance and pruning."""
 
 import numpy as np
 import pytest
 import torch
 
-from mhalab import analysis as A
-from mhalab.models import ModelConfig, Transformer
-from mhalab.tasks import Batch, MultiRelationTask
-
-
-@pytest.fixture
-def task():
-    return MultiRelationTask((-1, 1), vocab_size=8, seq_len=8)
-
-
-@pytest.fixture
-def model(task):
-    torch.manual_seed(0)
-    return Transformer(ModelConfig.for_task(task, d_model=16, n_heads=4, n_layers=2))
-
-
-@pytest.fixture
-def batch(task):
-    return task.sample(6, generator=torch.Generator().manual_seed(1))
+from mhalab import ablation as A
+from mhalab.hooks import gate_heads, hook_points, run_with_hooks
+from mhalab.tasks import Batch
 
 
 def no_hooks(model):
-    return all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
-
-
-# ------------------------------------------------------------------------------ capture
-def test_capture_matches_model_and_leaves_it_alone(model, batch):
-    model.train()
-    before = model(batch.inputs).detach()
-    attention = A.capture_attention(model, batch)
-    assert len(attention) == 2
-    assert all(a.shape == (6, 4, 8, 8) for a in attention)  # [layer][batch, head, query, key]
-    for ours, theirs in zip(attention, model.attention_patterns(batch.inputs)):
-        torch.testing.assert_close(ours, theirs)
-    torch.testing.assert_close(attention[0].sum(-1), torch.ones(6, 4, 8))
-    assert model.training and no_hooks(model)
-    assert torch.equal(model(batch.inputs), before)
-    assert A.stack_attention(attention).shape == (2, 6, 4, 8, 8)
-
-
-def test_capture_accepts_token_ids_and_stack_rejects_ragged(model, batch):
-    assert A.capture_attention(model, batch.inputs)[1].shape == (6, 4, 8, 8)
-    with pytest.raises(ValueError, match="different shapes"):
-        A.stack_attention([torch.rand(1, 2, 3, 3), torch.rand(1, 2, 3, 4)])
-
-
-# ------------------------------------------------------------------------------- scores
-def hand_made(T=6):
-    """One layer, one example, three heads: previous-token, uniform, first-token."""
-    prev = torch.zeros(T, T)
-    prev[0, 0] = 1.0
-    prev[torch.arange(1, T), torch.arange(T - 1)] = 1.0
-    uniform = torch.full((T, T), 1.0 / T)
-    first = torch.zeros(T, T)
-    first[:, 0] = 1.0
-    return torch.stack([prev, uniform, first])[None, None]  # [N=1, B=1, H=3, T, T]
-
-
-def test_generic_scores_on_hand_made_patterns():
-    T = 6
-    s = A.head_scores(hand_made(T))
-    assert list(s) == list(A.GENERIC_SCORES)
-    torch.testing.assert_close(s["previous-token"][0], torch.tensor([1.0, 1 / T, 1 / (T - 1)]))  # query 1 looks at 0
-    torch.testing.assert_close(s["next-token"][0], torch.tensor([0.0, 1 / T, 0.0]))
-    torch.testing.assert_close(s["self"][0], torch.tensor([1 / T, 1 / T, 1 / T]))  # prev's query 0 looks at itself
-    torch.testing.assert_close(s["first-token"][0], torch.tensor([1 / (T - 1), 1 / T, 1.0]))
-    torch.testing.assert_close(s["entropy"][0], torch.tensor([0.0, math.log(T), 0.0]))
-    mean_distance_uniform = sum(abs(q - k) for q in range(T) for k in range(T)) / T / T
-    torch.testing.assert_close(s["distance"][0], torch.tensor([(T - 1) / T, mean_distance_uniform, (T - 1) / 2]))
-
-
-def test_relation_score_uses_the_sources():
-    T = 6
-    sources = torch.arange(T)[None] - 1  # [B=1, T]: the relation "one to the left"
-    sources[0, 0] = -1  # points nowhere from query 0: left out
-    score = A.relation_score(hand_made(T), sources)
-    torch.testing.assert_close(score[0], torch.tensor([1.0, 1 / T, 1 / (T - 1)]))
-    with pytest.raises(ValueError, match=r"must be \[batch, query\]"):
-        A.relation_score(hand_made(T), sources[:, :3])
-    with pytest.raises(ValueError, match="points nowhere"):
-        A.relation_score(hand_made(T), torch.full((1, T), -1))
-
-
-def test_head_scores_on_a_task_batch(model, batch):
-    s = A.head_scores(A.capture_attention(model, batch), batch)
-    assert list(s)[:2] == ["left1", "right1"] and all(v.shape == (2, 4) for v in s.values())
-    # For this task "left1" is the previous token (queries 1..T-1), so the two scores agree.
-    torch.testing.assert_close(s["left1"], s["previous-token"])
-    with pytest.raises(KeyError, match="not in this batch"):
-        A.head_scores(A.capture_attention(model, batch), batch, relations=["left9"])
-    text = A.format_scores(s, names=["left1", "entropy"])
-    assert text.splitlines()[1].startswith("L0H0") and len(text.splitlines()) == 9
-
-
-def test_best_heads_and_matching():
-    s = {"a": torch.tensor([[0.9, 0.1], [0.2, 0.3]]), "b": torch.tensor([[0.1, 0.2], [0.85, 0.4]])}
-    assert A.best_heads(s, ["a", "b"]) == {"a": ((0, 0), pytest.approx(0.9)), "b": ((1, 0), pytest.approx(0.85))}
-    assert A.heads_matching(s, ["a", "b"], 0.8) == {(0, 0): "a", (0, 1): None, (1, 0): "b", (1, 1): None}
+    """Nothing left attached: no hook point is active."""
+    return not any(point.active for point in hook_points(model).values())
 
 
 # ------------------------------------------------------------------------------ ablation
@@ -122,15 +30,16 @@ def test_bad_heads_get_clear_errors(model):
             pass
 
 
-def test_zero_ablation_is_the_head_mask_and_is_undone_exactly(model, batch):
+def test_zero_ablation_is_a_zero_gate_and_is_undone_exactly(model, batch):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     intact = model(batch.inputs).detach()
-    mask = torch.ones(2, 4)
-    mask[0, 1] = mask[1, 3] = 0.0
     with A.ablate(model, [(0, 1), (1, 3)]) as m:
         assert m is model
         ablated = model(batch.inputs).detach()
-    torch.testing.assert_close(ablated, model(batch.inputs, head_mask=mask).detach())
+    gates = torch.ones(2, 4)
+    gates[0, 1] = gates[1, 3] = 0.0
+    gated = run_with_hooks(model, batch.inputs, hooks=[(f"blocks.{i}.attn.z", gate_heads(gates[i])) for i in range(2)])
+    torch.testing.assert_close(ablated, gated.detach())
     assert not torch.allclose(ablated, intact)
     assert torch.equal(model(batch.inputs), intact) and no_hooks(model)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
@@ -170,8 +79,13 @@ def test_ablate_each_head(model, task, batch):
 
 
 # ---------------------------------------------------------------------------- importance
+def gated(model, inputs, gates):
+    """The model with every head's output multiplied by ``gates[layer, head]``."""
+    return run_with_hooks(model, inputs, hooks=[(f"blocks.{i}.attn.z", gate_heads(g)) for i, g in enumerate(gates)])
+
+
 def test_importance_is_the_gate_gradient(model, task):
-    """I_h = E_x |dL(x)/d xi_h|, checked against central finite differences on the head mask."""
+    """I_h = E_x |dL(x)/d xi_h|, checked against central finite differences on the gates."""
     model = model.double()
     batch = task.sample(3, generator=torch.Generator().manual_seed(2))
     ours = A.head_importance(model, batch, normalize=False)
@@ -183,8 +97,10 @@ def test_importance_is_the_gate_gradient(model, task):
             up[layer, head] += eps
             down[layer, head] -= eps
             with torch.no_grad():
-                l_up = A.per_example_loss(model(batch.inputs, head_mask=up), batch.targets)  # [B]
-                l_down = A.per_example_loss(model(batch.inputs, head_mask=down), batch.targets)
+                l_up, l_down = (
+                    A.per_example_loss(gated(model, batch.inputs, gates), batch.targets)  # [B]
+                    for gates in (up, down)
+                )
             expected[layer, head] = ((l_up - l_down) / (2 * eps)).abs().mean()  # |.| per example, then the mean
     torch.testing.assert_close(ours.double(), expected, rtol=1e-4, atol=1e-8)
     # The same examples split into two batches: the same expectation.
@@ -245,3 +161,14 @@ def test_removable_counts_heads_before_the_first_drop():
     assert curve.removable(0.01, curve="random") == 0
     with pytest.raises(ValueError, match="curve must be"):
         curve.removable(curve="best")
+
+
+def test_a_lone_attention_layer_is_layer_0():
+    from mhalab import MultiHeadAttention
+
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(8, 2, bias=False).eval()
+    x = torch.randn(1, 3, 8)
+    with A.ablate(attn, [(0, 0), (0, 1)]):
+        assert (attn(x)[0] == 0).all()  # every head off and no bias: nothing comes out
+    assert A.model_shape(attn) == (1, 2)

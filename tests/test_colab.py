@@ -1,0 +1,153 @@
+"""Colab, simulated: a notebook downloaded alone installs mhalab with its first cell and runs to the end,
+and that install replaces nothing the environment already had.
+
+Colab ships its own torch, numpy, matplotlib, ipywidgets (7.7.x for a long time) and tqdm; a course that
+upgrades or downgrades them breaks the session. Here a fresh virtual environment holds only Colab-like
+packages, at the lowest versions pyproject.toml declares (ipywidgets 7.7.1, as on Colab), with no clone
+of the repository on its path. The notebook is copied alone into an empty folder and executed in a
+kernel of that environment. Its Colab cell honours ``MHALAB_SOURCE`` (a pip URL used instead of the
+repository's ``git+https`` URL, off Colab too): here a ``git+file://`` URL of a throwaway git repository
+holding the working tree, so pip clones and builds it exactly as it would the real one.
+
+Slow (a minute or two: a venv with PyTorch); needs only what pip can install.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from nbtools import SOURCE_VARIABLE, colab_cell_source  # noqa: E402
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+NOTEBOOK = ROOT / "notebooks" / "03_it_costs_nothing.ipynb"  # fast: counting, no training
+COLAB_PACKAGES = ("numpy", "matplotlib", "tqdm")  # installed at the floor pyproject.toml declares
+COLAB_IPYWIDGETS = "ipywidgets==7.7.1"  # what Colab has shipped for years
+
+
+def _floors() -> dict[str, str]:
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    floors = {}
+    for requirement in dependencies:
+        match = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*>=\s*([0-9][^\s,;]*)", requirement)
+        if match:
+            floors[match.group(1).lower()] = match.group(2)
+    return floors
+
+
+def _installed(python: Path) -> dict[str, str]:
+    """``{normalised name: version}`` of everything pip sees in the environment of ``python``."""
+    out = subprocess.run([str(python), "-m", "pip", "list", "--format=json"], capture_output=True, text=True, check=True).stdout
+    return {re.sub(r"[-_.]+", "-", p["name"]).lower(): p["version"] for p in json.loads(out)}
+
+
+def _pip(python: Path, *args: str) -> None:
+    result = subprocess.run([str(python), "-m", "pip", "install", "-q", *args], capture_output=True, text=True)
+    assert result.returncode == 0, f"pip install {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+
+
+def _repository_snapshot(destination: Path) -> str:
+    """A git repository holding the working tree's files (committed or not); its ``git+file://`` URL."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True
+    )
+    files = listed.stdout.split() if listed.returncode == 0 else [
+        str(p.relative_to(ROOT)) for p in [ROOT / "pyproject.toml", ROOT / "README.md", *(ROOT / "mhalab").rglob("*.py")]
+    ]
+    for name in files:
+        if name.startswith("notebooks/") or not (ROOT / name).is_file():
+            continue
+        target = destination / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, target)
+    git = ["git", "-c", "user.name=mhalab tests", "-c", "user.email=tests@localhost", "-c", "init.defaultBranch=main"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "snapshot"]):
+        subprocess.run([*git, *command], cwd=destination, check=True, capture_output=True)
+    return f"git+file://{destination}"
+
+
+def test_the_cell_installs_from_the_repository_without_replacing_anything():
+    """The cell itself (fast): the repository URL from pyproject.toml, constraints, no upgrade flags."""
+    source = colab_cell_source()
+    assert "git+https://" in source and '"google.colab" in sys.modules' in source
+    assert "--format=freeze" in source and " -c " in source  # every installed version is a constraint
+    for flag in ("-U", "--upgrade", "--force-reinstall", "--no-deps", "--ignore-installed"):
+        assert f" {flag} " not in source, f"the Colab cell must not use {flag}: it could replace what Colab has"
+    assert SOURCE_VARIABLE in source
+
+
+def test_readme_binder_link_and_fork_url_follow_the_repository():
+    """Binder builds from environment.yml at the repository root; the README's badge links that repository
+    (the one pyproject.toml names, which `course.py set-repo` rewrites), and says which URL a fork changes."""
+    from nbtools import repository_url
+
+    readme = (ROOT / "README.md").read_text()
+    owner_repo = re.match(r"^https://github\.com/([^/]+/[^/]+?)/?$", repository_url()).group(1)
+    assert f"https://mybinder.org/v2/gh/{owner_repo}/main?urlpath=lab/tree/notebooks" in readme
+    assert "environment.yml" in readme and (ROOT / "environment.yml").exists()
+    assert "course.py set-repo" in readme and "`[project.urls] Repository` in `pyproject.toml`" in readme
+
+
+@pytest.mark.slow
+def test_a_notebook_downloaded_alone_runs_on_a_colab_like_environment(tmp_path, monkeypatch):
+    from nbclient import NotebookClient
+
+    # 1. A fresh environment with only Colab-like packages (and a Jupyter kernel), no mhalab anywhere.
+    env_dir = tmp_path / "colab-env"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    python = env_dir / ("Scripts" if os.name == "nt" else "bin") / ("python.exe" if os.name == "nt" else "python")
+    # CI's CPU build (MHALAB_TORCH as in .ci/run; the default is the build on this machine's disk).
+    _pip(python, *shlex.split(os.environ.get("MHALAB_TORCH", "torch==2.13.0")))
+    floors = _floors()
+    _pip(python, *[f"{name}=={floors[name]}" for name in COLAB_PACKAGES], COLAB_IPYWIDGETS, "ipykernel")
+    before = _installed(python)
+    assert "mhalab" not in before
+    assert before["ipywidgets"] == "7.7.1" and before["numpy"].startswith(floors["numpy"])
+
+    # 2. The notebook alone in an empty folder, and the repository as a git URL.
+    download = tmp_path / "download"
+    download.mkdir()
+    shutil.copy(NOTEBOOK, download / NOTEBOOK.name)
+    url = _repository_snapshot(tmp_path / "repository")
+
+    # 3. Run it top to bottom in a kernel of that environment; the Colab cell installs mhalab from `url`.
+    kernels = tmp_path / "jupyter" / "kernels" / "colab-like"
+    kernels.mkdir(parents=True)
+    (kernels / "kernel.json").write_text(json.dumps({
+        "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Colab-like", "language": "python",
+    }))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # the kernel must not see this checkout's mhalab
+    monkeypatch.setenv(SOURCE_VARIABLE, url)
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+    nb = nbformat.read(download / NOTEBOOK.name, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="colab-like", resources={"metadata": {"path": str(download)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors
+
+    # 4. Nothing that was there changed version; the only addition is mhalab, from the repository.
+    after = _installed(python)
+    changed = {name: (version, after.get(name)) for name, version in before.items() if after.get(name) != version}
+    assert not changed, f"the Colab cell replaced installed packages (before, after): {changed}"
+    assert set(after) - set(before) == {"mhalab"}
+    where = subprocess.run(
+        [str(python), "-c", "import mhalab; print(mhalab.__file__)"], cwd=tmp_path, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert Path(where).is_relative_to(env_dir), f"mhalab was imported from {where}, not from the environment"

@@ -1,0 +1,78 @@
+"""mhalab.scores: one number per head from attention patterns, on hand-made patterns and on a model's cache."""
+
+import math
+
+import pytest
+import torch
+
+from mhalab import scores as S
+from mhalab.hooks import run_with_cache
+
+
+def patterns(model, batch):
+    """Every layer's pattern for the batch, as the notebooks get it."""
+    return run_with_cache(model.eval(), batch.inputs, names="*.pattern")[1]
+
+
+def test_stack_takes_a_cache_a_list_or_a_stack(model, batch):
+    cache = patterns(model, batch)
+    stacked = S.stack_attention(cache)
+    assert stacked.shape == (2, 6, 4, 8, 8)  # [layer, batch, head, query, key]
+    assert torch.equal(S.stack_attention(list(cache.values())), stacked)
+    assert S.stack_attention(stacked) is stacked
+    with pytest.raises(ValueError, match="different shapes"):
+        S.stack_attention([torch.rand(1, 2, 3, 3), torch.rand(1, 2, 3, 4)])
+
+
+# ------------------------------------------------------------------------------- scores
+def hand_made(T=6):
+    """One layer, one example, three heads: previous-token, uniform, first-token."""
+    prev = torch.zeros(T, T)
+    prev[0, 0] = 1.0
+    prev[torch.arange(1, T), torch.arange(T - 1)] = 1.0
+    uniform = torch.full((T, T), 1.0 / T)
+    first = torch.zeros(T, T)
+    first[:, 0] = 1.0
+    return torch.stack([prev, uniform, first])[None, None]  # [N=1, B=1, H=3, T, T]
+
+
+def test_generic_scores_on_hand_made_patterns():
+    T = 6
+    s = S.head_scores(hand_made(T))
+    assert list(s) == list(S.GENERIC_SCORES)
+    torch.testing.assert_close(s["previous-token"][0], torch.tensor([1.0, 1 / T, 1 / (T - 1)]))  # query 1 looks at 0
+    torch.testing.assert_close(s["next-token"][0], torch.tensor([0.0, 1 / T, 0.0]))
+    torch.testing.assert_close(s["self"][0], torch.tensor([1 / T, 1 / T, 1 / T]))  # prev's query 0 looks at itself
+    torch.testing.assert_close(s["first-token"][0], torch.tensor([1 / (T - 1), 1 / T, 1.0]))
+    torch.testing.assert_close(s["entropy"][0], torch.tensor([0.0, math.log(T), 0.0]))
+    mean_distance_uniform = sum(abs(q - k) for q in range(T) for k in range(T)) / T / T
+    torch.testing.assert_close(s["distance"][0], torch.tensor([(T - 1) / T, mean_distance_uniform, (T - 1) / 2]))
+
+
+def test_relation_score_uses_the_sources():
+    T = 6
+    sources = torch.arange(T)[None] - 1  # [B=1, T]: the relation "one to the left"
+    sources[0, 0] = -1  # points nowhere from query 0: left out
+    score = S.relation_score(hand_made(T), sources)
+    torch.testing.assert_close(score[0], torch.tensor([1.0, 1 / T, 1 / (T - 1)]))
+    with pytest.raises(ValueError, match=r"must be \[batch, query\]"):
+        S.relation_score(hand_made(T), sources[:, :3])
+    with pytest.raises(ValueError, match="points nowhere"):
+        S.relation_score(hand_made(T), torch.full((1, T), -1))
+
+
+def test_head_scores_on_a_task_batch(model, batch):
+    s = S.head_scores(patterns(model, batch), batch)
+    assert list(s)[:2] == ["left1", "right1"] and all(v.shape == (2, 4) for v in s.values())
+    # For this task "left1" is the previous token (queries 1..T-1), so the two scores agree.
+    torch.testing.assert_close(s["left1"], s["previous-token"])
+    with pytest.raises(KeyError, match="not in this batch"):
+        S.head_scores(patterns(model, batch), batch, relations=["left9"])
+    text = S.format_scores(s, names=["left1", "entropy"])
+    assert text.splitlines()[1].startswith("L0H0") and len(text.splitlines()) == 9
+
+
+def test_best_heads_and_matching():
+    s = {"a": torch.tensor([[0.9, 0.1], [0.2, 0.3]]), "b": torch.tensor([[0.1, 0.2], [0.85, 0.4]])}
+    assert S.best_heads(s, ["a", "b"]) == {"a": ((0, 0), pytest.approx(0.9)), "b": ((1, 0), pytest.approx(0.85))}
+    assert S.heads_matching(s, ["a", "b"], 0.8) == {(0, 0): "a", (0, 1): None, (1, 0): "b", (1, 1): None}
