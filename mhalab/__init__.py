@@ -15,6 +15,8 @@ The modules, one idea each::
     mhalab.scores       head scores from attention patterns (relations, previous-token, entropy, ...)
     mhalab.ablation     switching heads off, head importance, pruning
     mhalab.widgets      head_explorer and head_grid (ipywidgets + matplotlib)
+    mhalab.plotting     heat maps and the figures the notebooks share
+    mhalab.diagrams     the mechanism and a block, drawn from a real forward pass
     mhalab.parallelism  counting and timing attention operations across layers and heads
     mhalab.labs         auto-checked exercises
 

@@ -66,3 +66,61 @@ def check_model_fits_task(model: Any, task: Any) -> None:
     if problems:
         raise ValueError(f"the model does not fit task {getattr(task, 'name', type(task).__name__)!r}: "
                          + "; ".join(problems) + ". Build it with ModelConfig.for_task(task, d_model=..., n_heads=...)")
+
+
+# ---------------------------------------------------------------- attention shapes
+def valid_head_counts(d_model: int) -> list[int]:
+    """Every n_heads that divides ``d_model`` (so that d_k = d_model / n_heads is whole)."""
+    return [h for h in range(1, d_model + 1) if d_model % h == 0]
+
+
+def check_head_count(d_model: int, n_heads: int) -> int:
+    """Validate ``(d_model, n_heads)`` and return d_k, or raise a ValueError/TypeError that says the fix."""
+    for name, value in (("d_model", d_model), ("n_heads", n_heads)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if d_model < 1:
+        raise ValueError(f"d_model must be at least 1, got d_model={d_model}")
+    if n_heads < 1:
+        raise ValueError(
+            f"n_heads must be at least 1, got n_heads={n_heads}; "
+            f"valid head counts for d_model={d_model}: {_short_list(valid_head_counts(d_model))}"
+        )
+    if d_model % n_heads != 0:
+        raise ValueError(
+            f"d_model={d_model} is not divisible by n_heads={n_heads}: each head works in "
+            f"d_k = d_model / n_heads dimensions, which must be a whole number. "
+            f"Valid head counts for d_model={d_model}: {_short_list(valid_head_counts(d_model))}"
+        )
+    return d_model // n_heads
+
+
+def check_head_shape(
+    d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None
+) -> tuple[int, int]:
+    """Validate an attention shape and return ``(n_kv_heads, d_head)`` with defaults filled in.
+
+    ``d_head`` defaults to ``d_model / n_heads`` (which must then be whole); ``n_kv_heads``
+    defaults to ``n_heads`` and must divide it (each K/V head serves a whole group of query heads).
+    """
+    if d_head is None:
+        d_head = check_head_count(d_model, n_heads)  # d_model / n_heads, or an error listing valid n_heads
+    else:  # any head size: d_model need not be n_heads * d_head (T5, Gemma)
+        check_int("d_model", d_model, 1)
+        check_int("n_heads", n_heads, 1)
+        check_int("d_head", d_head, 1)
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    check_int("n_kv_heads", n_kv_heads, 1, maximum=n_heads, why=" (query heads share K/V heads, not the reverse)")
+    if n_heads % n_kv_heads != 0:
+        divisors = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
+        raise ValueError(
+            f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}: each K/V head must serve "
+            f"the same number of query heads. Valid n_kv_heads for n_heads={n_heads}: {_short_list(divisors)}"
+        )
+    return n_kv_heads, d_head
+
+
+def _short_list(values: list[int], limit: int = 24) -> str:
+    if len(values) <= limit:
+        return ", ".join(map(str, values))
+    return ", ".join(map(str, values[: limit - 2])) + ", ..., " + ", ".join(map(str, values[-2:]))

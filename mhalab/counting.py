@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ._checks import check_int
-from .attention import KVCache, MultiHeadAttention, check_head_count, check_head_shape
+from ._checks import check_head_count, check_head_shape, check_int
+from .attention import KVCache, MultiHeadAttention
 
 __all__ = [
     "count_parameters",

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_int
-from .attention import KVCache, MultiHeadAttention, check_head_count
+from ._checks import check_head_count, check_int
+from .attention import KVCache, MultiHeadAttention
 from .positions import sinusoidal_positions
 
 __all__ = [

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import check_head_count
+from ._checks import check_head_count
 from .device import synchronize
 
 __all__ = [

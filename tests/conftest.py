@@ -1,11 +1,11 @@
 """Shared fixtures and markers for the mhalab test suite."""
 
 import os
-import shutil
 
 import pytest
 import torch
 
+from chromium import chromium_executable
 from mhalab.models import ModelConfig, Transformer
 from mhalab.tasks import MultiRelationTask
 
@@ -16,7 +16,7 @@ def pytest_collection_modifyitems(config, items):
     In CI (MHALAB_REQUIRE_BROWSER=1) a missing Chromium is an error, not a skip.
     """
     has_cuda = torch.cuda.is_available()
-    has_chromium = shutil.which("chromium") is not None or shutil.which("chromium-browser") is not None
+    has_chromium = chromium_executable() is not None
     require_browser = os.environ.get("MHALAB_REQUIRE_BROWSER") == "1"
     for item in items:
         if "gpu" in item.keywords and not has_cuda:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import statistics
@@ -31,14 +30,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from chromium import chromium_page
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "05_what_heads_do.ipynb"
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync",
-]
 TARGET_S = 0.5  # what a slider move should take (reported next to the measurement, not asserted)
 RUN_ALL_TIMEOUT_S = 900  # notebook 05 takes < 2 min alone; a shared CI machine may be much slower
 
@@ -186,15 +183,9 @@ def test_sliders_redraw_the_heat_map(jupyterlab, record_property):
     from playwright.sync_api import sync_playwright
 
     base, token, root = jupyterlab
-    executable = shutil.which("chromium") or shutil.which("chromium-browser")
     errors: list[str] = []
     with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(root.parent / "chromium-profile"), executable_path=executable, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 1000},
-        )
-        try:
-            page = context.pages[0] if context.pages else context.new_page()
+        with chromium_page(p, width=1400, height=1000) as page:
             page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
             page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}", timeout=120_000)
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
@@ -219,8 +210,6 @@ def test_sliders_redraw_the_heat_map(jupyterlab, record_property):
             assert page.locator(_ERROR_OUTPUT).count() == 0, page.locator(_ERROR_OUTPUT).first.text_content()
             assert page.get_by_text("Error displaying widget").count() == 0
             assert not errors, errors
-        finally:
-            context.close()
 
     latencies = [m["latency_s"] for _, m in moves]
     print(

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -34,6 +33,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+from chromium import chromium_page
 
 ROOT = Path(__file__).resolve().parent.parent
 IPYWIDGETS_7 = ("ipywidgets==7.7.1", "ipython_genutils==0.2.0")
@@ -145,13 +146,7 @@ def test_the_explorer_in_a_browser_with_ipywidgets_7(overlay, tmp_path):
                 assert time.monotonic() < deadline, f"JupyterLab 3 did not start:\n{log.read_text()[-3000:]}"
                 time.sleep(0.5)
         with sync_playwright() as p:
-            browser = p.chromium.launch(
-                executable_path=shutil.which("chromium") or shutil.which("chromium-browser"), headless=True,
-                args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-            )
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            with chromium_page(p, width=1400, height=1000) as page:
                 page.on("pageerror", lambda error: errors.append(str(error)))
                 page.goto(f"{base}/lab/tree/explorer.ipynb?token={token}", timeout=120_000)
                 page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
@@ -179,8 +174,6 @@ def test_the_explorer_in_a_browser_with_ipywidgets_7(overlay, tmp_path):
                 assert page.get_by_text("Error displaying widget").count() == 0
                 assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").count() == 0
                 page.screenshot(path=str(tmp_path / "ipywidgets7.png"))
-            finally:
-                browser.close()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -25,6 +25,8 @@ from urllib.parse import unquote, urlsplit
 import nbformat
 import pytest
 
+from chromium import chromium_page
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from nbtools import course_notebooks  # noqa: E402
@@ -180,13 +182,7 @@ def test_a_page_in_a_browser(site, tmp_path):
     shot = tmp_path / "site-page.png"
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(
-                executable_path=shutil.which("chromium") or shutil.which("chromium-browser"), headless=True,
-                args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-            )
-            try:
-                page = browser.new_page(viewport={"width": 1280, "height": 900})
+            with chromium_page(p, width=1280, height=900) as page:
                 page.on("pageerror", lambda error: errors.append(str(error)))
                 page.on("request", lambda request: requests.append(request.url))
                 page.goto(f"{base}/{SCREENSHOT_PAGE}", wait_until="load", timeout=60_000)
@@ -198,8 +194,6 @@ def test_a_page_in_a_browser(site, tmp_path):
                 page.goto(f"{base}/search.html?q=cache", wait_until="load", timeout=60_000)
                 page.wait_for_selector("#search-results li", timeout=60_000)
                 assert page.locator("#search-results li a[href*='03_it_costs_nothing']").count() >= 1
-            finally:
-                browser.close()
     finally:
         server.shutdown()
     assert not errors, errors

@@ -1,0 +1,215 @@
+"""Diagrams of the architecture drawn from real modules: the mechanism with its shapes, and a block.
+
+Each diagram reads its shapes off one forward pass of a real module (through :mod:`mhalab.hooks`),
+so the picture cannot disagree with the code.  matplotlib is imported lazily.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .attention import MultiHeadAttention
+from .hooks import run_with_cache
+from .models import Transformer
+from .plotting import figure
+
+__all__ = ["mechanism_shapes", "plot_mechanism", "plot_block"]
+
+
+# ----------------------------------------------------------------------------- the mechanism
+def mechanism_shapes(module, x: Tensor) -> dict[str, tuple[int, ...]]:
+    """Run ``x`` ``[B, T, D]`` through a real :class:`~mhalab.MultiHeadAttention` and read every stage's shape.
+
+    Keys, in the order of the computation: ``x``; ``Q``, ``K``, ``V`` (the projections, ``[B, T, H dk]``
+    and ``[B, T, G dk]``); ``Q heads``, ``K heads``, ``V heads`` (after ``split_heads``: ``[B, H, T, dk]``,
+    ``[B, G, T, dk]``); ``pattern`` (softmax(QKᵀ/√dk), ``[B, H, T, T]``, from the hook point); ``z`` (each
+    head's output, ``[B, T, H, dk]``, from the hook point); ``concat`` (what W_O reads, ``[B, T, H dk]``)
+    and ``out`` (``[B, T, D]``).  Shapes are read off the tensors of one forward pass, not computed.
+    """
+    if not isinstance(module, MultiHeadAttention):
+        raise TypeError(f"mechanism_shapes expects a mhalab.MultiHeadAttention, got {type(module).__name__}")
+    seen: dict[str, Tensor] = {}
+    handles = [
+        module.qkv_proj.register_forward_hook(lambda m, args, out: seen.__setitem__("qkv", out)),
+        module.out_proj.register_forward_pre_hook(lambda m, args: seen.__setitem__("concat", args[0])),
+    ]
+    try:
+        (out, _), cache = run_with_cache(module, x, names=["pattern", "z"])
+    finally:
+        for handle in handles:
+            handle.remove()
+    H, G, dk = module.n_heads, module.n_kv_heads, module.d_head
+    q, k, v = seen["qkv"].split((H * dk, G * dk, G * dk), dim=-1)  # [B, T, H dk], 2 x [B, T, G dk]
+    shapes = {"x": x, "Q": q, "K": k, "V": v}
+    shapes.update({f"{name} heads": module.split_heads(t) for name, t in (("Q", q), ("K", k), ("V", v))})
+    shapes.update(pattern=cache["pattern"], z=cache["z"], concat=seen["concat"], out=out)
+    return {name: tuple(t.shape) for name, t in shapes.items()}
+
+
+def _box(ax, x: float, y: float, name: str, shape, *, width: float = 2.0, height: float = 1.0,
+         colour: str = "#dbe9f6", layers: int = 1, dims: str | None = None) -> None:
+    """A rounded box centred at (x, y): ``name`` over ``shape`` (over the axes' names ``dims``);
+    ``layers`` > 1 stacks copies behind it."""
+    from matplotlib.patches import FancyBboxPatch
+
+    for k in reversed(range(layers)):  # copies behind, up and to the right, like Vaswani's Figure 2
+        ax.add_patch(FancyBboxPatch((x - width / 2 + 0.13 * k, y - height / 2 + 0.13 * k), width, height,
+                                    boxstyle="round,pad=0.02,rounding_size=0.12", facecolor=colour,
+                                    edgecolor="#333333", linewidth=0.8, zorder=3 - 0.1 * k))
+    lines = [(name, dict(fontsize=9, fontweight="bold"))]
+    if shape is not None:
+        lines.append((shape if isinstance(shape, str) else str(list(shape)), dict(fontsize=8, family="monospace")))
+    if dims is not None:
+        lines.append((dims, dict(fontsize=8, color="#555555")))
+    step = height / (len(lines) + 0.6)
+    for k, (text, style) in enumerate(lines):
+        ax.text(x, y + step * ((len(lines) - 1) / 2 - k), text, ha="center", va="center", zorder=4, **style)
+
+
+def _arrow(ax, start, end, **kwargs) -> None:
+    ax.annotate("", xy=end, xytext=start, zorder=2,
+                arrowprops=dict(arrowstyle="-|>", color=kwargs.pop("color", "#444444"), lw=1.0,
+                                shrinkA=0, shrinkB=0, **kwargs))
+
+
+def plot_mechanism(shapes: dict, *, title: str | None = None):
+    """Multi-head attention drawn the way Vaswani et al.'s Figure 2 draws it, labelled with real shapes.
+
+    ``shapes`` is what :func:`mechanism_shapes` returns.  Left to right: the input, the three
+    projections, the split into heads, softmax(QKᵀ/√dk) (the ``pattern`` hook point), the weighted
+    values (``z``), the concatenation and W_O.  Boxes drawn as a stack run once per head, in
+    parallel.  Returns the Figure.
+    """
+    need = ("x", "Q", "K", "V", "Q heads", "K heads", "V heads", "pattern", "z", "concat", "out")
+    missing = [k for k in need if k not in shapes]
+    if missing:
+        raise ValueError(f"shapes lacks {missing}: pass what mechanism_shapes(module, x) returns")
+    B, H, L, S = shapes["pattern"]
+    G = shapes["K heads"][1]
+    fig, axes = figure(width=9.6, height=3.5)
+    ax = axes[0, 0]
+    stack = min(H, 3)  # stacked copies drawn behind a per-head box
+    y_q, y_k, y_v = 4.4, 2.9, 1.4
+    # The per-head region first, so that it sits behind the boxes.
+    from matplotlib.patches import FancyBboxPatch
+
+    ax.add_patch(FancyBboxPatch((4.55, 0.65), 7.85, 4.75, boxstyle="round,pad=0.02,rounding_size=0.2",
+                                facecolor="#f6f6f6", edgecolor="#888888", linestyle="--", linewidth=0.8, zorder=0))
+    heads_text = f"per head: H = {H} heads in parallel" + ("" if G == H else f", sharing G = {G} K/V heads")
+    ax.text(8.4, 5.62, heads_text, ha="center", va="center", fontsize=8, color="#444444")
+    kv = "H" if G == H else "G"
+    _box(ax, 1.0, y_k, "input x", shapes["x"], colour="#eeeeee", dims="B, T, D")
+    for y, name in ((y_q, "Q"), (y_k, "K"), (y_v, "V")):
+        heads = "H" if name == "Q" else kv
+        _box(ax, 3.3, y, f"Linear W_{name}", shapes[name], colour="#fde8c8", dims=f"B, T, {heads}·dk")
+        _arrow(ax, (2.0, y_k), (2.3, y))
+        layers = stack if heads == "H" else min(G, stack)
+        _box(ax, 5.9, y, f"{name}: split heads", shapes[f"{name} heads"], layers=layers, width=2.2,
+             dims=f"B, {heads}, T, dk")
+        _arrow(ax, (4.3, y), (4.8, y))
+    y_p, y_z = (y_q + y_k) / 2, 2.1
+    _box(ax, 8.7, y_p, "softmax(QKᵀ/√d_k)", shapes["pattern"], layers=stack, width=2.6, dims="B, H, T, T")
+    ax.text(8.7, y_p - 0.75, "hook: pattern", ha="center", fontsize=8, color="#555555")
+    _arrow(ax, (7.0, y_q), (7.4, y_p + 0.2))
+    _arrow(ax, (7.0, y_k), (7.4, y_p - 0.2))
+    _box(ax, 11.1, y_z, "weights · V", shapes["z"], layers=stack, width=2.0, dims="B, T, H, dk")
+    ax.text(11.1, y_z - 0.75, "hook: z", ha="center", fontsize=8, color="#555555")
+    _arrow(ax, (9.9, y_p - 0.35), (10.2, y_z + 0.5))
+    _arrow(ax, (7.0, y_v), (10.1, y_z - 0.2))
+    _box(ax, 13.7, y_k, "concat heads", shapes["concat"], colour="#e3f1df", dims="B, T, H·dk")
+    _arrow(ax, (12.1, y_z + 0.2), (12.7, y_k))
+    _box(ax, 16.3, y_k, "Linear W_O", shapes["out"], colour="#fde8c8", dims="B, T, D")
+    _arrow(ax, (14.7, y_k), (15.3, y_k))
+    ax.set_xlim(-0.1, 17.4)
+    ax.set_ylim(0.4, 5.9)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    fig.suptitle(title or f"multi-head attention, shapes as they flow: B={B}, T={L}, D={shapes['x'][-1]}, "
+                 f"H={H}, d_k={shapes['Q heads'][-1]}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------- the block
+def plot_block(model, tokens: Tensor):
+    """Where attention sits: a :class:`~mhalab.models.Transformer`'s residual stream, drawn with real shapes.
+
+    Runs ``tokens`` ``[B, T]`` through ``model`` once and labels each part with its module name and
+    output shape: token embedding + positions start the residual stream; in each block, LayerNorm ->
+    attention and LayerNorm -> MLP read the stream and add their output back (⊕); a final LayerNorm and
+    the output head read it at the end.  Returns the Figure.
+    """
+    from matplotlib.patches import Circle, FancyArrow
+
+
+    if not isinstance(model, Transformer):
+        raise TypeError(f"plot_block draws a mhalab.models.Transformer, got {type(model).__name__}")
+    parts = ["embed.tokens", "embed.positions", "ln_final", "head"]
+    for i in range(len(model.blocks)):
+        parts += [f"blocks.{i}.ln_attn", f"blocks.{i}.attn", f"blocks.{i}.ln_mlp", f"blocks.{i}.mlp"]
+    modules = dict(model.named_modules())
+    shapes: dict[str, str] = {}
+
+    def record(name):
+        def hook(module, args, output):
+            out = output[0] if isinstance(output, tuple) else output
+            shapes[name] = str(list(out.shape))
+        return hook
+
+    handles = [modules[name].register_forward_hook(record(name)) for name in parts if name in modules]
+    try:
+        with torch.no_grad():
+            model(tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+    T = tokens.size(1)
+    learned = "embed.positions" in modules
+    shapes.setdefault("embed.positions", f"[{T}, {model.config.d_model}]")  # sinusoidal: a fixed table, no module
+
+    n_blocks = len(model.blocks)
+    start, branch, end = 3.0, 5.0, 4.8
+    width = start + 2 * branch * n_blocks + end
+    fig, axes = figure(width=0.55 * width, height=3.1)
+    ax = axes[0, 0]
+    y_stream, y_branch = 1.0, 3.0
+    ax.add_patch(FancyArrow(start, y_stream, width - start - 0.2, 0, width=0.16, head_width=0.4, head_length=0.3,
+                            length_includes_head=True, color="#cccccc", zorder=1))
+    ax.text(start + 0.4, y_stream - 0.45, f"residual stream {shapes['embed.tokens']} (B, T, D)",
+            fontsize=8, color="#555555", ha="left")
+
+    def plus(x):
+        ax.add_patch(Circle((x, y_stream), 0.22, facecolor="white", edgecolor="#333333", zorder=5))
+        ax.text(x, y_stream, "+", ha="center", va="center", fontsize=11, zorder=6)
+
+    _box(ax, 1.3, y_branch, "token embedding", shapes["embed.tokens"], width=2.5, colour="#eeeeee")
+    _box(ax, 1.3, y_stream - 0.9, "learned positions" if learned else "sinusoidal positions",
+         shapes["embed.positions"], width=2.5, colour="#eeeeee")
+    plus(start)
+    _arrow(ax, (1.3, y_branch - 0.5), (start - 0.15, y_stream + 0.17))
+    _arrow(ax, (1.3, y_stream - 0.4), (start - 0.17, y_stream - 0.12))
+    x = start + 0.3
+    for i in range(n_blocks):
+        ax.text(x + branch - 0.2, y_branch + 0.8, f"block {i}", ha="center", fontsize=9, color="#444444")
+        for ln, sub, colour in (("ln_attn", "attn", "#dbe9f6"), ("ln_mlp", "mlp", "#e3f1df")):
+            name = f"blocks.{i}.{sub}"
+            _box(ax, x + 0.85, y_branch, "LayerNorm", None, width=1.5, height=0.7, colour="#f3f3f3")
+            _box(ax, x + 3.0, y_branch, name, shapes[name], width=2.4, colour=colour)
+            _arrow(ax, (x, y_stream + 0.1), (x + 0.45, y_branch - 0.35))
+            _arrow(ax, (x + 1.6, y_branch), (x + 1.8, y_branch))
+            plus(x + branch - 0.3)
+            _arrow(ax, (x + 4.05, y_branch - 0.5), (x + branch - 0.38, y_stream + 0.21))
+            x += branch
+    _box(ax, x + 1.0, y_branch, "ln_final", shapes["ln_final"], width=1.8, colour="#f3f3f3")
+    _box(ax, x + 3.3, y_branch, "head (logits)", shapes["head"], width=2.4, colour="#fde8c8")
+    _arrow(ax, (x, y_stream + 0.1), (x + 0.45, y_branch - 0.5))
+    _arrow(ax, (x + 1.9, y_branch), (x + 2.1, y_branch))
+    ax.set_xlim(-0.1, width + 0.3)
+    ax.set_ylim(-0.6, 4.1)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    fig.suptitle(f"where attention sits: {n_blocks} pre-norm block{'s' if n_blocks > 1 else ''}; "
+                 f"each branch adds its output to the residual stream", fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,31 @@
+"""One way the tests start headless Chromium: Debian's build, driven by Playwright, in a fresh profile."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from typing import Iterator
+
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+def chromium_executable() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@contextlib.contextmanager
+def chromium_page(playwright, *, width: int = 1280, height: int = 900) -> Iterator[object]:
+    """A page in a headless Chromium with a fresh profile; closed (profile removed) afterwards."""
+    with tempfile.TemporaryDirectory(prefix="mhalab-chromium-") as profile:
+        context = playwright.chromium.launch_persistent_context(
+            profile, executable_path=chromium_executable(), headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": width, "height": height},
+        )
+        try:
+            yield context.pages[0] if context.pages else context.new_page()
+        finally:
+            context.close()
