@@ -167,6 +167,110 @@ def count_critical_path(h, e, d):
     return blocks * h, steps
 
 
+
+# ------------------------------------------------------------------------------------ 04
+def _circle(T, offset, omega, radius):
+    a = omega * torch.arange(T, dtype=torch.float32)
+    K = torch.stack([a.cos(), a.sin()], -1)
+    Q = radius * torch.stack([(a - offset * omega).cos(), (a - offset * omega).sin()], -1)
+    return Q, K
+
+
+def look_back_full_circle_float32(seq_len, offset):  # the notebook's full circle, a radius grown with the length
+    omega = 2 * math.pi / seq_len
+    return _circle(seq_len, offset, omega, 3 * math.log(10 * seq_len) / (1 - math.cos(omega)))
+
+
+def look_back_numpy(T, k):  # other names, NumPy, a list as the pair
+    w = np.pi / T
+    ang = w * np.arange(T)
+    R = 40.0 * T * T
+    return [R * np.stack([np.cos(ang - k * w), np.sin(ang - k * w)], 1), np.stack([np.cos(ang), np.sin(ang)], 1)]
+
+
+def look_back_loop(seq_len, offset):
+    Q, K = torch.zeros(seq_len, 2, dtype=torch.float64), torch.zeros(seq_len, 2, dtype=torch.float64)
+    step = math.pi / (2 * seq_len)   # a quarter circle is enough too
+    for j in range(seq_len):
+        K[j] = torch.tensor([math.cos(step * j), math.sin(step * j)])
+        Q[j] = 1e7 * torch.tensor([math.cos(step * (j - offset)), math.sin(step * (j - offset))])
+    return Q, K
+
+
+# ------------------------------------------------------------------------------------ 03
+def batch_by_loop(cfg, tokens, memory, nbytes):  # other names: add sequences until the next one does not fit
+    per_seq = 2 * cfg["n_kv_heads"] * cfg["d_head"] * cfg["n_layers"] * tokens * nbytes
+    batch = 0
+    while (batch + 1) * per_seq <= memory:
+        batch += 1
+    return batch
+
+
+def batch_numpy(config, seq_len, memory_bytes, bytes_per_value):
+    per_seq = np.prod([2, config["n_layers"], config["n_kv_heads"], config["d_head"], seq_len, bytes_per_value], dtype=np.int64)
+    return np.floor_divide(np.int64(memory_bytes), per_seq)
+
+
+def _gqa(x, W_Q, W_K, W_V, W_O, h, g, causal=True, interleave=True, scale=True, merge=True, out=True):
+    """A one-pass GQA forward written here (the learner's code, not mhalab's), with one mistake switched on."""
+    B, T, _ = x.shape
+    d = W_Q.size(1) // h
+    q = (x @ W_Q).view(B, T, h, d).transpose(1, 2)
+    k, v = ((x @ W).view(B, T, g, d).transpose(1, 2) for W in (W_K, W_V))
+    k, v = ((z.repeat_interleave(h // g, 1) if interleave else z.repeat(1, h // g, 1, 1)) for z in (k, v))
+    s = q @ k.mT / (math.sqrt(d) if scale else 1)
+    if causal:
+        s = s.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf"))
+    z = s.softmax(-1) @ v
+    z = z.transpose(1, 2).reshape(B, T, -1) if merge else z.reshape(B, T, -1)
+    return z @ W_O if out else z
+
+
+def gqa_decoded(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):  # token by token through a cache, as the notebook does
+    B, T, _ = x.shape
+    d = W_Q.size(1) // n_heads
+    ks, vs, outs = [], [], []
+    for t in range(T):
+        xt = x[:, t:t + 1]
+        q = (xt @ W_Q).view(B, 1, n_heads, d).transpose(1, 2)
+        ks.append((xt @ W_K).view(B, 1, n_kv_heads, d).transpose(1, 2))
+        vs.append((xt @ W_V).view(B, 1, n_kv_heads, d).transpose(1, 2))
+        k = torch.cat(ks, 2).repeat_interleave(n_heads // n_kv_heads, 1)
+        v = torch.cat(vs, 2).repeat_interleave(n_heads // n_kv_heads, 1)
+        z = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        outs.append(z.transpose(1, 2).reshape(B, 1, -1) @ W_O)
+    return torch.cat(outs, 1)
+
+
+def gqa_expand_einsum(x, wq, wk, wv, wo, heads, kv_heads):  # groups as an axis, einsum, a boolean mask
+    B, T, _ = x.shape
+    d = wq.size(1) // heads
+    q = torch.einsum("btd,de->bte", x, wq).view(B, T, kv_heads, heads // kv_heads, d)   # [B, T, G, per group, d]
+    k = (x @ wk).view(B, T, kv_heads, d)
+    v = (x @ wv).view(B, T, kv_heads, d)
+    s = torch.einsum("btgpd,bsgd->bgpts", q, k) / math.sqrt(d)
+    s = torch.where(torch.ones(T, T).tril().bool(), s, torch.tensor(float("-inf")))
+    z = torch.einsum("bgpts,bsgd->btgpd", s.softmax(-1), v)
+    return z.reshape(B, T, heads * d) @ wo
+
+
+def gqa_float64(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
+    args = [t.double() for t in (x, W_Q, W_K, W_V, W_O)]
+    B, T, _ = x.shape
+    out = gqa_decoded(*args, n_heads, n_kv_heads)
+    return out.numpy()
+
+
+def gqa_with_mhalab_attention_pooled(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):  # hands the work to mhalab's module
+    from mhalab import MultiHeadAttention
+
+    B, T, D = x.shape
+    m = MultiHeadAttention(D, n_heads, n_kv_heads=n_kv_heads, bias=False)
+    with torch.no_grad():
+        m.qkv_proj.weight.copy_(torch.cat([W_Q.t(), W_K.t(), W_V.t()]))
+        m.out_proj.weight.copy_(W_O.t())
+        return m(x, is_causal=True)[0]
+
 CORPUS = {
     "01.1": {
         "right": [attention_einsum, attention_float64, attention_numpy],
@@ -242,33 +346,39 @@ CORPUS = {
         ],
     },
     "03.2": {
-        "right": [lambda d, h, n, t, b, nbytes: 2.0 * d * n * t * b * nbytes,
-                  lambda a, b, c, d, e, f: np.int64(2 * a * c * d * e * f)],
+        "right": [lambda config, seq_len, memory_bytes, bytes_per_value: int(memory_bytes / (2 * config["n_layers"] * config["n_kv_heads"] * config["d_head"] * seq_len * bytes_per_value)),
+                  batch_by_loop, batch_numpy],
         "wrong": [
-            (lambda d, h, n, t, b, by: d * n * t * b * by, "both keys and values are cached"),
-            (lambda d, h, n, t, b, by: 2 * d * t * b * by, "every layer keeps its own cache"),
-            (lambda d, h, n, t, b, by: 2 * (d // h) * n * t * b * by, "that is one head's cache"),
-            (lambda d, h, n, t, b, by: 2 * d * h * n * t * b * by, "do not multiply by n_heads again"),
-            (lambda d, h, n, t, b, by: 2 * d * n * t * b, "not bytes"),
-            (lambda d_model, n_heads, n_layers, seq_len, batch_size: 0, "keep the given parameters"),
+            (lambda c, t, m, b: m // (2 * c["n_layers"] * c["n_heads"] * c["d_head"] * t * b), "full multi-head attention"),
+            (lambda c, t, m, b: m // (c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t * b), "both the keys and the values"),
+            (lambda c, t, m, b: m // (2 * c["n_kv_heads"] * c["d_head"] * t * b), "every layer keeps its own cache"),
+            (lambda c, t, m, b: m // (2 * c["n_layers"] * c["n_kv_heads"] * (c["d_model"] // c["n_heads"]) * t * b), "it need not be d_model / n_heads"),
+            (lambda c, t, m, b: -(-m // (2 * c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t * b)), "round down"),
+            (lambda c, t, m, b: m / (2 * c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t * b), "should be a whole number"),
+            (lambda c, t, m, b: m // (2 * c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t), "bytes_per_value"),
+            (lambda c, t, m: 1, "keep the given parameters"),
         ],
     },
     "03.3": {
-        "right": [gqa_one_line, lambda width, q_heads, kv_heads, layers: torch.tensor(2 * kv_heads * (width // q_heads) * layers)],
+        "right": [gqa_decoded, gqa_expand_einsum, gqa_float64],
         "wrong": [
-            (lambda d, h, kv, n: 2 * d * n, "the cache of ordinary multi-head attention"),
-            (lambda d, h, kv, n: kv * (d // h) * n, "both keys and values are cached"),
-            (lambda d, h, kv, n: 2 * kv * (d // h), "every layer keeps its own cache"),
-            (lambda d, h, kv, n: 2 * h * (d // h) * n // kv, "proportional to n_kv_heads"),
+            (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, causal=False), "mask the future"),
+            (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, interleave=False), "repeat cycles"),
+            (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, scale=False), "not scaled"),
+            (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, merge=False), "merged in the wrong order"),
+            (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, out=False), "W_O is missing"),
+            (gqa_with_mhalab_attention_pooled, "mhalab"),
         ],
     },
     "04.1": {
-        "right": [lambda d_model, n_heads, seq_len: (d_model / n_heads, min(d_model / n_heads, seq_len)),
-                  lambda d, h, t: [torch.tensor(d // h), np.int64(min(d // h, t))]],
+        "right": [look_back_full_circle_float32, look_back_numpy, look_back_loop],
         "wrong": [
-            (lambda d, h, t: (d // h, d // h), "ignores seq_len"),
-            (lambda d, h, t: (d // h, t), "ignores d_k"),
-            (lambda d, h, t: (d, min(d, t)), "the whole width"),
+            (lambda T, o: _circle(T, o, 2 * math.pi / T, 60.0), "puts only"),   # section 2's radius, for any length
+            (lambda T, o: _circle(T, -o, math.pi / T, 1e5), "look forward"),
+            (lambda T, o: _circle(T, 0, math.pi / T, 1e5), "peaks at its own key"),
+            (lambda T, o: _circle(T, o, 6 * math.pi / T, 1e5), "different directions"),
+            (lambda T, o: tuple(t.T for t in _circle(T, o, math.pi / T, 1e5)), "expected [16, 2]"),
+            (lambda T, o: _circle(T, o, math.pi / T, 1e5)[0], "return a pair (Q, K)"),
         ],
     },
     "04.2": {
