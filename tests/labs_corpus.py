@@ -9,9 +9,7 @@ import math
 import numpy as np
 import torch
 
-from mhalab.labs.ex05 import DEMO
-
-CONTEXT = {"05.1": (DEMO,), "05.2": (DEMO,)}  # what those checks are passed along (an explorer)
+CONTEXT: dict = {}  # what a check is passed along besides the answer (no exercise needs anything now)
 
 
 def _tril(n, k=0):
@@ -271,6 +269,95 @@ def gqa_with_mhalab_attention_pooled(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads)
         m.out_proj.weight.copy_(W_O.t())
         return m(x, is_causal=True)[0]
 
+
+# ------------------------------------------------------------------------------------ 05
+def _run_zeroing(model, tokens, layer, zero):
+    handle = model.blocks[layer].attn.z.register_forward_hook(lambda mod, inp, out: (zero(out), out)[1])
+    try:
+        with torch.no_grad():
+            return model(tokens)
+    finally:
+        handle.remove()
+
+
+def ablate_by_pattern(model, tokens, layer, head):  # zero the head's attention weights instead: z = pattern @ v = 0
+    from mhalab.hooks import run_with_hooks
+
+    def off(pattern, name):  # [B, H, T, S]
+        pattern = pattern.clone()
+        pattern[:, head] = 0
+        return pattern
+    return run_with_hooks(model, tokens, hooks=[(f"blocks.{layer}.attn.pattern", off)]).detach().double()
+
+
+def ablate_register_hook(net, ids, which_layer, which_head):  # plain torch forward hook, other names, NumPy out
+    return _run_zeroing(net, ids, which_layer, lambda z: z.__setitem__((slice(None), slice(None), which_head), 0.0)).numpy()
+
+
+def ablate_in_place_with_block(model, tokens, layer, head):  # hooks_attached, a hook that edits z in place
+    from mhalab.hooks import hooks_attached
+
+    def hook(z, name):
+        z[..., head, :] = 0
+    with hooks_attached(model, [(f"blocks.{layer}.attn.z", hook)]), torch.no_grad():
+        return model(tokens)
+
+
+def ablate_leaky(model, tokens, layer, head):
+    model.blocks[layer].attn.z.register_forward_hook(lambda mod, inp, out: out.index_fill(2, torch.tensor([head]), 0.0))
+    return model(tokens)
+
+
+def ablate_with_mhalab(model, tokens, layer, head):
+    from mhalab.hooks import ablate_heads, run_with_hooks
+
+    return run_with_hooks(model, tokens, hooks=[(f"blocks.{layer}.attn.z", ablate_heads([head]))])
+
+
+def ablate_with_ablation_module(model, tokens, layer, head):
+    from mhalab.ablation import ablate
+
+    with ablate(model, [(layer, head)]):
+        return model(tokens)
+
+
+def _ce(logits, targets):
+    return torch.nn.functional.cross_entropy(logits.flatten(0, -2), targets.flatten()).item()
+
+
+def effects_loop_numpy(model, tokens, targets, intact=True):
+    N, H = len(model.blocks), model.blocks[0].attn.n_heads
+    base = _ce(model(tokens), targets) if intact else 0.0
+    out = np.zeros((N, H))
+    for layer in range(N):
+        for head in range(H):
+            out[layer, head] = _ce(torch.from_numpy(ablate_register_hook(model, tokens, layer, head)), targets) - base
+    return out
+
+
+def effects_with_ablate_by_pattern(m, x, y):
+    with torch.no_grad():
+        base = torch.nn.functional.cross_entropy(m(x).flatten(0, -2), y.flatten(), reduction="sum") / (y != -100).sum()
+    rows = []
+    for layer in range(m.config.n_layers):
+        rows.append([torch.nn.functional.cross_entropy(ablate_by_pattern(m, x, layer, h).float().flatten(0, -2), y.flatten(),
+                                                       reduction="sum") / (y != -100).sum() - base for h in range(m.config.n_heads)])
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def effects_by_mhalab(model, tokens, targets):
+    from mhalab.ablation import ablate
+
+    base = _ce(model(tokens), targets)
+    rows = []
+    for layer in range(model.config.n_layers):
+        row = []
+        for head in range(model.config.n_heads):
+            with ablate(model, [(layer, head)]):
+                row.append(_ce(model(tokens), targets) - base)
+        rows.append(row)
+    return rows
+
 CORPUS = {
     "01.1": {
         "right": [attention_einsum, attention_float64, attention_numpy],
@@ -401,24 +488,26 @@ CORPUS = {
         ],
     },
     "05.1": {
-        "right": [(0, 0), [0, 0], (torch.tensor(0), np.int64(0))],
+        "right": [ablate_by_pattern, ablate_register_hook, ablate_in_place_with_block],
         "wrong": [
-            ((1, 0), "looks at the *next* token"),
-            ((0, 1), "puts only 17%"),
-            ((2, 0), "there is no layer 2"),
-            ("0, 0", "(layer, head) pair"),
+            (lambda model, tokens, layer, head: model(tokens), "nothing changed"),
+            (lambda m, t, l, h: _run_zeroing(m, t, l, lambda z: z.__setitem__((slice(None), h), 0.0)), "a query position, not a head"),
+            (lambda m, t, l, h: _run_zeroing(m, t, l, lambda z: z.__setitem__((slice(None), slice(None)), 0.0)), "every head of the layer, not one"),
+            (lambda m, t, l, h: _run_zeroing(m, t, (l + 1) % m.config.n_layers, lambda z: z.__setitem__((slice(None), slice(None), h), 0.0)), "not of layer"),
+            (ablate_leaky, "still runs with a head off"),
+            (ablate_with_mhalab, "mhalab.hooks.ablate_heads"),
+            (ablate_with_ablation_module, "mhalab.ablation"),
+            (lambda m, t, l: m(t), "keep the given parameters"),
         ],
     },
     "05.2": {
-        "right": [{(0, 0): "previous-token", (1, 1): "left2", (0, 1): None},
-                  {(0, 0): "previous-token", (1, 1): "left2", (0, 1): "none", (0, 2): "first-token"}],
+        "right": [effects_loop_numpy, effects_with_ablate_by_pattern],
         "wrong": [
-            ({(0, 0): "next-token", (1, 1): "left2", (0, 1): None}, "is not a 'next-token' head"),
-            ({(0, 0): "previous-token", (1, 2): "left2", (0, 1): "none"}, "is not a 'left2' head"),
-            ({(0, 0): "previous-token", (1, 1): "left2", (1, 0): None}, "does have a clear role"),
-            ({(0, 0): "previous-token", (1, 1): "left2"}, "at least three heads"),
-            ({(0, 0): "previous-token", (0, 2): "first-token", (0, 1): None}, "carries a relation"),
-            ({(0, 0): "previous-token", (1, 1): "left-2", (0, 1): None}, "not a role the explorer knows"),
+            (lambda m, t, y: -effects_loop_numpy(m, t, y), "signs are flipped"),
+            (lambda m, t, y: effects_loop_numpy(m, t, y, intact=False), "the loss with each head off"),
+            (lambda m, t, y: effects_loop_numpy(m, t, y).T, "([n_layers, n_heads])"),
+            (lambda m, t, y: effects_loop_numpy(m, t, y.clamp(min=0)), "-100"),
+            (effects_by_mhalab, "mhalab.ablation"),
         ],
     },
     "05.3": {
