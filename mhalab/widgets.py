@@ -26,7 +26,7 @@ follows and titled by its role. The explorer, the grid and the exercises name ro
 from __future__ import annotations
 
 import io
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
