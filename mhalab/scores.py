@@ -35,6 +35,8 @@ __all__ = [
     "format_scores",
     "best_heads",
     "heads_matching",
+    "NO_ROLE",
+    "role_of",
 ]
 
 Head = tuple[int, int]  # (layer, head)
@@ -44,6 +46,13 @@ Attention = Union[Sequence[Tensor], Mapping[str, Tensor], Tensor]
 GENERIC_SCORES = ("previous-token", "next-token", "self", "first-token", "entropy", "distance")
 #: Scores that are fractions of attention in [0, 1] (entropy is in nats, distance in positions).
 FRACTION_SCORES = ("previous-token", "next-token", "self", "first-token")
+
+#: The course's one vocabulary for what a head does, used by the explorer, the head grid and the exercises
+#: (see :func:`role_of`): a task relation's name (``"left1"``) when the head follows that relation; else a
+#: generic score's name (``"previous-token"``, ``"next-token"``, ``"self"``, ``"first-token"``); else
+#: ``NO_ROLE``. A relation wins over a generic score: on these tasks ``left1`` *is* the previous token, and
+#: the task's name says more. (:func:`heads_matching` returns Python's ``None`` for ``NO_ROLE``.)
+NO_ROLE = "none"
 
 
 def stack_attention(attention: Attention) -> Tensor:
@@ -222,3 +231,21 @@ def heads_matching(scores: dict[str, Tensor], names: Sequence[str], threshold: f
     value, which = stacked.max(dim=0)  # [N, H]
     N, H = value.shape
     return {(l, h): (names[int(which[l, h])] if float(value[l, h]) >= threshold else None) for l in range(N) for h in range(H)}
+
+
+def role_of(scores: Mapping[str, Any], layer: int, head: int, relations: Sequence[str] = (), threshold: float = 0.5) -> str:
+    """The head's role in the course's one vocabulary (see :data:`NO_ROLE`).
+
+    The relation of ``relations`` with the highest score if it is at least ``threshold``; else the generic
+    fraction score (:data:`FRACTION_SCORES`) with the highest score if at least ``threshold``; else ``NO_ROLE``.
+    ``scores`` maps names to ``[N, H]`` (tensors or arrays), as :func:`head_scores` returns.
+    """
+    for names in (list(relations), [n for n in FRACTION_SCORES if n in scores]):
+        best, value = None, threshold
+        for name in names:
+            v = float(scores[name][layer][head])
+            if v >= value:
+                best, value = name, v
+        if best is not None:
+            return best
+    return NO_ROLE

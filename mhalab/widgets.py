@@ -19,13 +19,14 @@ every viewer that cannot (GitHub, nbviewer, the course website, a script without
 still.  ``update()`` works from Python either way.  ``benchmarks/explorer.py`` times it.
 
 :func:`head_grid` draws all heads of one layer as small maps, each coloured by the relation it
-matches best.
+follows and titled by its role. The explorer, the grid and the exercises name roles the same way
+(:func:`mhalab.scores.role_of`: a task relation, else a generic score, else ``"none"``).
 """
 
 from __future__ import annotations
 
 import io
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,14 +35,13 @@ from torch import nn
 from .ablation import AblationTable, ablate_each_head
 from .hooks import run_with_cache
 from .models import eval_mode
-from .scores import FRACTION_SCORES, head_scores, stack_attention
+from .scores import FRACTION_SCORES, NO_ROLE, head_scores, role_of, stack_attention
 
 __all__ = ["HeadExplorer", "head_explorer", "head_grid", "widgets_available", "RELATION_COLOURS"]
 
 #: Colours for relations, in ``batch.sources`` order (heads matching none are grey).
 RELATION_COLOURS = ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive")
 _RELATION_CMAPS = ("Reds", "Blues", "Greens", "Purples", "Oranges", "YlOrBr", "RdPu", "YlGn")
-_NONE = "none"
 
 
 def widgets_available() -> bool:
@@ -59,16 +59,6 @@ def _labels(task: Any, tokens: torch.Tensor) -> list[str]:
     if task is not None and hasattr(task, "token_labels"):
         return list(task.token_labels(tokens))
     return [str(int(t)) for t in tokens]
-
-
-def _best_match(scores: dict[str, np.ndarray], names: Sequence[str], layer: int, head: int, threshold: float) -> tuple[str | None, float]:
-    """The name in ``names`` with the head's highest score if that score is at least ``threshold``, and the score."""
-    best, value = None, threshold
-    for name in names:
-        v = float(scores[name][layer, head])
-        if v >= value:
-            best, value = name, v
-    return best, value
 
 
 def _marker_points(name: str, sources: dict[str, np.ndarray], example: int, T: int, S: int) -> np.ndarray:
@@ -126,7 +116,7 @@ class HeadExplorer:
         dpi: int = 72,
         layer: int = 0,
         head: int = 0,
-        highlight: str = _NONE,
+        highlight: str = NO_ROLE,
     ) -> None:
         self.model, self.task, self.threshold, self.method = model, task, threshold, method
         tokens = getattr(batch, "inputs", batch)  # [B, T]
@@ -152,7 +142,7 @@ class HeadExplorer:
         elif ablation and task is not None:
             self.ablation = ablate_each_head(model, task, batch, method=method)
         self.layer, self.head, self.example = 0, 0, 0
-        self.highlight = _NONE
+        self.highlight = NO_ROLE
         self._widget = None
         self._syncing = False
         self._build_figure(figsize, dpi)
@@ -226,19 +216,18 @@ class HeadExplorer:
         return [(l, h) for l in range(self.n_layers) for h in range(self.n_heads)]
 
     def role_name(self, layer: int, head: int) -> str:
-        """The name (relation or generic score) on which the head puts the most attention, if that is at
-        least ``threshold``; else ``"none"``."""
-        best, _ = _best_match(self.scores, self.bar_names, layer, head, self.threshold)
-        return _NONE if best is None else best
+        """The head's role in the course's one vocabulary (:func:`mhalab.scores.role_of`): a relation of the
+        task, else a generic score, that gets at least ``threshold`` of its attention; else ``"none"``."""
+        return role_of(self.scores, layer, head, self.relations, self.threshold)
 
     def role(self, layer: int, head: int) -> str:
-        """The head's best-matching relation or generic score (at least ``threshold``), or a description."""
+        """:meth:`role_name` with its score, or ``"none"`` with why (spread out, or no single position)."""
         best = self.role_name(layer, head)
-        if best != _NONE:
+        if best != NO_ROLE:
             return f"{best} ({float(self.scores[best][layer, head]):.2f})"
         if float(self.scores["entropy"][layer, head]) > 0.75 * np.log(self.S):
-            return "spread out (no single position)"
-        return "no clean match"
+            return f"{NO_ROLE} (spread out)"
+        return f"{NO_ROLE} (no single position)"
 
     def _check_index(self, name: str, value: Any, limit: int) -> int:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -298,7 +287,7 @@ class HeadExplorer:
 
     @property
     def highlight_options(self) -> list[str]:
-        return [_NONE] + self.bar_names
+        return [NO_ROLE] + self.bar_names
 
     def ablation_text(self, layer: int, head: int) -> str:
         """One line: what switching this head off does to accuracy (overall and per relation)."""
@@ -462,18 +451,18 @@ def head_grid(
         if head >= H:
             ax.axis("off")
             continue
-        match, value = _best_match(explorer.scores, relations, layer, head, threshold)
-        if match is None:
-            cmap, colour, title = "Greys", "0.4", "no relation"
-        else:
+        match = role_of(explorer.scores, layer, head, relations, threshold)  # the explorer's vocabulary
+        if match in relations:
             i = relations.index(match)
             cmap, colour = _RELATION_CMAPS[i % len(_RELATION_CMAPS)], RELATION_COLOURS[i % len(RELATION_COLOURS)]
-            title = f"{match} {value:.2f}"
+        else:
+            cmap, colour = "Greys", "0.4"
+        title = match if match == NO_ROLE else f"{match} {float(explorer.scores[match][layer, head]):.2f}"
         ax.imshow(explorer.attention[layer, example, head], vmin=0, vmax=1, cmap=cmap, interpolation="nearest")
         ax.set_title(f"H{head}: {title}", fontsize=10, color=colour)
         for spine in ax.spines.values():
             spine.set_edgecolor(colour)
-            spine.set_linewidth(2 if match else 0.8)
+            spine.set_linewidth(2 if match in relations else 0.8)
     fig.suptitle(f"layer {layer}: every head (rows = queries, columns = keys), example {example}", fontsize=11)
     fig.tight_layout()
     return fig

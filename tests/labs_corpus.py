@@ -9,9 +9,7 @@ import math
 import numpy as np
 import torch
 
-from mhalab.labs.ex05 import DEMO
-
-CONTEXT = {"05.1": (DEMO,), "05.2": (DEMO,)}  # what those checks are passed along (an explorer)
+CONTEXT: dict = {}  # what a check is passed along besides the answer (no exercise needs anything now)
 
 
 def _tril(n, k=0):
@@ -167,6 +165,199 @@ def count_critical_path(h, e, d):
     return blocks * h, steps
 
 
+
+# ------------------------------------------------------------------------------------ 04
+def _circle(T, offset, omega, radius):
+    a = omega * torch.arange(T, dtype=torch.float32)
+    K = torch.stack([a.cos(), a.sin()], -1)
+    Q = radius * torch.stack([(a - offset * omega).cos(), (a - offset * omega).sin()], -1)
+    return Q, K
+
+
+def look_back_full_circle_float32(seq_len, offset):  # the notebook's full circle, a radius grown with the length
+    omega = 2 * math.pi / seq_len
+    return _circle(seq_len, offset, omega, 3 * math.log(10 * seq_len) / (1 - math.cos(omega)))
+
+
+def look_back_numpy(T, k):  # other names, NumPy, a list as the pair
+    w = np.pi / T
+    ang = w * np.arange(T)
+    R = 40.0 * T * T
+    return [R * np.stack([np.cos(ang - k * w), np.sin(ang - k * w)], 1), np.stack([np.cos(ang), np.sin(ang)], 1)]
+
+
+def look_back_loop(seq_len, offset):
+    Q, K = torch.zeros(seq_len, 2, dtype=torch.float64), torch.zeros(seq_len, 2, dtype=torch.float64)
+    step = math.pi / (2 * seq_len)   # a quarter circle is enough too
+    for j in range(seq_len):
+        K[j] = torch.tensor([math.cos(step * j), math.sin(step * j)])
+        Q[j] = 1e7 * torch.tensor([math.cos(step * (j - offset)), math.sin(step * (j - offset))])
+    return Q, K
+
+
+# ------------------------------------------------------------------------------------ 03
+def batch_by_loop(cfg, tokens, memory, nbytes):  # other names: add sequences until the next one does not fit
+    per_seq = 2 * cfg["n_kv_heads"] * cfg["d_head"] * cfg["n_layers"] * tokens * nbytes
+    batch = 0
+    while (batch + 1) * per_seq <= memory:
+        batch += 1
+    return batch
+
+
+def batch_numpy(config, seq_len, memory_bytes, bytes_per_value):
+    per_seq = np.prod([2, config["n_layers"], config["n_kv_heads"], config["d_head"], seq_len, bytes_per_value], dtype=np.int64)
+    return np.floor_divide(np.int64(memory_bytes), per_seq)
+
+
+def _gqa(x, W_Q, W_K, W_V, W_O, h, g, causal=True, interleave=True, scale=True, merge=True, out=True):
+    """A one-pass GQA forward written here (the learner's code, not mhalab's), with one mistake switched on."""
+    B, T, _ = x.shape
+    d = W_Q.size(1) // h
+    q = (x @ W_Q).view(B, T, h, d).transpose(1, 2)
+    k, v = ((x @ W).view(B, T, g, d).transpose(1, 2) for W in (W_K, W_V))
+    k, v = ((z.repeat_interleave(h // g, 1) if interleave else z.repeat(1, h // g, 1, 1)) for z in (k, v))
+    s = q @ k.mT / (math.sqrt(d) if scale else 1)
+    if causal:
+        s = s.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf"))
+    z = s.softmax(-1) @ v
+    z = z.transpose(1, 2).reshape(B, T, -1) if merge else z.reshape(B, T, -1)
+    return z @ W_O if out else z
+
+
+def gqa_decoded(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):  # token by token through a cache, as the notebook does
+    B, T, _ = x.shape
+    d = W_Q.size(1) // n_heads
+    ks, vs, outs = [], [], []
+    for t in range(T):
+        xt = x[:, t:t + 1]
+        q = (xt @ W_Q).view(B, 1, n_heads, d).transpose(1, 2)
+        ks.append((xt @ W_K).view(B, 1, n_kv_heads, d).transpose(1, 2))
+        vs.append((xt @ W_V).view(B, 1, n_kv_heads, d).transpose(1, 2))
+        k = torch.cat(ks, 2).repeat_interleave(n_heads // n_kv_heads, 1)
+        v = torch.cat(vs, 2).repeat_interleave(n_heads // n_kv_heads, 1)
+        z = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        outs.append(z.transpose(1, 2).reshape(B, 1, -1) @ W_O)
+    return torch.cat(outs, 1)
+
+
+def gqa_expand_einsum(x, wq, wk, wv, wo, heads, kv_heads):  # groups as an axis, einsum, a boolean mask
+    B, T, _ = x.shape
+    d = wq.size(1) // heads
+    q = torch.einsum("btd,de->bte", x, wq).view(B, T, kv_heads, heads // kv_heads, d)   # [B, T, G, per group, d]
+    k = (x @ wk).view(B, T, kv_heads, d)
+    v = (x @ wv).view(B, T, kv_heads, d)
+    s = torch.einsum("btgpd,bsgd->bgpts", q, k) / math.sqrt(d)
+    s = torch.where(torch.ones(T, T).tril().bool(), s, torch.tensor(float("-inf")))
+    z = torch.einsum("bgpts,bsgd->btgpd", s.softmax(-1), v)
+    return z.reshape(B, T, heads * d) @ wo
+
+
+def gqa_float64(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
+    args = [t.double() for t in (x, W_Q, W_K, W_V, W_O)]
+    B, T, _ = x.shape
+    out = gqa_decoded(*args, n_heads, n_kv_heads)
+    return out.numpy()
+
+
+def gqa_with_mhalab_attention_pooled(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):  # hands the work to mhalab's module
+    from mhalab import MultiHeadAttention
+
+    B, T, D = x.shape
+    m = MultiHeadAttention(D, n_heads, n_kv_heads=n_kv_heads, bias=False)
+    with torch.no_grad():
+        m.qkv_proj.weight.copy_(torch.cat([W_Q.t(), W_K.t(), W_V.t()]))
+        m.out_proj.weight.copy_(W_O.t())
+        return m(x, is_causal=True)[0]
+
+
+# ------------------------------------------------------------------------------------ 05
+def _run_zeroing(model, tokens, layer, zero):
+    handle = model.blocks[layer].attn.z.register_forward_hook(lambda mod, inp, out: (zero(out), out)[1])
+    try:
+        with torch.no_grad():
+            return model(tokens)
+    finally:
+        handle.remove()
+
+
+def ablate_by_pattern(model, tokens, layer, head):  # zero the head's attention weights instead: z = pattern @ v = 0
+    from mhalab.hooks import run_with_hooks
+
+    def off(pattern, name):  # [B, H, T, S]
+        pattern = pattern.clone()
+        pattern[:, head] = 0
+        return pattern
+    return run_with_hooks(model, tokens, hooks=[(f"blocks.{layer}.attn.pattern", off)]).detach().double()
+
+
+def ablate_register_hook(net, ids, which_layer, which_head):  # plain torch forward hook, other names, NumPy out
+    return _run_zeroing(net, ids, which_layer, lambda z: z.__setitem__((slice(None), slice(None), which_head), 0.0)).numpy()
+
+
+def ablate_in_place_with_block(model, tokens, layer, head):  # hooks_attached, a hook that edits z in place
+    from mhalab.hooks import hooks_attached
+
+    def hook(z, name):
+        z[..., head, :] = 0
+    with hooks_attached(model, [(f"blocks.{layer}.attn.z", hook)]), torch.no_grad():
+        return model(tokens)
+
+
+def ablate_leaky(model, tokens, layer, head):
+    model.blocks[layer].attn.z.register_forward_hook(lambda mod, inp, out: out.index_fill(2, torch.tensor([head]), 0.0))
+    return model(tokens)
+
+
+def ablate_with_mhalab(model, tokens, layer, head):
+    from mhalab.hooks import ablate_heads, run_with_hooks
+
+    return run_with_hooks(model, tokens, hooks=[(f"blocks.{layer}.attn.z", ablate_heads([head]))])
+
+
+def ablate_with_ablation_module(model, tokens, layer, head):
+    from mhalab.ablation import ablate
+
+    with ablate(model, [(layer, head)]):
+        return model(tokens)
+
+
+def _ce(logits, targets):
+    return torch.nn.functional.cross_entropy(logits.flatten(0, -2), targets.flatten()).item()
+
+
+def effects_loop_numpy(model, tokens, targets, intact=True):
+    N, H = len(model.blocks), model.blocks[0].attn.n_heads
+    base = _ce(model(tokens), targets) if intact else 0.0
+    out = np.zeros((N, H))
+    for layer in range(N):
+        for head in range(H):
+            out[layer, head] = _ce(torch.from_numpy(ablate_register_hook(model, tokens, layer, head)), targets) - base
+    return out
+
+
+def effects_with_ablate_by_pattern(m, x, y):
+    with torch.no_grad():
+        base = torch.nn.functional.cross_entropy(m(x).flatten(0, -2), y.flatten(), reduction="sum") / (y != -100).sum()
+    rows = []
+    for layer in range(m.config.n_layers):
+        rows.append([torch.nn.functional.cross_entropy(ablate_by_pattern(m, x, layer, h).float().flatten(0, -2), y.flatten(),
+                                                       reduction="sum") / (y != -100).sum() - base for h in range(m.config.n_heads)])
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def effects_by_mhalab(model, tokens, targets):
+    from mhalab.ablation import ablate
+
+    base = _ce(model(tokens), targets)
+    rows = []
+    for layer in range(model.config.n_layers):
+        row = []
+        for head in range(model.config.n_heads):
+            with ablate(model, [(layer, head)]):
+                row.append(_ce(model(tokens), targets) - base)
+        rows.append(row)
+    return rows
+
 CORPUS = {
     "01.1": {
         "right": [attention_einsum, attention_float64, attention_numpy],
@@ -242,33 +433,39 @@ CORPUS = {
         ],
     },
     "03.2": {
-        "right": [lambda d, h, n, t, b, nbytes: 2.0 * d * n * t * b * nbytes,
-                  lambda a, b, c, d, e, f: np.int64(2 * a * c * d * e * f)],
+        "right": [lambda config, seq_len, memory_bytes, bytes_per_value: int(memory_bytes / (2 * config["n_layers"] * config["n_kv_heads"] * config["d_head"] * seq_len * bytes_per_value)),
+                  batch_by_loop, batch_numpy],
         "wrong": [
-            (lambda d, h, n, t, b, by: d * n * t * b * by, "both keys and values are cached"),
-            (lambda d, h, n, t, b, by: 2 * d * t * b * by, "every layer keeps its own cache"),
-            (lambda d, h, n, t, b, by: 2 * (d // h) * n * t * b * by, "that is one head's cache"),
-            (lambda d, h, n, t, b, by: 2 * d * h * n * t * b * by, "do not multiply by n_heads again"),
-            (lambda d, h, n, t, b, by: 2 * d * n * t * b, "not bytes"),
-            (lambda d_model, n_heads, n_layers, seq_len, batch_size: 0, "keep the given parameters"),
+            (lambda c, t, m, b: m // (2 * c["n_layers"] * c["n_heads"] * c["d_head"] * t * b), "full multi-head attention"),
+            (lambda c, t, m, b: m // (c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t * b), "both the keys and the values"),
+            (lambda c, t, m, b: m // (2 * c["n_kv_heads"] * c["d_head"] * t * b), "every layer keeps its own cache"),
+            (lambda c, t, m, b: m // (2 * c["n_layers"] * c["n_kv_heads"] * (c["d_model"] // c["n_heads"]) * t * b), "it need not be d_model / n_heads"),
+            (lambda c, t, m, b: -(-m // (2 * c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t * b)), "round down"),
+            (lambda c, t, m, b: m / (2 * c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t * b), "should be a whole number"),
+            (lambda c, t, m, b: m // (2 * c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t), "bytes_per_value"),
+            (lambda c, t, m: 1, "keep the given parameters"),
         ],
     },
     "03.3": {
-        "right": [gqa_one_line, lambda width, q_heads, kv_heads, layers: torch.tensor(2 * kv_heads * (width // q_heads) * layers)],
+        "right": [gqa_decoded, gqa_expand_einsum, gqa_float64],
         "wrong": [
-            (lambda d, h, kv, n: 2 * d * n, "the cache of ordinary multi-head attention"),
-            (lambda d, h, kv, n: kv * (d // h) * n, "both keys and values are cached"),
-            (lambda d, h, kv, n: 2 * kv * (d // h), "every layer keeps its own cache"),
-            (lambda d, h, kv, n: 2 * h * (d // h) * n // kv, "proportional to n_kv_heads"),
+            (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, causal=False), "mask the future"),
+            (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, interleave=False), "repeat cycles"),
+            (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, scale=False), "not scaled"),
+            (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, merge=False), "merged in the wrong order"),
+            (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, out=False), "W_O is missing"),
+            (gqa_with_mhalab_attention_pooled, "mhalab"),
         ],
     },
     "04.1": {
-        "right": [lambda d_model, n_heads, seq_len: (d_model / n_heads, min(d_model / n_heads, seq_len)),
-                  lambda d, h, t: [torch.tensor(d // h), np.int64(min(d // h, t))]],
+        "right": [look_back_full_circle_float32, look_back_numpy, look_back_loop],
         "wrong": [
-            (lambda d, h, t: (d // h, d // h), "ignores seq_len"),
-            (lambda d, h, t: (d // h, t), "ignores d_k"),
-            (lambda d, h, t: (d, min(d, t)), "the whole width"),
+            (lambda T, o: _circle(T, o, 2 * math.pi / T, 60.0), "puts only"),   # section 2's radius, for any length
+            (lambda T, o: _circle(T, -o, math.pi / T, 1e5), "look forward"),
+            (lambda T, o: _circle(T, 0, math.pi / T, 1e5), "peaks at its own key"),
+            (lambda T, o: _circle(T, o, 6 * math.pi / T, 1e5), "different directions"),
+            (lambda T, o: tuple(t.T for t in _circle(T, o, math.pi / T, 1e5)), "expected [16, 2]"),
+            (lambda T, o: _circle(T, o, math.pi / T, 1e5)[0], "return a pair (Q, K)"),
         ],
     },
     "04.2": {
@@ -291,24 +488,26 @@ CORPUS = {
         ],
     },
     "05.1": {
-        "right": [(0, 0), [0, 0], (torch.tensor(0), np.int64(0))],
+        "right": [ablate_by_pattern, ablate_register_hook, ablate_in_place_with_block],
         "wrong": [
-            ((1, 0), "looks at the *next* token"),
-            ((0, 1), "puts only 17%"),
-            ((2, 0), "there is no layer 2"),
-            ("0, 0", "(layer, head) pair"),
+            (lambda model, tokens, layer, head: model(tokens), "nothing changed"),
+            (lambda m, t, l, h: _run_zeroing(m, t, l, lambda z: z.__setitem__((slice(None), h), 0.0)), "a query position, not a head"),
+            (lambda m, t, l, h: _run_zeroing(m, t, l, lambda z: z.__setitem__((slice(None), slice(None)), 0.0)), "every head of the layer, not one"),
+            (lambda m, t, l, h: _run_zeroing(m, t, (l + 1) % m.config.n_layers, lambda z: z.__setitem__((slice(None), slice(None), h), 0.0)), "not of layer"),
+            (ablate_leaky, "still runs with a head off"),
+            (ablate_with_mhalab, "mhalab.hooks.ablate_heads"),
+            (ablate_with_ablation_module, "mhalab.ablation"),
+            (lambda m, t, l: m(t), "keep the given parameters"),
         ],
     },
     "05.2": {
-        "right": [{(0, 0): "previous-token", (1, 1): "left2", (0, 1): None},
-                  {(0, 0): "previous-token", (1, 1): "left2", (0, 1): "none", (0, 2): "first-token"}],
+        "right": [effects_loop_numpy, effects_with_ablate_by_pattern],
         "wrong": [
-            ({(0, 0): "next-token", (1, 1): "left2", (0, 1): None}, "is not a 'next-token' head"),
-            ({(0, 0): "previous-token", (1, 2): "left2", (0, 1): "none"}, "is not a 'left2' head"),
-            ({(0, 0): "previous-token", (1, 1): "left2", (1, 0): None}, "does have a clear role"),
-            ({(0, 0): "previous-token", (1, 1): "left2"}, "at least three heads"),
-            ({(0, 0): "previous-token", (0, 2): "first-token", (0, 1): None}, "carries a relation"),
-            ({(0, 0): "previous-token", (1, 1): "left-2", (0, 1): None}, "not a role the explorer knows"),
+            (lambda m, t, y: -effects_loop_numpy(m, t, y), "signs are flipped"),
+            (lambda m, t, y: effects_loop_numpy(m, t, y, intact=False), "the loss with each head off"),
+            (lambda m, t, y: effects_loop_numpy(m, t, y).T, "([n_layers, n_heads])"),
+            (lambda m, t, y: effects_loop_numpy(m, t, y.clamp(min=0)), "-100"),
+            (effects_by_mhalab, "mhalab.ablation"),
         ],
     },
     "05.3": {

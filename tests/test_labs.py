@@ -119,12 +119,16 @@ def test_cases_tell_the_mistakes_apart():
     """A mistake's message is chosen by the number it gives: in every case those numbers differ."""
     from mhalab.labs import ex03
 
-    for case in ex03._GQA_CASES:
-        values = [v for v, _ in ex03._gqa_mistakes(*case) if v != ex03._gqa_values(*case)]  # (n_kv_heads = n_heads: MHA)
-        assert len(set(values)) == len(values), case
-    for case in ex03._CACHE_CASES:
-        ratios = [r for r, _ in ex03._cache_mistakes(*case) if r != 1]
-        assert len(set(ratios)) == len(ratios), case
+    name, seq_len, memory, nbytes = ex03._BATCH_CASES[0]  # 03.2: a systematic mistake is named at the first case
+    config = ex03._CONFIGS[name]
+    values = [v for v, _ in ex03._batch_mistakes(config, seq_len, memory, nbytes)]
+    assert len(set(values)) == len(values) and ex03._largest_batch(config, seq_len, memory, nbytes) not in values
+    for case in ex03._gqa_cases()[:1]:  # 03.3: the first case tells every mistake apart (later ones have groups of one)
+        outputs = [ex03._gqa_forward(*case)] + [ex03._gqa_forward(*case, **{flag: False})
+                                                for flag in ("causal", "interleave", "scale", "merge", "out")]
+        for i, a in enumerate(outputs):
+            for b in outputs[i + 1:]:
+                assert a.shape != b.shape or not torch.allclose(a, b, rtol=1e-3, atol=1e-4), case[-2:]
     for case in ex03._COST_CASES[:1]:  # a systematic mistake is named at the first case (h = 1 merges some later)
         for name, mistakes in ex03._cost_mistakes(*case).items():
             values = [v for v, _ in mistakes if v != dict(zip(("d_k", "parameters", "kv_cache"), labs.exercise("03", 1).reference(*case)))[name]]
@@ -166,10 +170,29 @@ def test_answers_that_are_or_call_the_course_code_score_zero():
     assert status == core.FAILED and "previous_token_score" in message
 
 
-def test_the_explorer_exercises_say_what_is_missing():
-    status, message = labs.exercise("05", 1).verdict((0, 0))
-    assert status == core.FAILED and "needs the explorer you looked at" in message
-    assert "must be the explorer" in labs.exercise("05", 2).verdict({(0, 0): None}, "explorer")[1]
+def test_an_exercise_may_permit_running_some_mhalab_code_but_not_the_part_it_asks_for():
+    # 05.1: a model's forward pass and run_with_hooks may run; mhalab's own ablation hook may not, even when it
+    # is only called from inside run_with_hooks (the learner's hook calls it).
+    from mhalab.hooks import ablate_heads, run_with_hooks
+
+    q1 = labs.exercise("05", 1)
+
+    def mine(model, tokens, layer, head):
+        def off(z, name):
+            z = z.clone()
+            z[:, :, head] = 0
+            return z
+        return run_with_hooks(model, tokens, hooks=[(f"blocks.{layer}.attn.z", off)])
+
+    def theirs_inside_mine(model, tokens, layer, head):
+        return run_with_hooks(model, tokens, hooks=[(f"blocks.{layer}.attn.z", lambda z, name: ablate_heads([head])(z, name))])
+
+    assert q1.verdict(mine) == (core.PASSED, "correct.")
+    status, message = q1.verdict(theirs_inside_mine)
+    assert status == core.FAILED and "mhalab.hooks.ablate_heads" in message
+    # elsewhere nothing of mhalab may run: 01.1 refuses a model's forward pass as well
+    status, message = labs.exercise("01", 1).verdict(lambda Q, K, V: mhalab.MultiHeadAttention(Q.size(-1), 1)(Q[None])[0][0])
+    assert status == core.FAILED and "mhalab.attention.MultiHeadAttention" in message
 
 
 def test_a_checker_bug_is_not_the_learners_error(caplog):

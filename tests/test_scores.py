@@ -76,3 +76,15 @@ def test_best_heads_and_matching():
     s = {"a": torch.tensor([[0.9, 0.1], [0.2, 0.3]]), "b": torch.tensor([[0.1, 0.2], [0.85, 0.4]])}
     assert S.best_heads(s, ["a", "b"]) == {"a": ((0, 0), pytest.approx(0.9)), "b": ((1, 0), pytest.approx(0.85))}
     assert S.heads_matching(s, ["a", "b"], 0.8) == {(0, 0): "a", (0, 1): None, (1, 0): "b", (1, 1): None}
+
+
+def test_role_of_is_the_one_vocabulary():
+    # head (0,0): the relation "left1" and the generic previous-token score coincide -> the relation's name;
+    # head (0,1): only a generic score passes -> its name; head (1,0): nothing passes -> NO_ROLE ("none").
+    s = {"left1": torch.tensor([[0.9, 0.1], [0.2, 0.3]]), "previous-token": torch.tensor([[0.9, 0.1], [0.2, 0.3]]),
+         "self": torch.tensor([[0.0, 0.7], [0.4, 0.1]]), "entropy": torch.tensor([[9.0, 9.0], [9.0, 9.0]])}
+    assert S.role_of(s, 0, 0, ["left1"]) == "left1"
+    assert S.role_of(s, 0, 0, []) == "previous-token"
+    assert S.role_of(s, 0, 1, ["left1"]) == "self"
+    assert S.role_of(s, 1, 0, ["left1"]) == S.NO_ROLE == "none"  # entropy (nats) is never a role
+    assert S.role_of(s, 1, 0, ["left1"], threshold=0.35) == "self"

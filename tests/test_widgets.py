@@ -137,6 +137,9 @@ def test_head_grid(setup):
     fig = widgets.head_grid(ex, layer=1)
     titles = [ax.get_title() for ax in fig.axes]
     assert len(titles) == 4 and all(t.startswith(f"H{h}:") for h, t in enumerate(titles))
+    # the grid and the explorer name every head the same way (mhalab.scores.role_of)
+    assert [t.split(": ")[1].split(" ")[0] for t in titles] == [ex.role_name(1, h) for h in range(4)]
+    assert all(ex.role(1, h).split(" ")[0] == ex.role_name(1, h) for h in range(4))
     plt.close(fig)
     fig = widgets.head_grid(model, batch, 0, task=task, columns=2)
     assert len(fig.axes) == 4

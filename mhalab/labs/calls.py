@@ -68,17 +68,42 @@ _MACHINERY = {os.path.join(_PACKAGE, "labs", f) for f in ("calls.py", "checks.py
 
 
 class _BorrowWatch:
-    """Notes the first function of the mhalab package (other than this machinery) that runs during a call."""
+    """Notes the first function of the mhalab package (other than this machinery) that runs during a call.
 
-    def __init__(self):
+    ``uses`` names mhalab code the exercise lets the answer run (module or function prefixes such as
+    ``"mhalab.models"``: a model's forward pass); whatever runs inside it is fine, except what matches
+    ``forbid`` (e.g. ``"mhalab.hooks.ablate_heads"`` in an exercise that asks for that hook).
+    """
+
+    def __init__(self, uses: tuple = (), forbid: tuple = ()):
         self.found: str | None = None
+        self.uses, self.forbid = tuple(uses), tuple(forbid)
+        self.inside = None  # the frame of the permitted mhalab call we are in
+
+    @staticmethod
+    def _matches(name: str, prefixes: tuple) -> bool:
+        return any(name == p or name.startswith(p + ".") for p in prefixes)
 
     def __call__(self, frame, event, arg):
-        if event == "call" and self.found is None:
-            filename = frame.f_code.co_filename
-            if filename.startswith(_PACKAGE + os.sep) and filename not in _MACHINERY:
-                module = os.path.relpath(filename, os.path.dirname(_PACKAGE))[:-3].replace(os.sep, ".")
-                self.found = f"{module}.{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)}"
+        if self.found is not None:
+            return
+        if event == "return" and frame is self.inside:
+            self.inside = None
+            return
+        if event != "call":
+            return
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_PACKAGE + os.sep) or filename in _MACHINERY:
+            return
+        module = os.path.relpath(filename, os.path.dirname(_PACKAGE))[:-3].replace(os.sep, ".")
+        name = f"{module}.{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)}"
+        if self._matches(name, self.forbid):
+            self.found = name
+        elif self.inside is None:
+            if self._matches(name, self.uses):
+                self.inside = frame
+            else:
+                self.found = name
 
 
 def _signature_problem(fn: Callable, args: tuple, template: tuple[str, tuple[str, ...]] | None) -> str | None:
@@ -144,12 +169,12 @@ class _SizeWatch(torch.overrides.TorchFunctionMode):
         return out
 
 
-def _live_call(fn: Callable, args: tuple, label: str, allow: tuple) -> Any:
+def _live_call(fn: Callable, args: tuple, label: str, allow: tuple, uses: tuple = (), forbid: tuple = ()) -> Any:
     state = session()
     problem = _signature_problem(fn, args, state.template)
     if problem:
         raise Wrong(problem)
-    watch, previous, sizes = _BorrowWatch(), sys.getprofile(), _SizeWatch()
+    watch, previous, sizes = _BorrowWatch(uses, forbid), sys.getprofile(), _SizeWatch()
     sys.setprofile(watch)
     try:
         with sizes:
@@ -169,13 +194,16 @@ def _live_call(fn: Callable, args: tuple, label: str, allow: tuple) -> Any:
     return result
 
 
-def call_answer(fn: Callable, *args: Any, label: str | None = None, allow: tuple = (), copy_args: bool = True) -> Any:
+def call_answer(fn: Callable, *args: Any, label: str | None = None, allow: tuple = (), copy_args: bool = True,
+                uses: tuple = (), forbid: tuple = ()) -> Any:
     """Call the learner's ``fn(*args)`` (positionally, on deep copies) and return what it returned.
 
     Raises :class:`Wrong` when ``fn`` is not a function or cannot take the template's arguments,
     :class:`AnswerRaised` (naming the input and the learner's line) when it raises, unless the exception
     is one of ``allow`` (re-raised for the checker, e.g. a ``ValueError`` the exercise asks for), and
-    :class:`Borrowed` when it runs mhalab's own code. While grading, calls are recorded or replayed.
+    :class:`Borrowed` when it runs mhalab's own code, other than what ``uses`` permits (module or function
+    prefixes, e.g. ``("mhalab.models", "mhalab.hooks.run_with_hooks")`` to run a model; code those run is
+    fine unless it matches ``forbid``). While grading, calls are recorded or replayed.
     """
     state = session()
     name = state.template[0] if state.template else getattr(fn, "__name__", "your function")
@@ -201,7 +229,7 @@ def call_answer(fn: Callable, *args: Any, label: str | None = None, allow: tuple
         state.last_call = (label, describe(result))
         return result
     try:
-        result = _live_call(fn, copy.deepcopy(args) if copy_args else args, label, allow)
+        result = _live_call(fn, copy.deepcopy(args) if copy_args else args, label, allow, uses, forbid)
     except NotImplementedError as error:
         state.record(("unanswered", str(error)))
         raise

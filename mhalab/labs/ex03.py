@@ -1,9 +1,12 @@
-"""Exercises of notebook 03 (it costs nothing): the cost table for a new width, the KV cache of a model,
-and the cache of a grouped-query model."""
+"""Exercises of notebook 03 (it costs nothing): the cost table for a new width (a warm-up), the largest
+batch a GPU holds for a real grouped-query model, and grouped-query attention in one pass, equal to the
+token-by-token decode through a KV cache."""
 
 from __future__ import annotations
 
-from .checks import call_answer, expect_whole, name_miss
+import torch
+
+from .checks import call_answer, expect_close, expect_whole, first_match, name_miss
 from .core import Exercise, Wrong, register
 
 
@@ -63,99 +66,164 @@ register(Exercise(
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-# Every case has distinct factors, so a missing or extra one is named from the ratio (tests check it).
-_CACHE_CASES = [  # (d_model, n_heads, n_layers, seq_len, batch_size, bytes_per_value)
-    (768, 12, 6, 100, 3, 4),
-    (4096, 32, 24, 4096, 7, 1),
-    (512, 8, 5, 9, 3, 1),
-    (2048, 64, 24, 2000, 8, 4),
+# Configs shaped like real checkpoints' (the published sizes); the Gemma-like one has d_head != d_model / n_heads.
+_CONFIGS = {
+    "SmolLM2-135M-like": dict(n_layers=30, d_model=576, n_heads=9, n_kv_heads=3, d_head=64),
+    "Llama-2-70B-like": dict(n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_head=128),
+    "Gemma-7B-like": dict(n_layers=28, d_model=3072, n_heads=16, n_kv_heads=16, d_head=256),
+    "made-up": dict(n_layers=12, d_model=1000, n_heads=10, n_kv_heads=2, d_head=80),
+    "Mistral-7B-like": dict(n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_head=128),
+}
+_BATCH_CASES = [  # (config name, seq_len, memory_bytes, bytes_per_value)
+    ("made-up", 3000, 5_000_000_000, 4),             # first: every mistake below gives a different batch here
+    ("SmolLM2-135M-like", 8192, 17_000_000_000, 2),
+    ("Llama-2-70B-like", 4096, 40_000_000_000, 2),
+    ("Gemma-7B-like", 8192, 24_000_000_000, 2),
+    ("Mistral-7B-like", 32768, 3_000_000_000, 2),   # not even one sequence fits
 ]
-_CACHE_PARAMS = ("d_model", "n_heads", "n_layers", "seq_len", "batch_size", "bytes_per_value")
 
 
-def _cache_bytes(d_model, n_heads, n_layers, seq_len, batch_size, bytes_per_value):
-    return 2 * d_model * n_layers * seq_len * batch_size * bytes_per_value
+def _per_sequence(c: dict, seq_len: int, bytes_per_value: int) -> int:
+    return 2 * c["n_layers"] * c["n_kv_heads"] * c["d_head"] * seq_len * bytes_per_value
 
 
-def _cache_mistakes(d_model, n_heads, n_layers, seq_len, batch_size, bytes_per_value) -> list[tuple[float, str]]:
-    """(ratio to the right answer, message) of each plausible mistake."""
+def _largest_batch(config, seq_len, memory_bytes, bytes_per_value):
+    return memory_bytes // _per_sequence(config, seq_len, bytes_per_value)
+
+
+def _batch_mistakes(c: dict, seq_len: int, memory: int, nbytes: int) -> list[tuple[int, str]]:
+    def fit(per_sequence):
+        return int(memory // per_sequence)
+
+    right = _per_sequence(c, seq_len, nbytes)
     return [
-        (0.5, "both keys and values are cached (a factor 2)"),
-        (1 / n_layers, "every layer keeps its own cache (multiply by n_layers)"),
-        (1 / n_heads, "that is one head's cache: all heads together cache 2 * n_heads * d_k = 2 * d_model per token and layer"),
-        (n_heads, "d_model already counts every head (n_heads * d_k = d_model): do not multiply by n_heads again"),
-        (1 / batch_size, "every sequence in the batch has its own cache (multiply by batch_size)"),
-        (1 / bytes_per_value, "that is a count of numbers, not bytes (multiply by bytes_per_value)"),
-        (1 / seq_len, "that is per token: the cache holds every token of the sequence"),
-        (2.0, "count keys and values once each: 2 numbers of width d_model per token and layer, not 4"),
+        (fit(right * c["n_heads"] // c["n_kv_heads"]), "that is the batch for full multi-head attention, with a key and "
+                                                       "a value for every query head; here only the K/V heads are cached"),
+        (fit(right // 2), "both the keys and the values are cached (a factor 2)"),
+        (fit(right // c["n_layers"]), "every layer keeps its own cache"),
+        (fit(right // nbytes), "the memory is in bytes and the cache holds numbers: each takes bytes_per_value bytes"),
+        (fit(right // c["d_head"] * (c["d_model"] // c["n_heads"])), "the head width is the config's d_head; it need not be d_model / n_heads"),
+        (fit(right // c["d_head"] * c["d_model"] // c["n_kv_heads"]), "each K/V head is d_head wide, not d_model"),
+        (fit(right // seq_len), "every token of every sequence is cached: multiply by seq_len"),
+        (-(-memory // right), "that batch does not fit: a sequence that fits only partly cannot run (round down)"),
     ]
 
 
-def _check_cache(kv_cache_bytes) -> None:
-    for case in _CACHE_CASES:
-        label = ", ".join(f"{k}={v}" for k, v in zip(_CACHE_PARAMS, case))
-        want = _cache_bytes(*case)
-        got = expect_whole(call_answer(kv_cache_bytes, *case, label=label), f"the cache size for {label}")
+def _check_batch(largest_batch) -> None:
+    for name, seq_len, memory, nbytes in _BATCH_CASES:
+        config = dict(_CONFIGS[name])
+        label = f"the {name} config {config}, seq_len={seq_len}, memory_bytes={memory:,}, bytes_per_value={nbytes}"
+        got = call_answer(largest_batch, config, seq_len, memory, nbytes, label=f"{name} config, seq_len={seq_len}, memory_bytes={memory:,}, bytes_per_value={nbytes}")
+        got = expect_whole(got, f"the batch size for {label}")
+        want = _largest_batch(config, seq_len, memory, nbytes)
         if got == want:
             continue
-        ratio = got / want
-        miss = next((m for r, m in _cache_mistakes(*case) if abs(ratio - r) < 1e-9 * max(1.0, r)), None)
-        raise Wrong(f"for {label}: got {got:,} bytes; " + (miss or f"off by a factor {ratio:.4g} (think per token, per layer, then scale up)"))
+        miss = name_miss(got, [(v, m) for v, m in _batch_mistakes(config, seq_len, memory, nbytes) if v != want])
+        raise Wrong(f"for {label}: got a batch of {got:,}; " + (miss or (
+            "that many sequences' caches do not fit" if got > want else "a larger batch still fits")
+            + ": work out the bytes one sequence's cache takes, over all layers"))
 
 
 register(Exercise(
-    "03", 2, "predict the KV cache of a model",
-    _check_cache,
-    hint="Per token and layer the cache holds one key and one value for every head: 2 * n_heads * d_k numbers. "
-         "Then multiply by what else has its own cache: layers, tokens, sequences in the batch; then bytes.",
+    "03", 2, "the largest batch a GPU holds",
+    _check_batch,
+    hint=["First the bytes of one sequence's cache: per token and layer, a key and a value for every K/V head, "
+          "each d_head wide; then all layers, all tokens, bytes per number.",
+          "The batch is how many such caches fit in memory_bytes, as a whole number (a cache cannot be split)."],
     solution=(
-        "def kv_cache_bytes(d_model, n_heads, n_layers, seq_len, batch_size, bytes_per_value):\n"
-        "    d_k = d_model // n_heads\n"
-        "    per_token_per_layer = 2 * n_heads * d_k        # = 2 * d_model: n_heads drops out\n"
-        "    return per_token_per_layer * n_layers * seq_len * batch_size * bytes_per_value"
+        "def largest_batch(config, seq_len, memory_bytes, bytes_per_value):\n"
+        "    per_token_per_layer = 2 * config['n_kv_heads'] * config['d_head']   # K and V of the shared heads only\n"
+        "    per_sequence = per_token_per_layer * config['n_layers'] * seq_len * bytes_per_value\n"
+        "    return memory_bytes // per_sequence                                # whole sequences only"
     ),
-    reference=_cache_bytes,
+    reference=_largest_batch,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 3
-# (d_model, n_heads, n_kv_heads, n_layers). In every case the mistakes below give different numbers.
-_GQA_CASES = [(768, 12, 4, 5), (4096, 32, 4, 30), (512, 8, 8, 3), (1536, 24, 6, 7)]
+_GQA_SHAPES = [(2, 5, 24, 6, 2), (1, 7, 32, 4, 1), (3, 4, 16, 4, 4), (2, 6, 48, 8, 2)]  # (B, T, D, H, H_kv)
 
 
-def _gqa_values(d_model, n_heads, n_kv_heads, n_layers):
-    return 2 * n_kv_heads * (d_model // n_heads) * n_layers
+def _gqa_forward(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads, *, causal=True, interleave=True, scale=True,
+                 merge=True, out=True):
+    """The one-pass GQA forward (and, with a flag off, the result of a typical mistake)."""
+    B, T, _ = x.shape
+    d_k = W_Q.size(1) // n_heads
+    q = (x @ W_Q).view(B, T, n_heads, d_k).transpose(1, 2)        # [B, H, T, dk]
+    k = (x @ W_K).view(B, T, n_kv_heads, d_k).transpose(1, 2)     # [B, H_kv, T, dk]
+    v = (x @ W_V).view(B, T, n_kv_heads, d_k).transpose(1, 2)
+    group = n_heads // n_kv_heads
+    share = (lambda z: z.repeat_interleave(group, dim=1)) if interleave else (lambda z: z.repeat(1, group, 1, 1))
+    k, v = share(k), share(v)                                     # [B, H, T, dk]
+    scores = q @ k.transpose(-2, -1) / (d_k ** 0.5 if scale else 1.0)   # [B, H, T, T]
+    if causal:
+        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    z = scores.softmax(-1) @ v                                    # [B, H, T, dk]
+    z = z.transpose(1, 2).reshape(B, T, -1) if merge else z.reshape(B, T, -1)   # [B, T, H dk]
+    return z @ W_O if out else z
 
 
-def _gqa_mistakes(d_model, n_heads, n_kv_heads, n_layers) -> list[tuple[int, str]]:
-    d_k = d_model // n_heads
-    return [
-        (2 * d_model * n_layers, "that is 2 * d_model per token and layer, the cache of ordinary multi-head attention. "
-                                 "Here only the n_kv_heads K/V heads are cached, each as wide as a query head (d_k)"),
-        (n_kv_heads * d_k * n_layers, "both keys and values are cached (a factor 2)"),
-        (2 * n_kv_heads * d_k, "every layer keeps its own cache (multiply by n_layers)"),
-        (2 * n_heads * d_k * n_layers // n_kv_heads, "the cache shrinks with fewer K/V heads: it is proportional to n_kv_heads"),
-        (2 * n_kv_heads * d_model * n_layers, "each K/V head is d_k = d_model / n_heads wide, not d_model"),
-    ]
+def _gqa_cases() -> list:
+    g = torch.Generator().manual_seed(3)
+    cases = []
+    for B, T, D, H, G in _GQA_SHAPES:
+        d_k = D // H
+        W = [torch.randn(D, n * d_k, generator=g) / D**0.5 for n in (H, G, G)]
+        cases.append((torch.randn(B, T, D, generator=g), *W, torch.randn(H * d_k, D, generator=g) / D**0.5, H, G))
+    return cases
 
 
-def _check_gqa(gqa_cache_per_token) -> None:
-    for case in _GQA_CASES:
-        label = "d_model={}, n_heads={}, n_kv_heads={}, n_layers={}".format(*case)
-        got = expect_whole(call_answer(gqa_cache_per_token, *case, label=label), f"the number of cached values for {label}")
-        if got != _gqa_values(*case):
-            raise Wrong(f"for {label}: got {got:,}; " + (name_miss(got, _gqa_mistakes(*case))
-                        or "per token and layer: one key and one value of width d_k for each K/V head"))
+def _gqa_reference(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
+    return _gqa_forward(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads)
+
+
+def _check_gqa(gqa_attention) -> None:
+    for case in _gqa_cases():
+        x, W_Q, W_K, W_V, W_O, H, G = case
+        label = f"x {list(x.shape)}, n_heads={H}, n_kv_heads={G}"
+        got = call_answer(gqa_attention, *case, label=label, uses=("mhalab.attention.scaled_dot_product_attention",))
+        want = _gqa_reference(*case)
+        if first_match(got, {"": want}) is not None:
+            continue
+        mistake = first_match(got, {
+            "a query sees keys after it: token-by-token decoding only ever has the past in its cache (mask the future)":
+                _gqa_forward(*case, causal=False),
+            "query heads are paired with the wrong K/V heads: the cache stores consecutive query heads' shared head "
+            "once (head i uses K/V head i // (n_heads // n_kv_heads)), and .repeat cycles through them instead":
+                _gqa_forward(*case, interleave=False),
+            "the scores are not scaled by 1/sqrt(d_k)": _gqa_forward(*case, scale=False),
+            "the heads are merged in the wrong order: bring the head axis back next to d_k before reshaping to [B, T, H * d_k]":
+                _gqa_forward(*case, merge=False),
+            "W_O is missing: the concatenated heads still go through the output projection": _gqa_forward(*case, out=False),
+        })
+        if mistake:
+            raise Wrong(f"gqa_attention({label}): {mistake}")
+        try:
+            expect_close(got, want, "the result")
+        except Wrong as wrong:
+            raise Wrong(f"gqa_attention({label}): {wrong} (compared with decoding token by token through a KV cache)") from None
 
 
 register(Exercise(
-    "03", 3, "the cache of a grouped-query model",
+    "03", 3, "grouped-query attention in one pass",
     _check_gqa,
-    hint="Only the K/V heads are cached; each is still d_k = d_model / n_heads wide (the query heads set d_k).",
+    hint=["Project once for the whole sequence: q [B, H, T, d_k], k and v [B, H_kv, T, d_k]. Decoding only ever "
+          "saw the past: what does that ask of the one-pass scores?",
+          "gqa_decode shares a K/V head with repeat_interleave along the head axis; do the same, then the usual "
+          "scaled, causally masked softmax, merge the heads and apply W_O."],
     solution=(
-        "def gqa_cache_per_token(d_model, n_heads, n_kv_heads, n_layers):\n"
-        "    d_k = d_model // n_heads                 # the head width is set by the query heads\n"
-        "    return 2 * n_kv_heads * d_k * n_layers   # keys and values of the K/V heads only, in every layer"
+        "def gqa_attention(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):\n"
+        "    B, T, _ = x.shape\n"
+        "    d_k = W_Q.size(1) // n_heads\n"
+        "    q = (x @ W_Q).view(B, T, n_heads, d_k).transpose(1, 2)        # [B, H, T, dk]\n"
+        "    k = (x @ W_K).view(B, T, n_kv_heads, d_k).transpose(1, 2)     # [B, H_kv, T, dk]\n"
+        "    v = (x @ W_V).view(B, T, n_kv_heads, d_k).transpose(1, 2)\n"
+        "    group = n_heads // n_kv_heads                                 # query heads per K/V head\n"
+        "    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)   # [B, H, T, dk]\n"
+        "    scores = q @ k.transpose(-2, -1) / d_k**0.5                  # [B, H, T, T]\n"
+        "    future = torch.ones(T, T, dtype=torch.bool).triu(1)\n"
+        "    z = scores.masked_fill(future, float('-inf')).softmax(-1) @ v  # [B, H, T, dk]\n"
+        "    return z.transpose(1, 2).reshape(B, T, -1) @ W_O              # [B, T, D]"
     ),
-    reference=_gqa_values,
+    reference=_gqa_reference,
 ))

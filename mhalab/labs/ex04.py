@@ -1,55 +1,87 @@
-"""Exercises of notebook 04 (what more heads really cost): the limits of a head of width d_k, where a
-width-one head can look, and choosing a head count for a width."""
+"""Exercises of notebook 04 (what more heads really cost): a width-two head that looks back for any
+sequence length, where a width-one head can look, and choosing a head count for a width."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .checks import as_float64, call_answer, expect_whole, largest_tensor, observe
+from .checks import as_float64, call_answer, describe, expect_shape, expect_whole, largest_tensor, observe
 from .core import Exercise, Wrong, register
 
 
 # ------------------------------------------------------------------------------------ exercise 1
-_LIMIT_CASES = [(768, 12, 1000), (512, 64, 4), (96, 32, 10), (64, 1, 16), (4096, 32, 2048), (48, 48, 7)]
+_LOOK_BACK_CASES = [(16, 1), (9, 7), (64, 3), (200, 2), (128, 5)]  # (seq_len, offset): longer than the notebook's
 
 
-def _check_limits(head_limits) -> None:
-    for d_model, n_heads, seq_len in _LIMIT_CASES:
-        case = f"d_model={d_model}, n_heads={n_heads}, seq_len={seq_len}"
-        got = call_answer(head_limits, d_model, n_heads, seq_len, label=case)
+def _look_back_weights(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+    return (Q @ K.T).softmax(-1)  # [T, T], scores as in section 2 (no scale, no mask)
+
+
+def _look_back_reference(seq_len: int, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    omega = math.pi / seq_len                                 # half a circle: no two keys meet
+    radius = 2 * math.log(9 * seq_len) / (1 - math.cos(omega))  # margin over the nearest key: 2 log(9 T)
+    angles = omega * torch.arange(seq_len, dtype=torch.float64)
+    K = torch.stack([angles.cos(), angles.sin()], -1)
+    Q = radius * torch.stack([(angles - offset * omega).cos(), (angles - offset * omega).sin()], -1)
+    return Q, K
+
+
+def _check_look_back(look_back_qk) -> None:
+    for T, offset in _LOOK_BACK_CASES:
+        case = f"seq_len={T}, offset={offset}"
+        got = call_answer(look_back_qk, T, offset, label=case)
+        if hasattr(got, "shape") and tuple(got.shape)[:1] == (2,):  # torch.stack([Q, K]) is a pair too
+            got = (got[0], got[1])
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise Wrong(f"return a pair (d_k, largest possible rank of one head's score matrix); for {case} you returned {got!r}"[:300])
-        d_k, rank = expect_whole(got[0], f"d_k for {case}"), expect_whole(got[1], f"the rank bound for {case}")
-        want_dk = d_model // n_heads
-        if d_k != want_dk:
-            if d_k == d_model:
-                raise Wrong(f"d_k for {case} is the whole width; each head gets an equal share of d_model")
-            raise Wrong(f"d_k for {case} is off: it is the width of one head when d_model is shared by n_heads")
-        if rank == min(want_dk, seq_len):
-            continue
-        if rank == want_dk:
-            raise Wrong(f"the rank bound for {case} ignores seq_len: Q K^T is seq_len x seq_len, so its rank "
-                        "cannot exceed seq_len either")
-        if rank == seq_len:
-            raise Wrong(f"the rank bound for {case} ignores d_k: Q is [seq_len, d_k], K^T is [d_k, seq_len], "
-                        "and a product has no more rank than its inner dimension")
-        if rank == min(d_model, seq_len):
-            raise Wrong(f"the rank bound for {case} uses the model width; one head's scores come from its own "
-                        "d_k-wide queries and keys")
-        raise Wrong(f"the rank bound for {case} is off: think of Q K^T as a [seq_len, d_k] @ [d_k, seq_len] product")
+            raise Wrong(f"return a pair (Q, K) of two [seq_len, 2] tensors; for {case} you returned {describe(got)}")
+        Q, K = (as_float64(t, f"{n} for {case}") for t, n in zip(got, ("Q", "K")))
+        for t, n in ((Q, "Q"), (K, "K")):
+            expect_shape(t, (T, 2), f"{n} for {case}")
+            if not torch.isfinite(t).all():
+                raise Wrong(f"{n} for {case} has entries that are not finite numbers")
+        weights = _look_back_weights(Q, K)
+        queries = torch.arange(offset, T)
+        target = queries - offset
+        peaks = weights[queries].argmax(-1)
+        wrong = (peaks != target).nonzero().flatten()
+        if wrong.numel():
+            i = int(queries[wrong[0]])
+            peak = int(peaks[wrong[0]])
+            if (peaks == queries + offset).float().mean() > 0.5 or peak == min(i + offset, T - 1):
+                raise Wrong(f"for {case} the queries look forward (query {i} peaks at key {peak}): turn them the other way")
+            if peak == i:
+                raise Wrong(f"for {case} query {i} peaks at its own key, not at key {i - offset}")
+            raise Wrong(f"for {case} query {i} peaks at key {peak}, not at key {i - offset}: are all {T} keys in "
+                        "different directions, so that no key far away scores as high as the wanted one?")
+        on_target = weights[queries, target]
+        if on_target.min() < 0.9:
+            i = int(queries[on_target.argmin()])
+            raise Wrong(f"for {case} every query peaks at the right key, but query {i} puts only {on_target.min():.0%} "
+                        "of its weight there (at least 90% is asked): the best score must beat its neighbours by more. "
+                        "What sets that gap, and how does it change as seq_len grows?")
 
 
 register(Exercise(
-    "04", 1, "predict d_k and the rank bound",
-    _check_limits,
-    hint=["One head's scores are Q K^T with Q and K of shape [seq_len, d_k].",
-          "rank(A @ B) <= min(rank A, rank B), and a [seq_len, d_k] matrix has rank at most min(seq_len, d_k)."],
+    "04", 1, "a width-two head for any length",
+    _check_look_back,
+    hint=["Section 2 puts the keys on a circle and rotates each query back. Two things break for long sequences: "
+          "keys may wrap around the circle, and neighbouring keys get closer together.",
+          "With keys at angles omega * j, query i pointing at key i - offset with length R scores key j as "
+          "R cos(omega (i - offset - j)); the nearest rival loses R (1 - cos omega). Against seq_len - 1 rivals, "
+          "how large must that gap be for 90% of the weight?"],
     solution=(
-        "def head_limits(d_model, n_heads, seq_len):\n"
-        "    d_k = d_model // n_heads\n"
-        "    return d_k, min(d_k, seq_len)   # Q K^T = [seq_len, d_k] @ [d_k, seq_len]"
+        "def look_back_qk(seq_len, offset):\n"
+        "    omega = math.pi / seq_len                                     # half a circle: keys never wrap\n"
+        "    radius = 2 * math.log(9 * seq_len) / (1 - math.cos(omega))    # gap to the nearest rival: 2 log(9 T)\n"
+        "    angles = omega * torch.arange(seq_len, dtype=torch.float64)\n"
+        "    K = torch.stack([angles.cos(), angles.sin()], -1)             # [T, 2]\n"
+        "    back = angles - offset * omega\n"
+        "    Q = radius * torch.stack([back.cos(), back.sin()], -1)        # [T, 2]: query i points at key i - offset\n"
+        "    return Q, K"
     ),
-    reference=lambda d_model, n_heads, seq_len: (d_model // n_heads, min(d_model // n_heads, seq_len)),
+    reference=_look_back_reference,
 ))
 
 

@@ -1,177 +1,202 @@
-"""Exercises of notebook 05 (what the heads do): find the previous-token head with the explorer, name the
-roles of heads, and compute a previous-token score yourself.
+"""Exercises of notebook 05 (what the heads do): switch one head off with a hook on its ``z``, measure what
+switching off each head costs, and compute a previous-token score yourself.
 
-Exercises 1 and 2 are answered by looking: the learner reads heads off the explorer, and the check
-confirms them against that explorer's scores, passed along as the second argument::
-
-    q1.check((1, 5), explorer)                     # "layer 1, head 5 is the previous-token head"
-    q2.check({(0, 2): "left1", (1, 0): None}, explorer)
-
-``DEMO`` is a small hand-made stand-in for an explorer (two layers of three heads), used by the tests.
+Exercises 1 and 2 run the learner's function on small hidden models (other sizes, a causal one, one with
+several targets per position) and compare with :mod:`mhalab.hooks`/:mod:`mhalab.ablation`. The answer may
+run a model and attach hooks (``run_with_hooks``, ``hooks_attached``, ``register_forward_hook``), but an
+answer that calls the course's own ablation (``ablate_heads``, ``gate_heads``, ``mhalab.ablation``) scores 0.
+Heads' roles are named as everywhere in the course (:func:`mhalab.scores.role_of`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import torch
+import torch.nn.functional as F
 
-from ..scores import FRACTION_SCORES, head_scores, previous_token_score
-from .checks import call_answer, expect_close, expect_whole, first_match
+from ..hooks import ablate_heads, run_with_hooks
+from ..models import ModelConfig, Transformer
+from ..scores import previous_token_score
+from .checks import call_answer, expect_close, expect_shape, first_match, observe
 from .core import Exercise, Wrong, register
 
-_NONE = "none"  # the explorer's name for "no role" (heads_matching says None)
+#: mhalab code an answer may run (a model's forward pass, the hook machinery) and what it may not.
+_USES = ("mhalab.models", "mhalab.attention", "mhalab.hooks.run_with_hooks", "mhalab.hooks.run_with_cache",
+         "mhalab.hooks.hooks_attached", "mhalab.hooks.hook_points", "mhalab.hooks.attention_modules")
+_FORBID = ("mhalab.hooks.ablate_heads", "mhalab.hooks.gate_heads", "mhalab.ablation")
+
+_MODELS = [  # (config, seed, batch, seq_len): a bidirectional model, a causal one with two targets per position
+    (dict(vocab_size=13, d_model=24, n_heads=3, n_layers=2, max_len=16), 0, 3, 9),
+    (dict(vocab_size=10, d_model=32, n_heads=4, n_layers=3, max_len=12, causal=True, n_targets=2), 1, 2, 7),
+]
 
 
-@dataclass
-class ScoredHeads:
-    """What a check needs from an explorer: every head's scores and the names they go by."""
-
-    scores: dict[str, Any]  # name -> [N, H]
-    relations: list[str]
-    threshold: float = 0.5
-
-    @property
-    def bar_names(self) -> list[str]:
-        return list(self.relations) + list(FRACTION_SCORES)
-
-
-def _demo() -> ScoredHeads:
-    """Two layers of three hand-made heads on 6 tokens, with one relation ("left2")."""
-    T = 6
-    eye = torch.eye(T)
-    prev = torch.roll(eye, -1, dims=1)  # row q has its 1 at q - 1 ...
-    prev[0] = eye[0]  # ... except query 0, which looks at itself
-    nxt = torch.roll(eye, 1, dims=1)
-    nxt[-1] = eye[-1]
-    left2 = torch.roll(eye, -2, dims=1)
-    left2[:2] = eye[:2]
-    uniform = torch.full((T, T), 1.0 / T)
-    first = torch.zeros(T, T)
-    first[:, 0] = 1.0
-    mixed = 0.4 * prev + 0.4 * nxt + 0.2 * eye
-    attention = torch.stack([torch.stack([prev, uniform, first]), torch.stack([nxt, left2, mixed])])[:, None]  # [N, B, H, T, T]
-    sources = torch.arange(T)[None] - 2
-    sources[sources < 0] = -1
-
-    class _Batch:
-        pass
-
-    batch = _Batch()
-    batch.sources = {"left2": sources}
-    return ScoredHeads(dict(head_scores(attention, batch)), ["left2"])
+def _models():
+    """Small seeded models with their tokens and targets (some targets -100: no target there)."""
+    out = []
+    for config, seed, B, T in _MODELS:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = Transformer(ModelConfig(**config)).eval()
+            for p in model.parameters():  # larger weights than at initialisation, so every head matters
+                p.data.mul_(3.0)
+        g = torch.Generator().manual_seed(seed + 10)
+        tokens = torch.randint(0, config["vocab_size"], (B, T), generator=g)
+        shape = (B, T) + ((config["n_targets"],) if config.get("n_targets", 1) > 1 else ())
+        targets = torch.randint(0, config["vocab_size"], shape, generator=g)
+        targets[..., 0] = -100
+        out.append((model, tokens, targets))
+    return out
 
 
-DEMO = _demo()
+def _with_hook(model, tokens, layer, hook):
+    with torch.no_grad():
+        return run_with_hooks(model, tokens, hooks=[(f"blocks.{layer}.attn.z", lambda z, name: hook(z.clone()))])
 
 
-def _prepare(explorer: Any = None) -> tuple[dict]:
-    """The explorer's scores as plain data (what the grader records)."""
-    if explorer is None:
-        raise Wrong("this check needs the explorer you looked at, passed along: q.check(your_answer, explorer)")
-    if not (hasattr(explorer, "scores") and hasattr(explorer, "bar_names")):
-        raise Wrong(f"the second argument must be the explorer you looked at (from head_explorer(...)), got {type(explorer).__name__}")
-    names = list(explorer.bar_names)
-    scores = {n: torch.as_tensor(explorer.scores[n], dtype=torch.float64) for n in names + ["next-token"] if n in explorer.scores}
-    return ({"scores": scores, "relations": list(explorer.relations), "names": names,
-             "threshold": float(getattr(explorer, "threshold", 0.5))},)
+def _zeroed(heads):
+    def hook(z):  # z: [B, T, H, dk]
+        z[:, :, heads] = 0.0
+        return z
+    return hook
 
 
-def _head(pair: Any, ctx: dict, what: str) -> tuple[int, int]:
-    if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-        raise Wrong(f"{what} should be a (layer, head) pair such as (0, 3), got {pair!r}"[:200])
-    layer, head = (expect_whole(v, f"the {n} in {what}") for v, n in zip(pair, ("layer", "head")))
-    n_layers, n_heads = ctx["scores"]["previous-token"].shape
-    if not 0 <= layer < n_layers:
-        raise Wrong(f"{what}: there is no layer {layer}; this model has layers 0..{n_layers - 1}")
-    if not 0 <= head < n_heads:
-        raise Wrong(f"{what}: there is no head {head}; each layer has heads 0..{n_heads - 1}")
-    return layer, head
-
-
-def _fits(ctx: dict, layer: int, head: int) -> set[str]:
-    """Every name that describes the head: at least the threshold and close to its best score."""
-    values = {name: float(ctx["scores"][name][layer, head]) for name in ctx["names"]}
-    top = max(values.values())
-    if top < ctx["threshold"]:
-        return {_NONE}
-    return {name for name, v in values.items() if v >= ctx["threshold"] and v >= top - 0.05}
+def _ablate_reference(model, tokens, layer, head):
+    with torch.no_grad():
+        return run_with_hooks(model, tokens, hooks=[(f"blocks.{layer}.attn.z", ablate_heads([head]))])
 
 
 # ------------------------------------------------------------------------------------ exercise 1
-def _check_previous_token_head(answer, ctx: dict) -> None:
-    layer, head = _head(answer, ctx, "your answer")
-    prev = ctx["scores"]["previous-token"]
-    score = float(prev[layer, head])
-    if score >= max(ctx["threshold"], float(prev.max()) - 0.1):
-        return
-    if "next-token" in ctx["scores"] and float(ctx["scores"]["next-token"][layer, head]) >= ctx["threshold"]:
-        raise Wrong(f"layer {layer}, head {head} looks at the *next* token (its bright cells sit just right of the "
-                    "diagonal); the previous token is on the other side")
-    raise Wrong(f"layer {layer}, head {head} puts only {score:.0%} of its attention on the previous token; another "
-                "head puts much more there. Highlight 'previous-token' and look for bright cells on the red circles")
+def _check_ablate(ablate_head) -> None:
+    for model, tokens, _ in _models():
+        N, H = model.config.n_layers, model.config.n_heads
+        with torch.no_grad():
+            clean = model(tokens)
+        for layer, head in [(0, 1), (N - 1, H - 1), (1, 0)]:
+            label = f"a {N}-layer model with {H} heads, tokens {list(tokens.shape)}, layer={layer}, head={head}"
+            got = call_answer(ablate_head, model, tokens, layer, head, label=label, copy_args=False, uses=_USES, forbid=_FORBID)
+            leaked = observe(lambda: not torch.equal(model(tokens).detach(), clean))
+            if leaked:
+                raise Wrong(f"ablate_head({label}): after your function returned, the model still runs with a head off. "
+                            "Remove the hook when you are done (run_with_hooks and hooks_attached do it for you)")
+            want = _ablate_reference(model, tokens, layer, head)
+            if first_match(got, {"": want}) is not None:
+                continue
+            others = [h for h in range(H) if h != head]
+            mistake = first_match(got, {
+                "nothing changed: the result is the intact model's. Does your hook return the new z (or change it in "
+                f"place), and is it on blocks.{layer}.attn.z?": clean,
+                "you zeroed a query position, not a head: z is [batch, query, head, d_head]":
+                    _with_hook(model, tokens, layer, lambda z: (z.__setitem__((slice(None), head), 0.0), z)[1]),
+                "that switches off every head of the layer, not one": _with_hook(model, tokens, layer, _zeroed(list(range(H)))),
+                "that switches off every head of the layer except the one asked": _with_hook(model, tokens, layer, _zeroed(others)),
+                **{f"that switches off head {head} of layer {other}, not of layer {layer}": _ablate_reference(model, tokens, other, head)
+                   for other in range(N) if other != layer},
+            })
+            if mistake:
+                raise Wrong(f"ablate_head({label}): {mistake}")
+            try:
+                expect_close(got, want, "the result")
+            except Wrong as wrong:
+                raise Wrong(f"ablate_head({label}): {wrong}") from None
 
 
 register(Exercise(
-    "05", 1, "find the previous-token head",
-    _check_previous_token_head,
-    hint=["Choose 'previous-token' in the highlight menu: red circles mark the cell just left of the diagonal "
-          "in every row. Move the layer and head sliders until the bright cells sit on them.",
-          "The bar chart beside the map gives the same score for the whole batch: you want a head whose "
-          "previous-token bar is close to 1."],
+    "05", 1, "switch one head off",
+    _check_ablate,
+    hint=["Every attention layer has a hook point `blocks.{layer}.attn.z` holding each head's output "
+          "[batch, query, head, d_head], before W_O mixes the heads.",
+          "Write a hook `hook(z, name)` that returns a copy of z with that head's slice set to zero, and run the "
+          "model with `run_with_hooks(model, tokens, hooks=[(point, hook)])`: the hook is gone afterwards."],
     solution=(
-        "# Read off the explorer (highlight 'previous-token'), or take the best score:\n"
-        "previous_token_head = max(explorer.heads, key=lambda lh: explorer.scores['previous-token'][lh])\n"
-        "q1.check(previous_token_head, explorer)"
+        "def ablate_head(model, tokens, layer, head):\n"
+        "    from mhalab.hooks import run_with_hooks\n"
+        "    def switch_off(z, name):                # z: [batch, query, head, d_head]\n"
+        "        z = z.clone()\n"
+        "        z[:, :, head] = 0.0                 # this head now adds nothing through W_O\n"
+        "        return z\n"
+        "    with torch.no_grad():\n"
+        "        return run_with_hooks(model, tokens, hooks=[(f'blocks.{layer}.attn.z', switch_off)])"
     ),
-    reference=(0, 0),
-    prepare=_prepare,
+    reference=_ablate_reference,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-def _check_roles(answer, ctx: dict) -> None:
-    if not isinstance(answer, dict):
-        raise Wrong(f"answer with a dict {{(layer, head): role}}, e.g. {{(0, 3): 'left2', (1, 0): None}}, got {type(answer).__name__}")
-    if len(answer) < 3:
-        raise Wrong(f"name the roles of at least three heads; you named {len(answer)}")
-    names = ctx["names"] + [_NONE]
-    named = {_head(pair, ctx, f"key {pair!r}"): _NONE if role is None else role for pair, role in answer.items()}
-    for role in named.values():
-        if role not in names:
-            raise Wrong(f"{role!r} is not a role the explorer knows; use one of {names} (or None for no role)"[:300])
-    if _NONE not in named.values():
-        raise Wrong("include at least one head that matches no relation and no generic score (role None or 'none')")
-    for (layer, head), role in named.items():
-        if role in _fits(ctx, layer, head):
+def _loss(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def _effects_reference(model, tokens, targets, *, zero=_zeroed):
+    N, H = model.config.n_layers, model.config.n_heads
+    with torch.no_grad():
+        base = _loss(model(tokens), targets)
+        return torch.tensor([[float(_loss(_with_hook(model, tokens, l, zero([h])), targets) - base) for h in range(H)]
+                             for l in range(N)])
+
+
+def _check_effects(ablation_effects) -> None:
+    for model, tokens, targets in _models():
+        N, H = model.config.n_layers, model.config.n_heads
+        label = f"a {N}-layer model with {H} heads, tokens {list(tokens.shape)}, targets {list(targets.shape)}"
+        got = call_answer(ablation_effects, model, tokens, targets, label=label, copy_args=False, uses=_USES, forbid=_FORBID)
+        want = _effects_reference(model, tokens, targets)
+        try:
+            expect_shape(got, (N, H), "the result")
+        except Wrong as wrong:
+            raise Wrong(f"ablation_effects({label}): {wrong} ([n_layers, n_heads])") from None
+        if first_match(got, {"": want}) is not None:
             continue
-        if role == _NONE:
-            raise Wrong(f"layer {layer}, head {head} does have a clear role: more than half of its attention lands "
-                        "on one kind of position")
-        score = float(ctx["scores"][role][layer, head])
-        raise Wrong(f"layer {layer}, head {head} is not a {role!r} head: only {score:.0%} of its attention lands where "
-                    f"{role!r} points (highlight it in the explorer to see)")
-    carries = [lh for lh, role in named.items() if role != _NONE
-               and any(float(ctx["scores"][r][lh]) >= ctx["threshold"] for r in ctx["relations"])]
-    if ctx["relations"] and not carries:
-        raise Wrong(f"include at least one head that carries a relation of the task ({', '.join(ctx['relations'])}): "
-                    "one whose bar for that relation passes the dotted line")
+        with torch.no_grad():
+            base = float(_loss(model(tokens), targets))
+        mistake = first_match(got, {
+            "the signs are flipped: a head that matters makes the loss *grow* when switched off (ablated - intact)": -want,
+            "that is the loss with each head off; the question is how much it grows over the intact model's": want + base,
+            "that is the loss summed over positions; take the mean, as the training loss does":
+                want * int((targets != -100).sum()),
+            "the loss counts the positions with no target (-100): cross_entropy leaves them out by default":
+                torch.stack([torch.stack([_loss_all(model, tokens, targets, l, h) for h in range(H)]) for l in range(N)]),
+        })
+        if mistake:
+            raise Wrong(f"ablation_effects({label}): {mistake}")
+        try:
+            expect_close(got, want, "the result")
+        except Wrong as wrong:
+            raise Wrong(f"ablation_effects({label}): {wrong}") from None
+
+
+def _loss_all(model, tokens, targets, layer, head):
+    """The mistake of counting positions without a target as class 0."""
+    t = targets.clamp(min=0)
+    with torch.no_grad():
+        return _loss(_with_hook(model, tokens, layer, _zeroed([head])), t) - _loss(model(tokens), t)
 
 
 register(Exercise(
-    "05", 2, "name the roles of three heads",
-    _check_roles,
-    hint=["The bar chart beside the heat map shows how much of the head's attention lands where each relation "
-          "points; a head has a role when one bar is well past the dotted line (half of its attention).",
-          "A head whose bars are all short spreads its attention or mixes positions: its role is None ('none')."],
+    "05", 2, "what each head is worth",
+    _check_effects,
+    hint=["Loop over every (layer, head), switch that head off (your ablate_head does it) and compare the loss "
+          "with the intact model's loss on the same tokens.",
+          "The loss: F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1)), V = logits.size(-1); positions "
+          "whose target is -100 are left out by default. Return a [n_layers, n_heads] tensor."],
     solution=(
-        "roles = {(0, 0): 'previous-token', (1, 1): 'left2', (0, 1): None}   # for the DEMO heads\n"
-        "# in the notebook: heads read off the explorer, e.g. {lh: explorer.role_name(*lh) for lh in heads}\n"
-        "q2.check(roles, explorer)"
+        "def ablation_effects(model, tokens, targets):\n"
+        "    from mhalab.hooks import run_with_hooks\n"
+        "    def loss(logits):                              # mean over the positions that have a target\n"
+        "        V = logits.size(-1)\n"
+        "        return torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1)).item()\n"
+        "    def switch_off(head):                          # (your ablate_head from exercise 1 does the same)\n"
+        "        def hook(z, name):                         # z: [batch, query, head, d_head]\n"
+        "            z = z.clone()\n"
+        "            z[:, :, head] = 0.0\n"
+        "            return z\n"
+        "        return hook\n"
+        "    N, H = model.config.n_layers, model.config.n_heads\n"
+        "    with torch.no_grad():\n"
+        "        intact = loss(model(tokens))\n"
+        "        return torch.tensor([[loss(run_with_hooks(model, tokens, hooks=[(f'blocks.{l}.attn.z', switch_off(h))]))\n"
+        "                              - intact for h in range(H)] for l in range(N)])   # [N, H]"
     ),
-    reference={(0, 0): "previous-token", (1, 1): "left2", (0, 1): None},
-    prepare=_prepare,
+    reference=_effects_reference,
 ))
 
 
