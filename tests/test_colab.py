@@ -37,7 +37,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 NOTEBOOK = ROOT / "notebooks" / "03_it_costs_nothing.ipynb"  # fast: counting, no training
-COLAB_PACKAGES = ("numpy", "matplotlib", "tqdm")  # installed at the floor pyproject.toml declares
+COLAB_PACKAGES = ("numpy", "matplotlib", "tqdm", "pillow", "nbformat", "nbclient")  # at the floors pyproject.toml declares
 COLAB_IPYWIDGETS = "ipywidgets==7.7.1"  # what Colab has shipped for years
 
 

@@ -196,3 +196,49 @@ def test_ci_runs_the_readme_test_command():
     assert "python3 course.py test" in commands, ".ci/run must call the README's `python3 course.py test`"
     assert any(re.match(r"set -[a-z]*e", line) for line in commands), ".ci/run must stop at the first failure (set -e)"
     assert commands[-1] == "python3 course.py test", "the test command must be last, so its exit code is the script's"
+
+
+# Imported only inside a running IPython kernel (guarded by an ImportError or get_ipython() check), which
+# brings them: not dependencies of mhalab itself.
+KERNEL_ONLY = {"IPython", "matplotlib_inline"}
+
+
+def _third_party_imports(paths) -> dict[str, set[str]]:
+    """Top-level names of the non-standard-library modules the files import -> the files importing them."""
+    import ast
+
+    found: dict[str, set[str]] = {}
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in ("mhalab", "__future__"):
+                    found.setdefault(top, set()).add(path.relative_to(ROOT).as_posix())
+    return found
+
+
+@pytest.mark.parametrize("part, extras", [("mhalab", ()), ("mhalab/pretrained", ("pretrained",))])
+def test_every_import_is_a_declared_dependency(pyproject, part, extras):
+    """What the package imports must be installed by `pip install mhalab[...]` itself, not by luck."""
+    from importlib.metadata import packages_distributions
+
+    project = pyproject["project"]
+    declared = set(lower_bounds(project["dependencies"]))
+    for extra in extras:
+        declared |= set(lower_bounds(project["optional-dependencies"][extra]))
+    folder = ROOT / part
+    files = sorted(folder.glob("*.py")) if extras else sorted(p for p in folder.rglob("*.py") if "pretrained" not in p.parts)
+    distributions = packages_distributions()
+    missing = {}
+    for module, users in _third_party_imports(files).items():
+        if module in KERNEL_ONLY:
+            continue
+        names = {re.sub(r"[-_.]+", "-", d).lower() for d in distributions.get(module, [module])}
+        if not names & declared:
+            missing[module] = sorted(users)
+    assert not missing, f"imported but not declared in pyproject.toml {extras or 'dependencies'}: {missing}"
