@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from .hooks import ablate_heads, attention_modules, gate_heads, hooks_attached
 from .models import batch_logits, eval_mode
+from .plotting import figure
 
 __all__ = [
     "model_shape",
@@ -312,10 +313,8 @@ class PruningCurve:
 
     def plot(self, ax=None, *, title: str | None = None):
         """Both curves against the fraction of heads removed, random orders as mean ± one std."""
-        import matplotlib.pyplot as plt
-
         if ax is None:
-            _, ax = plt.subplots(figsize=(5.5, 3.4), dpi=80)
+            ax = figure(width=5.5, height=3.4)[1][0, 0]
         x = self.removed / max(self.n_heads, 1)
         label = "by importance" + (" (recomputed)" if self.recompute else "")
         ax.plot(x, self.by_importance, "o-", ms=3, label=label)

@@ -35,6 +35,7 @@ from torch import nn
 from .ablation import AblationTable, ablate_each_head
 from .hooks import run_with_cache
 from .models import eval_mode
+from .plotting import DPI
 from .scores import FRACTION_SCORES, NO_ROLE, head_scores, role_of, stack_attention
 
 __all__ = ["HeadExplorer", "head_explorer", "head_grid", "widgets_available", "RELATION_COLOURS"]
@@ -93,7 +94,9 @@ class HeadExplorer:
         method: ``"zero"`` or ``"mean"`` ablation.
         threshold: a head "matches" a relation/score when at least this fraction of its attention lands
             where that relation points.
-        figsize, dpi: size of the one figure that is redrawn.
+        figsize, dpi: size of the one figure that is redrawn. It is shown at ``figsize`` inches of
+            :data:`mhalab.plotting.DPI` CSS pixels each; ``dpi`` above that (1.5x by default) keeps it
+            sharp on HiDPI screens instead of stretched.
 
     Attributes:
         attention: ``[N, E, H, T, S]`` numpy array, the weights of the ``E`` examples on offer.
@@ -113,7 +116,7 @@ class HeadExplorer:
         method: str = "zero",
         threshold: float = 0.5,
         figsize: tuple[float, float] = (9.0, 3.8),
-        dpi: int = 72,
+        dpi: float = 1.5 * DPI,
         layer: int = 0,
         head: int = 0,
         highlight: str = NO_ROLE,
@@ -155,6 +158,7 @@ class HeadExplorer:
 
         # A pyplot-free Figure: it never pops up or gets shown twice by the inline backend.
         self.figure = Figure(figsize=figsize, dpi=dpi)
+        self._css_width = round(figsize[0] * DPI)  # shown at this width whatever the pixel density
         FigureCanvasAgg(self.figure)
         self.figure.subplots_adjust(left=0.08, right=0.97, top=0.88, bottom=0.24, wspace=0.55)
         grid = self.figure.add_gridspec(1, 2, width_ratios=[1.25, 1])
@@ -313,7 +317,7 @@ class HeadExplorer:
             self._head_slider = W.IntSlider(value=self.head, min=0, max=self.n_heads - 1, description="head", style=style)
             self._example_slider = W.IntSlider(value=self.example, min=0, max=self.n_examples - 1, description="example", style=style)
             self._dropdown = W.Dropdown(options=self.highlight_options, value=self.highlight, description="highlight", style=style)
-            self._image_widget = W.Image(value=self.png, format="png")
+            self._image_widget = W.Image(value=self.png, format="png", layout=W.Layout(width=f"{self._css_width}px"))
             self._image_widget.add_class("mhalab-head-map")
             for control in (self._layer_slider, self._head_slider, self._example_slider, self._dropdown):
                 control.observe(self._on_change, names="value")
@@ -363,15 +367,16 @@ class HeadExplorer:
         from PIL import Image, ImageDraw, ImageFont
 
         picture = Image.open(io.BytesIO(self.png)).convert("RGB")
-        font = ImageFont.truetype(font_manager.findfont("DejaVu Sans"), 12)
-        still = Image.new("RGB", (picture.width, picture.height + 20), "white")
+        scale = self.figure.dpi / DPI  # pixels per CSS pixel: the note is drawn at the picture's density
+        font = ImageFont.truetype(font_manager.findfont("DejaVu Sans"), round(12 * scale))
+        still = Image.new("RGB", (picture.width, picture.height + round(20 * scale)), "white")
         still.paste(picture, (0, 0))
-        ImageDraw.Draw(still).text((6, picture.height + 3), self.STATIC_NOTE, fill=(70, 70, 70), font=font)
+        ImageDraw.Draw(still).text((6 * scale, picture.height + 3 * scale), self.STATIC_NOTE, fill=(70, 70, 70), font=font)
         buffer = io.BytesIO()
         still.save(buffer, format="png")
         return buffer.getvalue()
 
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+    def _repr_mimebundle_(self, include=None, exclude=None) -> tuple[dict, dict]:
         """One output that every viewer can show: the live widget where a frontend draws widgets, and the
         still picture with a line saying how to get the sliders (``image/png``) for those that cannot
         (GitHub, nbviewer, the course website, a frontend that refuses widgets). Without a kernel
@@ -385,7 +390,7 @@ class HeadExplorer:
         if widgets_available():
             view = {"version_major": 2, "version_minor": 0, "model_id": self.widget.model_id}
             bundle["application/vnd.jupyter.widget-view+json"] = view
-        return bundle
+        return bundle, {"image/png": {"width": self._css_width}}  # shown at CSS size: sharp, not stretched
 
     def __repr__(self) -> str:
         return (
@@ -413,7 +418,7 @@ def head_grid(
     threshold: float = 0.5,
     columns: int | None = None,
     size: float = 1.7,
-    dpi: int = 72,
+    dpi: float = DPI,
 ):
     """All heads of one layer as small attention maps, each coloured and titled by its best-matching relation.
 

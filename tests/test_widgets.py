@@ -97,12 +97,15 @@ def test_static_fallback_without_a_frontend(setup):
 
     _, _, _, ex = setup
     assert not widgets.widgets_available()  # no kernel under pytest
-    bundle = ex._repr_mimebundle_()
+    bundle, metadata = ex._repr_mimebundle_()
     assert set(bundle) == {"image/png", "text/plain"}  # no widget view without a kernel to drive it
     still = base64.b64decode(bundle["image/png"])
     assert still.startswith(b"\x89PNG") and still == ex.static_png()
     width, height = _png_size(still)
-    assert (width, height - 20) == _png_size(ex.png)  # the current picture, with a band for the note below
+    assert width == _png_size(ex.png)[0] and height > _png_size(ex.png)[1]  # the current picture, a band for the note below
+    # Drawn at 1.5x the CSS pixels it is shown at (96 px per inch): sharp on HiDPI, not stretched.
+    inches = ex.figure.get_size_inches()[0]
+    assert metadata["image/png"]["width"] == round(inches * 96) and width == round(1.5 * 96 * inches)
     assert ex.STATIC_NOTE in bundle["text/plain"] and "HeadExplorer" in bundle["text/plain"]
 
 
@@ -111,14 +114,14 @@ def test_one_output_holds_the_widget_and_the_still(setup, monkeypatch):
     the sliders, a saved notebook shown without widgets (GitHub, nbviewer, the website) shows the still."""
     _, _, _, ex = setup
     monkeypatch.setattr(widgets, "widgets_available", lambda: True)
-    bundle = ex._repr_mimebundle_()
+    bundle, _ = ex._repr_mimebundle_()
     view = bundle["application/vnd.jupyter.widget-view+json"]
     assert view["model_id"] == ex.widget.model_id and view["version_major"] == 2
     assert "image/png" in bundle and ex.STATIC_NOTE in bundle["text/plain"]
     ex.update(layer=1, head=1)
-    moved = ex._repr_mimebundle_()["image/png"]
+    moved = ex._repr_mimebundle_()[0]["image/png"]
     ex.update(layer=0, head=0)
-    assert ex._repr_mimebundle_()["image/png"] != moved  # the still is the current picture
+    assert ex._repr_mimebundle_()[0]["image/png"] != moved  # the still is the current picture
 
 
 def test_reuses_a_precomputed_ablation_and_skips_it_when_asked(setup):
