@@ -242,3 +242,15 @@ def test_every_import_is_a_declared_dependency(pyproject, part, extras):
         if not names & declared:
             missing[module] = sorted(users)
     assert not missing, f"imported but not declared in pyproject.toml {extras or 'dependencies'}: {missing}"
+
+
+@pytest.mark.parametrize("path", course_notebooks(), ids=lambda p: p.name)
+def test_opening_a_notebook_changes_nothing(path):
+    """JupyterLab rewrites a kernelspec whose display name differs from the kernel's and marks the
+    notebook modified as soon as it is opened: save what ipykernel reports (tools/execute_notebooks.py does)."""
+    from ipykernel.kernelspec import get_kernel_dict
+
+    spec = nbformat.read(path, as_version=4).metadata.get("kernelspec", {})
+    assert spec == {"name": "python3", "display_name": get_kernel_dict()["display_name"], "language": "python"}, (
+        f"{path.name}: kernelspec {spec}; re-run it with `python3 course.py execute {path.relative_to(ROOT)}`"
+    )

@@ -14,6 +14,14 @@ import nbformat
 from nbclient import NotebookClient
 
 
+def kernelspec() -> dict:
+    """The kernelspec JupyterLab sees for this Python: saved as is, so opening a notebook changes nothing
+    (with another display name, JupyterLab rewrites it on open and marks the notebook modified)."""
+    from ipykernel.kernelspec import get_kernel_dict
+
+    return {"name": "python3", "display_name": get_kernel_dict()["display_name"], "language": "python"}
+
+
 def execute(path: Path) -> float:
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
@@ -22,6 +30,7 @@ def execute(path: Path) -> float:
     elapsed = time.perf_counter() - start
     for cell in nb.cells:  # timing metadata changes on every run: keep diffs to real changes
         cell.metadata.pop("execution", None)
+    nb.metadata["kernelspec"] = kernelspec()
     nbformat.write(nb, path)
     return elapsed
 
