@@ -14,7 +14,8 @@ The modules, one idea each::
     mhalab.sweep        sweep_heads: one model per head count at a fixed width
     mhalab.scores       head scores from attention patterns (relations, previous-token, entropy, ...)
     mhalab.ablation     switching heads off, head importance, pruning
-    mhalab.widgets      head_explorer and head_grid (ipywidgets + matplotlib)
+    mhalab.widgets      head_explorer: sliders over every head (ipywidgets + matplotlib)
+    mhalab.head_grid    head_grid: every head of one layer at a glance
     mhalab.plotting     heat maps and the figures the notebooks share
     mhalab.diagrams     the mechanism and a block, drawn from a real forward pass
     mhalab.parallelism  counting and timing attention operations across layers and heads

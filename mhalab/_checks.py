@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Iterable
 
 
@@ -66,6 +67,16 @@ def check_model_fits_task(model: Any, task: Any) -> None:
     if problems:
         raise ValueError(f"the model does not fit task {getattr(task, 'name', type(task).__name__)!r}: "
                          + "; ".join(problems) + ". Build it with ModelConfig.for_task(task, d_model=..., n_heads=...)")
+
+
+
+def check_index(name: str, value: Any, limit: int) -> int:
+    """Return ``value`` as an int if it is a whole number (Python or numpy) in ``0 .. limit - 1``; else raise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if not 0 <= int(value) < limit:
+        raise IndexError(f"{name} {value} is out of range: choose 0..{limit - 1}")
+    return int(value)
 
 
 # ---------------------------------------------------------------- attention shapes

@@ -15,10 +15,14 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "DPI", "figure", "heatmap", "attention_maps", "show_memory_layout", "LAYOUTS", "plot_costs",
+    "DPI", "RELATION_COLOURS", "RELATION_CMAPS", "figure", "heatmap", "attention_maps", "show_memory_layout", "LAYOUTS", "plot_costs",
     "notebook_style", "score_and_weight_maps",
     "plot_history", "plot_sweep",
 ]
+
+#: Colours (and matching colour maps) for a task's relations, in ``batch.sources`` order; grey means none.
+RELATION_COLOURS = ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive")
+RELATION_CMAPS = ("Reds", "Blues", "Greens", "Purples", "Oranges", "YlOrBr", "RdPu", "YlGn")
 
 DPI = 96  # figure dots per inch = CSS pixels per inch: text of n points shows n points tall
 

@@ -32,17 +32,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from ._checks import check_index
 from .ablation import AblationTable, ablate_each_head
 from .hooks import run_with_cache
 from .models import eval_mode
-from .plotting import DPI
+from .plotting import DPI, RELATION_COLOURS
 from .scores import FRACTION_SCORES, NO_ROLE, head_scores, role_of, stack_attention
 
-__all__ = ["HeadExplorer", "head_explorer", "head_grid", "widgets_available", "RELATION_COLOURS"]
+__all__ = ["HeadExplorer", "head_explorer", "widgets_available"]
 
-#: Colours for relations, in ``batch.sources`` order (heads matching none are grey).
-RELATION_COLOURS = ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive")
-_RELATION_CMAPS = ("Reds", "Blues", "Greens", "Purples", "Oranges", "YlOrBr", "RdPu", "YlGn")
 
 
 def widgets_available() -> bool:
@@ -233,24 +231,17 @@ class HeadExplorer:
             return f"{NO_ROLE} (spread out)"
         return f"{NO_ROLE} (no single position)"
 
-    def _check_index(self, name: str, value: Any, limit: int) -> int:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-        if not 0 <= int(value) < limit:
-            raise IndexError(f"{name} {value} is out of range: choose 0..{limit - 1}")
-        return int(value)
-
     def update(self, layer: int | None = None, head: int | None = None, example: int | None = None, highlight: str | None = None) -> None:
         """Show another head/example/highlight.
 
         Only what changed is touched: array lookups, the artists' data, one PNG render.
         """
         if layer is not None:
-            self.layer = self._check_index("layer", layer, self.n_layers)
+            self.layer = check_index("layer", layer, self.n_layers)
         if head is not None:
-            self.head = self._check_index("head", head, self.n_heads)
+            self.head = check_index("head", head, self.n_heads)
         if example is not None:
-            self.example = self._check_index("example", example, self.n_examples)
+            self.example = check_index("example", example, self.n_examples)
         if highlight is not None:
             options = self.highlight_options
             if highlight not in options:
@@ -406,68 +397,3 @@ def head_explorer(model: nn.Module, batch: Any, task: Any = None, **options: Any
     only redraws.  Without ipywidgets or a live kernel it shows a static picture instead.
     """
     return HeadExplorer(model, batch, task, **options)
-
-
-def head_grid(
-    model: nn.Module | HeadExplorer,
-    batch: Any = None,
-    layer: int = 0,
-    *,
-    task: Any = None,
-    example: int = 0,
-    threshold: float = 0.5,
-    columns: int | None = None,
-    size: float = 1.7,
-    dpi: float = DPI,
-):
-    """All heads of one layer as small attention maps, each coloured and titled by its best-matching relation.
-
-    Args:
-        model: the model (with ``batch``), or a :class:`HeadExplorer` (reuses its precomputed attention).
-        batch: a task ``Batch``; relation scores need its ``sources``.
-        layer: which layer.
-        task: for token labels (optional).
-        example: which sequence of the batch to draw (scores use the whole batch).
-        threshold: a head takes a relation's colour when at least this fraction of its attention lands there.
-        columns: maps per row (default: up to 8).
-
-    Returns:
-        The matplotlib figure (made with pyplot, so a notebook shows it once at the end of the cell).
-    """
-    import matplotlib.pyplot as plt
-
-    if isinstance(model, HeadExplorer):
-        explorer = model
-    else:
-        if batch is None:
-            raise ValueError("head_grid needs the batch to compute attention on: head_grid(model, batch, layer)")
-        explorer = HeadExplorer(model, batch, task, examples=example + 1, ablation=False)
-    N, H = explorer.n_layers, explorer.n_heads
-    layer = explorer._check_index("layer", layer, N)
-    example = explorer._check_index("example", example, explorer.n_examples)
-    relations = explorer.relations
-    columns = columns or min(H, 8)
-    rows = -(-H // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(size * columns, (size + 0.3) * rows + 0.4), dpi=dpi, squeeze=False)
-    for head in range(rows * columns):
-        ax = axes[head // columns][head % columns]
-        ax.set_xticks([])
-        ax.set_yticks([])
-        if head >= H:
-            ax.axis("off")
-            continue
-        match = role_of(explorer.scores, layer, head, relations, threshold)  # the explorer's vocabulary
-        if match in relations:
-            i = relations.index(match)
-            cmap, colour = _RELATION_CMAPS[i % len(_RELATION_CMAPS)], RELATION_COLOURS[i % len(RELATION_COLOURS)]
-        else:
-            cmap, colour = "Greys", "0.4"
-        title = match if match == NO_ROLE else f"{match} {float(explorer.scores[match][layer, head]):.2f}"
-        ax.imshow(explorer.attention[layer, example, head], vmin=0, vmax=1, cmap=cmap, interpolation="nearest")
-        ax.set_title(f"H{head}: {title}", fontsize=10, color=colour)
-        for spine in ax.spines.values():
-            spine.set_edgecolor(colour)
-            spine.set_linewidth(2 if match in relations else 0.8)
-    fig.suptitle(f"layer {layer}: every head (rows = queries, columns = keys), example {example}", fontsize=11)
-    fig.tight_layout()
-    return fig

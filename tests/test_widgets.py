@@ -131,23 +131,3 @@ def test_reuses_a_precomputed_ablation_and_skips_it_when_asked(setup):
     bare = widgets.HeadExplorer(model, batch.inputs, ablation=False)
     assert bare.relations == [] and bare.ablation is None and "pass task=" in bare.ablation_text(0, 0)
     assert bare.labels[0] == [str(int(t)) for t in batch.inputs[0]]
-
-
-def test_head_grid(setup):
-    import matplotlib.pyplot as plt
-
-    task, model, batch, ex = setup
-    fig = widgets.head_grid(ex, layer=1)
-    titles = [ax.get_title() for ax in fig.axes]
-    assert len(titles) == 4 and all(t.startswith(f"H{h}:") for h, t in enumerate(titles))
-    # the grid and the explorer name every head the same way (mhalab.scores.role_of)
-    assert [t.split(": ")[1].split(" ")[0] for t in titles] == [ex.role_name(1, h) for h in range(4)]
-    assert all(ex.role(1, h).split(" ")[0] == ex.role_name(1, h) for h in range(4))
-    plt.close(fig)
-    fig = widgets.head_grid(model, batch, 0, task=task, columns=2)
-    assert len(fig.axes) == 4
-    plt.close(fig)
-    with pytest.raises(IndexError, match="layer 5 is out of range"):
-        widgets.head_grid(ex, layer=5)
-    with pytest.raises(ValueError, match="needs the batch"):
-        widgets.head_grid(model)
