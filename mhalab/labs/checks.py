@@ -35,7 +35,7 @@ from .core import Wrong, session
 
 __all__ = [
     "ATOL", "RTOL", "call_answer", "describe", "expect_callable", "expect_close", "expect_equal",
-    "expect_shape", "expect_whole", "first_match", "as_float64", "largest_tensor", "name_miss", "observe",
+    "expect_shape", "expect_whole", "first_match", "as_float64", "judge", "largest_tensor", "name_miss", "observe",
 ]
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -262,6 +262,21 @@ def first_match(got: Any, candidates: Mapping[str, Any], *, rtol: float = RTOL, 
             return message
     return None
 
+
+
+def judge(got: Any, want: Any, label: str, mistakes: Callable[[], Mapping[str, Any]] | None = None, *, note: str = "") -> None:
+    """Pass when ``got`` is close to ``want``. Otherwise name the first mistake it matches (``mistakes()``
+    returns message -> the value that mistake gives; built only for a wrong answer), else say how it
+    differs (``note`` appended). Every message starts with ``label``, e.g. ``"f(x [2, 3])"``."""
+    if first_match(got, {"": want}) is not None:
+        return
+    mistake = first_match(got, mistakes()) if mistakes is not None else None
+    if mistake:
+        raise Wrong(f"{label}: {mistake}")
+    try:
+        expect_close(got, want, "the result")
+    except Wrong as wrong:
+        raise Wrong(f"{label}: {wrong}{note}") from None
 
 def name_miss(got: Any, mistakes: Sequence[tuple[Any, str]]) -> str | None:
     """The message of the first (value, message) whose value equals ``got`` (numbers, by value)."""

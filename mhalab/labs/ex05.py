@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from ..hooks import ablate_heads, run_with_hooks
 from ..models import ModelConfig, Transformer
 from ..scores import previous_token_score
-from .checks import call_answer, expect_close, expect_shape, first_match, observe
+from .checks import call_answer, expect_shape, judge, observe
 from .core import Exercise, Wrong, register
 
 #: mhalab code an answer may run (a model's forward pass, the hook machinery) and what it may not.
@@ -78,11 +78,8 @@ def _check_ablate(ablate_head) -> None:
             if leaked:
                 raise Wrong(f"ablate_head({label}): after your function returned, the model still runs with a head off. "
                             "Remove the hook when you are done (run_with_hooks and hooks_attached do it for you)")
-            want = _ablate_reference(model, tokens, layer, head)
-            if first_match(got, {"": want}) is not None:
-                continue
             others = [h for h in range(H) if h != head]
-            mistake = first_match(got, {
+            judge(got, _ablate_reference(model, tokens, layer, head), f"ablate_head({label})", lambda: {
                 "nothing changed: the result is the intact model's. Does your hook return the new z (or change it in "
                 f"place), and is it on blocks.{layer}.attn.z?": clean,
                 "you zeroed a query position, not a head: z is [batch, query, head, d_head]":
@@ -92,12 +89,6 @@ def _check_ablate(ablate_head) -> None:
                 **{f"that switches off head {head} of layer {other}, not of layer {layer}": _ablate_reference(model, tokens, other, head)
                    for other in range(N) if other != layer},
             })
-            if mistake:
-                raise Wrong(f"ablate_head({label}): {mistake}")
-            try:
-                expect_close(got, want, "the result")
-            except Wrong as wrong:
-                raise Wrong(f"ablate_head({label}): {wrong}") from None
 
 
 register(Exercise(
@@ -144,24 +135,21 @@ def _check_effects(ablation_effects) -> None:
             expect_shape(got, (N, H), "the result")
         except Wrong as wrong:
             raise Wrong(f"ablation_effects({label}): {wrong} ([n_layers, n_heads])") from None
-        if first_match(got, {"": want}) is not None:
-            continue
-        with torch.no_grad():
-            base = float(_loss(model(tokens), targets))
-        mistake = first_match(got, {
-            "the signs are flipped: a head that matters makes the loss *grow* when switched off (ablated - intact)": -want,
-            "that is the loss with each head off; the question is how much it grows over the intact model's": want + base,
-            "that is the loss summed over positions; take the mean, as the training loss does":
-                want * int((targets != -100).sum()),
-            "the loss counts the positions with no target (-100): cross_entropy leaves them out by default":
-                torch.stack([torch.stack([_loss_all(model, tokens, targets, l, h) for h in range(H)]) for l in range(N)]),
-        })
-        if mistake:
-            raise Wrong(f"ablation_effects({label}): {mistake}")
-        try:
-            expect_close(got, want, "the result")
-        except Wrong as wrong:
-            raise Wrong(f"ablation_effects({label}): {wrong}") from None
+        judge(got, want, f"ablation_effects({label})", lambda: _effects_mistakes(model, tokens, targets, want))
+
+
+def _effects_mistakes(model, tokens, targets, want) -> dict:
+    N, H = model.config.n_layers, model.config.n_heads
+    with torch.no_grad():
+        base = float(_loss(model(tokens), targets))
+    return {
+        "the signs are flipped: a head that matters makes the loss *grow* when switched off (ablated - intact)": -want,
+        "that is the loss with each head off; the question is how much it grows over the intact model's": want + base,
+        "that is the loss summed over positions; take the mean, as the training loss does":
+            want * int((targets != -100).sum()),
+        "the loss counts the positions with no target (-100): cross_entropy leaves them out by default":
+            torch.stack([torch.stack([_loss_all(model, tokens, targets, l, h) for h in range(H)]) for l in range(N)]),
+    }
 
 
 def _loss_all(model, tokens, targets, layer, head):
@@ -220,7 +208,7 @@ def _check_prev_score(previous_token_score) -> None:
     for (attention,) in _pattern_cases():
         label = f"attention {list(attention.shape)}"
         got = call_answer(previous_token_score, attention, label=label)
-        mistake = first_match(got, {
+        judge(got, _prev_reference(attention), f"previous_token_score({label})", lambda: {
             "that is the attention to the token itself (the diagonal); the previous token is the key just left of it, q - 1":
                 attention.diagonal(0, -2, -1).mean(dim=(0, 2)),
             "that is the attention to the *next* token (q + 1); the previous token is the key q - 1":
@@ -228,12 +216,6 @@ def _check_prev_score(previous_token_score) -> None:
             "the mean runs over all T queries; only the T - 1 queries that have a previous token count":
                 attention.diagonal(-1, -2, -1).sum(-1).mean(0) / attention.size(-1),
         })
-        if mistake and first_match(got, {"": _prev_reference(attention)}) is None:
-            raise Wrong(f"previous_token_score({label}): {mistake}")
-        try:
-            expect_close(got, _prev_reference(attention), "the result")
-        except Wrong as wrong:
-            raise Wrong(f"previous_token_score({label}): {wrong}") from None
 
 
 register(Exercise(
