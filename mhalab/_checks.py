@@ -70,12 +70,15 @@ def check_model_fits_task(model: Any, task: Any) -> None:
 
 
 
-def check_index(name: str, value: Any, limit: int) -> int:
-    """Return ``value`` as an int if it is a whole number (Python or numpy) in ``0 .. limit - 1``; else raise."""
+def check_index(name: str, value: Any, limit: int, *, valid: str = "choose") -> int:
+    """Return ``value`` as an int if it is a whole number (Python or numpy) in ``0 .. limit - 1``; else raise.
+
+    The IndexError reads ``"{name} {value} is out of range: {valid} 0..{limit - 1}"``.
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
     if not 0 <= int(value) < limit:
-        raise IndexError(f"{name} {value} is out of range: choose 0..{limit - 1}")
+        raise IndexError(f"{name} {value} is out of range: {valid} 0..{limit - 1}")
     return int(value)
 
 

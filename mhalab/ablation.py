@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._checks import check_index
 from .hooks import ablate_heads, attention_modules, gate_heads, hooks_attached
 from .models import batch_logits, eval_mode
 from .plotting import figure
@@ -74,16 +75,8 @@ def check_heads(model: nn.Module, heads: Iterable[Head] | Head) -> list[Head]:
     for pair in heads:
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
             raise TypeError(f"each head must be a (layer, head) pair of ints, got {pair!r}")
-        layer, head = pair
-        for name, value in (("layer", layer), ("head", head)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise TypeError(f"{name} index must be an int, got {type(value).__name__} ({value!r}) in {pair!r}")
-        layer, head = int(layer), int(head)
-        if not 0 <= layer < len(layers):
-            raise IndexError(f"layer {layer} is out of range: the model has layers 0..{len(layers) - 1}")
-        n_heads = layers[layer].n_heads
-        if not 0 <= head < n_heads:
-            raise IndexError(f"head {head} is out of range: layer {layer} has heads 0..{n_heads - 1}")
+        layer = check_index("layer", pair[0], len(layers), valid="the model has layers")
+        head = check_index("head", pair[1], layers[layer].n_heads, valid=f"layer {layer} has heads")
         checked.add((layer, head))
     return sorted(checked)
 

@@ -343,16 +343,14 @@ class MultiHeadAttention(nn.Module):
             k, v = kv_cache.append(k, v)  # [B, G, past + L, dk]: the new keys/values join the old ones
 
         dropout_p = self.dropout if self.training else 0.0
+        if G != H and (want_pattern or not _SDPA_HAS_GQA):  # each query head gets its group's K/V head
+            k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # [B, H, S, dk]
         if want_pattern:
-            if G != H:
-                k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # [B, H, S, dk]
             weights = self.pattern(attention_weights(q, k, mask=mask))  # [B, H, L, S]; a hook may replace it
             mixed = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
             heads = mixed @ v  # [B, H, L, dk]: each head's weighted sum of its values
         else:
-            if G != H and not _SDPA_HAS_GQA:
-                k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # [B, H, S, dk]
-            gqa = {"enable_gqa": True} if G != H and _SDPA_HAS_GQA else {}
+            gqa = {"enable_gqa": True} if k.size(1) != H else {}  # the kernel shares the K/V heads itself
             heads = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=fused_causal, **gqa
             )  # [B, H, L, dk]

@@ -57,9 +57,9 @@ def attention_modules(model: nn.Module) -> dict[str, MultiHeadAttention]:
     return found
 
 
-def _select(model: nn.Module, names: Names) -> list[str]:
+def _select(model: nn.Module, names: Names, points: dict[str, HookPoint] | None = None) -> list[str]:
     """The hook-point names that ``names`` picks: None = all; a name or glob; a list of them; a predicate."""
-    available = list(hook_points(model))
+    available = list(hook_points(model) if points is None else points)
     if names is None:
         return available
     if callable(names):
@@ -89,7 +89,7 @@ def hooks_attached(model: nn.Module, hooks: Iterable[tuple[Any, Hook]]) -> Itera
         for names, hook in hooks:
             if not callable(hook):
                 raise TypeError(f"a hook must be a function hook(activation, name), got {type(hook).__name__}")
-            for name in _select(model, names):
+            for name in _select(model, names, points):
                 handles.append(points[name].register_forward_hook(_wrap(hook, name)))
         yield
     finally:

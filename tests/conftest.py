@@ -55,3 +55,17 @@ def model(task):
 @pytest.fixture
 def batch(task):
     return task.sample(6, generator=torch.Generator().manual_seed(1))
+
+
+# A head explorer over a small untrained model, shared by tests/test_widgets.py and tests/test_head_grid.py.
+@pytest.fixture(scope="module")
+def explorer_setup():
+    """``(task, model, batch, explorer)``: 2 layers x 4 heads, relations left1 and right2, 3 examples."""
+    from mhalab import widgets
+
+    task = MultiRelationTask((-1, 2), vocab_size=8, seq_len=8)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.for_task(task, d_model=16, n_heads=4, n_layers=2))
+    batch = task.sample(5, generator=torch.Generator().manual_seed(3))
+    explorer = widgets.head_explorer(model, batch, task, examples=3, figsize=(6, 3))
+    return task, model, batch, explorer

@@ -6,26 +6,14 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 import pytest
-import torch
 
-from mhalab import widgets
 from mhalab.head_grid import head_grid
-from mhalab.models import ModelConfig, Transformer
-from mhalab.tasks import MultiRelationTask
 
 
-@pytest.fixture(scope="module")
-def setup():
-    task = MultiRelationTask((-1, 2), vocab_size=8, seq_len=8)
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig.for_task(task, d_model=16, n_heads=4, n_layers=2))
-    batch = task.sample(5, generator=torch.Generator().manual_seed(3))
-    explorer = widgets.head_explorer(model, batch, task, examples=3, figsize=(6, 3))
-    return task, model, batch, explorer
 
 
-def test_head_grid(setup):
-    task, model, batch, ex = setup
+def test_head_grid(explorer_setup):
+    task, model, batch, ex = explorer_setup
     fig = head_grid(ex, layer=1)
     titles = [ax.get_title() for ax in fig.axes]
     assert len(titles) == 4 and all(t.startswith(f"H{h}:") for h, t in enumerate(titles))

@@ -2,27 +2,16 @@
 
 import numpy as np
 import pytest
-import torch
 
 from mhalab import widgets
 from mhalab.hooks import run_with_cache
 from mhalab.scores import GENERIC_SCORES, stack_attention
-from mhalab.models import ModelConfig, Transformer
-from mhalab.tasks import MultiRelationTask
 
 
-@pytest.fixture(scope="module")
-def setup():
-    task = MultiRelationTask((-1, 2), vocab_size=8, seq_len=8)
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig.for_task(task, d_model=16, n_heads=4, n_layers=2))
-    batch = task.sample(5, generator=torch.Generator().manual_seed(3))
-    explorer = widgets.head_explorer(model, batch, task, examples=3, figsize=(6, 3))
-    return task, model, batch, explorer
 
 
-def test_explorer_precomputes_everything(setup):
-    task, model, batch, ex = setup
+def test_explorer_precomputes_everything(explorer_setup):
+    task, model, batch, ex = explorer_setup
     assert ex.attention.shape == (2, 3, 4, 8, 8)  # [layer, example, head, query, key]
     stacked = stack_attention(run_with_cache(model.eval(), batch.inputs, names="*.pattern")[1])
     np.testing.assert_allclose(ex.attention, stacked[:, :3].numpy())
@@ -32,8 +21,8 @@ def test_explorer_precomputes_everything(setup):
     assert ex.png.startswith(b"\x89PNG")
 
 
-def test_update_changes_the_picture(setup):
-    _, _, _, ex = setup
+def test_update_changes_the_picture(explorer_setup):
+    _, _, _, ex = explorer_setup
     ex.update(layer=0, head=0, example=0, highlight="none")
     before_png, before_map = ex.png, np.array(ex.image.get_array())
     ex.update(layer=1, head=2)
@@ -45,8 +34,8 @@ def test_update_changes_the_picture(setup):
     assert "layer 1, head 2, example 2" in ex.map_title.get_text()
 
 
-def test_highlight_marks_where_the_relation_points(setup):
-    _, _, batch, ex = setup
+def test_highlight_marks_where_the_relation_points(explorer_setup):
+    _, _, batch, ex = explorer_setup
     ex.update(example=1, highlight="right2")
     keys, queries = ex.markers.get_offsets().T
     src = batch.sources["right2"][1]
@@ -58,8 +47,8 @@ def test_highlight_marks_where_the_relation_points(setup):
     assert len(ex.markers.get_offsets()) == 0
 
 
-def test_bad_controls_get_clear_errors(setup):
-    _, _, _, ex = setup
+def test_bad_controls_get_clear_errors(explorer_setup):
+    _, _, _, ex = explorer_setup
     with pytest.raises(IndexError, match=r"layer 2 is out of range: choose 0..1"):
         ex.update(layer=2)
     with pytest.raises(IndexError, match=r"example 3 is out of range: choose 0..2"):
@@ -70,8 +59,8 @@ def test_bad_controls_get_clear_errors(setup):
         ex.update(highlight="left7")
 
 
-def test_sliders_drive_the_same_update(setup):
-    _, _, _, ex = setup
+def test_sliders_drive_the_same_update(explorer_setup):
+    _, _, _, ex = explorer_setup
     ui = ex.widget  # builds without a frontend
     assert type(ui).__name__ == "VBox"
     (layer_slider, head_slider, _), image = ui.children[0].children, ui.children[-1]
@@ -92,10 +81,10 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return Image.open(io.BytesIO(data)).size
 
 
-def test_static_fallback_without_a_frontend(setup):
+def test_static_fallback_without_a_frontend(explorer_setup):
     import base64
 
-    _, _, _, ex = setup
+    _, _, _, ex = explorer_setup
     assert not widgets.widgets_available()  # no kernel under pytest
     bundle, metadata = ex._repr_mimebundle_()
     assert set(bundle) == {"image/png", "text/plain"}  # no widget view without a kernel to drive it
@@ -109,10 +98,10 @@ def test_static_fallback_without_a_frontend(setup):
     assert ex.STATIC_NOTE in bundle["text/plain"] and "HeadExplorer" in bundle["text/plain"]
 
 
-def test_one_output_holds_the_widget_and_the_still(setup, monkeypatch):
+def test_one_output_holds_the_widget_and_the_still(explorer_setup, monkeypatch):
     """Where a kernel runs, the bundle also carries the widget view: a frontend that draws widgets shows
     the sliders, a saved notebook shown without widgets (GitHub, nbviewer, the website) shows the still."""
-    _, _, _, ex = setup
+    _, _, _, ex = explorer_setup
     monkeypatch.setattr(widgets, "widgets_available", lambda: True)
     bundle, _ = ex._repr_mimebundle_()
     view = bundle["application/vnd.jupyter.widget-view+json"]
@@ -124,8 +113,8 @@ def test_one_output_holds_the_widget_and_the_still(setup, monkeypatch):
     assert ex._repr_mimebundle_()[0]["image/png"] != moved  # the still is the current picture
 
 
-def test_reuses_a_precomputed_ablation_and_skips_it_when_asked(setup):
-    task, model, batch, ex = setup
+def test_reuses_a_precomputed_ablation_and_skips_it_when_asked(explorer_setup):
+    task, model, batch, ex = explorer_setup
     again = widgets.HeadExplorer(model, batch, task, ablation=ex.ablation)
     assert again.ablation is ex.ablation and "head off" in again.ablation_text(0, 0)
     bare = widgets.HeadExplorer(model, batch.inputs, ablation=False)
