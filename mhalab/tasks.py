@@ -127,6 +127,9 @@ class MultiRelationTask(Task):
     (``d_k = 2`` can, by rotation). Bidirectional by default: a causal mask would let ``d_k = 1`` reach -1.
     """
 
+    name = "multi-relation"
+    _repr_fields = ("offsets", "vocab_size", "seq_len", "causal")
+
     def __init__(
         self,
         offsets: tuple[int, ...] = (-2, -1, 1, 2),
@@ -159,7 +162,6 @@ class MultiRelationTask(Task):
             )
         self.offsets = offsets
         self.causal = bool(causal)
-        self.name = "multi-relation"
         self.n_targets = len(offsets)
         self.relations = tuple(f"left{-o}" if o < 0 else f"right{o}" for o in offsets)
         # (source, gather index, outside), each [T, R], built once per device: building them copies
@@ -190,6 +192,7 @@ class KeyValueRecall(Task):
     ``0..n_keys-1``, values ``n_keys..n_keys+n_values-1``.
     """
 
+    name = "key-value recall"
     target_relation = "value"
     _repr_fields = ("n_pairs", "n_keys", "n_values", "n_queries", "causal")
 
@@ -202,7 +205,6 @@ class KeyValueRecall(Task):
         self.n_values = check_int("n_values", n_values, 2)
         self.n_queries = check_int("n_queries", n_queries, 1)
         self.causal = bool(causal)
-        self.name = "key-value recall"
         self.vocab_size = n_keys + n_values
         self.seq_len = 2 * n_pairs + n_queries
         self.relations = ("key", "value")
