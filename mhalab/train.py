@@ -98,9 +98,7 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values only (what a checkpoint stores)."""
-        values = asdict(self)
-        values["checkpoint"] = None if self.checkpoint is None else str(self.checkpoint)
-        return values
+        return {**asdict(self), "checkpoint": None if self.checkpoint is None else str(self.checkpoint)}
 
 
 def make_config(config: TrainConfig | None = None, /, **overrides: Any) -> TrainConfig:
@@ -119,16 +117,8 @@ def make_config(config: TrainConfig | None = None, /, **overrides: Any) -> Train
 
 
 @torch.no_grad()
-def evaluate(
-    model: nn.Module,
-    task: Any,
-    *,
-    batches: int = 8,
-    batch_size: int = 256,
-    seed: int = EVAL_SEED,
-    device: str | torch.device | None = None,
-    precision: str = "fp32",
-) -> dict[str, float]:
+def evaluate(model: nn.Module, task: Any, *, batches: int = 8, batch_size: int = 256, seed: int = EVAL_SEED,
+             device: str | torch.device | None = None, precision: str = "fp32") -> dict[str, float]:
     """The task's metrics averaged over ``batches`` held-out batches, the same ones every call (drawn from
     ``seed``, a stream training never uses), in eval mode; ``device=None`` uses the model's device."""
     check_task(task)
@@ -227,7 +217,6 @@ def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtyp
     params = [p for group in optimizer.param_groups for p in group["params"]]
     save_every = cfg.checkpoint_every or max(1, cfg.steps // 10)
     pending: list[Tensor] = []  # this group's losses, still on the device
-    pending_lr: list[float] = []
     last_saved = start if save is not None and Path(cfg.checkpoint).exists() else None
 
     def flush(step: int) -> None:
@@ -252,9 +241,7 @@ def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtyp
                 )
         history.steps.extend(range(first, step + 1))
         history.train_loss.extend(values)
-        history.lr.extend(pending_lr)
         pending.clear()
-        pending_lr.clear()
 
     model.train()
     bar = tqdm(total=cfg.steps, initial=start, disable=not cfg.progress, desc=f"training on {device.type}",
@@ -262,8 +249,7 @@ def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtyp
     if cfg.progress:
         gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
         bar.write(f"mhalab.train: {device}{gpu}, precision {history.precision}, {cfg.steps - start} steps to go")
-    began = time.perf_counter()
-    elapsed_before = history.elapsed
+    began = time.perf_counter() - history.elapsed  # resumed runs add up
     step = start
     try:
         for step in range(start + 1, cfg.steps + 1):
@@ -272,7 +258,7 @@ def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtyp
                 logits = batch_logits(model, batch)
                 loss = task.loss(logits, batch)
             optimizer.zero_grad(set_to_none=True)
-            pending_lr.append(optimizer.param_groups[0]["lr"])
+            history.lr.append(optimizer.param_groups[0]["lr"])
             scaler.scale(loss).backward()
             if cfg.grad_clip is not None:
                 scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
@@ -294,7 +280,7 @@ def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtyp
                 history.evals.append((step, metrics))
                 if "accuracy" in metrics:
                     bar.set_postfix(loss=f"{history.train_loss[-1]:.4f}", acc=f"{metrics['accuracy']:.3f}", refresh=False)
-            history.elapsed = elapsed_before + time.perf_counter() - began
+            history.elapsed = time.perf_counter() - began
             if save_now:
                 save(step)
                 last_saved = step
@@ -306,5 +292,4 @@ def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtyp
         raise
     finally:
         bar.close()
-    history.elapsed = elapsed_before + time.perf_counter() - began
     return history
