@@ -8,7 +8,7 @@ from typing import Any, Iterable
 
 
 def check_int(name: str, value: Any, minimum: int, *, maximum: int | None = None, why: str = "") -> int:
-    """``value`` if it is an int (not a bool) in ``[minimum, maximum]``; else raise, naming ``name`` (and ``why``)."""
+    """``value`` if it is an int (not a bool) in ``[minimum, maximum]``; else raise, naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
     if value < minimum or (maximum is not None and value > maximum):

@@ -40,7 +40,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """The dict a :func:`mhalab.train.train` checkpoint holds (``History(**state["history"])`` rebuilds it)."""
+    """The dict a :func:`mhalab.train.train` checkpoint holds (``History(**state["history"])`` rebuilds)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {str(path)!r}")
@@ -92,7 +92,7 @@ def restore(state: dict[str, Any], *, model: nn.Module, optimizer, scheduler, sc
 
 
 def capture_rng(device: torch.device) -> dict[str, torch.Tensor]:
-    """The global random states ``torch.manual_seed`` reseeds for ``device``: ``torch`` (CPU), ``cuda`` or ``mps``."""
+    """The global random states ``torch.manual_seed`` reseeds: ``torch`` (CPU), and ``cuda`` or ``mps``."""
     states = {"torch": torch.get_rng_state()}
     if device.type == "cuda":
         states["cuda"] = torch.cuda.get_rng_state(device)

@@ -66,7 +66,7 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
 
 def resolve_precision(precision: str, device: torch.device) -> tuple[str, torch.dtype | None]:
     """``(name, autocast dtype or None)`` for ``precision`` on ``device``; raises on impossible choices.
-    ``"bf16"``/``"fp16"`` are CUDA autocast, opted in to for speed; ``"fp32"`` gives the same numbers anywhere."""
+    ``"bf16"``/``"fp16"``: CUDA autocast, opted in to for speed; ``"fp32"``: the same numbers anywhere."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "auto":

@@ -100,16 +100,16 @@ class SweepResults:
 
     def table(self, digits: int = 3) -> str:
         """Every run, one line each."""
-        rel = self.relations
+        rel, nan = self.relations, math.nan
         lines = [[str(r.heads), str(r.d_k), str(r.seed), f"{r.parameters:,}",
-                  *(f"{v:.{digits}f}" for v in (r.loss, r.accuracy, *(r.relations.get(n, math.nan) for n in rel))),
+                  *(f"{v:.{digits}f}" for v in (r.loss, r.accuracy, *(r.relations.get(n, nan) for n in rel))),
                   f"{r.seconds:.1f}"] for r in self.rows]
         return _format_table(["heads", "d_k", "seed", "params", "loss", "accuracy", *rel, "seconds"], lines)
 
     def summary(self, digits: int = 3) -> str:
         """One line per head count: mean accuracy, its spread across seeds, per-relation means."""
         acc, first = self.by_heads(), {r.heads: r for r in reversed(self.rows)}
-        relation_means = [self.mean(n) for n in self.relations]  # once per relation, not per (relation, heads)
+        relation_means = [self.mean(n) for n in self.relations]  # once per relation, not per head count
         lines = [[str(h), str(first[h].d_k), f"{first[h].parameters:,}",
                   *(f"{v:.{digits}f}" for v in (sum(acc[h]) / len(acc[h]), min(acc[h]), max(acc[h]))),
                   *(f"{means[h]:.{digits}f}" for means in relation_means)] for h in self.heads]
@@ -137,20 +137,9 @@ def _format_table(header: list[str], lines: list[list[str]]) -> str:
 _SWEEP_DEFAULTS = dict(batch_size=32, lr=5e-3)
 
 
-def sweep_heads(
-    task: Any,
-    *,
-    d_model: int,
-    heads: Sequence[int],
-    seeds: Sequence[int] = (0, 1, 2),
-    n_layers: int = 1,
-    model: dict[str, Any] | None = None,
-    keep_models: bool = False,
-    threads: int | None = 1,
-    progress: bool = True,
-    config: TrainConfig | None = None,
-    **settings: Any,
-) -> SweepResults:
+def sweep_heads(task: Any, *, d_model: int, heads: Sequence[int], seeds: Sequence[int] = (0, 1, 2), n_layers: int = 1,
+                model: dict[str, Any] | None = None, keep_models: bool = False, threads: int | None = 1,
+                progress: bool = True, config: TrainConfig | None = None, **settings: Any) -> SweepResults:
     """Train one :class:`~mhalab.models.Transformer` per (head count, seed) at fixed ``d_model``.
 
     Every head count of a seed starts from ``torch.manual_seed(seed)`` and trains on the same batches.

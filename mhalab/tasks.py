@@ -52,7 +52,7 @@ class Task:
     _repr_fields = ("name", "vocab_size", "seq_len", "n_targets", "relations", "causal")
 
     def sample(self, batch_size: int, *, generator: torch.Generator, device: torch.device | str | None = None) -> Batch:
-        """``batch_size`` sequences drawn with ``generator``, which must live on ``device`` (no host copies)."""
+        """``batch_size`` sequences drawn with ``generator``, which must live on ``device`` (no host copy)."""
         check_int("batch_size", batch_size, 1)
         if not isinstance(generator, torch.Generator):
             raise TypeError(
@@ -84,11 +84,8 @@ class Task:
     def loss(self, logits: Tensor, batch: Batch) -> Tensor:
         """Scalar: mean cross-entropy over all positions (and relations) that have a target."""
         self._check_logits(logits, batch)
-        return F.cross_entropy(
-            logits.reshape(-1, self.vocab_size).float(),  # [B*T*R, V]
-            batch.targets.reshape(-1),  # [B*T*R]
-            ignore_index=IGNORE,
-        )
+        flat = logits.reshape(-1, self.vocab_size).float()  # [B*T*R, V]
+        return F.cross_entropy(flat, batch.targets.reshape(-1), ignore_index=IGNORE)  # targets [B*T*R]
 
     @torch.no_grad()
     def metrics(self, logits: Tensor, batch: Batch) -> dict[str, float]:
@@ -98,7 +95,8 @@ class Task:
         predicted = logits.argmax(-1) if self.n_targets > 1 else logits.argmax(-1).unsqueeze(-1)  # [B, T, R]
         valid = targets != IGNORE
         correct = (predicted == targets) & valid
-        out = {"loss": float(self.loss(logits, batch)), "accuracy": float(correct.sum() / valid.sum().clamp(min=1))}
+        accuracy = float(correct.sum() / valid.sum().clamp(min=1))
+        out = {"loss": float(self.loss(logits, batch)), "accuracy": accuracy}
         names = self.relations if self.n_targets > 1 else (self.target_relation,)
         for r, name in enumerate(names):
             if name is not None:
@@ -130,14 +128,8 @@ class MultiRelationTask(Task):
     name = "multi-relation"
     _repr_fields = ("offsets", "vocab_size", "seq_len", "causal")
 
-    def __init__(
-        self,
-        offsets: tuple[int, ...] = (-2, -1, 1, 2),
-        *,
-        vocab_size: int = 16,
-        seq_len: int = 16,
-        causal: bool = False,
-    ) -> None:
+    def __init__(self, offsets: tuple[int, ...] = (-2, -1, 1, 2), *, vocab_size: int = 16, seq_len: int = 16,
+                 causal: bool = False) -> None:
         self.vocab_size = check_int("vocab_size", vocab_size, 2)
         self.seq_len = check_int("seq_len", seq_len, 2)
         offsets = tuple(offsets)
@@ -172,7 +164,7 @@ class MultiRelationTask(Task):
         B, T = batch_size, self.seq_len
         inputs = torch.randint(0, self.vocab_size, (B, T), generator=generator, device=device)  # [B, T]
         if device not in self._index_cache:
-            source = torch.arange(T)[:, None] + torch.tensor(self.offsets)[None, :]  # [T, R]: where each relation points
+            source = torch.arange(T)[:, None] + torch.tensor(self.offsets)[None, :]  # [T, R]: where relation r points
             outside = (source < 0) | (source >= T)  # [T, R]: off the edge of the sequence
             parts = (source.masked_fill(outside, -1), source.clamp(0, T - 1), outside)
             self._index_cache[device] = tuple(t.to(device) for t in parts)

@@ -155,7 +155,6 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
     path = None if cfg.checkpoint is None else Path(cfg.checkpoint)
     run = {"task": str(getattr(task, "name", type(task).__name__)), "precision": precision}
 
-    # ---- model, optimizer, schedule, scaler, data stream
     model.to(device)
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]  # matrices and embeddings
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]  # biases, LayerNorm gains
@@ -202,11 +201,9 @@ def _check_resume(state: dict[str, Any], cfg: TrainConfig, run: dict[str, str], 
             "resume with the same settings (only steps may change), or train into a new checkpoint path"
         )
     if saved["steps"] != cfg.steps:
-        warnings.warn(
-            f"resuming a run planned for {saved['steps']} steps with steps={cfg.steps}: the cosine schedule "
-            "is stretched from here on, so the result differs from a run planned with that many steps",
-            stacklevel=3,
-        )
+        warnings.warn(f"resuming a run planned for {saved['steps']} steps with steps={cfg.steps}: the cosine "
+                      "schedule is stretched from here on, so the result differs from a run planned with that many "
+                      "steps", stacklevel=3)
 
 
 def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtype, model, optimizer, scheduler,
