@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 from .plotting import plot_history
 
@@ -33,10 +32,6 @@ class History:
         if not pairs and self.evals:
             raise KeyError(f"no metric {name!r}; evaluations recorded {sorted(self.evals[-1][1])}")
         return [s for s, _ in pairs], [v for _, v in pairs]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain Python values only (what a checkpoint stores); ``History(**d)`` rebuilds it."""
-        return asdict(self)
 
     def __repr__(self) -> str:
         final = ", ".join(f"{k}={v:.4g}" for k, v in self.final.items() if "/" not in k)

@@ -122,7 +122,7 @@ class MultiRelationTask(Task):
 
     Each answer needs attention peaked at its own position, so one head must blend the roles; and a
     ``d_k = 1`` head's score ``q_i * k_j`` is monotone in ``k_j``, so it cannot peak at a relative offset
-    (``d_k = 2`` can, by rotation). Bidirectional by default: a causal mask would let ``d_k = 1`` reach -1.
+    (``d_k = 2`` can, by rotation). Bidirectional by default: a causal mask lets ``d_k = 1`` reach offset -1.
     """
 
     name = "multi-relation"

@@ -182,7 +182,7 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
             history, start = History(**state["history"]), int(state["step"])
 
         def save(step: int) -> None:
-            save_checkpoint(snapshot(step=step, train_config=cfg.to_dict(), history=history.to_dict(), **run, **parts),
+            save_checkpoint(snapshot(step=step, train_config=cfg.to_dict(), history=asdict(history), **run, **parts),
                             path)
 
         return _run(task, cfg, history, save if path else None, start=start, amp_dtype=amp_dtype, **parts)
