@@ -8,10 +8,7 @@ from typing import Any, Iterable
 
 
 def check_int(name: str, value: Any, minimum: int, *, maximum: int | None = None, why: str = "") -> int:
-    """Return ``value`` if it is an int (not a bool) in ``[minimum, maximum]``; else raise, naming ``name``.
-
-    ``why`` is appended to the range in the message (e.g. ``" (keys are distinct)"``).
-    """
+    """``value`` if it is an int (not a bool) in ``[minimum, maximum]``; else raise, naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
     if value < minimum or (maximum is not None and value > maximum):
@@ -69,12 +66,9 @@ def check_model_fits_task(model: Any, task: Any) -> None:
                          + "; ".join(problems) + ". Build it with ModelConfig.for_task(task, d_model=..., n_heads=...)")
 
 
-
 def check_index(name: str, value: Any, limit: int, *, valid: str = "choose") -> int:
-    """Return ``value`` as an int if it is a whole number (Python or numpy) in ``0 .. limit - 1``; else raise.
-
-    The IndexError reads ``"{name} {value} is out of range: {valid} 0..{limit - 1}"``.
-    """
+    """``value`` as an int if it is a whole number (Python or numpy) in ``0 .. limit - 1``; else raise
+    ``IndexError("{name} {value} is out of range: {valid} 0..{limit - 1}")``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
     if not 0 <= int(value) < limit:
@@ -82,7 +76,6 @@ def check_index(name: str, value: Any, limit: int, *, valid: str = "choose") -> 
     return int(value)
 
 
-# ---------------------------------------------------------------- attention shapes
 def valid_head_counts(d_model: int) -> list[int]:
     """Every n_heads that divides ``d_model`` (so that d_k = d_model / n_heads is whole)."""
     return [h for h in range(1, d_model + 1) if d_model % h == 0]
@@ -90,16 +83,11 @@ def valid_head_counts(d_model: int) -> list[int]:
 
 def check_head_count(d_model: int, n_heads: int) -> int:
     """Validate ``(d_model, n_heads)`` and return d_k, or raise a ValueError/TypeError that says the fix."""
-    for name, value in (("d_model", d_model), ("n_heads", n_heads)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if d_model < 1:
-        raise ValueError(f"d_model must be at least 1, got d_model={d_model}")
-    if n_heads < 1:
-        raise ValueError(
-            f"n_heads must be at least 1, got n_heads={n_heads}; "
-            f"valid head counts for d_model={d_model}: {_short_list(valid_head_counts(d_model))}"
-        )
+    check_int("d_model", d_model, 1)
+    if isinstance(n_heads, int) and not isinstance(n_heads, bool) and n_heads < 1:
+        raise ValueError(f"n_heads must be at least 1, got n_heads={n_heads}; "
+                         f"valid head counts for d_model={d_model}: {_short_list(valid_head_counts(d_model))}")
+    check_int("n_heads", n_heads, 1)  # raises for a non-int
     if d_model % n_heads != 0:
         raise ValueError(
             f"d_model={d_model} is not divisible by n_heads={n_heads}: each head works in "
@@ -112,11 +100,8 @@ def check_head_count(d_model: int, n_heads: int) -> int:
 def check_head_shape(
     d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None
 ) -> tuple[int, int]:
-    """Validate an attention shape and return ``(n_kv_heads, d_head)`` with defaults filled in.
-
-    ``d_head`` defaults to ``d_model / n_heads`` (which must then be whole); ``n_kv_heads``
-    defaults to ``n_heads`` and must divide it (each K/V head serves a whole group of query heads).
-    """
+    """``(n_kv_heads, d_head)`` with defaults filled in: ``d_head = d_model / n_heads`` (then whole),
+    ``n_kv_heads = n_heads`` (it must divide n_heads: each K/V head serves a whole group of query heads)."""
     if d_head is None:
         d_head = check_head_count(d_model, n_heads)  # d_model / n_heads, or an error listing valid n_heads
     else:  # any head size: d_model need not be n_heads * d_head (T5, Gemma)

@@ -1,10 +1,8 @@
-"""Checkpoints: one file holding everything needed to resume a training run exactly.
+"""Checkpoints: one ``torch.save`` dict holding everything a run needs to resume exactly (as in nanoGPT).
 
-As in nanoGPT, a checkpoint is one ``torch.save`` dict: ``model`` (weights), ``optimizer``, ``step``,
-``config`` (the ModelConfig as a dict) and ``train_config`` (the TrainConfig as asked for), plus
-``scheduler``, ``scaler``, ``history``, ``task``, ``precision`` and ``rng`` (every random state the run
-draws from: CPU, GPU and ``data``, the batch generator).  Only tensors and plain values go in, so
-``torch.load(weights_only=True)`` reads it.  Writing is atomic: a crash while saving leaves the old file.
+Keys: ``model``, ``optimizer``, ``step``, ``config`` (ModelConfig), ``train_config``, ``scheduler``,
+``scaler``, ``history``, ``task``, ``precision``, ``rng`` (CPU, GPU and ``data`` generator states).
+Plain values only, so ``torch.load(weights_only=True)`` reads it; writing is atomic.
 """
 
 from __future__ import annotations
@@ -18,8 +16,8 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-__all__ = ["FORMAT", "save_checkpoint", "load_checkpoint", "load_weights", "snapshot", "restore",
-           "capture_rng", "restore_rng", "preserved_rng"]
+__all__ = ["FORMAT", "save_checkpoint", "load_checkpoint", "snapshot", "restore", "capture_rng", "restore_rng",
+           "preserved_rng"]
 
 FORMAT = "mhalab-checkpoint-v2"  # v2: train_config as asked for (v1 stored derived values as train_args)
 
@@ -41,11 +39,8 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
         raise
 
 
-def load_checkpoint(path: str | os.PathLike, model: nn.Module | None = None) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`mhalab.train.train`; with ``model``, load its weights into it.
-
-    Returns the dict described in this module's docstring (``History(**state["history"])`` rebuilds the history).
-    """
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """The dict a :func:`mhalab.train.train` checkpoint holds (``History(**state["history"])`` rebuilds)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {str(path)!r}")
@@ -54,25 +49,7 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module | None = None) -> 
     if found != FORMAT:
         raise ValueError(f"{str(path)!r} is not a checkpoint this mhalab reads (format {FORMAT}, found {found!r}); "
                          "delete it to train again, or train into a new checkpoint path")
-    if model is not None:
-        load_weights(model, state, path)
     return state
-
-
-def load_weights(model: nn.Module, state: dict[str, Any], path: str | os.PathLike = "the checkpoint") -> None:
-    """Load ``state["model"]`` into ``model``, first checking that it was written for the same ModelConfig."""
-    config, saved = getattr(model, "config", None), state.get("config")
-    if saved is not None and hasattr(config, "to_dict") and config.to_dict() != saved:
-        diff = {k: (saved.get(k), v) for k, v in config.to_dict().items() if saved.get(k) != v}
-        raise ValueError(
-            f"checkpoint {str(path)!r} was written for another model configuration "
-            f"(field: (checkpoint, this model)) {diff}; build the model with that config, "
-            "or train into a new checkpoint path"
-        )
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        raise ValueError(f"checkpoint {str(path)!r} does not fit this model: {e}") from None
 
 
 def snapshot(*, model: nn.Module, optimizer, scheduler, scaler, generator: torch.Generator, device: torch.device,
@@ -93,8 +70,19 @@ def snapshot(*, model: nn.Module, optimizer, scheduler, scaler, generator: torch
 
 def restore(state: dict[str, Any], *, model: nn.Module, optimizer, scheduler, scaler, generator: torch.Generator,
             device: torch.device, path: str | os.PathLike = "the checkpoint") -> None:
-    """Put a :func:`snapshot` back: weights, optimizer, schedule, gradient scaler and random states."""
-    load_weights(model, state, path)
+    """Put a :func:`snapshot` back, after checking it was written for the same ModelConfig."""
+    config, saved = getattr(model, "config", None), state.get("config")
+    if saved is not None and hasattr(config, "to_dict") and config.to_dict() != saved:
+        diff = {k: (saved.get(k), v) for k, v in config.to_dict().items() if saved.get(k) != v}
+        raise ValueError(
+            f"checkpoint {str(path)!r} was written for another model configuration "
+            f"(field: (checkpoint, this model)) {diff}; build the model with that config, "
+            "or train into a new checkpoint path"
+        )
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        raise ValueError(f"checkpoint {str(path)!r} does not fit this model: {e}") from None
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     if scaler is not None and state.get("scaler"):
@@ -103,12 +91,8 @@ def restore(state: dict[str, Any], *, model: nn.Module, optimizer, scheduler, sc
     generator.set_state(state["rng"]["data"])
 
 
-# ------------------------------------------------------------------------ random states
 def capture_rng(device: torch.device) -> dict[str, torch.Tensor]:
-    """The global random states training on ``device`` draws from: ``torch`` (CPU), and ``cuda`` or ``mps``.
-
-    ``torch.manual_seed`` reseeds all of them, so all of them are saved (and restored by :func:`restore_rng`).
-    """
+    """The global random states ``torch.manual_seed`` reseeds: ``torch`` (CPU), and ``cuda`` or ``mps``."""
     states = {"torch": torch.get_rng_state()}
     if device.type == "cuda":
         states["cuda"] = torch.cuda.get_rng_state(device)

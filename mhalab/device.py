@@ -13,8 +13,7 @@ PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 
 
 def _mps_available() -> bool:
-    mps = getattr(torch.backends, "mps", None)
-    return bool(mps is not None and mps.is_available())
+    return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
 
 
 def pick_device(device: str | torch.device = "auto") -> torch.device:
@@ -24,11 +23,7 @@ def pick_device(device: str | torch.device = "auto") -> torch.device:
     if not isinstance(device, str):
         raise TypeError(f"device must be a string such as 'auto', 'cpu' or 'cuda', got {type(device).__name__}")
     if device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if _mps_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu")
     kind = device.split(":")[0]
     if kind not in _CHOICES:
         raise ValueError(f"unknown device {device!r}: use one of {', '.join(_CHOICES)} (or 'cuda:N')")
@@ -71,11 +66,7 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
 
 def resolve_precision(precision: str, device: torch.device) -> tuple[str, torch.dtype | None]:
     """``(name, autocast dtype or None)`` for ``precision`` on ``device``; raises on impossible choices.
-
-    ``"fp32"`` (the default everywhere) computes in float32, so a run gives the same numbers on a
-    CPU and a GPU up to rounding.  ``"bf16"`` and ``"fp16"`` (with a gradient scaler) are CUDA
-    autocast, opted in to for speed; ``"auto"`` is the fastest the device has (:func:`autocast_dtype`).
-    """
+    ``"bf16"``/``"fp16"``: CUDA autocast, opted in to for speed; ``"fp32"``: the same numbers anywhere."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "auto":
@@ -99,10 +90,7 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait until ``device`` has finished its queued work (CUDA and MPS run asynchronously; a CPU does not).
-
-    Timings must call it before reading the clock, or they measure only how fast work is queued.
-    """
+    """Wait for ``device``'s queued work (CUDA and MPS are asynchronous): call it before reading a clock."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "mps":

@@ -1,15 +1,7 @@
 """Training loop: AdamW with warm-up and cosine decay, evaluation, checkpoints that resume exactly.
 
-:func:`train` trains any model whose ``forward_batch(batch)`` (or ``forward(batch.inputs)``) returns the
-logits a task's ``loss`` expects, on batches the task draws from a seeded ``torch.Generator``.  Every
-setting lives in one checked :class:`TrainConfig`; ``train(model, task, steps=500, lr=1e-2)`` builds one
-from keywords.  The data generator, optimizer, schedule and random states go into the checkpoint
-(:mod:`mhalab.checkpoint`), so a resumed run equals an uninterrupted one, bit for bit on a CPU.
-
-Easy to get wrong, handled here: float32 on every device by default, so a notebook's numbers do not
-depend on the hardware (bf16/fp16 autocast on CUDA only when asked for); no host-device sync per step
-(losses are read in groups, which is where a NaN is caught: :class:`TrainingDiverged` names the step);
-a diverged run never overwrites the last good checkpoint, and a Ctrl-C says how to resume.
+float32 on every device unless asked (so numbers do not depend on the hardware); losses are read back in
+groups (no sync per step), where a NaN stops the run without overwriting the last good checkpoint.
 """
 
 from __future__ import annotations
@@ -47,55 +39,27 @@ class TrainingDiverged(FloatingPointError):
         self.step, self.loss = step, loss
 
 
-# ----------------------------------------------------------------------------- settings
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """Every setting of :func:`train`, checked when made (and again by ``dataclasses.replace``).
+    """Every setting of :func:`train`, checked when made (and by ``dataclasses.replace``). Fields hold what
+    was asked for: ``warmup_steps=None`` stays None (derived: :attr:`warmup`), so a resume may add ``steps``."""
 
-    A field holds what was asked for, not a value derived from it: ``warmup_steps=None`` stays
-    None and means "derived from ``steps``" (:attr:`warmup`), so a resumed run with more ``steps``
-    is still the same run.
-
-    Attributes:
-        steps: total optimizer steps (when resuming, training continues up to this number).
-        batch_size: sequences per step.
-        lr: peak learning rate of AdamW.
-        weight_decay: AdamW weight decay, applied to weight matrices and embeddings only
-            (not to biases or LayerNorm gains).
-        warmup_steps: steps of linear warm-up from 0 to ``lr``; None means 5% of ``steps``
-            (at least 1, at most 200).  Then the rate follows a cosine down to ``final_lr_fraction * lr``.
-        final_lr_fraction: where the cosine ends, as a fraction of ``lr``.
-        grad_clip: clip the global gradient norm to this; None turns clipping off.
-        seed: seeds the training data stream and dropout.  The global RNG is left as it was.
-            Model initialisation happens before ``train``: seed that yourself (``torch.manual_seed``).
-        device: ``"auto"`` (cuda, then mps, then cpu), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``.
-        precision: ``"fp32"`` (default: the same numbers on every device), or, on CUDA only,
-            ``"bf16"``/``"fp16"`` autocast, or ``"auto"`` (the fastest the device has).
-        eval_every: evaluate on held-out batches every this many steps (and always at the end).
-        eval_batches, eval_batch_size: size of each held-out evaluation (see :func:`evaluate`).
-        checkpoint: a file path.  If it exists, training resumes from it (same settings required,
-            except ``steps``); it is rewritten every ``checkpoint_every`` steps and at the end.
-        checkpoint_every: default ``steps // 10`` (at least 1) when ``checkpoint`` is given.
-        progress: show a progress bar (``tqdm.auto``: a widget in Jupyter, text in a terminal)
-            and print one line saying which device and precision are used.
-    """
-
-    steps: int
+    steps: int  # total optimizer steps; a resumed run continues up to it
     batch_size: int = 64
-    lr: float = 3e-3
-    weight_decay: float = 0.01
-    warmup_steps: int | None = None
+    lr: float = 3e-3  # peak AdamW learning rate
+    weight_decay: float = 0.01  # on weight matrices and embeddings only
+    warmup_steps: int | None = None  # linear warm-up to lr, then cosine to final_lr_fraction * lr
     final_lr_fraction: float = 0.1
-    grad_clip: float | None = 1.0
-    seed: int = 0
-    device: str = "auto"
-    precision: str = "fp32"
-    eval_every: int | None = None
+    grad_clip: float | None = 1.0  # global gradient-norm clip; None: off
+    seed: int = 0  # training batches and dropout (the caller's RNG is left alone; seed the init yourself)
+    device: str = "auto"  # "auto" (cuda, mps, cpu), "cpu", "cuda", "cuda:1", "mps"
+    precision: str = "fp32"  # or, on CUDA, "bf16"/"fp16" autocast, or "auto" (the fastest there)
+    eval_every: int | None = None  # held-out evaluation every this many steps (and always at the end)
     eval_batches: int = 4
     eval_batch_size: int = 256
-    checkpoint: str | os.PathLike | None = None
-    checkpoint_every: int | None = None
-    progress: bool = True
+    checkpoint: str | os.PathLike | None = None  # file: resumed from if it exists (same settings but steps)
+    checkpoint_every: int | None = None  # default steps // 10 when checkpoint is given
+    progress: bool = True  # a tqdm bar and one line naming the device and precision
 
     def __post_init__(self) -> None:
         for name, low in (("steps", 1), ("batch_size", 1), ("seed", 0), ("eval_batches", 1), ("eval_batch_size", 1)):
@@ -122,7 +86,7 @@ class TrainConfig:
 
     @property
     def warmup(self) -> int:
-        """Warm-up steps of this run: ``warmup_steps``, or 5% of ``steps`` (1 to 200) when that is None."""
+        """``warmup_steps``, or 5% of ``steps`` (1 to 200) when that is None."""
         return min(200, max(1, self.steps // 20)) if self.warmup_steps is None else self.warmup_steps
 
     def lr_factor(self, step: int) -> float:
@@ -134,9 +98,7 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values only (what a checkpoint stores)."""
-        values = asdict(self)
-        values["checkpoint"] = None if self.checkpoint is None else str(self.checkpoint)
-        return values
+        return {**asdict(self), "checkpoint": None if self.checkpoint is None else str(self.checkpoint)}
 
 
 def make_config(config: TrainConfig | None = None, /, **overrides: Any) -> TrainConfig:
@@ -154,37 +116,16 @@ def make_config(config: TrainConfig | None = None, /, **overrides: Any) -> Train
     return replace(config, **overrides)
 
 
-# ------------------------------------------------------------------------- helpers
-def _model_device(model: nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
-
-
-# --------------------------------------------------------------------------- evaluate
 @torch.no_grad()
-def evaluate(
-    model: nn.Module,
-    task: Any,
-    *,
-    batches: int = 8,
-    batch_size: int = 256,
-    seed: int = EVAL_SEED,
-    device: str | torch.device | None = None,
-    precision: str = "fp32",
-) -> dict[str, float]:
-    """The task's metrics on ``batches`` held-out batches, averaged over batches.
-
-    The batches come from a fresh generator seeded with ``seed`` (by default :data:`EVAL_SEED`,
-    a stream training never draws from), so every call sees the same batches and evaluating
-    never disturbs training.  ``device=None`` uses the model's device.  The model runs in eval
-    mode (no dropout); its mode is restored afterwards.
-    """
+def evaluate(model: nn.Module, task: Any, *, batches: int = 8, batch_size: int = 256, seed: int = EVAL_SEED,
+             device: str | torch.device | None = None, precision: str = "fp32") -> dict[str, float]:
+    """The task's metrics averaged over ``batches`` held-out batches, the same ones every call (drawn from
+    ``seed``, a stream training never uses), in eval mode; ``device=None`` uses the model's device."""
     check_task(task)
     check_int("batches", batches, 1)
     check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
-    device = _model_device(model) if device is None else pick_device(device)
+    device = next(model.parameters(), torch.empty(0)).device if device is None else pick_device(device)
     _, dtype = resolve_precision(precision, device)
     generator = torch.Generator(device=device).manual_seed(seed)
     totals: dict[str, float] = {}
@@ -198,21 +139,11 @@ def evaluate(
     return {name: total / batches for name, total in totals.items()}
 
 
-# ------------------------------------------------------------------------------- train
 def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **settings: Any) -> History:
-    """Train ``model`` on batches drawn from ``task``; return a :class:`History`.
+    """Train ``model`` (moved to the device in place) on ``task``'s batches; return a :class:`History`.
 
-    ``settings`` are :class:`TrainConfig` fields (``steps`` at least, unless ``config`` is given),
-    e.g. ``train(model, task, steps=400, lr=1e-2)``; with ``config`` they replace its fields.
-
-    Args:
-        model: e.g. :class:`mhalab.models.Transformer`; moved to the config's device in place.
-        task: a :class:`mhalab.tasks.Task` (``sample``, ``loss``, ``metrics``).
-
-    Raises:
-        TrainingDiverged: (a FloatingPointError) the loss became NaN or infinite; the message names
-            the step.  A checkpoint written before that step is kept untouched.
-    """
+    ``settings`` are :class:`TrainConfig` fields, e.g. ``train(model, task, steps=400, lr=1e-2)``; with
+    ``config`` they replace its fields. Raises :class:`TrainingDiverged` on a NaN/inf loss."""
     # ---- check everything before any work, so a bad setting fails in a second, not after training
     cfg = make_config(config, **settings)
     if not isinstance(model, nn.Module):
@@ -224,7 +155,6 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
     path = None if cfg.checkpoint is None else Path(cfg.checkpoint)
     run = {"task": str(getattr(task, "name", type(task).__name__)), "precision": precision}
 
-    # ---- model, optimizer, schedule, scaler, data stream
     model.to(device)
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]  # matrices and embeddings
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]  # biases, LayerNorm gains
@@ -252,7 +182,7 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
             history, start = History(**state["history"]), int(state["step"])
 
         def save(step: int) -> None:
-            save_checkpoint(snapshot(step=step, train_config=cfg.to_dict(), history=history.to_dict(), **run, **parts),
+            save_checkpoint(snapshot(step=step, train_config=cfg.to_dict(), history=asdict(history), **run, **parts),
                             path)
 
         return _run(task, cfg, history, save if path else None, start=start, amp_dtype=amp_dtype, **parts)
@@ -271,11 +201,9 @@ def _check_resume(state: dict[str, Any], cfg: TrainConfig, run: dict[str, str], 
             "resume with the same settings (only steps may change), or train into a new checkpoint path"
         )
     if saved["steps"] != cfg.steps:
-        warnings.warn(
-            f"resuming a run planned for {saved['steps']} steps with steps={cfg.steps}: the cosine schedule "
-            "is stretched from here on, so the result differs from a run planned with that many steps",
-            stacklevel=3,
-        )
+        warnings.warn(f"resuming a run planned for {saved['steps']} steps with steps={cfg.steps}: the cosine "
+                      "schedule is stretched from here on, so the result differs from a run planned with that many "
+                      "steps", stacklevel=3)
 
 
 def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtype, model, optimizer, scheduler,
@@ -286,7 +214,6 @@ def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtyp
     params = [p for group in optimizer.param_groups for p in group["params"]]
     save_every = cfg.checkpoint_every or max(1, cfg.steps // 10)
     pending: list[Tensor] = []  # this group's losses, still on the device
-    pending_lr: list[float] = []
     last_saved = start if save is not None and Path(cfg.checkpoint).exists() else None
 
     def flush(step: int) -> None:
@@ -311,9 +238,7 @@ def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtyp
                 )
         history.steps.extend(range(first, step + 1))
         history.train_loss.extend(values)
-        history.lr.extend(pending_lr)
         pending.clear()
-        pending_lr.clear()
 
     model.train()
     bar = tqdm(total=cfg.steps, initial=start, disable=not cfg.progress, desc=f"training on {device.type}",
@@ -321,8 +246,7 @@ def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtyp
     if cfg.progress:
         gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
         bar.write(f"mhalab.train: {device}{gpu}, precision {history.precision}, {cfg.steps - start} steps to go")
-    began = time.perf_counter()
-    elapsed_before = history.elapsed
+    began = time.perf_counter() - history.elapsed  # resumed runs add up
     step = start
     try:
         for step in range(start + 1, cfg.steps + 1):
@@ -331,7 +255,7 @@ def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtyp
                 logits = batch_logits(model, batch)
                 loss = task.loss(logits, batch)
             optimizer.zero_grad(set_to_none=True)
-            pending_lr.append(optimizer.param_groups[0]["lr"])
+            history.lr.append(optimizer.param_groups[0]["lr"])
             scaler.scale(loss).backward()
             if cfg.grad_clip is not None:
                 scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
@@ -353,7 +277,7 @@ def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtyp
                 history.evals.append((step, metrics))
                 if "accuracy" in metrics:
                     bar.set_postfix(loss=f"{history.train_loss[-1]:.4f}", acc=f"{metrics['accuracy']:.3f}", refresh=False)
-            history.elapsed = elapsed_before + time.perf_counter() - began
+            history.elapsed = time.perf_counter() - began
             if save_now:
                 save(step)
                 last_saved = step
@@ -365,5 +289,4 @@ def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtyp
         raise
     finally:
         bar.close()
-    history.elapsed = elapsed_before + time.perf_counter() - began
     return history
