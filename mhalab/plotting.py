@@ -1,10 +1,6 @@
 """The course's figures: attention heat maps, tensor layouts, cost curves, training curves, head-count sweeps.
 
-Every function draws on a matplotlib ``Axes`` (made for you when you pass none) and returns what it
-drew on, so a notebook can place several plots in one figure.  Figures are made at :data:`DPI`
-(one point of text is one point on screen); :func:`notebook_style` makes a notebook save them at
-twice that pixel density, so they stay crisp on HiDPI screens.  matplotlib is imported lazily:
-importing mhalab does not need a display.
+Figures are made at :data:`DPI` (a point of text is a point on screen); matplotlib is imported lazily.
 """
 
 from __future__ import annotations
@@ -15,16 +11,22 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "DPI", "RELATION_COLOURS", "RELATION_CMAPS", "figure", "heatmap", "attention_maps", "show_memory_layout", "LAYOUTS", "plot_costs",
-    "notebook_style", "score_and_weight_maps",
-    "plot_history", "plot_sweep",
+    "DPI", "relation_style", "figure", "heatmap", "attention_maps", "show_memory_layout", "LAYOUTS", "plot_costs",
+    "notebook_style", "score_and_weight_maps", "plot_history", "plot_sweep",
 ]
 
-#: Colours (and matching colour maps) for a task's relations, in ``batch.sources`` order; grey means none.
+DPI = 96  # figure dots per inch = CSS pixels per inch: text of n points shows n points tall
+# Colours (and matching colour maps) for a task's relations, in ``batch.sources`` order.
 RELATION_COLOURS = ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive")
 RELATION_CMAPS = ("Reds", "Blues", "Greens", "Purples", "Oranges", "YlOrBr", "RdPu", "YlGn")
 
-DPI = 96  # figure dots per inch = CSS pixels per inch: text of n points shows n points tall
+
+def relation_style(name: str, relations: list[str]) -> tuple[str, str]:
+    """``(colour map, colour)`` of relation ``name`` among a task's ``relations``; greys for anything else."""
+    if name not in relations:
+        return "Greys", "0.4"
+    i = relations.index(name) % len(RELATION_COLOURS)
+    return RELATION_CMAPS[i], RELATION_COLOURS[i]
 
 
 def figure(ncols: int = 1, nrows: int = 1, *, width: float = 3.2, height: float = 3.0, **kwargs):
