@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 __all__ = [
-    "DPI", "relation_style", "figure", "heatmap", "attention_maps", "show_memory_layout", "LAYOUTS", "plot_costs",
-    "notebook_style", "score_and_weight_maps", "plot_history", "plot_sweep",
+    "DPI", "relation_style", "figure", "heatmap", "attention_maps", "show_memory_layout", "LAYOUTS",
+    "plot_costs", "notebook_style", "score_and_weight_maps", "plot_history", "plot_sweep",
 ]
 
 DPI = 96  # figure dots per inch = CSS pixels per inch: text of n points shows n points tall
@@ -48,41 +49,24 @@ def _as_2d(weights) -> Tensor:
     return w
 
 
-def heatmap(
-    weights,
-    *,
-    ax=None,
-    x_labels: Sequence[str] | None = None,
-    y_labels: Sequence[str] | None = None,
-    title: str | None = None,
-    vmax: float | None = 1.0,
-    annotate: bool = False,
-    cmap: str = "Blues",
-    xlabel: str = "key (attended to)",
-    ylabel: str = "query (attending)",
-):
-    """Draw one ``[query, key]`` attention matrix: row i is how query i spreads its weight.
-
-    ``annotate`` writes each weight in its cell (for small matrices).  Returns the Axes.
-    """
+def heatmap(weights, *, ax=None, x_labels: Sequence[str] | None = None, y_labels: Sequence[str] | None = None,
+            title: str | None = None, annotate: bool = False, xlabel: str = "key (attended to)",
+            ylabel: str = "query (attending)"):
+    """Draw one ``[query, key]`` attention matrix (``annotate``: each weight in its cell); returns the Axes."""
     w = _as_2d(weights)
     if ax is None:
         _, axes = figure(width=0.45 * w.size(1) + 1.5, height=0.45 * w.size(0) + 1.0)
         ax = axes[0, 0]
-    ax.imshow(w.numpy(), cmap=cmap, vmin=0.0, vmax=vmax if vmax is not None else float(w.max()))
+    ax.imshow(w.numpy(), cmap="Blues", vmin=0.0, vmax=1.0)
     for labels, setter, n, axis in ((x_labels, ax.set_xticks, w.size(1), "x"), (y_labels, ax.set_yticks, w.size(0), "y")):
         if labels is not None:
             if len(labels) != n:
                 raise ValueError(f"{axis}_labels has {len(labels)} labels for {n} {'keys' if axis == 'x' else 'queries'}")
             setter(range(n), labels=list(labels), rotation=90 if axis == "x" else 0)
     if annotate:
-        top = vmax if vmax is not None else float(w.max())
-        for i in range(w.size(0)):
-            for j in range(w.size(1)):
-                value = float(w[i, j])
-                text = "0" if value == 0 else "1" if value >= 0.995 else f"{value:.2f}".lstrip("0")
-                ax.text(j, i, text, ha="center", va="center",
-                        fontsize=8, color="white" if value > 0.6 * top else "black")
+        for (i, j), value in np.ndenumerate(w.numpy()):
+            text = "0" if value == 0 else "1" if value >= 0.995 else f"{value:.2f}".lstrip("0")
+            ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if value > 0.6 else "black")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
@@ -90,15 +74,8 @@ def heatmap(
     return ax
 
 
-def attention_maps(
-    maps: Sequence,
-    *,
-    titles: Sequence[str],
-    x_labels: Sequence[str] | None = None,
-    y_labels: Sequence[str] | None = None,
-    annotate: bool = False,
-    panel_size: float = 2.8,
-):
+def attention_maps(maps: Sequence, *, titles: Sequence[str], x_labels: Sequence[str] | None = None,
+                   y_labels: Sequence[str] | None = None, annotate: bool = False, panel_size: float = 2.8):
     """Several ``[query, key]`` matrices side by side, sharing labels; returns the Figure."""
     if len(maps) != len(titles):
         raise ValueError(f"got {len(maps)} maps but {len(titles)} titles")
@@ -116,17 +93,8 @@ LAYOUTS = ("B T D", "B T H dk", "B H T dk")
 
 
 def show_memory_layout(t: Tensor, layout: str, *, d_k: int, title: str):
-    """Draw a batch-1 tensor whose entries are their original memory offsets (``torch.arange``).
-
-    ``layout`` names the axes of ``t``, one of the three stages of the head split:
-
-    * ``"B T D"``: T rows of D features (the model's view),
-    * ``"B T H dk"``: the same rows, cut into H groups of dk (a view: nothing moved),
-    * ``"B H T dk"``: H blocks, one per head, each T x dk (still a view: only the strides changed).
-
-    Each cell shows its number (= where it sits in memory); its colour says which head's slice of
-    the features it came from, so one can follow every number through the reshape.  Returns the Figure.
-    """
+    """A batch-1 tensor of memory offsets (``torch.arange``) at one stage of the head split, ``layout`` one
+    of :data:`LAYOUTS`; each cell shows its offset, coloured by the head it belongs to. Returns the Figure."""
     import matplotlib.pyplot as plt
 
     if layout not in LAYOUTS:
@@ -145,12 +113,9 @@ def show_memory_layout(t: Tensor, layout: str, *, d_k: int, title: str):
     colours = plt.get_cmap("tab10")
     for block, block_title, ax in zip(blocks, block_titles, axes[0]):
         head_of = (block % d_model) // d_k  # which head's features the number came from
-        rgba = torch.tensor([colours(int(h) % 10) for h in head_of.flatten()]).view(*block.shape, 4)
-        rgba[..., 3] = 0.5
-        ax.imshow(rgba.numpy(), aspect="equal")
-        for i in range(rows):
-            for j in range(cols):
-                ax.text(j, i, str(int(block[i, j])), ha="center", va="center", fontsize=8)
+        ax.imshow(colours(head_of.numpy() % 10, alpha=0.5), aspect="equal")  # [rows, cols, 4] RGBA
+        for (i, j), value in np.ndenumerate(block.numpy()):
+            ax.text(j, i, str(value), ha="center", va="center", fontsize=8)
         if layout == "B T H dk":  # draw the cuts between heads
             for j in range(d_k, cols, d_k):
                 ax.axvline(j - 0.5, color="black", linewidth=2.5)
@@ -166,15 +131,12 @@ def show_memory_layout(t: Tensor, layout: str, *, d_k: int, title: str):
     return fig
 
 
-def plot_costs(table, *, width: float = 3.3):
-    """The cost table as curves against h: parameters and KV cache (flat), d_k (falling). Returns the Figure.
-
-    ``table`` is what :func:`mhalab.counting.cost_table` returns (rows with heads, d_k, parameters, kv_cache).
-    """
+def plot_costs(table):
+    """A :func:`mhalab.counting.cost_table` against h: parameters, KV cache (flat), d_k (falling); the Figure."""
     from matplotlib.ticker import FuncFormatter
 
     heads = [r.heads for r in table]
-    fig, axes = figure(3, width=width, height=2.7)
+    fig, axes = figure(3, width=3.3, height=2.7)
     series = (
         ("parameters (Q, K, V, O)", [r.parameters for r in table], "tab:blue"),
         ("KV cache per token per layer", [r.kv_cache for r in table], "tab:orange"),
@@ -199,8 +161,7 @@ def plot_costs(table, *, width: float = 3.3):
 
 # ----------------------------------------------------------------------------- training curves
 def plot_history(history, *, smooth: int = 20, title: str | None = None):
-    """A :class:`~mhalab.train.History`: training loss (per step and ``smooth``-step mean) and held-out
-    accuracy. Returns the Figure."""
+    """A :class:`~mhalab.train.History`: training loss (per step, ``smooth``-step mean), held-out accuracy."""
     fig, axes = figure(2, width=4.5, height=3.0)
     ax_loss, ax_acc = axes[0]
     if history.steps:
@@ -230,9 +191,8 @@ def plot_history(history, *, smooth: int = 20, title: str | None = None):
 
 
 def plot_sweep(results, metric: str = "accuracy", *, relations: bool = True, ax=None, title: str | None = None):
-    """A :class:`~mhalab.sweep.SweepResults`: mean ``metric`` against the head count (log scale), error bars
-    spanning the seeds (min to max), each seed as a dot, and (``relations=True``) the mean per relation as
-    thin lines. Returns the Axes."""
+    """A :class:`~mhalab.sweep.SweepResults`: mean ``metric`` against the head count, bars min to max over
+    seeds, a dot per seed, and (``relations``) the mean per relation as thin lines. Returns the Axes."""
     if ax is None:
         ax = figure(width=6.4, height=3.6)[1][0, 0]
     heads = results.heads
@@ -263,12 +223,8 @@ def plot_sweep(results, metric: str = "accuracy", *, relations: bool = True, ax=
 
 # ----------------------------------------------------------------------------- notebook style
 def notebook_style() -> None:
-    """Make figures crisp and readable in a notebook: call once, after importing pyplot.
-
-    Sets matplotlib's defaults to :data:`DPI` with text of at least 8 points, and, inside an IPython
-    kernel with the inline backend, saves each figure as a PNG of twice that pixel density, shown at
-    the normal size (IPython's "retina" format): sharp on a HiDPI screen, a few hundred KB per notebook.
-    """
+    """Figures at :data:`DPI` with text of at least 8 points, saved by the inline backend at twice that
+    density ("retina"): sharp on HiDPI screens. Call once, after importing pyplot."""
     import matplotlib
 
     matplotlib.rcParams.update({
@@ -293,19 +249,15 @@ def notebook_style() -> None:
 
 
 # ----------------------------------------------------------------------------- scores and weights
-def score_and_weight_maps(scores, weight_maps: dict, *, labels: Sequence[str] | None = None,
-                          scores_title: str = "raw scores Q Kᵀ", panel_size: float = 2.9):
-    """The raw score matrix (diverging colours around 0) beside one or more weight matrices.
-
-    ``scores`` is one ``[query, key]`` matrix; ``weight_maps`` maps a panel title to a ``[query, key]``
-    matrix of weights in [0, 1].  Each panel has its own labelled colour bar.  Returns the Figure.
-    """
+def score_and_weight_maps(scores, weight_maps: dict, *, labels: Sequence[str] | None = None):
+    """A ``[query, key]`` score matrix (colours diverging around 0) beside ``{title: [query, key] weights}``,
+    each panel with its colour bar. Returns the Figure."""
     s = _as_2d(scores)
-    fig, axes = figure(1 + len(weight_maps), width=panel_size + 0.6, height=panel_size)
+    fig, axes = figure(1 + len(weight_maps), width=3.5, height=2.9)
     top = float(s.abs().max()) or 1.0
     image = axes[0, 0].imshow(s.numpy(), cmap="RdBu_r", vmin=-top, vmax=top)
     fig.colorbar(image, ax=axes[0, 0], fraction=0.046, pad=0.04, label="score q·k")
-    axes[0, 0].set_title(scores_title, fontsize=10)
+    axes[0, 0].set_title("raw scores Q Kᵀ", fontsize=10)
     axes[0, 0].set_xlabel("key")
     axes[0, 0].set_ylabel("query")
     for ax, (title, weights) in zip(axes[0, 1:], weight_maps.items()):

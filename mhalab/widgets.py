@@ -176,7 +176,7 @@ class HeadExplorer:
         return [(l, h) for l in range(self.n_layers) for h in range(self.n_heads)]
 
     def role_name(self, layer: int, head: int) -> str:
-        """The head's role (:func:`mhalab.scores.role_of`): a relation, else a generic score, else ``"none"``."""
+        """The head's role (:func:`mhalab.scores.role_of`): a relation, a generic score or ``"none"``."""
         return role_of(self.scores, layer, head, self.relations, self.threshold)
 
     def role(self, layer: int, head: int) -> str:
@@ -237,7 +237,8 @@ class HeadExplorer:
         if self.ablation is None:
             return "ablation: pass task= (and ablation=True) to see what switching this head off costs"
         base, after = self.ablation.baseline, self.ablation.ablated
-        text = f"head off (zero): accuracy {base['accuracy']:.3f} -> {float(after['accuracy'][layer, head]):.3f}"
+        after_accuracy = float(after["accuracy"][layer, head])
+        text = f"head off (zero): accuracy {base['accuracy']:.3f} -> {after_accuracy:.3f}"
         per_relation = [f"{r} {float(after[f'accuracy/{r}'][layer, head]):.2f}"
                         for r in self.relations if f"accuracy/{r}" in after]
         return text + ("   |  " + "  ".join(per_relation) if per_relation else "")
@@ -250,13 +251,15 @@ class HeadExplorer:
             import ipywidgets as W
 
             style = {"description_width": "60px"}
+            sizes = {"layer": self.n_layers, "head": self.n_heads, "example": self.n_examples}
             self._controls = {
-                name: W.IntSlider(value=getattr(self, name), min=0, max=top - 1, description=name, style=style)
-                for name, top in (("layer", self.n_layers), ("head", self.n_heads), ("example", self.n_examples))
+                name: W.IntSlider(value=getattr(self, name), min=0, max=n - 1, description=name, style=style)
+                for name, n in sizes.items()
             }
             self._controls["highlight"] = W.Dropdown(options=self.highlight_options, value=self.highlight,
                                                      description="highlight", style=style)
-            self._image_widget = W.Image(value=self.png, format="png", layout=W.Layout(width=f"{self._css_width}px"))
+            width = W.Layout(width=f"{self._css_width}px")
+            self._image_widget = W.Image(value=self.png, format="png", layout=width)
             self._image_widget.add_class("mhalab-head-map")
             for control in self._controls.values():
                 control.observe(self._on_change, names="value")
