@@ -1,8 +1,5 @@
-"""Diagrams of the architecture drawn from real modules: the mechanism with its shapes, and a block.
-
-Each diagram reads its shapes off one forward pass of a real module (through :mod:`mhalab.hooks`),
-so the picture cannot disagree with the code.  matplotlib is imported lazily.
-"""
+"""Diagrams of the architecture, labelled with shapes read off one forward pass of a real module
+(so the picture cannot disagree with the code): the mechanism, and where it sits in a block."""
 
 from __future__ import annotations
 
@@ -19,13 +16,10 @@ __all__ = ["mechanism_shapes", "plot_mechanism", "plot_block"]
 
 # ----------------------------------------------------------------------------- the mechanism
 def mechanism_shapes(module, x: Tensor) -> dict[str, tuple[int, ...]]:
-    """Run ``x`` ``[B, T, D]`` through a real :class:`~mhalab.MultiHeadAttention` and read every stage's shape.
+    """Every stage's shape when ``x`` ``[B, T, D]`` runs through a real :class:`~mhalab.MultiHeadAttention`.
 
-    Keys, in the order of the computation: ``x``; ``Q``, ``K``, ``V`` (the projections, ``[B, T, H dk]``
-    and ``[B, T, G dk]``); ``Q heads``, ``K heads``, ``V heads`` (after ``split_heads``: ``[B, H, T, dk]``,
-    ``[B, G, T, dk]``); ``pattern`` (softmax(QKᵀ/√dk), ``[B, H, T, T]``, from the hook point); ``z`` (each
-    head's output, ``[B, T, H, dk]``, from the hook point); ``concat`` (what W_O reads, ``[B, T, H dk]``)
-    and ``out`` (``[B, T, D]``).  Shapes are read off the tensors of one forward pass, not computed.
+    In order: ``x``, ``Q``/``K``/``V`` (projections), ``Q heads``/``K heads``/``V heads`` (``split_heads``),
+    ``pattern`` and ``z`` (the hook points), ``concat`` (what W_O reads) and ``out``.
     """
     if not isinstance(module, MultiHeadAttention):
         raise TypeError(f"mechanism_shapes expects a mhalab.MultiHeadAttention, got {type(module).__name__}")
@@ -49,8 +43,7 @@ def mechanism_shapes(module, x: Tensor) -> dict[str, tuple[int, ...]]:
 
 def _box(ax, x: float, y: float, name: str, shape, *, width: float = 2.0, height: float = 1.0,
          colour: str = "#dbe9f6", layers: int = 1, dims: str | None = None) -> None:
-    """A rounded box centred at (x, y): ``name`` over ``shape`` (over the axes' names ``dims``);
-    ``layers`` > 1 stacks copies behind it."""
+    """A rounded box at (x, y): ``name`` over ``shape`` over ``dims``; ``layers`` > 1 stacks copies behind."""
     from matplotlib.patches import FancyBboxPatch
 
     for k in reversed(range(layers)):  # copies behind, up and to the right, like Vaswani's Figure 2
@@ -74,13 +67,8 @@ def _arrow(ax, start, end, **kwargs) -> None:
 
 
 def plot_mechanism(shapes: dict, *, title: str | None = None):
-    """Multi-head attention drawn the way Vaswani et al.'s Figure 2 draws it, labelled with real shapes.
-
-    ``shapes`` is what :func:`mechanism_shapes` returns.  Left to right: the input, the three
-    projections, the split into heads, softmax(QKᵀ/√dk) (the ``pattern`` hook point), the weighted
-    values (``z``), the concatenation and W_O.  Boxes drawn as a stack run once per head, in
-    parallel.  Returns the Figure.
-    """
+    """Multi-head attention as Vaswani et al.'s Figure 2 draws it, labelled with :func:`mechanism_shapes`;
+    stacked boxes run once per head, in parallel. Returns the Figure."""
     need = ("x", "Q", "K", "V", "Q heads", "K heads", "V heads", "pattern", "z", "concat", "out")
     missing = [k for k in need if k not in shapes]
     if missing:
@@ -133,15 +121,9 @@ def plot_mechanism(shapes: dict, *, title: str | None = None):
 
 # ----------------------------------------------------------------------------- the block
 def plot_block(model, tokens: Tensor):
-    """Where attention sits: a :class:`~mhalab.models.Transformer`'s residual stream, drawn with real shapes.
-
-    Runs ``tokens`` ``[B, T]`` through ``model`` once and labels each part with its module name and
-    output shape: token embedding + positions start the residual stream; in each block, LayerNorm ->
-    attention and LayerNorm -> MLP read the stream and add their output back (⊕); a final LayerNorm and
-    the output head read it at the end.  Returns the Figure.
-    """
+    """Where attention sits: a :class:`~mhalab.models.Transformer`'s residual stream, each part labelled with
+    its module name and output shape for ``tokens`` ``[B, T]``. Returns the Figure."""
     from matplotlib.patches import Circle, FancyArrow
-
 
     if not isinstance(model, Transformer):
         raise TypeError(f"plot_block draws a mhalab.models.Transformer, got {type(model).__name__}")
@@ -152,9 +134,8 @@ def plot_block(model, tokens: Tensor):
     shapes: dict[str, str] = {}
 
     def record(name):
-        def hook(module, args, output):
-            out = output[0] if isinstance(output, tuple) else output
-            shapes[name] = str(list(out.shape))
+        def hook(module, args, output):  # output: a tensor, or a tuple that starts with one
+            shapes[name] = str(list((output[0] if isinstance(output, tuple) else output).shape))
         return hook
 
     handles = [modules[name].register_forward_hook(record(name)) for name in parts if name in modules]
