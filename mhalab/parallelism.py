@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -47,10 +48,8 @@ class StackConfig:
         if self.encoder_layers + self.decoder_layers == 0:
             raise ValueError("a stack needs at least one layer: set encoder_layers or decoder_layers")
         if self.cross_attention and (self.encoder_layers == 0 or self.decoder_layers == 0):
-            raise ValueError(
-                "cross_attention=True describes an encoder-decoder: it needs encoder_layers >= 1 "
-                f"and decoder_layers >= 1, got {self.encoder_layers} and {self.decoder_layers}"
-            )
+            raise ValueError("cross_attention=True describes an encoder-decoder: it needs encoder_layers >= 1 "
+                             f"and decoder_layers >= 1, got {self.encoder_layers} and {self.decoder_layers}")
         if self.d_model is not None:
             check_head_count(self.d_model, self.n_heads)
 
@@ -186,16 +185,13 @@ def _versions(part: str, heads, d_model: int, batch: int, seq_len: int, device, 
     versions = {}
     for h in heads:
         d_k = check_head_count(d_model, h)
-        if part == "attention":
-            q, k, v = (
-                torch.randn(batch, h, seq_len, d_k, generator=generator).to(device=device, dtype=dtype)
-                for _ in range(3)
-            )  # 3 x [B, H, T, d_k], as the projections would hand them over
-            versions[h] = (lambda q=q, k=k, v=v: batched_attention(q, k, v), lambda q=q, k=k, v=v: looped_attention(q, k, v))
+        if part == "attention":  # 3 x [B, H, T, d_k], as the projections would hand them over
+            qkv = [torch.randn(batch, h, seq_len, d_k, generator=generator).to(device, dtype) for _ in range(3)]
+            versions[h] = (partial(batched_attention, *qkv), partial(looped_attention, *qkv))
         else:
-            x = torch.randn(batch, seq_len, d_model, generator=generator).to(device=device, dtype=dtype)  # [B, T, D]
+            x = torch.randn(batch, seq_len, d_model, generator=generator).to(device, dtype)  # [B, T, D]
             w = head_weights(d_model, h, device=device, dtype=dtype, generator=generator)
-            versions[h] = (lambda x=x, w=w: batched_heads(x, w), lambda x=x, w=w: looped_heads(x, w))
+            versions[h] = (partial(batched_heads, x, w), partial(looped_heads, x, w))
     return versions
 
 

@@ -30,13 +30,11 @@ def relation_style(name: str, relations: list[str]) -> tuple[str, str]:
     return RELATION_CMAPS[i], RELATION_COLOURS[i]
 
 
-def figure(ncols: int = 1, nrows: int = 1, *, width: float = 3.2, height: float = 3.0, **kwargs):
-    """``plt.subplots`` at :data:`DPI` with ``width x height`` inches per panel; returns ``(fig, axes)``."""
+def figure(ncols: int = 1, nrows: int = 1, *, width: float = 3.2, height: float = 3.0):
+    """``plt.subplots`` at :data:`DPI`, ``width x height`` inches a panel: ``(fig, axes [nrows, ncols])``."""
     import matplotlib.pyplot as plt
 
-    kwargs.setdefault("squeeze", False)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), dpi=DPI, **kwargs)
-    return fig, axes
+    return plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), dpi=DPI, squeeze=False)
 
 
 def _as_2d(weights) -> Tensor:
@@ -227,16 +225,9 @@ def notebook_style() -> None:
     density ("retina"): sharp on HiDPI screens. Call once, after importing pyplot."""
     import matplotlib
 
-    matplotlib.rcParams.update({
-        "figure.dpi": DPI,
-        "font.size": 9,
-        "axes.titlesize": 10,
-        "axes.labelsize": 9,
-        "xtick.labelsize": 8,
-        "ytick.labelsize": 8,
-        "legend.fontsize": 8,
-        "figure.titlesize": 10,
-    })
+    matplotlib.rcParams.update({"figure.dpi": DPI, "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9,
+                                "xtick.labelsize": 8, "ytick.labelsize": 8, "legend.fontsize": 8,
+                                "figure.titlesize": 10})
     try:
         from IPython import get_ipython
     except ImportError:  # plain Python: nothing to configure

@@ -114,13 +114,8 @@ def relation_score(attention: Attention, sources: Tensor, *, name: str = "relati
     return (on_source * weight).sum(dim=(1, 3)) / weight.sum()  # [N, H]
 
 
-def head_scores(
-    attention: Attention,
-    batch: Any = None,
-    *,
-    relations: Sequence[str] | None = None,
-    generic: bool = True,
-) -> dict[str, Tensor]:
+def head_scores(attention: Attention, batch: Any = None, *, relations: Sequence[str] | None = None,
+                generic: bool = True) -> dict[str, Tensor]:
     """Every score for every head, ``{name: [N, H]}``: one per relation of ``batch.sources`` (or of
     ``relations``) when a task ``batch`` is given, then (``generic``) those of :data:`GENERIC_SCORES`."""
     A = stack_attention(attention)

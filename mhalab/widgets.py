@@ -64,18 +64,9 @@ class HeadExplorer:
 
     threshold = 0.5  # a head follows a relation/score when at least this fraction of its attention lands there
 
-    def __init__(
-        self,
-        model: nn.Module,
-        batch: Any,
-        task: Any = None,
-        *,
-        examples: int = 8,
-        ablation: bool | AblationTable = True,
-        figsize: tuple[float, float] = (9.0, 3.8),
-        layer: int = 0,
-        head: int = 0,
-    ) -> None:
+    def __init__(self, model: nn.Module, batch: Any, task: Any = None, *, examples: int = 8,
+                 ablation: bool | AblationTable = True, figsize: tuple[float, float] = (9.0, 3.8),
+                 layer: int = 0, head: int = 0) -> None:
         self.model, self.task = model, task
         tokens = getattr(batch, "inputs", batch)  # [B, T]
         if not isinstance(tokens, torch.Tensor):
@@ -126,8 +117,7 @@ class HeadExplorer:
         self.figure.colorbar(self.image, ax=self.ax_map, fraction=0.046, pad=0.02).set_label("attention weight", fontsize=8)
         self.ax_map.set_xlabel("key (attended to)", fontsize=8)
         self.ax_map.set_ylabel("query", fontsize=8)
-        self.ax_map.set_xticks(range(S))
-        self.ax_map.set_yticks(range(T))
+        self.ax_map.set(xticks=range(S), yticks=range(T))
         self.ax_map.tick_params(labelsize=7, length=0)
         self.markers = self.ax_map.scatter([], [], s=40, facecolors="none", edgecolors="red", linewidths=1.2)
         self.map_title = self.ax_map.set_title("", fontsize=9)
@@ -191,12 +181,9 @@ class HeadExplorer:
     def update(self, layer: int | None = None, head: int | None = None, example: int | None = None,
                highlight: str | None = None) -> None:
         """Show another head/example/highlight: array lookups, the artists' data, one PNG render."""
-        if layer is not None:
-            self.layer = check_index("layer", layer, self.n_layers)
-        if head is not None:
-            self.head = check_index("head", head, self.n_heads)
-        if example is not None:
-            self.example = check_index("example", example, self.n_examples)
+        for name, value in (("layer", layer), ("head", head), ("example", example)):
+            if value is not None:
+                setattr(self, name, check_index(name, value, self.sizes[name]))
         if highlight is not None:
             options = self.highlight_options
             if highlight not in options:
@@ -229,6 +216,11 @@ class HeadExplorer:
             self._sync_controls()
 
     @property
+    def sizes(self) -> dict[str, int]:
+        """How many layers, heads and examples the sliders offer."""
+        return {"layer": self.n_layers, "head": self.n_heads, "example": self.n_examples}
+
+    @property
     def highlight_options(self) -> list[str]:
         return [NO_ROLE] + self.bar_names
 
@@ -251,10 +243,9 @@ class HeadExplorer:
             import ipywidgets as W
 
             style = {"description_width": "60px"}
-            sizes = {"layer": self.n_layers, "head": self.n_heads, "example": self.n_examples}
             self._controls = {
                 name: W.IntSlider(value=getattr(self, name), min=0, max=n - 1, description=name, style=style)
-                for name, n in sizes.items()
+                for name, n in self.sizes.items()
             }
             self._controls["highlight"] = W.Dropdown(options=self.highlight_options, value=self.highlight,
                                                      description="highlight", style=style)
