@@ -60,10 +60,9 @@ def _box(ax, x: float, y: float, name: str, shape, *, width: float = 2.0, height
         ax.text(x, y + step * ((len(lines) - 1) / 2 - k), text, ha="center", va="center", zorder=4, **style)
 
 
-def _arrow(ax, start, end, **kwargs) -> None:
+def _arrow(ax, start, end) -> None:
     ax.annotate("", xy=end, xytext=start, zorder=2,
-                arrowprops=dict(arrowstyle="-|>", color=kwargs.pop("color", "#444444"), lw=1.0,
-                                shrinkA=0, shrinkB=0, **kwargs))
+                arrowprops=dict(arrowstyle="-|>", color="#444444", lw=1.0, shrinkA=0, shrinkB=0))
 
 
 def plot_mechanism(shapes: dict, *, title: str | None = None):
@@ -109,9 +108,7 @@ def plot_mechanism(shapes: dict, *, title: str | None = None):
     _arrow(ax, (12.1, y_z + 0.2), (12.7, y_k))
     _box(ax, 16.3, y_k, "Linear W_O", shapes["out"], colour="#fde8c8", dims="B, T, D")
     _arrow(ax, (14.7, y_k), (15.3, y_k))
-    ax.set_xlim(-0.1, 17.4)
-    ax.set_ylim(0.4, 5.9)
-    ax.set_aspect("equal")
+    ax.set(xlim=(-0.1, 17.4), ylim=(0.4, 5.9), aspect="equal")
     ax.axis("off")
     fig.suptitle(title or f"multi-head attention, shapes as they flow: B={B}, T={L}, D={shapes['x'][-1]}, "
                  f"H={H}, d_k={shapes['Q heads'][-1]}", fontsize=10)
@@ -186,9 +183,7 @@ def plot_block(model, tokens: Tensor):
     _box(ax, x + 3.3, y_branch, "head (logits)", shapes["head"], width=2.4, colour="#fde8c8")
     _arrow(ax, (x, y_stream + 0.1), (x + 0.45, y_branch - 0.5))
     _arrow(ax, (x + 1.9, y_branch), (x + 2.1, y_branch))
-    ax.set_xlim(-0.1, width + 0.3)
-    ax.set_ylim(-0.6, 4.1)
-    ax.set_aspect("equal")
+    ax.set(xlim=(-0.1, width + 0.3), ylim=(-0.6, 4.1), aspect="equal")
     ax.axis("off")
     fig.suptitle(f"where attention sits: {n_blocks} pre-norm block{'s' if n_blocks > 1 else ''}; "
                  f"each branch adds its output to the residual stream", fontsize=10)
