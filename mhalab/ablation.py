@@ -150,8 +150,8 @@ def head_importance(model: nn.Module, batches: Any, *, normalize: bool = True,
     N, H = model_shape(model)
     points = _z_points(model)
     param = next(model.parameters())
-    total = torch.zeros(N, H, device=param.device, dtype=torch.float64 if param.dtype == torch.float64 else torch.float32)
-    count = 0
+    dtype = torch.float64 if param.dtype == torch.float64 else torch.float32  # half precision: sum in float32
+    grads = []
     keep = torch.ones(N, H, device=param.device) if mask is None else mask.to(param.device, torch.float32)
     if tuple(keep.shape) != (N, H):
         raise ValueError(f"mask must be [n_layers, n_heads] = [{N}, {H}], got {tuple(keep.shape)}")
@@ -165,9 +165,8 @@ def head_importance(model: nn.Module, batches: Any, *, normalize: bool = True,
                 logits = batch_logits(model, batch)
             losses = per_example_loss(logits, batch.targets)  # [B]
             (grad,) = torch.autograd.grad(losses.sum(), xi)  # [B, N, H]: dL(x_b)/d xi for each example b
-            total += grad.abs().sum(dim=0).to(total.dtype)
-            count += B
-    importance = total / count
+            grads.append(grad.abs().to(dtype))
+    importance = torch.cat(grads).mean(dim=0)  # [N, H]: the mean over every example
     if normalize:
         importance = importance / importance.norm(dim=-1, keepdim=True).clamp_min(1e-12)  # l2 per layer
     return importance.cpu()
@@ -188,16 +187,12 @@ class PruningCurve:
     n_heads: int = 0
     recompute: bool = False
 
-    @property
-    def random_mean(self) -> np.ndarray:
-        return self.random.mean(axis=0)
-
     def removable(self, tolerance: float = 0.01, *, curve: str = "importance") -> int:
         """Heads removed (in that order) before accuracy first falls more than ``tolerance`` below baseline.
 
         ``curve`` is ``"importance"`` or ``"random"`` (the mean over random orders).
         """
-        values = self.by_importance if curve == "importance" else self.random_mean if curve == "random" else None
+        values = {"importance": self.by_importance, "random": self.random.mean(axis=0)}.get(curve)
         if values is None:
             raise ValueError(f"curve must be 'importance' or 'random', got {curve!r}")
         below = np.nonzero(values < self.baseline - tolerance)[0]
@@ -210,7 +205,7 @@ class PruningCurve:
         x = self.removed / max(self.n_heads, 1)
         label = "by importance" + (" (recomputed)" if self.recompute else "")
         ax.plot(x, self.by_importance, "o-", ms=3, label=label)
-        mean, std = self.random_mean, self.random.std(axis=0)
+        mean, std = self.random.mean(axis=0), self.random.std(axis=0)
         ax.plot(x, mean, "s--", ms=3, color="gray", label=f"random order (mean of {len(self.random)})")
         ax.fill_between(x, mean - std, mean + std, color="gray", alpha=0.25, lw=0)
         ax.axhline(self.baseline - 0.01, color="k", lw=0.6, ls=":", label="1 point below the full model")

@@ -73,7 +73,8 @@ def heatmap(weights, *, ax=None, x_labels: Sequence[str] | None = None, y_labels
 
 
 def attention_maps(maps: Sequence, *, titles: Sequence[str], x_labels: Sequence[str] | None = None,
-                   y_labels: Sequence[str] | None = None, annotate: bool = False, panel_size: float = 2.8):
+                   y_labels: Sequence[str] | None = None, annotate: bool = False,
+                   panel_size: float = 2.8):
     """Several ``[query, key]`` matrices side by side, sharing labels; returns the Figure."""
     if len(maps) != len(titles):
         raise ValueError(f"got {len(maps)} maps but {len(titles)} titles")
@@ -100,12 +101,11 @@ def show_memory_layout(t: Tensor, layout: str, *, d_k: int, title: str):
     if t.dim() != len(layout.split()) or t.size(0) != 1:
         raise ValueError(f"a {layout!r} tensor of one sequence has shape [1, ...] with {len(layout.split())} axes, got {tuple(t.shape)}")
     values = t[0].detach().long()
-    tokens = values.size(1) if layout == "B H T dk" else values.size(0)
-    d_model = values.numel() // tokens  # features per token, whatever the layout
-    if layout == "B H T dk":
-        blocks, block_titles = [values[i] for i in range(values.size(0))], [f"head {i}" for i in range(values.size(0))]
+    if layout == "B H T dk":  # H blocks of T x dk
+        blocks, block_titles = list(values), [f"head {i}" for i in range(values.size(0))]
     else:  # one grid of T rows; "B T H dk" looks the same as "B T D" because it IS the same memory
         blocks, block_titles = [values.reshape(values.size(0), -1)], [None]
+    d_model = values.numel() // blocks[0].size(0)  # features per token, whatever the layout
     rows, cols = blocks[0].shape
     fig, axes = figure(len(blocks), width=0.42 * cols + 0.7, height=0.42 * rows + 1.4)
     colours = plt.get_cmap("tab10")
@@ -117,8 +117,7 @@ def show_memory_layout(t: Tensor, layout: str, *, d_k: int, title: str):
         if layout == "B T H dk":  # draw the cuts between heads
             for j in range(d_k, cols, d_k):
                 ax.axvline(j - 0.5, color="black", linewidth=2.5)
-        ax.set_xticks(range(cols))
-        ax.set_yticks(range(rows))
+        ax.set(xticks=range(cols), yticks=range(rows))
         ax.tick_params(labelsize=8)
         ax.set_xlabel({"B T D": "feature", "B T H dk": "head | feature within head", "B H T dk": "feature within head"}[layout], fontsize=8)
         ax.set_ylabel("token", fontsize=8)
