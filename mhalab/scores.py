@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "DIAGONALS", "GENERIC_SCORES", "FRACTION_SCORES", "NO_ROLE", "stack_attention", "relation_score",
+    "FRACTION_SCORES", "GENERIC_SCORES", "NO_ROLE", "stack_attention", "relation_score", "fraction_keys",
     "previous_token_score", "self_score", "first_token_score", "attention_entropy", "attention_distance",
     "head_scores", "format_scores", "best_heads", "heads_matching", "role_of",
 ]
@@ -21,12 +21,11 @@ __all__ = [
 Head = tuple[int, int]  # (layer, head)
 Attention = Union[Sequence[Tensor], Mapping[str, Tensor], Tensor]
 
-#: Generic scores that measure attention on one key offset from the query: key = query + offset.
-DIAGONALS = {"previous-token": -1, "next-token": 1, "self": 0}
-#: Scores that need no ground truth, in the order :func:`head_scores` returns them.
-GENERIC_SCORES = (*DIAGONALS, "first-token", "entropy", "distance")
-#: Scores that are fractions of attention in [0, 1] (entropy is in nats, distance in positions).
-FRACTION_SCORES = (*DIAGONALS, "first-token")
+#: Scores that need no ground truth and are fractions of attention in [0, 1]: each on one key per query.
+FRACTION_SCORES = ("previous-token", "next-token", "self", "first-token")
+#: Every score that needs no ground truth, in the order :func:`head_scores` returns them (entropy in
+#: nats, distance in positions).
+GENERIC_SCORES = (*FRACTION_SCORES, "entropy", "distance")
 #: The role of a head that follows nothing (see :func:`role_of`, the course's one vocabulary for roles).
 NO_ROLE = "none"
 
@@ -47,30 +46,32 @@ def stack_attention(attention: Attention) -> Tensor:
     return torch.stack(list(attention), dim=0)  # [N, B, H, T, S]
 
 
-def _diagonal_score(attention: Attention, offset: int) -> Tensor:
+def fraction_keys(name: str, T: int, S: int) -> Tensor:
+    """``[T]``: the key each query looks at for :data:`FRACTION_SCORES` score ``name`` (-1: query left out)."""
+    q = torch.arange(T)
+    keys = {"previous-token": q - 1, "next-token": q + 1, "self": q, "first-token": torch.where(q > 0, 0, -1)}[name]
+    return torch.where(keys < S, keys, -1)  # query 0 is left out of first-token: it is position 0 itself
+
+
+def _fraction_score(attention: Attention, name: str) -> Tensor:
     A = stack_attention(attention)
-    diag = torch.diagonal(A, offset=offset, dim1=-2, dim2=-1)  # [N, B, H, T - |offset|]: A[q, q + offset]
-    if diag.size(-1) == 0:
-        raise ValueError(f"sequences of length {A.size(-1)} have no pairs at offset {offset}")
-    return diag.float().mean(dim=(1, 3))  # [N, H]
+    N, B, H, T, S = A.shape
+    return relation_score(A, fraction_keys(name, T, S).expand(B, T), name=name)  # a relation with fixed keys
 
 
 def previous_token_score(attention: Attention) -> Tensor:
     """``[N, H]``: mean attention from each query to the token just before it (queries 1..T-1)."""
-    return _diagonal_score(attention, DIAGONALS["previous-token"])
+    return _fraction_score(attention, "previous-token")
 
 
 def self_score(attention: Attention) -> Tensor:
     """``[N, H]``: mean attention from each query to itself."""
-    return _diagonal_score(attention, DIAGONALS["self"])
+    return _fraction_score(attention, "self")
 
 
 def first_token_score(attention: Attention) -> Tensor:
     """``[N, H]``: mean attention on position 0 (an "attention sink") from queries 1..T-1 (query 0 is itself)."""
-    A = stack_attention(attention)
-    if A.size(-2) < 2:
-        raise ValueError("the first-token score needs at least two query positions")
-    return A[..., 1:, 0].float().mean(dim=(1, 3))  # [N, B, H, T-1] -> [N, H]
+    return _fraction_score(attention, "first-token")
 
 
 def attention_entropy(attention: Attention) -> Tensor:
@@ -132,8 +133,7 @@ def head_scores(attention: Attention, batch: Any = None, *, relations: Sequence[
     elif relations:
         raise ValueError("relation scores need the batch (with .sources) the attention was computed on")
     if generic:
-        scores.update({name: _diagonal_score(A, offset) for name, offset in DIAGONALS.items()})
-        scores["first-token"] = first_token_score(A)
+        scores.update({name: _fraction_score(A, name) for name in FRACTION_SCORES})
         scores.update(entropy=attention_entropy(A), distance=attention_distance(A))
     return scores
 

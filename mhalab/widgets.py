@@ -20,7 +20,7 @@ from .ablation import AblationTable, ablate_each_head
 from .hooks import run_with_cache
 from .models import eval_mode
 from .plotting import DPI, relation_style
-from .scores import DIAGONALS, FRACTION_SCORES, NO_ROLE, head_scores, role_of, stack_attention
+from .scores import FRACTION_SCORES, NO_ROLE, fraction_keys, head_scores, role_of, stack_attention
 
 __all__ = ["HeadExplorer", "head_explorer", "widgets_available"]
 
@@ -36,19 +36,13 @@ def widgets_available() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
-def _marker_points(name: str, sources: dict[str, np.ndarray], example: int, T: int) -> np.ndarray:
+def _marker_points(name: str, sources: dict[str, np.ndarray], example: int, T: int, S: int) -> np.ndarray:
     """``[P, 2]`` (key, query) points where score/relation ``name`` says a head should look."""
-    q = np.arange(T)
-    if name in sources:
-        keys = sources[name][example]  # [T]
-    elif name in DIAGONALS:
-        keys = q + DIAGONALS[name]
-    elif name == "first-token":
-        keys = np.where(q > 0, 0, -1)  # query 0 is left out of the score
-    else:
+    if name == NO_ROLE:
         return np.zeros((0, 2))
-    ok = (keys >= 0) & (keys < T)
-    return np.stack([keys[ok], q[ok]], axis=1)
+    keys = sources[name][example] if name in sources else fraction_keys(name, T, S).numpy()  # [T]
+    q = np.arange(T)
+    return np.stack([keys[keys >= 0], q[keys >= 0]], axis=1)
 
 
 class HeadExplorer:
@@ -197,7 +191,7 @@ class HeadExplorer:
             self.ax_map.set_xticklabels(self.labels[e], rotation=0)
             self.ax_map.set_yticklabels(self.labels[e][-self.T :])
             self._labelled_example = e
-        self.markers.set_offsets(_marker_points(self.highlight, self.sources, e, self.T))
+        self.markers.set_offsets(_marker_points(self.highlight, self.sources, e, self.T, self.S))
         self.map_title.set_text(f"layer {l}, head {h}, example {e}: {self.role(l, h)}")
 
         for i, name in enumerate(self.bar_names):
