@@ -126,10 +126,8 @@ def ablate_each_head(model: nn.Module, task: Any, batch: Any) -> AblationTable:
 
 # ------------------------------------------------------------------------------- importance
 def per_example_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """``[B]``: each example's mean cross-entropy over its positions (and targets) that have one.
-
-    ``logits`` ``[B, T, V]`` with ``targets`` ``[B, T]``, or ``[B, T, R, V]`` with ``[B, T, R]``.
-    """
+    """``[B]``: each example's mean cross-entropy over the targets it has (not ``IGNORE``), from ``logits``
+    ``[B, T, V]`` and ``targets`` ``[B, T]``, or ``[B, T, R, V]`` and ``[B, T, R]``."""
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"logits {tuple(logits.shape)} do not match targets {tuple(targets.shape)} (expected [..., V] vs [...])")
     V = logits.size(-1)

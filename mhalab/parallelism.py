@@ -199,13 +199,9 @@ def time_heads(heads=(1, 8, 32, 64), *, part: str = "attention", d_model: int = 
                seq_len: int = 64, repeats: int = 51, inner: int = 1, warmup: int = 3,
                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                threads: int | None = 1) -> list[HeadTiming]:
-    """Median times of all heads as one batched operation against a Python loop over them, per head count
-    at the same ``d_model``: the attention operations alone (``part="attention"``, from ready-made
-    ``[B, H, T, d_k]`` q, k, v) or whole layers (``"layer"``, every looped head with its own projections).
-
-    Both versions are checked to agree first; ``threads`` sets torch's CPU threads while timing (one gives
-    the steadiest figures on a shared machine). See :func:`time_interleaved`.
-    """
+    """Median times of all heads as one batched operation and as a Python loop over them, per head count
+    at one ``d_model``: the attention alone (``part="attention"``, from ``[B, H, T, d_k]`` q, k, v) or whole
+    layers (``"layer"``). Both are checked to agree first; ``threads``: torch's CPU threads while timing."""
     heads = tuple(heads)
     if part not in PARTS:
         raise ValueError(f"part must be one of {PARTS}, got {part!r}")

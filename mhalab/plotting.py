@@ -207,13 +207,12 @@ def plot_sweep(results, metric: str = "accuracy", *, relations: bool = True, ax=
     ax.set_xscale("log", base=2)
     d_k = {r.heads: r.d_k for r in results.rows}
     ax.set_xticks(heads, labels=[f"{h}\n{d_k[h]}" for h in heads])
-    ax.set_xlabel(f"heads h  /  d_k = {results.d_model}/h")
-    ax.set_ylabel(f"held-out {metric}")
+    ax.set(xlabel=f"heads h  /  d_k = {results.d_model}/h", ylabel=f"held-out {metric}",
+           title=title or f"d_model = {results.d_model}: same parameters in every column")
     if metric == "accuracy":
         ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower center")
-    ax.set_title(title or f"d_model = {results.d_model}: same parameters in every column")
     ax.figure.tight_layout()
     return ax
 

@@ -23,8 +23,7 @@ Attention = Union[Sequence[Tensor], Mapping[str, Tensor], Tensor]
 
 #: Scores that need no ground truth and are fractions of attention in [0, 1]: each on one key per query.
 FRACTION_SCORES = ("previous-token", "next-token", "self", "first-token")
-#: Every score that needs no ground truth, in the order :func:`head_scores` returns them (entropy in
-#: nats, distance in positions).
+#: All scores that need no ground truth, in :func:`head_scores`' order (entropy: nats, distance: positions).
 GENERIC_SCORES = (*FRACTION_SCORES, "entropy", "distance")
 #: The role of a head that follows nothing (see :func:`role_of`, the course's one vocabulary for roles).
 NO_ROLE = "none"
@@ -49,8 +48,9 @@ def stack_attention(attention: Attention) -> Tensor:
 def fraction_keys(name: str, T: int, S: int) -> Tensor:
     """``[T]``: the key each query looks at for :data:`FRACTION_SCORES` score ``name`` (-1: query left out)."""
     q = torch.arange(T)
-    keys = {"previous-token": q - 1, "next-token": q + 1, "self": q, "first-token": torch.where(q > 0, 0, -1)}[name]
-    return torch.where(keys < S, keys, -1)  # query 0 is left out of first-token: it is position 0 itself
+    first = torch.where(q > 0, 0, -1)  # query 0 is left out: it is position 0 itself
+    keys = {"previous-token": q - 1, "next-token": q + 1, "self": q, "first-token": first}[name]
+    return torch.where(keys < S, keys, -1)
 
 
 def _fraction_score(attention: Attention, name: str) -> Tensor:
@@ -70,7 +70,7 @@ def self_score(attention: Attention) -> Tensor:
 
 
 def first_token_score(attention: Attention) -> Tensor:
-    """``[N, H]``: mean attention on position 0 (an "attention sink") from queries 1..T-1 (query 0 is itself)."""
+    """``[N, H]``: mean attention on position 0 (an "attention sink") from queries 1..T-1."""
     return _fraction_score(attention, "first-token")
 
 
