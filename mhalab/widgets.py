@@ -61,7 +61,6 @@ class HeadExplorer:
     def __init__(self, model: nn.Module, batch: Any, task: Any = None, *, examples: int = 8,
                  ablation: bool | AblationTable = True, figsize: tuple[float, float] = (9.0, 3.8),
                  layer: int = 0, head: int = 0) -> None:
-        self.model, self.task = model, task
         tokens = getattr(batch, "inputs", batch)  # [B, T]
         if not isinstance(tokens, torch.Tensor):
             raise TypeError(f"expected a task Batch or a [batch, seq] tensor of token ids, got {type(batch).__name__}")
