@@ -126,7 +126,7 @@ def plot_block(model, tokens: Tensor):
         raise TypeError(f"plot_block draws a mhalab.models.Transformer, got {type(model).__name__}")
     parts = ["embed.tokens", "embed.positions", "ln_final", "head"]
     for i in range(len(model.blocks)):
-        parts += [f"blocks.{i}.ln_attn", f"blocks.{i}.attn", f"blocks.{i}.ln_mlp", f"blocks.{i}.mlp"]
+        parts += [f"blocks.{i}.attn", f"blocks.{i}.mlp"]  # the LayerNorms are drawn without a shape
     modules = dict(model.named_modules())
     shapes: dict[str, str] = {}
 
@@ -170,7 +170,7 @@ def plot_block(model, tokens: Tensor):
     x = start + 0.3
     for i in range(n_blocks):
         ax.text(x + branch - 0.2, y_branch + 0.8, f"block {i}", ha="center", fontsize=9, color="#444444")
-        for ln, sub, colour in (("ln_attn", "attn", "#dbe9f6"), ("ln_mlp", "mlp", "#e3f1df")):
+        for sub, colour in (("attn", "#dbe9f6"), ("mlp", "#e3f1df")):
             name = f"blocks.{i}.{sub}"
             _box(ax, x + 0.85, y_branch, "LayerNorm", None, width=1.5, height=0.7, colour="#f3f3f3")
             _box(ax, x + 3.0, y_branch, name, shapes[name], width=2.4, colour=colour)
