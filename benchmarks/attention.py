@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mhalab.attention import MultiHeadAttention, causal_mask
-from mhalab.device import pick_device, synchronize
+from mhalab.device import pick_device
+from mhalab.parallelism import time_interleaved
 
 TARGET = 1.05  # ours_sdpa / torch must not exceed this
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -108,23 +109,6 @@ def make_steps(n_heads: int, args, device: torch.device, dtype: torch.dtype) -> 
     return {name: step(module, forward) for name, (module, forward) in forwards.items()}
 
 
-def time_interleaved(steps: dict, repeats: int, warmup: int, device: torch.device) -> dict[str, list[float]]:
-    names = list(steps)
-    for _ in range(warmup):
-        for name in names:
-            steps[name]()
-    times = {name: [] for name in names}
-    for r in range(repeats):
-        order = names[r % len(names):] + names[: r % len(names)]  # rotate so no one always goes first
-        for name in order:
-            synchronize(device)
-            start = time.perf_counter()
-            steps[name]()
-            synchronize(device)
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto (default: cpu)")
@@ -155,7 +139,7 @@ def main() -> int:
     start, met = time.perf_counter(), True
     for n_heads in args.heads:
         steps = make_steps(n_heads, args, device, dtype)
-        times = time_interleaved(steps, args.repeats, args.warmup, device)
+        times = time_interleaved(steps, repeats=args.repeats, warmup=args.warmup, device=device)
         ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
         sdpa_ratio = ms["ours_sdpa"] / ms["torch"]
         met &= sdpa_ratio <= TARGET

@@ -1,8 +1,5 @@
-"""Diagrams of the architecture drawn from real modules: the mechanism with its shapes, and a block.
-
-Each diagram reads its shapes off one forward pass of a real module (through :mod:`mhalab.hooks`),
-so the picture cannot disagree with the code.  matplotlib is imported lazily.
-"""
+"""Diagrams of the architecture, labelled with shapes read off one forward pass of a real module
+(so the picture cannot disagree with the code): the mechanism, and where it sits in a block."""
 
 from __future__ import annotations
 
@@ -19,13 +16,10 @@ __all__ = ["mechanism_shapes", "plot_mechanism", "plot_block"]
 
 # ----------------------------------------------------------------------------- the mechanism
 def mechanism_shapes(module, x: Tensor) -> dict[str, tuple[int, ...]]:
-    """Run ``x`` ``[B, T, D]`` through a real :class:`~mhalab.MultiHeadAttention` and read every stage's shape.
+    """Every stage's shape when ``x`` ``[B, T, D]`` runs through a real :class:`~mhalab.MultiHeadAttention`.
 
-    Keys, in the order of the computation: ``x``; ``Q``, ``K``, ``V`` (the projections, ``[B, T, H dk]``
-    and ``[B, T, G dk]``); ``Q heads``, ``K heads``, ``V heads`` (after ``split_heads``: ``[B, H, T, dk]``,
-    ``[B, G, T, dk]``); ``pattern`` (softmax(QKᵀ/√dk), ``[B, H, T, T]``, from the hook point); ``z`` (each
-    head's output, ``[B, T, H, dk]``, from the hook point); ``concat`` (what W_O reads, ``[B, T, H dk]``)
-    and ``out`` (``[B, T, D]``).  Shapes are read off the tensors of one forward pass, not computed.
+    In order: ``x``, ``Q``/``K``/``V`` (projections), ``Q heads``/``K heads``/``V heads`` (``split_heads``),
+    ``pattern`` and ``z`` (the hook points), ``concat`` (what W_O reads) and ``out``.
     """
     if not isinstance(module, MultiHeadAttention):
         raise TypeError(f"mechanism_shapes expects a mhalab.MultiHeadAttention, got {type(module).__name__}")
@@ -49,8 +43,7 @@ def mechanism_shapes(module, x: Tensor) -> dict[str, tuple[int, ...]]:
 
 def _box(ax, x: float, y: float, name: str, shape, *, width: float = 2.0, height: float = 1.0,
          colour: str = "#dbe9f6", layers: int = 1, dims: str | None = None) -> None:
-    """A rounded box centred at (x, y): ``name`` over ``shape`` (over the axes' names ``dims``);
-    ``layers`` > 1 stacks copies behind it."""
+    """A rounded box at (x, y): ``name`` over ``shape`` over ``dims``; ``layers`` > 1 stacks copies behind."""
     from matplotlib.patches import FancyBboxPatch
 
     for k in reversed(range(layers)):  # copies behind, up and to the right, like Vaswani's Figure 2
@@ -67,20 +60,14 @@ def _box(ax, x: float, y: float, name: str, shape, *, width: float = 2.0, height
         ax.text(x, y + step * ((len(lines) - 1) / 2 - k), text, ha="center", va="center", zorder=4, **style)
 
 
-def _arrow(ax, start, end, **kwargs) -> None:
+def _arrow(ax, start, end) -> None:
     ax.annotate("", xy=end, xytext=start, zorder=2,
-                arrowprops=dict(arrowstyle="-|>", color=kwargs.pop("color", "#444444"), lw=1.0,
-                                shrinkA=0, shrinkB=0, **kwargs))
+                arrowprops=dict(arrowstyle="-|>", color="#444444", lw=1.0, shrinkA=0, shrinkB=0))
 
 
 def plot_mechanism(shapes: dict, *, title: str | None = None):
-    """Multi-head attention drawn the way Vaswani et al.'s Figure 2 draws it, labelled with real shapes.
-
-    ``shapes`` is what :func:`mechanism_shapes` returns.  Left to right: the input, the three
-    projections, the split into heads, softmax(QKᵀ/√dk) (the ``pattern`` hook point), the weighted
-    values (``z``), the concatenation and W_O.  Boxes drawn as a stack run once per head, in
-    parallel.  Returns the Figure.
-    """
+    """Multi-head attention as Vaswani et al.'s Figure 2 draws it, labelled with :func:`mechanism_shapes`;
+    stacked boxes run once per head, in parallel. Returns the Figure."""
     need = ("x", "Q", "K", "V", "Q heads", "K heads", "V heads", "pattern", "z", "concat", "out")
     missing = [k for k in need if k not in shapes]
     if missing:
@@ -121,9 +108,7 @@ def plot_mechanism(shapes: dict, *, title: str | None = None):
     _arrow(ax, (12.1, y_z + 0.2), (12.7, y_k))
     _box(ax, 16.3, y_k, "Linear W_O", shapes["out"], colour="#fde8c8", dims="B, T, D")
     _arrow(ax, (14.7, y_k), (15.3, y_k))
-    ax.set_xlim(-0.1, 17.4)
-    ax.set_ylim(0.4, 5.9)
-    ax.set_aspect("equal")
+    ax.set(xlim=(-0.1, 17.4), ylim=(0.4, 5.9), aspect="equal")
     ax.axis("off")
     fig.suptitle(title or f"multi-head attention, shapes as they flow: B={B}, T={L}, D={shapes['x'][-1]}, "
                  f"H={H}, d_k={shapes['Q heads'][-1]}", fontsize=10)
@@ -133,28 +118,21 @@ def plot_mechanism(shapes: dict, *, title: str | None = None):
 
 # ----------------------------------------------------------------------------- the block
 def plot_block(model, tokens: Tensor):
-    """Where attention sits: a :class:`~mhalab.models.Transformer`'s residual stream, drawn with real shapes.
-
-    Runs ``tokens`` ``[B, T]`` through ``model`` once and labels each part with its module name and
-    output shape: token embedding + positions start the residual stream; in each block, LayerNorm ->
-    attention and LayerNorm -> MLP read the stream and add their output back (⊕); a final LayerNorm and
-    the output head read it at the end.  Returns the Figure.
-    """
+    """Where attention sits: a :class:`~mhalab.models.Transformer`'s residual stream, each part labelled with
+    its module name and output shape for ``tokens`` ``[B, T]``. Returns the Figure."""
     from matplotlib.patches import Circle, FancyArrow
-
 
     if not isinstance(model, Transformer):
         raise TypeError(f"plot_block draws a mhalab.models.Transformer, got {type(model).__name__}")
     parts = ["embed.tokens", "embed.positions", "ln_final", "head"]
     for i in range(len(model.blocks)):
-        parts += [f"blocks.{i}.ln_attn", f"blocks.{i}.attn", f"blocks.{i}.ln_mlp", f"blocks.{i}.mlp"]
+        parts += [f"blocks.{i}.attn", f"blocks.{i}.mlp"]  # the LayerNorms are drawn without a shape
     modules = dict(model.named_modules())
     shapes: dict[str, str] = {}
 
     def record(name):
-        def hook(module, args, output):
-            out = output[0] if isinstance(output, tuple) else output
-            shapes[name] = str(list(out.shape))
+        def hook(module, args, output):  # output: a tensor, or a tuple that starts with one
+            shapes[name] = str(list((output[0] if isinstance(output, tuple) else output).shape))
         return hook
 
     handles = [modules[name].register_forward_hook(record(name)) for name in parts if name in modules]
@@ -192,7 +170,7 @@ def plot_block(model, tokens: Tensor):
     x = start + 0.3
     for i in range(n_blocks):
         ax.text(x + branch - 0.2, y_branch + 0.8, f"block {i}", ha="center", fontsize=9, color="#444444")
-        for ln, sub, colour in (("ln_attn", "attn", "#dbe9f6"), ("ln_mlp", "mlp", "#e3f1df")):
+        for sub, colour in (("attn", "#dbe9f6"), ("mlp", "#e3f1df")):
             name = f"blocks.{i}.{sub}"
             _box(ax, x + 0.85, y_branch, "LayerNorm", None, width=1.5, height=0.7, colour="#f3f3f3")
             _box(ax, x + 3.0, y_branch, name, shapes[name], width=2.4, colour=colour)
@@ -205,9 +183,7 @@ def plot_block(model, tokens: Tensor):
     _box(ax, x + 3.3, y_branch, "head (logits)", shapes["head"], width=2.4, colour="#fde8c8")
     _arrow(ax, (x, y_stream + 0.1), (x + 0.45, y_branch - 0.5))
     _arrow(ax, (x + 1.9, y_branch), (x + 2.1, y_branch))
-    ax.set_xlim(-0.1, width + 0.3)
-    ax.set_ylim(-0.6, 4.1)
-    ax.set_aspect("equal")
+    ax.set(xlim=(-0.1, width + 0.3), ylim=(-0.6, 4.1), aspect="equal")
     ax.axis("off")
     fig.suptitle(f"where attention sits: {n_blocks} pre-norm block{'s' if n_blocks > 1 else ''}; "
                  f"each branch adds its output to the residual stream", fontsize=10)

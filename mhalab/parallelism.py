@@ -1,17 +1,8 @@
 """How many attention operations a transformer runs, in what order, and why the heads are batched.
 
-Three ideas, one module:
-
-* :class:`StackConfig` counts the attention operations of an architecture: one per head per
-  attention block (encoder self-attention, decoder self-attention, and, in an encoder-decoder,
-  cross-attention).  A 32-layer decoder with 32 heads runs 32 x 32 = 1,024 of them per forward pass.
-* The calls themselves are seen on a real model with :mod:`mhalab.hooks`: a hook on every
-  ``*.pattern`` point fires once per attention call, in order, with all of that block's heads in one
-  ``[B, H, L, S]`` tensor, and the blocks fire one after another (a block needs the previous block's output).
-* :func:`batched_heads` and :func:`looped_heads` compute the same multi-head attention layer two ways
-  (all heads as one batched operation, or one head at a time in a Python loop) and
-  :func:`time_heads` times them against each other.  ``benchmarks/heads_parallel.py`` runs the same
-  measurement on any device.
+:class:`StackConfig` counts them (one per head per attention block); :func:`time_heads` times all heads
+as one batched operation against a Python loop over the heads (``benchmarks/heads_parallel.py`` on any
+device). The calls themselves are seen on a real model with :mod:`mhalab.hooks`.
 """
 
 from __future__ import annotations
@@ -19,6 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -28,28 +20,16 @@ from ._checks import check_head_count
 from .device import synchronize
 
 __all__ = [
-    "StackConfig",
-    "batched_attention",
-    "looped_attention",
-    "HeadWeights",
-    "head_weights",
-    "batched_heads",
-    "looped_heads",
-    "HeadTiming",
-    "time_heads",
+    "StackConfig", "batched_attention", "looped_attention", "HeadWeights", "head_weights", "batched_heads",
+    "looped_heads", "PARTS", "HeadTiming", "time_interleaved", "time_heads",
 ]
 
 
 # --------------------------------------------------------------------------- counting
 @dataclass(frozen=True)
 class StackConfig:
-    """The attention layout of a transformer: how many blocks, each with how many heads.
-
-    ``encoder_layers`` blocks of self-attention over the whole input; ``decoder_layers`` blocks of
-    causal self-attention, each followed by a cross-attention block when ``cross_attention`` is True
-    (an encoder-decoder).  A decoder-only model (GPT, Llama) has ``encoder_layers=0``; an
-    encoder-only model (BERT) has ``decoder_layers=0``.
-    """
+    """The attention layout of a transformer: ``encoder_layers`` self-attention blocks, ``decoder_layers``
+    causal ones, each followed by cross-attention when ``cross_attention`` (an encoder-decoder)."""
 
     name: str
     n_heads: int
@@ -68,10 +48,8 @@ class StackConfig:
         if self.encoder_layers + self.decoder_layers == 0:
             raise ValueError("a stack needs at least one layer: set encoder_layers or decoder_layers")
         if self.cross_attention and (self.encoder_layers == 0 or self.decoder_layers == 0):
-            raise ValueError(
-                "cross_attention=True describes an encoder-decoder: it needs encoder_layers >= 1 "
-                f"and decoder_layers >= 1, got {self.encoder_layers} and {self.decoder_layers}"
-            )
+            raise ValueError("cross_attention=True describes an encoder-decoder: it needs encoder_layers >= 1 "
+                             f"and decoder_layers >= 1, got {self.encoder_layers} and {self.decoder_layers}")
         if self.d_model is not None:
             check_head_count(self.d_model, self.n_heads)
 
@@ -88,11 +66,8 @@ class StackConfig:
 
     @property
     def sequential_steps(self) -> int:
-        """Blocks that must run one after another: each consumes the previous block's output.
-
-        Only the heads *within* a block are independent of each other, so the operations run as
-        ``sequential_steps`` steps of ``n_heads`` parallel heads.
-        """
+        """Blocks that must run one after another (each reads the previous one's output); only the heads
+        *within* a block are independent, so the operations run as this many steps of ``n_heads``."""
         return self.attention_blocks
 
     def breakdown(self) -> dict[str, int]:
@@ -113,21 +88,14 @@ def batched_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 def looped_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """The same result, one head at a time: ``H`` separate calls, then stacked back together."""
-    heads = [
-        F.scaled_dot_product_attention(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1])  # [B, 1, T, d_k]
-        for i in range(q.size(1))
-    ]
-    return torch.cat(heads, dim=1)  # [B, H, T, d_k]
+    heads = [F.scaled_dot_product_attention(*qkv) for qkv in zip(q.split(1, 1), k.split(1, 1), v.split(1, 1))]
+    return torch.cat(heads, dim=1)  # H x [B, 1, T, d_k] -> [B, H, T, d_k]
 
 
 @dataclass
 class HeadWeights:
-    """The weights of one multi-head attention layer, with each head's slices also stored separately.
-
-    ``W_qkv`` ``[3 D, D]`` and ``W_o`` ``[D, D]`` are what :func:`batched_heads` uses; ``per_head`` holds
-    head i's contiguous ``(W_q, W_k, W_v)``, each ``[d_k, D]``, cut from the same matrix, which is what
-    :func:`looped_heads` uses (as if every head were its own small module).
-    """
+    """One layer's ``W_qkv`` ``[3 D, D]`` and ``W_o`` ``[D, D]``, and ``per_head``: each head's own contiguous
+    ``(W_q, W_k, W_v)`` ``[d_k, D]`` cut from ``W_qkv``, as if every head were its own small module."""
 
     n_heads: int
     d_k: int
@@ -136,45 +104,31 @@ class HeadWeights:
     per_head: list[tuple[Tensor, Tensor, Tensor]] = field(repr=False)
 
 
-def head_weights(
-    d_model: int,
-    n_heads: int,
-    *,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    generator: torch.Generator | None = None,
-) -> HeadWeights:
+def head_weights(d_model: int, n_heads: int, *, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, generator: torch.Generator | None = None) -> HeadWeights:
     """Random weights for an ``n_heads``-head layer of width ``d_model`` (no biases)."""
     d_k = check_head_count(d_model, n_heads)
     scale = d_model**-0.5  # keeps activations at unit scale
     W_qkv = torch.randn(3 * d_model, d_model, generator=generator) * scale  # rows: Q, K, V outputs
     W_o = torch.randn(d_model, d_model, generator=generator) * scale
     W_qkv, W_o = W_qkv.to(device=device, dtype=dtype), W_o.to(device=device, dtype=dtype)
-    per_head = []
-    for i in range(n_heads):
-        rows = [slice(p * d_model + i * d_k, p * d_model + (i + 1) * d_k) for p in range(3)]  # Q, K, V rows
-        per_head.append(tuple(W_qkv[r].contiguous() for r in rows))  # 3 x [d_k, D]
+    blocks = [W.split(d_k) for W in W_qkv.split(d_model)]  # the Q, K and V rows, each H x [d_k, D]
+    per_head = [tuple(W.contiguous() for W in qkv) for qkv in zip(*blocks)]  # H x (W_q, W_k, W_v)
     return HeadWeights(n_heads, d_k, W_qkv, W_o, per_head)
 
 
 def batched_heads(x: Tensor, w: HeadWeights) -> Tensor:
-    """A whole layer, all heads at once: one projection matmul, one attention call over ``[B, H, T, d_k]``.
-
-    ``x`` is ``[B, T, D]``; returns ``[B, T, D]``.
-    """
+    """A whole layer ``[B, T, D]`` -> ``[B, T, D]``, all heads at once: one projection, one attention call."""
     B, T, D = x.shape
     q, k, v = F.linear(x, w.W_qkv).split(D, dim=-1)  # 3 x [B, T, D]: every head's projection in one matmul
     q, k, v = (t.view(B, T, w.n_heads, w.d_k).transpose(1, 2) for t in (q, k, v))  # [B, H, T, d_k]
-    heads = F.scaled_dot_product_attention(q, k, v)  # [B, H, T, d_k]: all heads in one call
+    heads = batched_attention(q, k, v)  # [B, H, T, d_k]: all heads in one call
     return F.linear(heads.transpose(1, 2).reshape(B, T, D), w.W_o)  # [B, T, H, d_k] -> [B, T, D] -> W_O
 
 
 def looped_heads(x: Tensor, w: HeadWeights) -> Tensor:
-    """A whole layer, one head at a time in a Python loop, each head with its own three small projections.
-
-    The same arithmetic as :func:`batched_heads` (same FLOPs, same result), issued as about ``4 h``
-    small operations instead of a few large ones.  ``x`` is ``[B, T, D]``; returns ``[B, T, D]``.
-    """
+    """:func:`batched_heads` one head at a time, each with its own projections: the same FLOPs, as about
+    ``4 h`` small operations instead of a few large ones. ``[B, T, D]`` -> ``[B, T, D]``."""
     outputs = []
     for W_q, W_k, W_v in w.per_head:
         q, k, v = (F.linear(x, W).unsqueeze(1) for W in (W_q, W_k, W_v))  # 3 x [B, 1, T, d_k]
@@ -184,6 +138,26 @@ def looped_heads(x: Tensor, w: HeadWeights) -> Tensor:
 
 # --------------------------------------------------------------------------- timing
 PARTS = ("attention", "layer")
+
+
+def time_interleaved(fns: dict, *, repeats: int, warmup: int = 1, inner: int = 1,
+                     device: torch.device | str = "cpu") -> dict:
+    """``{name: [repeats]}`` seconds per call of each of ``fns`` (``{name: function}``), each sample the
+    mean of ``inner`` back-to-back calls. Rounds interleave the functions (starting one further along
+    each round) so that load from elsewhere hits them alike: compare medians."""
+    device = torch.device(device)
+    names = list(fns)
+    times: dict = {name: [] for name in names}
+    for r in range(warmup + repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:  # rotate: no one always goes first
+            synchronize(device)
+            start = time.perf_counter()
+            for _ in range(inner):
+                fns[name]()
+            synchronize(device)
+            if r >= warmup:
+                times[name].append((time.perf_counter() - start) / inner)
+    return times
 
 
 @dataclass(frozen=True)
@@ -205,51 +179,29 @@ class HeadTiming:
         return {**asdict(self), "ratio": self.ratio}
 
 
-def _versions(part, heads, d_model, batch, seq_len, device, dtype, generator):
-    """For each head count: (batched thunk, looped thunk), both computing the same tensor."""
+def _versions(part: str, heads, d_model: int, batch: int, seq_len: int, device, dtype) -> dict[int, tuple]:
+    """For each head count: (batched, looped) functions computing the same tensor."""
+    generator = torch.Generator().manual_seed(0)
     versions = {}
     for h in heads:
         d_k = check_head_count(d_model, h)
-        if part == "attention":
-            q, k, v = (
-                torch.randn(batch, h, seq_len, d_k, generator=generator).to(device=device, dtype=dtype)
-                for _ in range(3)
-            )  # 3 x [B, H, T, d_k], as the projections would hand them over
-            versions[h] = (lambda q=q, k=k, v=v: batched_attention(q, k, v), lambda q=q, k=k, v=v: looped_attention(q, k, v))
+        if part == "attention":  # 3 x [B, H, T, d_k], as the projections would hand them over
+            qkv = [torch.randn(batch, h, seq_len, d_k, generator=generator).to(device, dtype) for _ in range(3)]
+            versions[h] = (partial(batched_attention, *qkv), partial(looped_attention, *qkv))
         else:
-            x = torch.randn(batch, seq_len, d_model, generator=generator).to(device=device, dtype=dtype)  # [B, T, D]
+            x = torch.randn(batch, seq_len, d_model, generator=generator).to(device, dtype)  # [B, T, D]
             w = head_weights(d_model, h, device=device, dtype=dtype, generator=generator)
-            versions[h] = (lambda x=x, w=w: batched_heads(x, w), lambda x=x, w=w: looped_heads(x, w))
+            versions[h] = (partial(batched_heads, x, w), partial(looped_heads, x, w))
     return versions
 
 
-def time_heads(
-    heads=(1, 8, 32, 64),
-    *,
-    part: str = "attention",
-    d_model: int = 512,
-    batch: int = 1,
-    seq_len: int = 64,
-    repeats: int = 51,
-    inner: int = 1,
-    warmup: int = 3,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    threads: int | None = 1,
-    seed: int = 0,
-) -> list[HeadTiming]:
-    """Time all heads as one batched operation against a Python loop over the heads (same ``d_model``).
-
-    ``part="attention"`` times the attention operations themselves (``softmax(q kᵀ / sqrt(d_k)) v`` for
-    every head, from ready-made ``[B, H, T, d_k]`` queries, keys and values); ``part="layer"`` times a
-    whole layer, where in the loop every head also runs its own three projections.
-
-    The repetitions are interleaved (round ``r`` times every head count and both versions before round
-    ``r + 1`` starts), so a burst of load from elsewhere hits them alike; each figure is the median over
-    ``repeats`` rounds of the mean over ``inner`` back-to-back calls.  ``threads`` sets
-    ``torch.set_num_threads`` during the measurement on a CPU (restored afterwards); one thread gives
-    the steadiest figures on a shared machine.  Before timing, checks that both versions agree.
-    """
+def time_heads(heads=(1, 8, 32, 64), *, part: str = "attention", d_model: int = 512, batch: int = 1,
+               seq_len: int = 64, repeats: int = 51, inner: int = 1, warmup: int = 3,
+               device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+               threads: int | None = 1) -> list[HeadTiming]:
+    """Median times of all heads as one batched operation and as a Python loop over them, per head count
+    at one ``d_model``: the attention alone (``part="attention"``, from ``[B, H, T, d_k]`` q, k, v) or whole
+    layers (``"layer"``). Both are checked to agree first; ``threads``: torch's CPU threads while timing."""
     heads = tuple(heads)
     if part not in PARTS:
         raise ValueError(f"part must be one of {PARTS}, got {part!r}")
@@ -259,7 +211,6 @@ def time_heads(
     if not heads:
         raise ValueError("heads must name at least one head count, e.g. (1, 8, 32, 64)")
     device = torch.device(device)
-    generator = torch.Generator().manual_seed(seed)
     tolerance = (1e-4 if device.type == "cpu" else 1e-3) if dtype == torch.float32 else 5e-2  # GPUs may use TF32
 
     previous_threads = torch.get_num_threads()
@@ -267,31 +218,14 @@ def time_heads(
         torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
-            versions = _versions(part, heads, d_model, batch, seq_len, device, dtype, generator)
+            versions = _versions(part, heads, d_model, batch, seq_len, device, dtype)
             for h, (batched, looped) in versions.items():  # the same result both ways, so the race is fair
-                a, b = batched().float(), looped().float()
-                if not torch.allclose(a, b, atol=tolerance, rtol=tolerance):
+                if not torch.allclose(batched().float(), looped().float(), atol=tolerance, rtol=tolerance):
                     raise AssertionError(f"batched and looped heads disagree at h={h}")
-            samples: dict[tuple[str, int], list[float]] = {}
-            for round_ in range(warmup + repeats):
-                for h, pair in versions.items():
-                    for version, fn in zip(("batched", "looped"), pair):
-                        synchronize(device)
-                        start = time.perf_counter()
-                        for _ in range(inner):
-                            fn()
-                        synchronize(device)
-                        if round_ >= warmup:
-                            samples.setdefault((version, h), []).append((time.perf_counter() - start) / inner)
+            fns = {("batched", h): pair[0] for h, pair in versions.items()}
+            fns.update({("looped", h): pair[1] for h, pair in versions.items()})
+            times = time_interleaved(fns, repeats=repeats, warmup=warmup, inner=inner, device=device)
     finally:
         torch.set_num_threads(previous_threads)
-    return [
-        HeadTiming(
-            heads=h,
-            d_k=d_model // h,
-            batched_s=statistics.median(samples[("batched", h)]),
-            looped_s=statistics.median(samples[("looped", h)]),
-            repeats=repeats,
-        )
-        for h in heads
-    ]
+    median = {key: statistics.median(samples) for key, samples in times.items()}
+    return [HeadTiming(h, d_model // h, median["batched", h], median["looped", h], repeats) for h in heads]

@@ -1,39 +1,40 @@
 """The course's figures: attention heat maps, tensor layouts, cost curves, training curves, head-count sweeps.
 
-Every function draws on a matplotlib ``Axes`` (made for you when you pass none) and returns what it
-drew on, so a notebook can place several plots in one figure.  Figures are made at :data:`DPI`
-(one point of text is one point on screen); :func:`notebook_style` makes a notebook save them at
-twice that pixel density, so they stay crisp on HiDPI screens.  matplotlib is imported lazily:
-importing mhalab does not need a display.
+Figures are made at :data:`DPI` (a point of text is a point on screen); matplotlib is imported lazily.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 __all__ = [
-    "DPI", "RELATION_COLOURS", "RELATION_CMAPS", "figure", "heatmap", "attention_maps", "show_memory_layout", "LAYOUTS", "plot_costs",
-    "notebook_style", "score_and_weight_maps",
-    "plot_history", "plot_sweep",
+    "DPI", "relation_style", "figure", "heatmap", "attention_maps", "show_memory_layout", "LAYOUTS",
+    "plot_costs", "notebook_style", "score_and_weight_maps", "plot_history", "plot_sweep",
 ]
 
-#: Colours (and matching colour maps) for a task's relations, in ``batch.sources`` order; grey means none.
+DPI = 96  # figure dots per inch = CSS pixels per inch: text of n points shows n points tall
+# Colours (and matching colour maps) for a task's relations, in ``batch.sources`` order.
 RELATION_COLOURS = ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive")
 RELATION_CMAPS = ("Reds", "Blues", "Greens", "Purples", "Oranges", "YlOrBr", "RdPu", "YlGn")
 
-DPI = 96  # figure dots per inch = CSS pixels per inch: text of n points shows n points tall
+
+def relation_style(name: str, relations: list[str]) -> tuple[str, str]:
+    """``(colour map, colour)`` of relation ``name`` among a task's ``relations``; greys for anything else."""
+    if name not in relations:
+        return "Greys", "0.4"
+    i = relations.index(name) % len(RELATION_COLOURS)
+    return RELATION_CMAPS[i], RELATION_COLOURS[i]
 
 
-def figure(ncols: int = 1, nrows: int = 1, *, width: float = 3.2, height: float = 3.0, **kwargs):
-    """``plt.subplots`` at :data:`DPI` with ``width x height`` inches per panel; returns ``(fig, axes)``."""
+def figure(ncols: int = 1, nrows: int = 1, *, width: float = 3.2, height: float = 3.0):
+    """``plt.subplots`` at :data:`DPI`, ``width x height`` inches a panel: ``(fig, axes [nrows, ncols])``."""
     import matplotlib.pyplot as plt
 
-    kwargs.setdefault("squeeze", False)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), dpi=DPI, **kwargs)
-    return fig, axes
+    return plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), dpi=DPI, squeeze=False)
 
 
 def _as_2d(weights) -> Tensor:
@@ -46,41 +47,24 @@ def _as_2d(weights) -> Tensor:
     return w
 
 
-def heatmap(
-    weights,
-    *,
-    ax=None,
-    x_labels: Sequence[str] | None = None,
-    y_labels: Sequence[str] | None = None,
-    title: str | None = None,
-    vmax: float | None = 1.0,
-    annotate: bool = False,
-    cmap: str = "Blues",
-    xlabel: str = "key (attended to)",
-    ylabel: str = "query (attending)",
-):
-    """Draw one ``[query, key]`` attention matrix: row i is how query i spreads its weight.
-
-    ``annotate`` writes each weight in its cell (for small matrices).  Returns the Axes.
-    """
+def heatmap(weights, *, ax=None, x_labels: Sequence[str] | None = None, y_labels: Sequence[str] | None = None,
+            title: str | None = None, annotate: bool = False, xlabel: str = "key (attended to)",
+            ylabel: str = "query (attending)"):
+    """Draw one ``[query, key]`` attention matrix (``annotate``: each weight in its cell); returns the Axes."""
     w = _as_2d(weights)
     if ax is None:
         _, axes = figure(width=0.45 * w.size(1) + 1.5, height=0.45 * w.size(0) + 1.0)
         ax = axes[0, 0]
-    ax.imshow(w.numpy(), cmap=cmap, vmin=0.0, vmax=vmax if vmax is not None else float(w.max()))
+    ax.imshow(w.numpy(), cmap="Blues", vmin=0.0, vmax=1.0)
     for labels, setter, n, axis in ((x_labels, ax.set_xticks, w.size(1), "x"), (y_labels, ax.set_yticks, w.size(0), "y")):
         if labels is not None:
             if len(labels) != n:
                 raise ValueError(f"{axis}_labels has {len(labels)} labels for {n} {'keys' if axis == 'x' else 'queries'}")
             setter(range(n), labels=list(labels), rotation=90 if axis == "x" else 0)
     if annotate:
-        top = vmax if vmax is not None else float(w.max())
-        for i in range(w.size(0)):
-            for j in range(w.size(1)):
-                value = float(w[i, j])
-                text = "0" if value == 0 else "1" if value >= 0.995 else f"{value:.2f}".lstrip("0")
-                ax.text(j, i, text, ha="center", va="center",
-                        fontsize=8, color="white" if value > 0.6 * top else "black")
+        for (i, j), value in np.ndenumerate(w.numpy()):
+            text = "0" if value == 0 else "1" if value >= 0.995 else f"{value:.2f}".lstrip("0")
+            ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if value > 0.6 else "black")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
@@ -88,15 +72,9 @@ def heatmap(
     return ax
 
 
-def attention_maps(
-    maps: Sequence,
-    *,
-    titles: Sequence[str],
-    x_labels: Sequence[str] | None = None,
-    y_labels: Sequence[str] | None = None,
-    annotate: bool = False,
-    panel_size: float = 2.8,
-):
+def attention_maps(maps: Sequence, *, titles: Sequence[str], x_labels: Sequence[str] | None = None,
+                   y_labels: Sequence[str] | None = None, annotate: bool = False,
+                   panel_size: float = 2.8):
     """Several ``[query, key]`` matrices side by side, sharing labels; returns the Figure."""
     if len(maps) != len(titles):
         raise ValueError(f"got {len(maps)} maps but {len(titles)} titles")
@@ -114,17 +92,8 @@ LAYOUTS = ("B T D", "B T H dk", "B H T dk")
 
 
 def show_memory_layout(t: Tensor, layout: str, *, d_k: int, title: str):
-    """Draw a batch-1 tensor whose entries are their original memory offsets (``torch.arange``).
-
-    ``layout`` names the axes of ``t``, one of the three stages of the head split:
-
-    * ``"B T D"``: T rows of D features (the model's view),
-    * ``"B T H dk"``: the same rows, cut into H groups of dk (a view: nothing moved),
-    * ``"B H T dk"``: H blocks, one per head, each T x dk (still a view: only the strides changed).
-
-    Each cell shows its number (= where it sits in memory); its colour says which head's slice of
-    the features it came from, so one can follow every number through the reshape.  Returns the Figure.
-    """
+    """A batch-1 tensor of memory offsets (``torch.arange``) at one stage of the head split, ``layout`` one
+    of :data:`LAYOUTS`; each cell shows its offset, coloured by the head it belongs to. Returns the Figure."""
     import matplotlib.pyplot as plt
 
     if layout not in LAYOUTS:
@@ -132,28 +101,23 @@ def show_memory_layout(t: Tensor, layout: str, *, d_k: int, title: str):
     if t.dim() != len(layout.split()) or t.size(0) != 1:
         raise ValueError(f"a {layout!r} tensor of one sequence has shape [1, ...] with {len(layout.split())} axes, got {tuple(t.shape)}")
     values = t[0].detach().long()
-    tokens = values.size(1) if layout == "B H T dk" else values.size(0)
-    d_model = values.numel() // tokens  # features per token, whatever the layout
-    if layout == "B H T dk":
-        blocks, block_titles = [values[i] for i in range(values.size(0))], [f"head {i}" for i in range(values.size(0))]
+    if layout == "B H T dk":  # H blocks of T x dk
+        blocks, block_titles = list(values), [f"head {i}" for i in range(values.size(0))]
     else:  # one grid of T rows; "B T H dk" looks the same as "B T D" because it IS the same memory
         blocks, block_titles = [values.reshape(values.size(0), -1)], [None]
+    d_model = values.numel() // blocks[0].size(0)  # features per token, whatever the layout
     rows, cols = blocks[0].shape
     fig, axes = figure(len(blocks), width=0.42 * cols + 0.7, height=0.42 * rows + 1.4)
     colours = plt.get_cmap("tab10")
     for block, block_title, ax in zip(blocks, block_titles, axes[0]):
         head_of = (block % d_model) // d_k  # which head's features the number came from
-        rgba = torch.tensor([colours(int(h) % 10) for h in head_of.flatten()]).view(*block.shape, 4)
-        rgba[..., 3] = 0.5
-        ax.imshow(rgba.numpy(), aspect="equal")
-        for i in range(rows):
-            for j in range(cols):
-                ax.text(j, i, str(int(block[i, j])), ha="center", va="center", fontsize=8)
+        ax.imshow(colours(head_of.numpy() % 10, alpha=0.5), aspect="equal")  # [rows, cols, 4] RGBA
+        for (i, j), value in np.ndenumerate(block.numpy()):
+            ax.text(j, i, str(value), ha="center", va="center", fontsize=8)
         if layout == "B T H dk":  # draw the cuts between heads
             for j in range(d_k, cols, d_k):
                 ax.axvline(j - 0.5, color="black", linewidth=2.5)
-        ax.set_xticks(range(cols))
-        ax.set_yticks(range(rows))
+        ax.set(xticks=range(cols), yticks=range(rows))
         ax.tick_params(labelsize=8)
         ax.set_xlabel({"B T D": "feature", "B T H dk": "head | feature within head", "B H T dk": "feature within head"}[layout], fontsize=8)
         ax.set_ylabel("token", fontsize=8)
@@ -164,15 +128,12 @@ def show_memory_layout(t: Tensor, layout: str, *, d_k: int, title: str):
     return fig
 
 
-def plot_costs(table, *, width: float = 3.3):
-    """The cost table as curves against h: parameters and KV cache (flat), d_k (falling). Returns the Figure.
-
-    ``table`` is what :func:`mhalab.counting.cost_table` returns (rows with heads, d_k, parameters, kv_cache).
-    """
+def plot_costs(table):
+    """A :func:`mhalab.counting.cost_table` against h: parameters, KV cache (flat), d_k (falling); the Figure."""
     from matplotlib.ticker import FuncFormatter
 
     heads = [r.heads for r in table]
-    fig, axes = figure(3, width=width, height=2.7)
+    fig, axes = figure(3, width=3.3, height=2.7)
     series = (
         ("parameters (Q, K, V, O)", [r.parameters for r in table], "tab:blue"),
         ("KV cache per token per layer", [r.kv_cache for r in table], "tab:orange"),
@@ -197,8 +158,7 @@ def plot_costs(table, *, width: float = 3.3):
 
 # ----------------------------------------------------------------------------- training curves
 def plot_history(history, *, smooth: int = 20, title: str | None = None):
-    """A :class:`~mhalab.train.History`: training loss (per step and ``smooth``-step mean) and held-out
-    accuracy. Returns the Figure."""
+    """A :class:`~mhalab.train.History`: training loss (per step, ``smooth``-step mean), held-out accuracy."""
     fig, axes = figure(2, width=4.5, height=3.0)
     ax_loss, ax_acc = axes[0]
     if history.steps:
@@ -228,9 +188,8 @@ def plot_history(history, *, smooth: int = 20, title: str | None = None):
 
 
 def plot_sweep(results, metric: str = "accuracy", *, relations: bool = True, ax=None, title: str | None = None):
-    """A :class:`~mhalab.sweep.SweepResults`: mean ``metric`` against the head count (log scale), error bars
-    spanning the seeds (min to max), each seed as a dot, and (``relations=True``) the mean per relation as
-    thin lines. Returns the Axes."""
+    """A :class:`~mhalab.sweep.SweepResults`: mean ``metric`` against the head count, bars min to max over
+    seeds, a dot per seed, and (``relations``) the mean per relation as thin lines. Returns the Axes."""
     if ax is None:
         ax = figure(width=6.4, height=3.6)[1][0, 0]
     heads = results.heads
@@ -248,37 +207,25 @@ def plot_sweep(results, metric: str = "accuracy", *, relations: bool = True, ax=
     ax.set_xscale("log", base=2)
     d_k = {r.heads: r.d_k for r in results.rows}
     ax.set_xticks(heads, labels=[f"{h}\n{d_k[h]}" for h in heads])
-    ax.set_xlabel(f"heads h  /  d_k = {results.d_model}/h")
-    ax.set_ylabel(f"held-out {metric}")
+    ax.set(xlabel=f"heads h  /  d_k = {results.d_model}/h", ylabel=f"held-out {metric}",
+           title=title or f"d_model = {results.d_model}: same parameters in every column")
     if metric == "accuracy":
         ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower center")
-    ax.set_title(title or f"d_model = {results.d_model}: same parameters in every column")
     ax.figure.tight_layout()
     return ax
 
 
 # ----------------------------------------------------------------------------- notebook style
 def notebook_style() -> None:
-    """Make figures crisp and readable in a notebook: call once, after importing pyplot.
-
-    Sets matplotlib's defaults to :data:`DPI` with text of at least 8 points, and, inside an IPython
-    kernel with the inline backend, saves each figure as a PNG of twice that pixel density, shown at
-    the normal size (IPython's "retina" format): sharp on a HiDPI screen, a few hundred KB per notebook.
-    """
+    """Figures at :data:`DPI` with text of at least 8 points, saved by the inline backend at twice that
+    density ("retina"): sharp on HiDPI screens. Call once, after importing pyplot."""
     import matplotlib
 
-    matplotlib.rcParams.update({
-        "figure.dpi": DPI,
-        "font.size": 9,
-        "axes.titlesize": 10,
-        "axes.labelsize": 9,
-        "xtick.labelsize": 8,
-        "ytick.labelsize": 8,
-        "legend.fontsize": 8,
-        "figure.titlesize": 10,
-    })
+    matplotlib.rcParams.update({"figure.dpi": DPI, "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9,
+                                "xtick.labelsize": 8, "ytick.labelsize": 8, "legend.fontsize": 8,
+                                "figure.titlesize": 10})
     try:
         from IPython import get_ipython
     except ImportError:  # plain Python: nothing to configure
@@ -291,19 +238,15 @@ def notebook_style() -> None:
 
 
 # ----------------------------------------------------------------------------- scores and weights
-def score_and_weight_maps(scores, weight_maps: dict, *, labels: Sequence[str] | None = None,
-                          scores_title: str = "raw scores Q Kᵀ", panel_size: float = 2.9):
-    """The raw score matrix (diverging colours around 0) beside one or more weight matrices.
-
-    ``scores`` is one ``[query, key]`` matrix; ``weight_maps`` maps a panel title to a ``[query, key]``
-    matrix of weights in [0, 1].  Each panel has its own labelled colour bar.  Returns the Figure.
-    """
+def score_and_weight_maps(scores, weight_maps: dict, *, labels: Sequence[str] | None = None):
+    """A ``[query, key]`` score matrix (colours diverging around 0) beside ``{title: [query, key] weights}``,
+    each panel with its colour bar. Returns the Figure."""
     s = _as_2d(scores)
-    fig, axes = figure(1 + len(weight_maps), width=panel_size + 0.6, height=panel_size)
+    fig, axes = figure(1 + len(weight_maps), width=3.5, height=2.9)
     top = float(s.abs().max()) or 1.0
     image = axes[0, 0].imshow(s.numpy(), cmap="RdBu_r", vmin=-top, vmax=top)
     fig.colorbar(image, ax=axes[0, 0], fraction=0.046, pad=0.04, label="score q·k")
-    axes[0, 0].set_title(scores_title, fontsize=10)
+    axes[0, 0].set_title("raw scores Q Kᵀ", fontsize=10)
     axes[0, 0].set_xlabel("key")
     axes[0, 0].set_ylabel("query")
     for ax, (title, weights) in zip(axes[0, 1:], weight_maps.items()):

@@ -1,16 +1,8 @@
 """Head scores: one number per head for how its attention is spread.
 
-Every score takes attention as ``[layer][B, H, T, S]`` (one ``[B, H, T, S]`` tensor per layer, e.g.
-``list(cache.values())``), a cache dict of such patterns from :func:`mhalab.hooks.run_with_cache`, or one
-stacked ``[N, B, H, T, S]`` tensor, and returns ``[N, H]``: averaged over the batch and the query
-positions where it is defined::
-
-    _, cache = run_with_cache(model.eval(), batch.inputs, names="*.pattern")
-    scores = head_scores(cache, batch)        # {"left1": [N, H], ..., "previous-token": [N, H], ...}
-
-* :func:`relation_score`: how much attention lands where a ground-truth relation points (``batch.sources``);
-* scores that need no ground truth: previous-token, next-token, self, first-token (an "attention sink"),
-  entropy and mean attention distance.
+Every score takes attention as ``[layer][B, H, T, S]``, a cache dict of patterns from
+:func:`mhalab.hooks.run_with_cache`, or one stacked ``[N, B, H, T, S]`` tensor, and returns ``[N, H]``:
+averaged over the batch and the query positions where it is defined.
 """
 
 from __future__ import annotations
@@ -21,45 +13,24 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "GENERIC_SCORES",
-    "FRACTION_SCORES",
-    "stack_attention",
-    "relation_score",
-    "previous_token_score",
-    "next_token_score",
-    "self_score",
-    "first_token_score",
-    "attention_entropy",
-    "attention_distance",
-    "head_scores",
-    "format_scores",
-    "best_heads",
-    "heads_matching",
-    "NO_ROLE",
-    "role_of",
+    "FRACTION_SCORES", "GENERIC_SCORES", "NO_ROLE", "stack_attention", "relation_score", "fraction_keys",
+    "previous_token_score", "self_score", "first_token_score", "attention_entropy", "attention_distance",
+    "head_scores", "format_scores", "best_heads", "heads_matching", "role_of",
 ]
 
 Head = tuple[int, int]  # (layer, head)
 Attention = Union[Sequence[Tensor], Mapping[str, Tensor], Tensor]
 
-#: Scores that need no ground truth, in the order :func:`head_scores` returns them.
-GENERIC_SCORES = ("previous-token", "next-token", "self", "first-token", "entropy", "distance")
-#: Scores that are fractions of attention in [0, 1] (entropy is in nats, distance in positions).
+#: Scores that need no ground truth and are fractions of attention in [0, 1]: each on one key per query.
 FRACTION_SCORES = ("previous-token", "next-token", "self", "first-token")
-
-#: The course's one vocabulary for what a head does, used by the explorer, the head grid and the exercises
-#: (see :func:`role_of`): a task relation's name (``"left1"``) when the head follows that relation; else a
-#: generic score's name (``"previous-token"``, ``"next-token"``, ``"self"``, ``"first-token"``); else
-#: ``NO_ROLE``. A relation wins over a generic score: on these tasks ``left1`` *is* the previous token, and
-#: the task's name says more. (:func:`heads_matching` returns Python's ``None`` for ``NO_ROLE``.)
+#: All scores that need no ground truth, in :func:`head_scores`' order (entropy: nats, distance: positions).
+GENERIC_SCORES = (*FRACTION_SCORES, "entropy", "distance")
+#: The role of a head that follows nothing (see :func:`role_of`, the course's one vocabulary for roles).
 NO_ROLE = "none"
 
 
 def stack_attention(attention: Attention) -> Tensor:
-    """``[layer][B, H, T, S]`` (or a cache dict of patterns) -> one ``[N, B, H, T, S]`` tensor.
-
-    A stacked tensor is returned as is.
-    """
+    """``[layer][B, H, T, S]`` (or a cache dict of patterns) -> one ``[N, B, H, T, S]`` (a stack: as is)."""
     if isinstance(attention, Mapping):
         attention = list(attention.values())
     if isinstance(attention, Tensor):
@@ -74,45 +45,37 @@ def stack_attention(attention: Attention) -> Tensor:
     return torch.stack(list(attention), dim=0)  # [N, B, H, T, S]
 
 
-def _diagonal_score(attention: Attention, offset: int) -> Tensor:
+def fraction_keys(name: str, T: int, S: int) -> Tensor:
+    """``[T]``: the key each query looks at for :data:`FRACTION_SCORES` score ``name`` (-1: query left out)."""
+    q = torch.arange(T)
+    first = torch.where(q > 0, 0, -1)  # query 0 is left out: it is position 0 itself
+    keys = {"previous-token": q - 1, "next-token": q + 1, "self": q, "first-token": first}[name]
+    return torch.where(keys < S, keys, -1)
+
+
+def _fraction_score(attention: Attention, name: str) -> Tensor:
     A = stack_attention(attention)
-    diag = torch.diagonal(A, offset=offset, dim1=-2, dim2=-1)  # [N, B, H, T - |offset|]: A[q, q + offset]
-    if diag.size(-1) == 0:
-        raise ValueError(f"sequences of length {A.size(-1)} have no pairs at offset {offset}")
-    return diag.float().mean(dim=(1, 3))  # [N, H]
+    N, B, H, T, S = A.shape
+    return relation_score(A, fraction_keys(name, T, S).expand(B, T), name=name)  # a relation with fixed keys
 
 
 def previous_token_score(attention: Attention) -> Tensor:
     """``[N, H]``: mean attention from each query to the token just before it (queries 1..T-1)."""
-    return _diagonal_score(attention, -1)
-
-
-def next_token_score(attention: Attention) -> Tensor:
-    """``[N, H]``: mean attention from each query to the token just after it (queries 0..T-2)."""
-    return _diagonal_score(attention, 1)
+    return _fraction_score(attention, "previous-token")
 
 
 def self_score(attention: Attention) -> Tensor:
     """``[N, H]``: mean attention from each query to itself."""
-    return _diagonal_score(attention, 0)
+    return _fraction_score(attention, "self")
 
 
 def first_token_score(attention: Attention) -> Tensor:
-    """``[N, H]``: mean attention on position 0 (an "attention sink"), over queries 1..T-1.
-
-    Query 0 is left out: it attends to position 0 as itself (and must, under a causal mask).
-    """
-    A = stack_attention(attention)
-    if A.size(-2) < 2:
-        raise ValueError("the first-token score needs at least two query positions")
-    return A[..., 1:, 0].float().mean(dim=(1, 3))  # [N, B, H, T-1] -> [N, H]
+    """``[N, H]``: mean attention on position 0 (an "attention sink") from queries 1..T-1."""
+    return _fraction_score(attention, "first-token")
 
 
 def attention_entropy(attention: Attention) -> Tensor:
-    """``[N, H]``: mean entropy of each query's weighting, in nats.
-
-    0 means every query looks at exactly one key; ``log S`` means it spreads evenly over all S keys.
-    """
+    """``[N, H]``: mean entropy of each query's weighting in nats: 0 for one key, ``log S`` for all S evenly."""
     A = stack_attention(attention).float()
     plogp = torch.where(A > 0, A * A.clamp_min(1e-30).log(), torch.zeros_like(A))  # 0 log 0 = 0
     return -plogp.sum(dim=-1).mean(dim=(1, 3))  # [N, B, H, T] -> [N, H]
@@ -130,14 +93,9 @@ def attention_distance(attention: Attention) -> Tensor:
 
 
 def relation_score(attention: Attention, sources: Tensor, *, name: str = "relation") -> Tensor:
-    """``[N, H]``: mean attention each head puts on the position a relation points to.
+    """``[N, H]``: mean attention each head puts on the key a relation points to.
 
-    Args:
-        attention: ``[layer][B, H, T, S]`` or ``[N, B, H, T, S]``.
-        sources: ``[B, T]`` long: for each query, the key position the relation points to, ``-1``
-            where it points nowhere (those queries are left out of the mean).
-
-    A head scoring 0.9 puts, on average, 90% of its attention exactly where the relation points.
+    ``sources`` ``[B, T]`` long: each query's key position, ``-1`` where it points nowhere (left out).
     """
     A = stack_attention(attention)
     N, B, H, T, S = A.shape
@@ -157,27 +115,10 @@ def relation_score(attention: Attention, sources: Tensor, *, name: str = "relati
     return (on_source * weight).sum(dim=(1, 3)) / weight.sum()  # [N, H]
 
 
-def head_scores(
-    attention: Attention,
-    batch: Any = None,
-    *,
-    relations: Sequence[str] | None = None,
-    generic: bool = True,
-) -> dict[str, Tensor]:
-    """Every score for every head: ``{name: [N, H]}``.
-
-    Args:
-        attention: ``[layer][B, H, T, S]``, a cache dict of patterns, or stacked.
-        batch: the task ``Batch`` the attention was computed on; its ``sources`` give one score per
-            relation (omit it for the generic scores only).
-        relations: which relations to score, in this order (default: all of ``batch.sources``).
-        generic: include the scores that need no ground truth (:data:`GENERIC_SCORES`).
-
-    Returns:
-        Relation scores first (fraction of attention on the right position, in [0, 1]), then
-        ``previous-token``, ``next-token``, ``self``, ``first-token`` (fractions), ``entropy`` (nats)
-        and ``distance`` (positions).
-    """
+def head_scores(attention: Attention, batch: Any = None, *, relations: Sequence[str] | None = None,
+                generic: bool = True) -> dict[str, Tensor]:
+    """Every score for every head, ``{name: [N, H]}``: one per relation of ``batch.sources`` (or of
+    ``relations``) when a task ``batch`` is given, then (``generic``) those of :data:`GENERIC_SCORES`."""
     A = stack_attention(attention)
     scores: dict[str, Tensor] = {}
     if batch is not None:
@@ -192,12 +133,8 @@ def head_scores(
     elif relations:
         raise ValueError("relation scores need the batch (with .sources) the attention was computed on")
     if generic:
-        scores["previous-token"] = previous_token_score(A)
-        scores["next-token"] = next_token_score(A)
-        scores["self"] = self_score(A)
-        scores["first-token"] = first_token_score(A)
-        scores["entropy"] = attention_entropy(A)
-        scores["distance"] = attention_distance(A)
+        scores.update({name: _fraction_score(A, name) for name in FRACTION_SCORES})
+        scores.update(entropy=attention_entropy(A), distance=attention_distance(A))
     return scores
 
 
@@ -218,10 +155,8 @@ def best_heads(scores: dict[str, Tensor], names: Sequence[str]) -> dict[str, tup
     """For each score name: the head with the highest score and that score, ``{name: ((layer, head), score)}``."""
     out = {}
     for name in names:
-        s = scores[name]
-        flat = int(s.argmax())
-        layer, head = divmod(flat, s.size(1))
-        out[name] = ((layer, head), float(s[layer, head]))
+        layer, head = divmod(int(scores[name].argmax()), scores[name].size(1))
+        out[name] = ((layer, head), float(scores[name][layer, head]))
     return out
 
 
@@ -234,18 +169,11 @@ def heads_matching(scores: dict[str, Tensor], names: Sequence[str], threshold: f
 
 
 def role_of(scores: Mapping[str, Any], layer: int, head: int, relations: Sequence[str] = (), threshold: float = 0.5) -> str:
-    """The head's role in the course's one vocabulary (see :data:`NO_ROLE`).
-
-    The relation of ``relations`` with the highest score if it is at least ``threshold``; else the generic
-    fraction score (:data:`FRACTION_SCORES`) with the highest score if at least ``threshold``; else ``NO_ROLE``.
-    ``scores`` maps names to ``[N, H]`` (tensors or arrays), as :func:`head_scores` returns.
-    """
+    """The head's role, as the explorer, the head grid and the exercises name it: the best of ``relations``
+    scoring at least ``threshold``, else the best such :data:`FRACTION_SCORES` name, else :data:`NO_ROLE`.
+    A relation wins: on these tasks ``left1`` *is* the previous token, and says more."""
     for names in (list(relations), [n for n in FRACTION_SCORES if n in scores]):
-        best, value = None, threshold
-        for name in names:
-            v = float(scores[name][layer][head])
-            if v >= value:
-                best, value = name, v
-        if best is not None:
+        best = max(names, key=lambda name: float(scores[name][layer][head]), default=None)
+        if best is not None and float(scores[best][layer][head]) >= threshold:
             return best
     return NO_ROLE

@@ -1,26 +1,9 @@
 """Look at every head with sliders: an attention heat map, the head's scores and what removing it costs.
 
-:func:`head_explorer` builds a :class:`HeadExplorer`: sliders for layer, head and example and a
-dropdown of scores/relations to highlight, above one picture (the heat map with the tokens on the
-axes, a bar chart of the head's scores beside it, and the effect of switching the head off).
-
-Why it answers fast (a slider move is well under 0.5 s on a laptop CPU):
-
-* the attention of every layer, the scores and the ablation of every head are computed **once**,
-  when the explorer is built; a slider move only looks up arrays;
-* there is **one** matplotlib figure, drawn off-screen (Agg); a move changes its artists' data
-  (``set_data``, ``set_offsets``, ``set_width``) and re-renders it to a PNG that an
-  ``ipywidgets.Image`` shows.  No ipympl, no JavaScript of our own, nothing fetched from the network:
-  only matplotlib and the ipywidgets that JupyterLab, Jupyter Notebook, VS Code and Colab ship.
-
-Displaying the explorer gives one output holding both the live widget and a still PNG of the current
-picture with a line saying how to get the sliders: frontends that draw widgets show the sliders, and
-every viewer that cannot (GitHub, nbviewer, the course website, a script without a kernel) shows the
-still.  ``update()`` works from Python either way.  ``benchmarks/explorer.py`` times it.
-
-:func:`head_grid` draws all heads of one layer as small maps, each coloured by the relation it
-follows and titled by its role. The explorer, the grid and the exercises name roles the same way
-(:func:`mhalab.scores.role_of`: a task relation, else a generic score, else ``"none"``).
+A slider move only looks up arrays computed once when the explorer is built, changes the data of one
+off-screen matplotlib figure and re-renders it to the PNG an ``ipywidgets.Image`` shows: core ipywidgets
+(7.7 and 8), no JavaScript of our own. Viewers that cannot draw widgets show a still picture instead.
+``benchmarks/explorer.py`` times it.
 """
 
 from __future__ import annotations
@@ -36,11 +19,10 @@ from ._checks import check_index
 from .ablation import AblationTable, ablate_each_head
 from .hooks import run_with_cache
 from .models import eval_mode
-from .plotting import DPI, RELATION_COLOURS
-from .scores import FRACTION_SCORES, NO_ROLE, head_scores, role_of, stack_attention
+from .plotting import DPI, relation_style
+from .scores import FRACTION_SCORES, NO_ROLE, fraction_keys, head_scores, role_of, stack_attention
 
 __all__ = ["HeadExplorer", "head_explorer", "widgets_available"]
-
 
 
 def widgets_available() -> bool:
@@ -54,72 +36,31 @@ def widgets_available() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
-def _labels(task: Any, tokens: torch.Tensor) -> list[str]:
-    if task is not None and hasattr(task, "token_labels"):
-        return list(task.token_labels(tokens))
-    return [str(int(t)) for t in tokens]
-
-
 def _marker_points(name: str, sources: dict[str, np.ndarray], example: int, T: int, S: int) -> np.ndarray:
     """``[P, 2]`` (key, query) points where score/relation ``name`` says a head should look."""
+    if name == NO_ROLE:
+        return np.zeros((0, 2))
+    keys = sources[name][example] if name in sources else fraction_keys(name, T, S).numpy()  # [T]
     q = np.arange(T)
-    if name in sources:
-        keys = sources[name][example]  # [T]
-        ok = keys >= 0
-        return np.stack([keys[ok], q[ok]], axis=1)
-    if name == "previous-token":
-        return np.stack([q[1:] - 1, q[1:]], axis=1)
-    if name == "next-token":
-        return np.stack([q[:-1] + 1, q[:-1]], axis=1)
-    if name == "self":
-        return np.stack([q, q], axis=1)
-    if name == "first-token":
-        return np.stack([np.zeros(T - 1, dtype=int), q[1:]], axis=1)
-    return np.zeros((0, 2))
+    return np.stack([keys[keys >= 0], q[keys >= 0]], axis=1)
 
 
 class HeadExplorer:
-    """Sliders over every head of a trained model, answering each move from precomputed arrays.
+    """Sliders over every head of a model (layer, head, example, highlight), answered from precomputed arrays.
 
-    Args:
-        model: a model built from :class:`mhalab.MultiHeadAttention` (e.g. ``mhalab.models.Transformer``).
-        batch: a task ``Batch`` (``inputs`` ``[B, T]`` and, for relation scores, ``sources``) or token ids.
-            Scores and ablation effects are averaged over the whole batch.
-        task: the task, for token labels and (with ``ablation=True``) ``task.metrics``.
-        examples: how many of the batch's sequences the example slider offers.
-        ablation: precompute, for every head, the metrics with that head switched off (needs ``task``);
-            or pass an :class:`~mhalab.ablation.AblationTable` already computed on the same batch.
-        method: ``"zero"`` or ``"mean"`` ablation.
-        threshold: a head "matches" a relation/score when at least this fraction of its attention lands
-            where that relation points.
-        figsize, dpi: size of the one figure that is redrawn. It is shown at ``figsize`` inches of
-            :data:`mhalab.plotting.DPI` CSS pixels each; ``dpi`` above that (1.5x by default) keeps it
-            sharp on HiDPI screens instead of stretched.
-
-    Attributes:
-        attention: ``[N, E, H, T, S]`` numpy array, the weights of the ``E`` examples on offer.
-        scores: ``{name: [N, H]}`` numpy arrays from :func:`mhalab.scores.head_scores`.
-        ablation: the :class:`~mhalab.ablation.AblationTable`, or None.
-        png: the current picture as PNG bytes.
+    ``batch``: a task ``Batch`` (its ``sources`` give relation scores) or ``[B, T]`` token ids; scores and
+    ablation effects use the whole batch, the example slider its first ``examples``. ``task``: for token
+    labels and ``task.metrics``. ``ablation``: zero each head once (needs ``task``), or an
+    :class:`~mhalab.ablation.AblationTable` computed on the same batch. ``figsize``: inches, shown at
+    :data:`~mhalab.plotting.DPI` CSS pixels each and rendered at 1.5x that, sharp on HiDPI screens.
+    ``attention`` is ``[N, E, H, T, S]``, ``scores`` ``{name: [N, H]}`` (numpy), ``png`` the current picture.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        batch: Any,
-        task: Any = None,
-        *,
-        examples: int = 8,
-        ablation: bool | AblationTable = True,
-        method: str = "zero",
-        threshold: float = 0.5,
-        figsize: tuple[float, float] = (9.0, 3.8),
-        dpi: float = 1.5 * DPI,
-        layer: int = 0,
-        head: int = 0,
-        highlight: str = NO_ROLE,
-    ) -> None:
-        self.model, self.task, self.threshold, self.method = model, task, threshold, method
+    threshold = 0.5  # a head follows a relation/score when at least this fraction of its attention lands there
+
+    def __init__(self, model: nn.Module, batch: Any, task: Any = None, *, examples: int = 8,
+                 ablation: bool | AblationTable = True, figsize: tuple[float, float] = (9.0, 3.8),
+                 layer: int = 0, head: int = 0) -> None:
         tokens = getattr(batch, "inputs", batch)  # [B, T]
         if not isinstance(tokens, torch.Tensor):
             raise TypeError(f"expected a task Batch or a [batch, seq] tensor of token ids, got {type(batch).__name__}")
@@ -135,27 +76,28 @@ class HeadExplorer:
         self.scores = {name: s.cpu().numpy() for name, s in scores.items()}
         self.attention = attention[:, : self.n_examples].float().cpu().numpy()  # [N, E, H, T, S]
         self.sources = {r: batch.sources[r][: self.n_examples].cpu().numpy() for r in self.relations}
-        self.labels = [_labels(task, tokens[e].cpu()) for e in range(self.n_examples)]
+        labels = getattr(task, "token_labels", None) or (lambda ids: [str(int(t)) for t in ids])
+        self.labels = [list(labels(tokens[e].cpu())) for e in range(self.n_examples)]
         self.bar_names = self.relations + list(FRACTION_SCORES)  # fractions in [0, 1]
         self.ablation = None
         if isinstance(ablation, AblationTable):  # computed already (e.g. by the notebook): reuse it
-            self.ablation, self.method = ablation, ablation.method
+            self.ablation = ablation
         elif ablation and task is not None:
-            self.ablation = ablate_each_head(model, task, batch, method=method)
+            self.ablation = ablate_each_head(model, task, batch)
         self.layer, self.head, self.example = 0, 0, 0
         self.highlight = NO_ROLE
         self._widget = None
         self._syncing = False
-        self._build_figure(figsize, dpi)
-        self.update(layer=layer, head=head, example=0, highlight=highlight)
+        self._build_figure(figsize)
+        self.update(layer=layer, head=head)
 
     # ------------------------------------------------------------------ figure
-    def _build_figure(self, figsize: tuple[float, float], dpi: int) -> None:
+    def _build_figure(self, figsize: tuple[float, float]) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
         # A pyplot-free Figure: it never pops up or gets shown twice by the inline backend.
-        self.figure = Figure(figsize=figsize, dpi=dpi)
+        self.figure = Figure(figsize=figsize, dpi=1.5 * DPI)
         self._css_width = round(figsize[0] * DPI)  # shown at this width whatever the pixel density
         FigureCanvasAgg(self.figure)
         self.figure.subplots_adjust(left=0.08, right=0.97, top=0.88, bottom=0.24, wspace=0.55)
@@ -168,8 +110,7 @@ class HeadExplorer:
         self.figure.colorbar(self.image, ax=self.ax_map, fraction=0.046, pad=0.02).set_label("attention weight", fontsize=8)
         self.ax_map.set_xlabel("key (attended to)", fontsize=8)
         self.ax_map.set_ylabel("query", fontsize=8)
-        self.ax_map.set_xticks(range(S))
-        self.ax_map.set_yticks(range(T))
+        self.ax_map.set(xticks=range(S), yticks=range(T))
         self.ax_map.tick_params(labelsize=7, length=0)
         self.markers = self.ax_map.scatter([], [], s=40, facecolors="none", edgecolors="red", linewidths=1.2)
         self.map_title = self.ax_map.set_title("", fontsize=9)
@@ -218,8 +159,7 @@ class HeadExplorer:
         return [(l, h) for l in range(self.n_layers) for h in range(self.n_heads)]
 
     def role_name(self, layer: int, head: int) -> str:
-        """The head's role in the course's one vocabulary (:func:`mhalab.scores.role_of`): a relation of the
-        task, else a generic score, that gets at least ``threshold`` of its attention; else ``"none"``."""
+        """The head's role (:func:`mhalab.scores.role_of`): a relation, a generic score or ``"none"``."""
         return role_of(self.scores, layer, head, self.relations, self.threshold)
 
     def role(self, layer: int, head: int) -> str:
@@ -231,17 +171,12 @@ class HeadExplorer:
             return f"{NO_ROLE} (spread out)"
         return f"{NO_ROLE} (no single position)"
 
-    def update(self, layer: int | None = None, head: int | None = None, example: int | None = None, highlight: str | None = None) -> None:
-        """Show another head/example/highlight.
-
-        Only what changed is touched: array lookups, the artists' data, one PNG render.
-        """
-        if layer is not None:
-            self.layer = check_index("layer", layer, self.n_layers)
-        if head is not None:
-            self.head = check_index("head", head, self.n_heads)
-        if example is not None:
-            self.example = check_index("example", example, self.n_examples)
+    def update(self, layer: int | None = None, head: int | None = None, example: int | None = None,
+               highlight: str | None = None) -> None:
+        """Show another head/example/highlight: array lookups, the artists' data, one PNG render."""
+        for name, value in (("layer", layer), ("head", head), ("example", example)):
+            if value is not None:
+                setattr(self, name, check_index(name, value, self.sizes[name]))
         if highlight is not None:
             options = self.highlight_options
             if highlight not in options:
@@ -255,20 +190,13 @@ class HeadExplorer:
             self.ax_map.set_xticklabels(self.labels[e], rotation=0)
             self.ax_map.set_yticklabels(self.labels[e][-self.T :])
             self._labelled_example = e
-        points = _marker_points(self.highlight, self.sources, e, self.T, self.S)
-        self.markers.set_offsets(points if len(points) else np.zeros((0, 2)))
+        self.markers.set_offsets(_marker_points(self.highlight, self.sources, e, self.T, self.S))
         self.map_title.set_text(f"layer {l}, head {h}, example {e}: {self.role(l, h)}")
 
         for i, name in enumerate(self.bar_names):
             value = float(self.scores[name][l, h])
             self.bars[i].set_width(value)
-            if name == self.highlight:
-                colour = "tab:red"
-            elif name in self.relations:
-                colour = RELATION_COLOURS[self.relations.index(name) % len(RELATION_COLOURS)]
-            else:
-                colour = "tab:gray"
-            self.bars[i].set_color(colour)
+            self.bars[i].set_color("tab:red" if name == self.highlight else relation_style(name, self.relations)[1])
             self.bar_text[i].set_position((min(value, 0.8) + 0.02, i))
             self.bar_text[i].set_text(f"{value:.2f}")
         entropy, distance = float(self.scores["entropy"][l, h]), float(self.scores["distance"][l, h])
@@ -281,6 +209,11 @@ class HeadExplorer:
             self._sync_controls()
 
     @property
+    def sizes(self) -> dict[str, int]:
+        """How many layers, heads and examples the sliders offer."""
+        return {"layer": self.n_layers, "head": self.n_heads, "example": self.n_examples}
+
+    @property
     def highlight_options(self) -> list[str]:
         return [NO_ROLE] + self.bar_names
 
@@ -289,12 +222,11 @@ class HeadExplorer:
         if self.ablation is None:
             return "ablation: pass task= (and ablation=True) to see what switching this head off costs"
         base, after = self.ablation.baseline, self.ablation.ablated
-        parts = [f"head off ({self.method}): accuracy {base['accuracy']:.3f} -> {float(after['accuracy'][layer, head]):.3f}"]
-        for r in self.relations:
-            key = f"accuracy/{r}"
-            if key in after:
-                parts.append(f"{r} {float(after[key][layer, head]):.2f}")
-        return ";  ".join(parts[:1]) + ("   |  " + "  ".join(parts[1:]) if len(parts) > 1 else "")
+        after_accuracy = float(after["accuracy"][layer, head])
+        text = f"head off (zero): accuracy {base['accuracy']:.3f} -> {after_accuracy:.3f}"
+        per_relation = [f"{r} {float(after[f'accuracy/{r}'][layer, head]):.2f}"
+                        for r in self.relations if f"accuracy/{r}" in after]
+        return text + ("   |  " + "  ".join(per_relation) if per_relation else "")
 
     # ----------------------------------------------------------------- widgets
     @property
@@ -304,53 +236,37 @@ class HeadExplorer:
             import ipywidgets as W
 
             style = {"description_width": "60px"}
-            self._layer_slider = W.IntSlider(value=self.layer, min=0, max=self.n_layers - 1, description="layer", style=style)
-            self._head_slider = W.IntSlider(value=self.head, min=0, max=self.n_heads - 1, description="head", style=style)
-            self._example_slider = W.IntSlider(value=self.example, min=0, max=self.n_examples - 1, description="example", style=style)
-            self._dropdown = W.Dropdown(options=self.highlight_options, value=self.highlight, description="highlight", style=style)
-            self._image_widget = W.Image(value=self.png, format="png", layout=W.Layout(width=f"{self._css_width}px"))
+            self._controls = {
+                name: W.IntSlider(value=getattr(self, name), min=0, max=n - 1, description=name, style=style)
+                for name, n in self.sizes.items()
+            }
+            self._controls["highlight"] = W.Dropdown(options=self.highlight_options, value=self.highlight,
+                                                     description="highlight", style=style)
+            width = W.Layout(width=f"{self._css_width}px")
+            self._image_widget = W.Image(value=self.png, format="png", layout=width)
             self._image_widget.add_class("mhalab-head-map")
-            for control in (self._layer_slider, self._head_slider, self._example_slider, self._dropdown):
+            for control in self._controls.values():
                 control.observe(self._on_change, names="value")
-            self._widget = W.VBox(
-                [
-                    W.HBox([self._layer_slider, self._head_slider, self._example_slider]),
-                    self._dropdown,
-                    self._image_widget,
-                ]
-            )
+            sliders = W.HBox([self._controls[name] for name in ("layer", "head", "example")])
+            self._widget = W.VBox([sliders, self._controls["highlight"], self._image_widget])
             self._widget.add_class("mhalab-head-explorer")
         return self._widget
 
     def _on_change(self, change) -> None:
-        if self._syncing:
-            return
-        self.update(
-            layer=self._layer_slider.value,
-            head=self._head_slider.value,
-            example=self._example_slider.value,
-            highlight=self._dropdown.value,
-        )
+        if not self._syncing:
+            self.update(**{name: control.value for name, control in self._controls.items()})
 
     def _sync_controls(self) -> None:
         """Move the controls to the current state (after an update() from Python) without redrawing again."""
         self._syncing = True
         try:
-            self._layer_slider.value = self.layer
-            self._head_slider.value = self.head
-            self._example_slider.value = self.example
-            self._dropdown.value = self.highlight
+            for name, control in self._controls.items():
+                control.value = getattr(self, name)
         finally:
             self._syncing = False
 
     #: The line under the still picture, for viewers that cannot run the sliders.
     STATIC_NOTE = "A still of the head explorer: run this notebook (Jupyter or Colab) to move its sliders."
-
-    def show_static(self):
-        """The current picture as an ``IPython.display.Image`` (what is shown without widgets)."""
-        from IPython.display import Image
-
-        return Image(data=self.png, format="png")
 
     def static_png(self) -> bytes:
         """The current picture with :attr:`STATIC_NOTE` written under it, as PNG bytes."""
@@ -368,10 +284,8 @@ class HeadExplorer:
         return buffer.getvalue()
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> tuple[dict, dict]:
-        """One output that every viewer can show: the live widget where a frontend draws widgets, and the
-        still picture with a line saying how to get the sliders (``image/png``) for those that cannot
-        (GitHub, nbviewer, the course website, a frontend that refuses widgets). Without a kernel
-        (a script, a static export) only the still picture."""
+        """The widget view where a kernel runs, and always the still picture (``image/png``, with
+        :attr:`STATIC_NOTE`) for viewers that cannot draw widgets (GitHub, nbviewer, the course website)."""
         import base64
 
         bundle = {
@@ -391,9 +305,5 @@ class HeadExplorer:
 
 
 def head_explorer(model: nn.Module, batch: Any, task: Any = None, **options: Any) -> HeadExplorer:
-    """Build a :class:`HeadExplorer` (display it, e.g. as a cell's last line, to get the sliders).
-
-    All attention, scores and per-head ablations are computed here, once; every slider move after that
-    only redraws.  Without ipywidgets or a live kernel it shows a static picture instead.
-    """
+    """Build a :class:`HeadExplorer`; display it (e.g. as a cell's last line) to get the sliders."""
     return HeadExplorer(model, batch, task, **options)

@@ -152,7 +152,7 @@ def test_pruning_curve(model, task, batch):
 
 def test_removable_counts_heads_before_the_first_drop():
     curve = A.PruningCurve(
-        baseline=0.9, metric="accuracy", removed=np.arange(5),
+        baseline=0.9, removed=np.arange(5),
         by_importance=np.array([0.9, 0.9, 0.895, 0.85, 0.91]),
         importance_order=[], random=np.array([[0.9, 0.7, 0.6, 0.5, 0.4]]), random_orders=[], n_heads=4,
     )
