@@ -27,17 +27,8 @@ from .masks import causal_mask, combine_masks
 from .positions import apply_rotary
 
 __all__ = [
-    "attention_weights",
-    "scaled_dot_product_attention",
-    "causal_mask",
-    "valid_head_counts",
-    "check_head_count",
-    "check_head_shape",
-    "HeadProjections",
-    "HookPoint",
-    "KVCache",
-    "MultiHeadAttention",
-    "apply_rotary",
+    "attention_weights", "scaled_dot_product_attention", "causal_mask", "valid_head_counts", "check_head_count",
+    "check_head_shape", "HeadProjections", "HookPoint", "KVCache", "MultiHeadAttention", "apply_rotary",
 ]
 
 # F.scaled_dot_product_attention shares K/V heads between query heads itself from torch 2.5 on.
@@ -125,15 +116,8 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        *,
-        n_kv_heads: int | None = None,
-        d_head: int | None = None,
-        bias: bool = True,
-        dropout: float = 0.0,
-        rope_base: float | None = None,
+        self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None,
+        bias: bool = True, dropout: float = 0.0, rope_base: float | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads, d_head = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
@@ -199,17 +183,9 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2).reshape(B, T, H * dk)  # [B, T, H, dk] -> [B, T, H dk]
 
     def forward(
-        self,
-        query: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        key_padding_mask: Tensor | None = None,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-        need_weights: bool = False,
-        average_attn_weights: bool = True,
-        kv_cache: KVCache | None = None,
+        self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
+        key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None, is_causal: bool = False,
+        need_weights: bool = False, average_attn_weights: bool = True, kv_cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query [B, L, D]`` to ``key``/``value [B, S, D]`` (omit both for self-attention).
 
@@ -321,7 +297,9 @@ class MultiHeadAttention(nn.Module):
     def _paired_with(self, m: nn.MultiheadAttention) -> list[tuple[Tensor, Tensor]]:
         # torch stacks W_Q, W_K, W_V in the same order and layout as qkv_proj.
         pairs = [(self.qkv_proj.weight, m.in_proj_weight), (self.out_proj.weight, m.out_proj.weight)]
-        return pairs + ([(self.qkv_proj.bias, m.in_proj_bias), (self.out_proj.bias, m.out_proj.bias)] if self.bias else [])
+        if self.bias:
+            pairs += [(self.qkv_proj.bias, m.in_proj_bias), (self.out_proj.bias, m.out_proj.bias)]
+        return pairs
 
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadAttention":

@@ -18,14 +18,8 @@ from ._checks import check_head_count, check_head_shape, check_int
 from .attention import KVCache, MultiHeadAttention
 
 __all__ = [
-    "count_parameters",
-    "AttentionParameters",
-    "attention_parameters",
-    "KVCacheSize",
-    "kv_cache_per_token",
-    "CostRow",
-    "CostTable",
-    "cost_table",
+    "count_parameters", "AttentionParameters", "attention_parameters", "KVCacheSize", "kv_cache_per_token",
+    "CostRow", "CostTable", "cost_table",
 ]
 
 
@@ -76,12 +70,7 @@ class KVCacheSize(NamedTuple):
 
 
 def kv_cache_per_token(
-    d_model: int,
-    n_heads: int,
-    *,
-    n_kv_heads: int | None = None,
-    d_head: int | None = None,
-    n_layers: int = 1,
+    d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None, n_layers: int = 1,
     dtype: torch.dtype | None = None,
 ) -> KVCacheSize:
     """Keys and values cached per token: ``2 * n_kv_heads * d_k * n_layers`` (``2 * d_model * n_layers`` by default)."""

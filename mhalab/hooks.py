@@ -25,14 +25,8 @@ from torch import Tensor, nn
 from .attention import HookPoint, MultiHeadAttention
 
 __all__ = [
-    "Hook",
-    "hook_points",
-    "attention_modules",
-    "hooks_attached",
-    "run_with_hooks",
-    "run_with_cache",
-    "ablate_heads",
-    "gate_heads",
+    "Hook", "hook_points", "attention_modules", "hooks_attached", "run_with_hooks", "run_with_cache",
+    "ablate_heads", "gate_heads",
 ]
 
 Hook = Callable[[Tensor, str], Union[Tensor, None]]
@@ -83,7 +77,9 @@ def hooks_attached(model: nn.Module, hooks: Iterable[tuple[Any, Hook]]) -> Itera
         def call(module: nn.Module, inputs: tuple, output: Tensor):
             replaced = hook(output, name)
             if replaced is not None and replaced.shape != output.shape:
-                raise ValueError(f"the hook on {name} returned shape {tuple(replaced.shape)}, expected {tuple(output.shape)}")
+                raise ValueError(
+                    f"the hook on {name} returned shape {tuple(replaced.shape)}, expected {tuple(output.shape)}"
+                )
             return replaced
 
         return call

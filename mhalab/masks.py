@@ -46,7 +46,9 @@ def combine_masks(
     if key_padding_mask is not None:
         padding = as_additive(key_padding_mask, "key_padding_mask", dtype, device)
         if padding.shape != (B, S):
-            raise ValueError(f"key_padding_mask must have shape [batch, key_len] = [{B}, {S}], got {tuple(padding.shape)}")
+            raise ValueError(
+                f"key_padding_mask must have shape [batch, key_len] = [{B}, {S}], got {tuple(padding.shape)}"
+            )
         parts.append(padding[:, None, None, :])  # [B, 1, 1, S]
     if attn_mask is not None:
         additive = as_additive(attn_mask, "attn_mask", dtype, device)

@@ -26,14 +26,8 @@ from .kv_cache import cached_length
 from .positions import sinusoidal_positions
 
 __all__ = [
-    "ModelConfig",
-    "Block",
-    "DecoderBlock",
-    "Transformer",
-    "EncoderDecoder",
-    "eval_mode",
-    "batch_logits",
-    "generate_tokens",
+    "ModelConfig", "MLP", "Block", "DecoderBlock", "Transformer", "EncoderDecoder",
+    "eval_mode", "batch_logits", "generate_tokens",
 ]
 
 _POSITIONS = ("learned", "sinusoidal")
@@ -92,12 +86,8 @@ class ModelConfig:
         return cls(**{**derived, **overrides})
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain Python values only (what a checkpoint stores)."""
+        """Plain Python values only (what a checkpoint stores; ``ModelConfig(**d)`` reads it back)."""
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
-        return cls(**values)
 
 
 # ---------------------------------------------------------------------------- running
@@ -123,7 +113,9 @@ def batch_logits(model: nn.Module, batch: Any) -> Tensor:
 
 
 @torch.no_grad()
-def generate_tokens(step: Callable[[Tensor], Tensor], prompt: Tensor, new_tokens: int, *, cached: bool = True) -> Tensor:
+def generate_tokens(
+    step: Callable[[Tensor], Tensor], prompt: Tensor, new_tokens: int, *, cached: bool = True
+) -> Tensor:
     """Greedy decoding: ``prompt [B, T0]`` -> ``[B, T0 + new_tokens]``.
 
     ``step(ids)`` returns logits ``[B, t, V]``; with ``cached`` it is fed only the newest token (the
@@ -280,10 +272,6 @@ class Transformer(nn.Module):
             cache = None if kv_caches is None else kv_caches[i]
             x = block(x, causal=self.config.causal, key_padding_mask=key_padding_mask, kv_cache=cache)
         return _output_logits(self.head, self.ln_final(x), self.config)
-
-    def forward_batch(self, batch: Any) -> Tensor:
-        """Logits for a task's :class:`~mhalab.tasks.Batch` (what :func:`mhalab.train.train` calls)."""
-        return self(batch.inputs)
 
     def new_kv_caches(self) -> list[KVCache]:
         """One empty :class:`KVCache` per layer, for :meth:`forward` with ``kv_caches``."""

@@ -15,7 +15,8 @@ from typing import Sequence
 
 from torch import Tensor
 
-__all__ = ["ShippedModel", "MINILM", "SMOLLM2", "INSTALL_HINT", "model_file", "wheels_installed", "check_token_ids"]
+__all__ = ["ShippedModel", "MINILM", "SMOLLM2", "INSTALL_HINT", "model_file", "wheels_installed", "check_token_ids",
+           "token_list"]
 
 #: The one command that installs everything ``mhalab.pretrained`` needs.
 INSTALL_HINT = (
@@ -89,7 +90,8 @@ def model_file(model: ShippedModel, filename: str, *, allow_download: bool | Non
 def check_token_ids(tokens: object, hint: str) -> None:
     """Raise unless ``tokens`` is a ``[batch, seq]`` tensor of token ids; ``hint`` says how to make one."""
     if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
-        raise ValueError(f"tokens must be a [batch, seq] tensor of token ids, got {getattr(tokens, 'shape', tokens)!r}; {hint}")
+        shape = getattr(tokens, "shape", tokens)
+        raise ValueError(f"tokens must be a [batch, seq] tensor of token ids, got {shape!r}; {hint}")
 
 
 def token_list(ids: Sequence[int] | Tensor) -> list[int]:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import MultiHeadAttention
+from ..models import MLP
 from .files import INSTALL_HINT, MINILM, check_token_ids, model_file, token_list
 
 __all__ = ["MiniLMConfig", "MiniLM", "Encoding", "MiniLMTokenizer", "load_minilm"]
@@ -83,14 +84,13 @@ class BertBlock(nn.Module):
         super().__init__()
         self.attn = MultiHeadAttention(config.d_model, config.n_heads)
         self.ln_attn = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.fc_in = nn.Linear(config.d_model, config.d_ff)
-        self.fc_out = nn.Linear(config.d_ff, config.d_model)
+        self.mlp = MLP(config.d_model, config.d_ff, dropout=0.0)  # the toy models' GELU MLP
         self.ln_mlp = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def forward(self, x: Tensor, padding: Tensor | None = None) -> Tensor:
         attended, _ = self.attn(x, key_padding_mask=padding)  # [B, T, D]; padding keys get no weight
         x = self.ln_attn(x + attended)
-        return self.ln_mlp(x + self.fc_out(F.gelu(self.fc_in(x))))
+        return self.ln_mlp(x + self.mlp(x))
 
 
 class MiniLM(nn.Module):
@@ -114,7 +114,8 @@ class MiniLM(nn.Module):
         if T > self.config.max_len:
             raise ValueError(f"{T} tokens is longer than the {self.config.max_len} positions MiniLM has")
         positions = self.position_embedding.weight[:T]  # [T, D]
-        x = self.ln_embed(self.token_embedding(tokens) + positions + self.type_embedding.weight[0])  # [B, T, D]: one segment
+        segment = self.type_embedding.weight[0]  # [D]: every token is in segment 0
+        x = self.ln_embed(self.token_embedding(tokens) + positions + segment)  # [B, T, D]
         for block in self.blocks:
             x = block(x, padding)
         return x
@@ -141,19 +142,16 @@ def _bert_weights(state: dict[str, Tensor], config: MiniLMConfig) -> dict[str, T
         "ln_embed.weight": state["embeddings.LayerNorm.weight"],
         "ln_embed.bias": state["embeddings.LayerNorm.bias"],
     }
+    renamed = {"attn.out_proj": "attention.output.dense", "ln_attn": "attention.output.LayerNorm",
+               "mlp.fc_in": "intermediate.dense", "mlp.fc_out": "output.dense", "ln_mlp": "output.LayerNorm"}
     for i in range(config.n_layers):
         src, dst = f"encoder.layer.{i}.", f"blocks.{i}."
         for kind in ("weight", "bias"):
             # BERT's query/key/value rows are already head-major (head h = rows h*64:(h+1)*64), the
             # layout qkv_proj uses, so stacking them is the whole conversion.
-            ours[dst + f"attn.qkv_proj.{kind}"] = torch.cat(
-                [state[src + f"attention.self.{p}.{kind}"] for p in ("query", "key", "value")]
-            )  # [3D, D] or [3D]
-            ours[dst + f"attn.out_proj.{kind}"] = state[src + f"attention.output.dense.{kind}"]
-            ours[dst + f"ln_attn.{kind}"] = state[src + f"attention.output.LayerNorm.{kind}"]
-            ours[dst + f"fc_in.{kind}"] = state[src + f"intermediate.dense.{kind}"]
-            ours[dst + f"fc_out.{kind}"] = state[src + f"output.dense.{kind}"]
-            ours[dst + f"ln_mlp.{kind}"] = state[src + f"output.LayerNorm.{kind}"]
+            qkv = [state[f"{src}attention.self.{p}.{kind}"] for p in ("query", "key", "value")]
+            ours[f"{dst}attn.qkv_proj.{kind}"] = torch.cat(qkv)  # [3D, D] or [3D]
+            ours |= {f"{dst}{mine}.{kind}": state[f"{src}{theirs}.{kind}"] for mine, theirs in renamed.items()}
     return ours
 
 
@@ -163,7 +161,7 @@ def load_minilm(*, allow_download: bool | None = None) -> MiniLM:
         from safetensors.torch import load_file
         from tokenizers import Tokenizer
     except ImportError as error:
-        raise ModuleNotFoundError(f"loading MiniLM needs the safetensors and tokenizers packages: {INSTALL_HINT}") from error
+        raise ModuleNotFoundError(f"loading MiniLM needs safetensors and tokenizers: {INSTALL_HINT}") from error
     weights = model_file(MINILM, "model.safetensors", allow_download=allow_download)
     tokenizer_path = model_file(MINILM, "tokenizer.json", allow_download=allow_download)
     config = MiniLMConfig()

