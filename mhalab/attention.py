@@ -210,10 +210,8 @@ class MultiHeadAttention(nn.Module):
         past = 0 if kv_cache is None else len(kv_cache)  # tokens already in the cache
         S = past + key.size(1)  # every key the queries will see
         if kv_cache is not None and L > 1 and not is_causal:
-            raise ValueError(
-                f"{L} tokens at once into a kv_cache need is_causal=True: a cache holds a causal "
-                "decoder's keys, and without the causal mask earlier tokens would see later ones"
-            )
+            raise ValueError(f"{L} tokens at once into a kv_cache need is_causal=True: a cache holds a causal "
+                             "decoder's keys, and without the causal mask earlier tokens would see later ones")
 
         # Build the masks before anything is computed or appended to the cache.
         want_pattern = need_weights or self.pattern.active
@@ -265,34 +263,24 @@ class MultiHeadAttention(nn.Module):
             if not isinstance(t, Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if t.dim() != 3:
-                raise ValueError(
-                    f"{name} must be 3-D [batch, seq, d_model] (batch first), got shape {tuple(t.shape)}; "
-                    "add a batch axis with .unsqueeze(0) for a single sequence"
-                )
+                raise ValueError(f"{name} must be 3-D [batch, seq, d_model] (batch first), got shape {tuple(t.shape)}; "
+                                 "add a batch axis with .unsqueeze(0) for a single sequence")
             if t.size(-1) != self.d_model:
-                raise ValueError(
-                    f"{name} has width {t.size(-1)} in its last dimension, but this module has "
-                    f"d_model={self.d_model}; project it to {self.d_model} features or build "
-                    f"MultiHeadAttention({t.size(-1)}, n_heads)"
-                )
+                raise ValueError(f"{name} has width {t.size(-1)} in its last dimension, but this module has "
+                                 f"d_model={self.d_model}; project it to {self.d_model} features or build "
+                                 f"MultiHeadAttention({t.size(-1)}, n_heads)")
             if not t.is_floating_point():
                 raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
             weight_dtype = self.qkv_proj.weight.dtype
             if t.dtype != weight_dtype and not _autocast_enabled(t.device.type):
-                raise TypeError(
-                    f"{name} is {t.dtype} but this module's weights are {weight_dtype}: convert the input "
-                    f"with .to({weight_dtype}) or the module with .to({t.dtype})"
-                )
+                raise TypeError(f"{name} is {t.dtype} but this module's weights are {weight_dtype}: convert the input "
+                                f"with .to({weight_dtype}) or the module with .to({t.dtype})")
         if key.size(1) != value.size(1):
-            raise ValueError(
-                f"key and value must have the same length (one value per key), got key length "
-                f"{key.size(1)} and value length {value.size(1)}"
-            )
+            raise ValueError(f"key and value must have the same length (one value per key), got key length "
+                             f"{key.size(1)} and value length {value.size(1)}")
         if not (query.size(0) == key.size(0) == value.size(0)):
-            raise ValueError(
-                f"query, key and value must have the same batch size, got {query.size(0)}, "
-                f"{key.size(0)} and {value.size(0)}"
-            )
+            raise ValueError(f"query, key and value must have the same batch size, got {query.size(0)}, "
+                             f"{key.size(0)} and {value.size(0)}")
 
     def _paired_with(self, m: nn.MultiheadAttention) -> list[tuple[Tensor, Tensor]]:
         # torch stacks W_Q, W_K, W_V in the same order and layout as qkv_proj.
@@ -320,10 +308,8 @@ class MultiHeadAttention(nn.Module):
     def to_torch(self) -> nn.MultiheadAttention:
         """A ``torch.nn.MultiheadAttention(batch_first=True)`` with the same weights (paper's attention only)."""
         if not self.is_standard:
-            raise ValueError(
-                f"torch.nn.MultiheadAttention cannot hold this module ({self.extra_repr()}): it needs "
-                "n_kv_heads == n_heads, d_head == d_model / n_heads and rope_base=None"
-            )
+            raise ValueError(f"torch.nn.MultiheadAttention cannot hold this module ({self.extra_repr()}): it needs "
+                             "n_kv_heads == n_heads, d_head == d_model / n_heads and rope_base=None")
         w = self.qkv_proj.weight
         m = nn.MultiheadAttention(
             self.d_model, self.n_heads, dropout=self.dropout, bias=self.bias, batch_first=True,

@@ -216,10 +216,8 @@ class _Embedding(nn.Module):
             raise TypeError(f"tokens must hold integer token ids, got dtype {tokens.dtype}")
         T = tokens.size(1)
         if offset + T > self.max_len:
-            raise ValueError(
-                f"sequence of length {offset + T} is longer than max_len={self.max_len}; "
-                f"build the model with ModelConfig(max_len>={offset + T})"
-            )
+            raise ValueError(f"sequence of length {offset + T} is longer than max_len={self.max_len}; "
+                             f"build the model with ModelConfig(max_len>={offset + T})")
         table = self.positions.weight if self.learned else self.positions_table  # [max_len, D]
         x = self.tokens(tokens) + table[offset : offset + T]  # [B, T, D] + [T, D] broadcasts over the batch
         return F.dropout(x, self.dropout, self.training)
@@ -273,10 +271,6 @@ class Transformer(nn.Module):
             x = block(x, causal=self.config.causal, key_padding_mask=key_padding_mask, kv_cache=cache)
         return _output_logits(self.head, self.ln_final(x), self.config)
 
-    def new_kv_caches(self) -> list[KVCache]:
-        """One empty :class:`KVCache` per layer, for :meth:`forward` with ``kv_caches``."""
-        return [KVCache() for _ in self.blocks]
-
     def generate(self, prompt: Tensor, new_tokens: int) -> Tensor:
         """Greedy continuation of ``prompt [B, T0]`` with KV caches: ``[B, T0 + new_tokens]``."""
         if not self.config.causal:
@@ -284,7 +278,7 @@ class Transformer(nn.Module):
         if self.config.n_targets != 1:
             raise ValueError("generate needs one prediction per position (n_targets=1)")
         with eval_mode(self):
-            caches = self.new_kv_caches()
+            caches = [KVCache() for _ in self.blocks]
             return generate_tokens(lambda ids: self(ids, kv_caches=caches), prompt, new_tokens)
 
 
@@ -337,10 +331,8 @@ class EncoderDecoder(nn.Module):
         """Logits for a batch with ``inputs`` (source) and ``decoder_inputs`` (target shifted right)."""
         decoder_inputs = getattr(batch, "decoder_inputs", None)
         if decoder_inputs is None:
-            raise ValueError(
-                "EncoderDecoder trains on batches that carry decoder_inputs (the target sequence shifted "
-                "right, starting with BOS) next to inputs (the source); this task's batches have none"
-            )
+            raise ValueError("EncoderDecoder trains on batches that carry decoder_inputs (the target sequence shifted "
+                             "right, starting with BOS) next to inputs (the source); this task's batches have none")
         return self(batch.inputs, decoder_inputs)
 
     @torch.no_grad()
