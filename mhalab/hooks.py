@@ -72,28 +72,26 @@ def hooks_attached(model: nn.Module, hooks: Iterable[tuple[Any, Hook]]) -> Itera
     """
     points = hook_points(model)
     handles = []
-
-    def forward_hook(hook: Hook, name: str):
-        def call(module: nn.Module, inputs: tuple, output: Tensor):
-            replaced = hook(output, name)
-            if replaced is not None and replaced.shape != output.shape:
-                raise ValueError(
-                    f"the hook on {name} returned shape {tuple(replaced.shape)}, expected {tuple(output.shape)}"
-                )
-            return replaced
-
-        return call
-
     try:
         for names, hook in hooks:
             if not callable(hook):
                 raise TypeError(f"a hook must be a function hook(activation, name), got {type(hook).__name__}")
             for name in _select(model, names, list(points)):
-                handles.append(points[name].register_forward_hook(forward_hook(hook, name)))
+                handles.append(points[name].register_forward_hook(_forward_hook(hook, name)))
         yield
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _forward_hook(hook: Hook, name: str) -> Callable:
+    def forward_hook(module: nn.Module, inputs: tuple, output: Tensor) -> Tensor | None:
+        replaced = hook(output, name)
+        if replaced is not None and replaced.shape != output.shape:
+            raise ValueError(f"the hook on {name} returned shape {tuple(replaced.shape)}, expected {tuple(output.shape)}")
+        return replaced
+
+    return forward_hook
 
 
 def run_with_hooks(model: nn.Module, *args: Any, hooks: Iterable[tuple[Any, Hook]], **kwargs: Any) -> Any:
