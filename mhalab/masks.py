@@ -25,7 +25,8 @@ def causal_mask(query_len: int, key_len: int | None = None, *, device: torch.dev
 def as_additive(mask: Tensor, name: str, dtype: torch.dtype, device: torch.device) -> Tensor:
     """A bool (True = ignore) or float mask as float scores to add: ``-inf`` where ignored."""
     if not isinstance(mask, Tensor):
-        raise TypeError(f"{name} must be a tensor (bool: True = ignore, or float: added), got {type(mask).__name__}")
+        kind = type(mask).__name__
+        raise TypeError(f"{name} must be a tensor (bool: True = ignore, or float: added), got {kind}")
     if mask.device != device:
         raise ValueError(f"{name} is on {mask.device} but the inputs are on {device}; move it with .to({str(device)!r})")
     if mask.dtype == torch.bool:
@@ -60,5 +61,6 @@ def combine_masks(
         # [L, S] -> [1, 1, L, S]; torch's [B*H, L, S] (batch-major) -> [B, H, L, S]
         parts.append(additive.view(1, 1, L, S) if additive.dim() == 2 else additive.view(B, H, L, S))
     if is_causal and L > 1:  # (one new token may see every cached key: nothing to mask)
-        parts.append(as_additive(~causal_mask(L, S, device=device), "causal mask", dtype, device))  # [L, S]
+        later = as_additive(~causal_mask(L, S, device=device), "causal mask", dtype, device)  # [L, S]
+        parts.append(later.view(1, 1, L, S))
     return sum(parts[1:], parts[0]) if parts else None
