@@ -1,30 +1,13 @@
 """Scaled dot-product attention and multi-head attention, written to be read.
 
-Shapes use these names throughout:
+Shapes: B batch, L query length, S key/value length, D d_model, H query heads (n_heads),
+G key/value heads (n_kv_heads; G = H unless grouped-query), dk head size (d_head).
 
-    B  batch             H   query heads (n_heads)
-    L  query length      G   key/value heads (n_kv_heads; G = H unless grouped-query)
-    S  key/value length  dk  head size (d_head; d_model / n_heads unless set)
-    D  d_model
-
-Two mask conventions exist in PyTorch and both appear here, on purpose:
-
-* :func:`scaled_dot_product_attention` follows
-  ``torch.nn.functional.scaled_dot_product_attention``: a boolean mask is
-  True where attention is **allowed**.
-* :class:`MultiHeadAttention` follows ``torch.nn.MultiheadAttention``: a
-  boolean ``attn_mask`` or ``key_padding_mask`` is True where attention is
-  **forbidden** ("ignore this key").  That is the one trap when swapping
-  between the two APIs.  Float masks are added to the scores in both.
-
-A query that may see no key at all (every key masked) gets all-zero weights and a zero
-output on both paths (``torch.nn.MultiheadAttention`` returns NaN on one path and zeros on
-the other).
-
-Inside :class:`MultiHeadAttention` two :class:`HookPoint` modules name what a learner wants
-to look at: ``pattern`` (the weights ``[B, H, L, S]``) and ``z`` (each head's output before
-W_O, ``[B, L, H, dk]``).  In a model they are named by their place, e.g.
-``blocks.0.attn.pattern``; :mod:`mhalab.hooks` reads and replaces them.
+The two PyTorch mask conventions both appear, on purpose: :func:`scaled_dot_product_attention`
+follows ``F.scaled_dot_product_attention`` (bool True = **may** attend); :class:`MultiHeadAttention`
+follows ``torch.nn.MultiheadAttention`` (bool True = **forbidden**). Float masks are added to the
+scores in both. A query that may see no key gets zero weights and a zero output on both paths
+(torch's module returns NaN on one path and zeros on the other).
 """
 
 from __future__ import annotations
@@ -44,17 +27,8 @@ from .masks import causal_mask, combine_masks
 from .positions import apply_rotary
 
 __all__ = [
-    "attention_weights",
-    "scaled_dot_product_attention",
-    "causal_mask",
-    "valid_head_counts",
-    "check_head_count",
-    "check_head_shape",
-    "HeadProjections",
-    "HookPoint",
-    "KVCache",
-    "MultiHeadAttention",
-    "apply_rotary",
+    "attention_weights", "scaled_dot_product_attention", "causal_mask", "valid_head_counts", "check_head_count",
+    "check_head_shape", "HeadProjections", "HookPoint", "KVCache", "MultiHeadAttention", "apply_rotary",
 ]
 
 # F.scaled_dot_product_attention shares K/V heads between query heads itself from torch 2.5 on.
@@ -64,13 +38,10 @@ _SDPA_HAS_GQA = TorchVersion(torch.__version__) >= (2, 5)
 def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Tensor:
     """softmax(Q Kᵀ / sqrt(d_k) + mask): ``q [..., L, dk]``, ``k [..., S, dk]`` -> ``[..., L, S]``.
 
-    ``mask`` is broadcastable to ``[..., L, S]``: boolean True where a query **may**
-    attend (as in ``F.scaled_dot_product_attention``), or float added to the scores.
-    Each row sums to 1 over the keys, except the row of a query that may see no key at
-    all: it is all zero (as the fused kernels behave), not NaN.
+    ``mask`` broadcasts to ``[..., L, S]``: bool True where a query may attend, or float added to the
+    scores. A query that may see no key gets an all-zero row, not NaN.
     """
-    d_k = q.size(-1)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # [..., L, S]: how well each query matches each key
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # [..., L, S]: how well each query matches each key
     if mask is None:
         return scores.softmax(dim=-1)  # [..., L, S]: one weighting over the keys per query
     if mask.dtype == torch.bool:
@@ -84,33 +55,15 @@ def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Te
 
 
 def scaled_dot_product_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    mask: Tensor | None = None,
-    dropout_p: float = 0.0,
+    q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, dropout_p: float = 0.0
 ) -> tuple[Tensor, Tensor]:
-    """Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_k) + mask) V, one line per step.
+    """softmax(Q Kᵀ / sqrt(d_k) + mask) V: ``q [..., L, dk]``, ``k [..., S, dk]``, ``v [..., S, dv]``.
 
-    Args:
-        q: queries ``[..., L, dk]``.
-        k: keys ``[..., S, dk]``.
-        v: values ``[..., S, dv]``.
-        mask: optional, broadcastable to ``[..., L, S]``. Boolean: True where a
-            query **may** attend (as in ``F.scaled_dot_product_attention``).
-            Float: added to the scores (use ``-inf`` to forbid).
-        dropout_p: dropout on the attention weights (applied only to the
-            output; the returned weights are the softmax before dropout).
-
-    Returns:
-        ``(out, weights)``: ``out`` is ``[..., L, dv]``, ``weights`` is
-        ``[..., L, S]`` (see :func:`attention_weights`; a query that may see
-        no key gets zero weights and a zero output).
+    Returns ``(out [..., L, dv], weights [..., L, S])``; ``mask`` as in :func:`attention_weights`.
+    Dropout acts on the output only: the weights returned are the softmax before it.
     """
     weights = attention_weights(q, k, mask=mask)  # [..., L, S]
-    mixed = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    out = mixed @ v  # [..., L, dv]: weighted sum of the values
+    out = F.dropout(weights, p=dropout_p) @ v  # [..., L, dv]: weighted sum of the values
     return out, weights
 
 
@@ -122,11 +75,7 @@ def _autocast_enabled(device_type: str) -> bool:
 
 
 class HookPoint(nn.Module):
-    """An identity layer that names an activation so hooks can read or replace it.
-
-    Its name is its place in the model (``blocks.0.attn.pattern``).  :mod:`mhalab.hooks`
-    attaches functions to it; with none attached it costs one function call.
-    """
+    """An identity layer that names an activation (``blocks.0.attn.pattern``) so hooks can read or replace it."""
 
     def forward(self, x: Tensor) -> Tensor:
         return x
@@ -138,11 +87,8 @@ class HookPoint(nn.Module):
 
 
 class HeadProjections(NamedTuple):
-    """The slices of the projections that belong to one head (views: they share storage).
+    """Views of one head's slices: ``W_Q, W_K, W_V [D, dk]`` (``x @ W_Q``), ``W_O [dk, D]``, biases ``[dk]`` or None.
 
-    ``W_Q, W_K, W_V`` are ``[d_model, d_k]`` (a row vector x maps to ``x @ W_Q``);
-    ``W_O`` is ``[d_k, d_model]`` (the head's output maps to ``o @ W_O``).
-    Biases are ``[d_k]`` (``b_O`` is shared by all heads, so it is not split) or None.
     With grouped-query attention ``W_K``/``W_V`` are the shared K/V head this head reads.
     """
 
@@ -158,39 +104,20 @@ class HeadProjections(NamedTuple):
 class MultiHeadAttention(nn.Module):
     """Multi-head attention: h heads of width d_k = d_model / h, concatenated and mixed by W_O.
 
-    A drop-in for ``torch.nn.MultiheadAttention(d_model, n_heads, batch_first=True)``:
-    the same ``forward`` arguments and mask meanings (a boolean mask is True where
-    attention is *forbidden*), returning ``(out, weights)``.
+    A drop-in for ``torch.nn.MultiheadAttention(d_model, n_heads, batch_first=True)``: the same
+    ``forward`` arguments and mask meanings, returning ``(out, weights)``. Off by default:
+    ``n_kv_heads`` (grouped-query attention, Ainslie et al. 2023; 1 = multi-query, Shazeer 2019;
+    query head j reads K/V head ``j // (H // G)``), ``d_head`` (head size other than D / H) and
+    ``rope_base`` (rotary positions on queries and keys).
 
-    What real models change, each off by default:
-
-    * ``n_kv_heads``: grouped-query attention (Ainslie et al. 2023); ``1`` is multi-query
-      attention (Shazeer 2019). Query head j reads K/V head ``j // (n_heads // n_kv_heads)``.
-    * ``d_head``: head size decoupled from ``d_model / n_heads`` (T5, Gemma).
-    * ``rope_base``: rotary position embedding on queries and keys after the split.
-
-    The projections are stored as one ``qkv_proj`` (``d_model -> (H + 2G) dk``: W_Q, W_K,
-    W_V stacked by rows, each head's rows contiguous) and ``out_proj`` (W_O, ``H dk ->
-    d_model``). ``head_projections(i)`` gives head i's views into them.
-
-    ``forward`` runs ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels)
-    unless the weights are wanted: ``need_weights=True``, or a hook on ``pattern``.  Then it
-    runs the explicit math of :func:`scaled_dot_product_attention`.  Both give the same output.
-
-    To read or change what happens inside (a head's pattern, switching heads off) attach hooks to
-    its ``pattern`` and ``z`` points with :mod:`mhalab.hooks`; ``forward`` itself has no extra switches.
+    ``qkv_proj`` holds W_Q, W_K, W_V stacked by rows (``D -> (H + 2G) dk``, each head's rows
+    contiguous); ``out_proj`` is W_O. ``forward`` runs the fused ``F.scaled_dot_product_attention``
+    unless the weights are wanted (``need_weights``, or a hook on ``pattern``); then the explicit math.
     """
 
     def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        *,
-        n_kv_heads: int | None = None,
-        d_head: int | None = None,
-        bias: bool = True,
-        dropout: float = 0.0,
-        rope_base: float | None = None,
+        self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None,
+        bias: bool = True, dropout: float = 0.0, rope_base: float | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads, d_head = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
@@ -207,18 +134,15 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
         self.pattern = HookPoint()  # attention weights [B, H, L, S]
         self.z = HookPoint()  # each head's output before W_O [B, L, H, dk]
-        self._reset_parameters()
-
-    def _reset_parameters(self) -> None:
         # Same initialisation as torch.nn.MultiheadAttention, so the two train alike.
         nn.init.xavier_uniform_(self.qkv_proj.weight)
-        if self.qkv_proj.bias is not None:
+        if bias:
             nn.init.zeros_(self.qkv_proj.bias)
             nn.init.zeros_(self.out_proj.bias)
 
     @property
     def d_k(self) -> int:
-        """The paper's name for the head size ``d_head`` (``d_model / n_heads`` unless set)."""
+        """The paper's name for the head size ``d_head``."""
         return self.d_head
 
     @property
@@ -235,7 +159,6 @@ class MultiHeadAttention(nn.Module):
         extra += "" if self.rope_base is None else f", rope_base={self.rope_base:g}"
         return f"d_model={self.d_model}, n_heads={self.n_heads}, d_k={self.d_k}{extra}, bias={self.bias}, dropout={self.dropout}"
 
-    # ----------------------------------------------------------------- heads
     def head_projections(self, i: int) -> HeadProjections:
         """Views of W_Q, W_K, W_V (``[d_model, d_k]``) and W_O (``[d_k, d_model]``) for head ``i``."""
         if not 0 <= i < self.n_heads:
@@ -250,7 +173,7 @@ class MultiHeadAttention(nn.Module):
         return HeadProjections(W_Q, W_K, W_V, W_O, b_Q, b_K, b_V)
 
     def split_heads(self, x: Tensor) -> Tensor:
-        """``[B, T, n dk] -> [B, n, T, dk]`` for n query or K/V heads: a view (reshape + transpose), no copy."""
+        """``[B, T, n dk] -> [B, n, T, dk]`` for n query or K/V heads: a view, no copy."""
         B, T, width = x.shape
         return x.view(B, T, width // self.d_head, self.d_head).transpose(1, 2)  # [B, T, n, dk] -> [B, n, T, dk]
 
@@ -259,43 +182,20 @@ class MultiHeadAttention(nn.Module):
         B, H, T, dk = x.shape
         return x.transpose(1, 2).reshape(B, T, H * dk)  # [B, T, H, dk] -> [B, T, H dk]
 
-    # --------------------------------------------------------------- forward
     def forward(
-        self,
-        query: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        key_padding_mask: Tensor | None = None,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-        need_weights: bool = False,
-        average_attn_weights: bool = True,
-        kv_cache: KVCache | None = None,
+        self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
+        key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None, is_causal: bool = False,
+        need_weights: bool = False, average_attn_weights: bool = True, kv_cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attend from ``query`` to ``key``/``value`` (self-attention when they are omitted).
+        """Attend from ``query [B, L, D]`` to ``key``/``value [B, S, D]`` (omit both for self-attention).
 
-        Args:
-            query: ``[B, L, D]``.
-            key, value: ``[B, S, D]`` for cross-attention; omitted (None) for self-attention.
-            key_padding_mask: ``[B, S]``; bool True = ignore that key, or float added to the scores.
-            attn_mask: ``[L, S]``, ``[B * H, L, S]`` or ``[B, H, L, S]``; bool True = forbidden,
-                or float added to the scores.
-            is_causal: forbid attending to later positions (decoder self-attention). Unlike
-                torch's module it needs no ``attn_mask`` beside it. When there are more keys than
-                queries (decoding with a cache) the queries are the *last* L positions.
-            need_weights: also return the attention weights (runs the explicit path). With
-                dropout in training mode they are the softmax before dropout (torch's module
-                returns them after dropout); in eval mode the two agree.
-            average_attn_weights: return weights ``[B, L, S]`` averaged over heads (as torch
-                does) instead of ``[B, H, L, S]``.
-            kv_cache: a :class:`KVCache` for incremental self-attention decoding: the new
-                keys/values are appended to it and the queries attend to all of them. The
-                first call (the prompt) must be causal if it has several tokens.
-
-        Returns:
-            ``(out, weights)``: ``out`` is ``[B, L, D]``; ``weights`` is None unless
-            ``need_weights``.
+        Masks as torch's module: ``key_padding_mask [B, S]``, ``attn_mask`` ``[L, S]``, ``[B * H, L, S]``
+        or ``[B, H, L, S]`` (bool True = forbidden, or float added). ``is_causal`` needs no ``attn_mask``;
+        with more keys than queries the queries are the *last* L positions. ``need_weights`` also returns
+        the weights (``[B, L, S]`` averaged over heads, or ``[B, H, L, S]`` without
+        ``average_attn_weights``; before dropout). ``kv_cache``: self-attention decoding, the new
+        keys/values join the cached ones (a multi-token prompt must be causal).
+        Returns ``(out [B, L, D], weights or None)``.
         """
         self_attention = key is None and value is None
         if self_attention:
@@ -307,14 +207,11 @@ class MultiHeadAttention(nn.Module):
         self._check_inputs(query, key, value)
         B, L, D = query.shape
         H, G, dk = self.n_heads, self.n_kv_heads, self.d_head
-
         past = 0 if kv_cache is None else len(kv_cache)  # tokens already in the cache
         S = past + key.size(1)  # every key the queries will see
         if kv_cache is not None and L > 1 and not is_causal:
-            raise ValueError(
-                f"{L} tokens at once into a kv_cache need is_causal=True: a cache holds a causal "
-                "decoder's keys, and without the causal mask earlier tokens would see later ones"
-            )
+            raise ValueError(f"{L} tokens at once into a kv_cache need is_causal=True: a cache holds a causal "
+                             "decoder's keys, and without the causal mask earlier tokens would see later ones")
 
         # Build the masks before anything is computed or appended to the cache.
         want_pattern = need_weights or self.pattern.active
@@ -347,8 +244,7 @@ class MultiHeadAttention(nn.Module):
             k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # [B, H, S, dk]
         if want_pattern:
             weights = self.pattern(attention_weights(q, k, mask=mask))  # [B, H, L, S]; a hook may replace it
-            mixed = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-            heads = mixed @ v  # [B, H, L, dk]: each head's weighted sum of its values
+            heads = F.dropout(weights, p=dropout_p) @ v  # [B, H, L, dk]: each head's weighted sum of its values
         else:
             gqa = {"enable_gqa": True} if k.size(1) != H else {}  # the kernel shares the K/V heads itself
             heads = F.scaled_dot_product_attention(
@@ -362,48 +258,40 @@ class MultiHeadAttention(nn.Module):
             weights = weights.mean(dim=1)  # [B, L, S]
         return out, weights
 
-    # -------------------------------------------------------------- checking
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if t.dim() != 3:
-                raise ValueError(
-                    f"{name} must be 3-D [batch, seq, d_model] (batch first), got shape {tuple(t.shape)}; "
-                    "add a batch axis with .unsqueeze(0) for a single sequence"
-                )
+                raise ValueError(f"{name} must be 3-D [batch, seq, d_model] (batch first), got shape {tuple(t.shape)}; "
+                                 "add a batch axis with .unsqueeze(0) for a single sequence")
             if t.size(-1) != self.d_model:
-                raise ValueError(
-                    f"{name} has width {t.size(-1)} in its last dimension, but this module has "
-                    f"d_model={self.d_model}; project it to {self.d_model} features or build "
-                    f"MultiHeadAttention({t.size(-1)}, n_heads)"
-                )
+                raise ValueError(f"{name} has width {t.size(-1)} in its last dimension, but this module has "
+                                 f"d_model={self.d_model}; project it to {self.d_model} features or build "
+                                 f"MultiHeadAttention({t.size(-1)}, n_heads)")
             if not t.is_floating_point():
                 raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
             weight_dtype = self.qkv_proj.weight.dtype
             if t.dtype != weight_dtype and not _autocast_enabled(t.device.type):
-                raise TypeError(
-                    f"{name} is {t.dtype} but this module's weights are {weight_dtype}: convert the input "
-                    f"with .to({weight_dtype}) or the module with .to({t.dtype})"
-                )
+                raise TypeError(f"{name} is {t.dtype} but this module's weights are {weight_dtype}: convert the input "
+                                f"with .to({weight_dtype}) or the module with .to({t.dtype})")
         if key.size(1) != value.size(1):
-            raise ValueError(
-                f"key and value must have the same length (one value per key), got key length "
-                f"{key.size(1)} and value length {value.size(1)}"
-            )
+            raise ValueError(f"key and value must have the same length (one value per key), got key length "
+                             f"{key.size(1)} and value length {value.size(1)}")
         if not (query.size(0) == key.size(0) == value.size(0)):
-            raise ValueError(
-                f"query, key and value must have the same batch size, got {query.size(0)}, "
-                f"{key.size(0)} and {value.size(0)}"
-            )
+            raise ValueError(f"query, key and value must have the same batch size, got {query.size(0)}, "
+                             f"{key.size(0)} and {value.size(0)}")
 
-    # ------------------------------------------------------------ conversion
+    def _paired_with(self, m: nn.MultiheadAttention) -> list[tuple[Tensor, Tensor]]:
+        # torch stacks W_Q, W_K, W_V in the same order and layout as qkv_proj.
+        pairs = [(self.qkv_proj.weight, m.in_proj_weight), (self.out_proj.weight, m.out_proj.weight)]
+        if self.bias:
+            pairs += [(self.qkv_proj.bias, m.in_proj_bias), (self.out_proj.bias, m.out_proj.bias)]
+        return pairs
+
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadAttention":
-        """A ``MultiHeadAttention`` with the same weights as a ``torch.nn.MultiheadAttention``.
-
-        The result is batch first whatever ``m.batch_first`` was.
-        """
+        """A batch-first ``MultiHeadAttention`` with the same weights as a ``torch.nn.MultiheadAttention``."""
         if not isinstance(m, nn.MultiheadAttention):
             raise TypeError(f"from_torch expects a torch.nn.MultiheadAttention, got {type(m).__name__}")
         if not m._qkv_same_embed_dim:
@@ -413,34 +301,21 @@ class MultiHeadAttention(nn.Module):
         ours = cls(m.embed_dim, m.num_heads, bias=m.in_proj_bias is not None, dropout=m.dropout)
         ours = ours.to(device=m.in_proj_weight.device, dtype=m.in_proj_weight.dtype)
         with torch.no_grad():
-            # torch stacks W_Q, W_K, W_V in the same order and layout.
-            ours.qkv_proj.weight.copy_(m.in_proj_weight)
-            ours.out_proj.weight.copy_(m.out_proj.weight)
-            if ours.bias:
-                ours.qkv_proj.bias.copy_(m.in_proj_bias)
-                ours.out_proj.bias.copy_(m.out_proj.bias)
+            for mine, theirs in ours._paired_with(m):
+                mine.copy_(theirs)
         return ours
 
     def to_torch(self) -> nn.MultiheadAttention:
-        """A ``torch.nn.MultiheadAttention(batch_first=True)`` with the same weights.
-
-        Only for the paper's attention: torch's module has no shared K/V heads, no head size
-        other than ``d_model / n_heads`` and no rotary embedding.
-        """
+        """A ``torch.nn.MultiheadAttention(batch_first=True)`` with the same weights (paper's attention only)."""
         if not self.is_standard:
-            raise ValueError(
-                f"torch.nn.MultiheadAttention cannot hold this module ({self.extra_repr()}): it needs "
-                "n_kv_heads == n_heads, d_head == d_model / n_heads and rope_base=None"
-            )
+            raise ValueError(f"torch.nn.MultiheadAttention cannot hold this module ({self.extra_repr()}): it needs "
+                             "n_kv_heads == n_heads, d_head == d_model / n_heads and rope_base=None")
         w = self.qkv_proj.weight
         m = nn.MultiheadAttention(
             self.d_model, self.n_heads, dropout=self.dropout, bias=self.bias, batch_first=True,
             device=w.device, dtype=w.dtype,
         )
         with torch.no_grad():
-            m.in_proj_weight.copy_(w)
-            m.out_proj.weight.copy_(self.out_proj.weight)
-            if self.bias:
-                m.in_proj_bias.copy_(self.qkv_proj.bias)
-                m.out_proj.bias.copy_(self.out_proj.bias)
+            for mine, theirs in self._paired_with(m):
+                theirs.copy_(mine)
         return m

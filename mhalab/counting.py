@@ -1,25 +1,15 @@
 """The arithmetic of multi-head attention: parameters and KV cache against the head count.
 
-The formulas (no biases):
-
-    per head      W_Q, W_K, W_V: 3 * d_model * d_k
-    h heads       3 * d_model * (h * d_k) = 3 * d_model**2      (because h * d_k = d_model)
-    W_O           d_model**2
-    total         4 * d_model**2, whatever h is
-
-    KV cache      2 * h * d_k = 2 * d_model numbers per token per layer
-
-Real models break both on purpose.  Grouped-query attention (g K/V heads shared by the h
-query heads; Ainslie et al. 2023, g = 1 is Shazeer's 2019 multi-query attention) gives
-``2 * d_model * h * d_k + 2 * d_model * g * d_k`` parameters and ``2 * g * d_k`` cached
-numbers per token; a head size d_k other than ``d_model / h`` gives ``4 * d_model * h * d_k``.
-Both functions below take ``n_kv_heads`` and ``d_head`` for that.  :func:`cost_table` checks
-the formulas on real modules and real caches.
+Without biases, h heads of d_k = d_model / h have 3 * d_model * (h * d_k) = 3 * d_model² for W_Q, W_K,
+W_V plus d_model² for W_O: 4 * d_model² whatever h is, and cache 2 * h * d_k = 2 * d_model numbers per
+token per layer. Grouped-query attention (g K/V heads; Ainslie et al. 2023) and a head size other than
+d_model / h break both on purpose: both functions take ``n_kv_heads`` and ``d_head`` for that.
+:func:`cost_table` checks the formulas on real modules and real caches.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -28,14 +18,8 @@ from ._checks import check_head_count, check_head_shape, check_int
 from .attention import KVCache, MultiHeadAttention
 
 __all__ = [
-    "count_parameters",
-    "AttentionParameters",
-    "attention_parameters",
-    "KVCacheSize",
-    "kv_cache_per_token",
-    "CostRow",
-    "CostTable",
-    "cost_table",
+    "count_parameters", "AttentionParameters", "attention_parameters", "KVCacheSize", "kv_cache_per_token",
+    "CostRow", "CostTable", "cost_table",
 ]
 
 
@@ -44,19 +28,15 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
-@dataclass(frozen=True)
-class AttentionParameters:
-    """Parameter counts of one multi-head attention block, by projection."""
+class AttentionParameters(NamedTuple):
+    """Parameter counts of one multi-head attention block, by projection (each with its bias, if any)."""
 
-    d_model: int
-    n_heads: int
     d_k: int
-    n_kv_heads: int
-    per_head_qkv: int  # one head's W_Q + W_K + W_V (+ their biases)
-    q: int  # all heads' W_Q (+ b_Q)
+    per_head_qkv: int  # one head's W_Q + W_K + W_V
+    q: int  # all heads' W_Q
     k: int
     v: int
-    o: int  # W_O (+ b_O)
+    o: int  # W_O
 
     @property
     def qkv(self) -> int:
@@ -64,27 +44,25 @@ class AttentionParameters:
 
     @property
     def total(self) -> int:
-        return self.q + self.k + self.v + self.o
+        return self.qkv + self.o
 
 
 def attention_parameters(
     d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None, bias: bool = False
 ) -> AttentionParameters:
-    """The formula: h query heads and g K/V heads of ``d_model x d_k`` each, plus ``(h d_k) x d_model`` for W_O.
+    """h query heads and g K/V heads of ``d_model x d_k`` each, plus ``(h d_k) x d_model`` for W_O.
 
-    Defaults (g = h, d_k = d_model / h) give 4 d_model² whatever h is.  With ``bias=True`` each
-    projection adds its output width (``+4 d_model`` in the default case).
+    Defaults give 4 d_model² whatever h is; ``bias=True`` adds each projection's output width.
     """
     g, d_k = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
     per_head = d_model * d_k + (d_k if bias else 0)  # one head's slice of one projection
     q = n_heads * per_head  # = d_model**2 (+ d_model) when h * d_k = d_model
     k = v = g * per_head  # only the K/V heads: fewer with grouped-query attention
     o = n_heads * d_k * d_model + (d_model if bias else 0)
-    return AttentionParameters(d_model, n_heads, d_k, g, 3 * per_head, q, k, v, o)
+    return AttentionParameters(d_k, 3 * per_head, q, k, v, o)
 
 
-@dataclass(frozen=True)
-class KVCacheSize:
+class KVCacheSize(NamedTuple):
     """What the KV cache stores per token: ``elements`` numbers, ``bytes`` when a dtype was given."""
 
     elements: int
@@ -92,29 +70,19 @@ class KVCacheSize:
 
 
 def kv_cache_per_token(
-    d_model: int,
-    n_heads: int,
-    *,
-    n_kv_heads: int | None = None,
-    d_head: int | None = None,
-    n_layers: int = 1,
+    d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None, n_layers: int = 1,
     dtype: torch.dtype | None = None,
 ) -> KVCacheSize:
-    """Keys and values cached per token: ``2 * n_kv_heads * d_k * n_layers``.
-
-    That is ``2 * d_model * n_layers`` for the paper's attention (g = h, d_k = d_model / h).
-    """
+    """Keys and values cached per token: ``2 * n_kv_heads * d_k * n_layers`` (``2 * d_model * n_layers`` by default)."""
     g, d_k = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
     check_int("n_layers", n_layers, 1)
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32 or torch.bfloat16, got {dtype!r}")
     elements = 2 * g * d_k * n_layers
-    size = None if dtype is None else elements * torch.empty((), dtype=dtype).element_size()
-    return KVCacheSize(elements, size)
+    return KVCacheSize(elements, None if dtype is None else elements * torch.empty((), dtype=dtype).element_size())
 
 
-@dataclass(frozen=True)
-class CostRow:
+class CostRow(NamedTuple):
     """One head count: what a real module and a real cache hold, beside the formulas."""
 
     heads: int
@@ -126,31 +94,25 @@ class CostRow:
 
 
 class CostTable(list):
-    """A list of :class:`CostRow` that prints as the seed's table."""
+    """A list of :class:`CostRow` that prints (and shows in a notebook) as the seed's table."""
 
     def __init__(self, rows, d_model: int, bias: bool):
         super().__init__(rows)
         self.d_model, self.bias = d_model, bias
 
-    def __str__(self) -> str:
-        head = f"d_model = {self.d_model}" + (" (with biases)" if self.bias else "")
-        cols = ("heads", "d_k", "Q, K, V, O parameters", "KV cache per token per layer")
-        lines = [head, f"{cols[0]:>5}  {cols[1]:>4}  {cols[2]:>21}  {cols[3]:>28}"]
-        for r in self:
-            lines.append(f"{r.heads:>5}  {r.d_k:>4}  {r.parameters:>21,}  {r.kv_cache:>28,}")
+    def __repr__(self) -> str:
+        lines = [f"d_model = {self.d_model}" + (" (with biases)" if self.bias else ""),
+                 f"{'heads':>5}  {'d_k':>4}  {'Q, K, V, O parameters':>21}  {'KV cache per token per layer':>28}"]
+        lines += [f"{r.heads:>5}  {r.d_k:>4}  {r.parameters:>21,}  {r.kv_cache:>28,}" for r in self]
         return "\n".join(lines)
 
-    def __repr__(self) -> str:  # notebooks show repr: make it the table
-        return str(self)
+    __str__ = __repr__
 
 
 @torch.no_grad()
 def cost_table(d_model: int = 512, heads=(1, 8, 32, 64), *, bias: bool = False, decode_tokens: int = 3) -> CostTable:
-    """Build a real ``MultiHeadAttention`` for every head count, count its parameters, decode
-    ``decode_tokens`` tokens through a real :class:`KVCache` and measure what it stores per token.
-
-    Raises if a measured value disagrees with its formula.
-    """
+    """For each head count, count a real ``MultiHeadAttention``'s parameters and what a real
+    :class:`KVCache` stores per token after ``decode_tokens`` steps; raises if a formula disagrees."""
     if isinstance(heads, int) or not all(isinstance(h, int) for h in heads):
         raise TypeError(f"heads must be a sequence of head counts such as (1, 8, 32, 64), got {heads!r}")
     if len(heads) == 0:
@@ -165,14 +127,8 @@ def cost_table(d_model: int = 512, heads=(1, 8, 32, 64), *, bias: bool = False, 
         tokens = torch.randn(1, decode_tokens, d_model, generator=generator)
         for t in range(decode_tokens):
             module(tokens[:, t : t + 1], kv_cache=cache, is_causal=True)
-        row = CostRow(
-            heads=h,
-            d_k=d_k,
-            parameters=count_parameters(module),
-            parameters_formula=attention_parameters(d_model, h, bias=bias).total,
-            kv_cache=cache.values_per_token,
-            kv_cache_formula=kv_cache_per_token(d_model, h).elements,
-        )
+        row = CostRow(h, d_k, count_parameters(module), attention_parameters(d_model, h, bias=bias).total,
+                      cache.values_per_token, kv_cache_per_token(d_model, h).elements)
         if row.parameters != row.parameters_formula or row.kv_cache != row.kv_cache_formula:
             raise AssertionError(f"measured and formula disagree: {row}")
         rows.append(row)

@@ -1,21 +1,16 @@
 """One way to look inside any model: named activations, read with a cache or changed by hooks.
 
-Every :class:`~mhalab.attention.MultiHeadAttention` holds two :class:`~mhalab.attention.HookPoint`
-modules, so in any model (toy or pretrained) its activations have names from their place::
+Every :class:`~mhalab.attention.MultiHeadAttention` holds two hook points, named by its place::
 
     blocks.0.attn.pattern   attention weights      [batch, head, query, key]
     blocks.0.attn.z         each head's output     [batch, query, head, d_head]  (before W_O)
 
-(an encoder-decoder has ``encoder.0.attn``, ``decoder.0.self_attn`` and ``decoder.0.cross_attn``).  Two calls cover everything::
+(an encoder-decoder has ``encoder.0.attn``, ``decoder.0.self_attn`` and ``decoder.0.cross_attn``)::
 
-    logits, cache = run_with_cache(model, tokens, names="*.pattern")
-    cache["blocks.0.attn.pattern"]                       # [B, H, L, S]
-
+    logits, cache = run_with_cache(model, tokens, names="*.pattern")   # cache["blocks.0.attn.pattern"]
     logits = run_with_hooks(model, tokens, hooks=[("blocks.1.attn.z", ablate_heads([3]))])
 
-A hook is a function ``hook(activation, name)``; it may return a replacement (same shape), or
-None to leave the activation as it is.  The pattern is computed on the explicit path only while
-a hook or a cache asks for it; otherwise the fused kernel runs.
+A hook ``hook(activation, name)`` returns a replacement of the same shape, or None to keep it.
 """
 
 from __future__ import annotations
@@ -30,14 +25,8 @@ from torch import Tensor, nn
 from .attention import HookPoint, MultiHeadAttention
 
 __all__ = [
-    "Hook",
-    "hook_points",
-    "attention_modules",
-    "hooks_attached",
-    "run_with_hooks",
-    "run_with_cache",
-    "ablate_heads",
-    "gate_heads",
+    "Hook", "hook_points", "attention_modules", "hooks_attached", "run_with_hooks", "run_with_cache",
+    "ablate_heads", "gate_heads",
 ]
 
 Hook = Callable[[Tensor, str], Union[Tensor, None]]
@@ -57,16 +46,14 @@ def attention_modules(model: nn.Module) -> dict[str, MultiHeadAttention]:
     return found
 
 
-def _select(model: nn.Module, names: Names, points: dict[str, HookPoint] | None = None) -> list[str]:
+def _select(model: nn.Module, names: Names, available: list[str]) -> list[str]:
     """The hook-point names that ``names`` picks: None = all; a name or glob; a list of them; a predicate."""
-    available = list(hook_points(model) if points is None else points)
     if names is None:
         return available
     if callable(names):
         return [n for n in available if names(n)]
-    patterns = [names] if isinstance(names, str) else list(names)
     chosen: list[str] = []
-    for pattern in patterns:
+    for pattern in [names] if isinstance(names, str) else names:
         if not isinstance(pattern, str):
             raise TypeError(f"a hook-point name must be a str such as 'blocks.0.attn.pattern', got {pattern!r}")
         matched = fnmatch.filter(available, pattern)
@@ -89,16 +76,16 @@ def hooks_attached(model: nn.Module, hooks: Iterable[tuple[Any, Hook]]) -> Itera
         for names, hook in hooks:
             if not callable(hook):
                 raise TypeError(f"a hook must be a function hook(activation, name), got {type(hook).__name__}")
-            for name in _select(model, names, points):
-                handles.append(points[name].register_forward_hook(_wrap(hook, name)))
+            for name in _select(model, names, list(points)):
+                handles.append(points[name].register_forward_hook(_forward_hook(hook, name)))
         yield
     finally:
         for handle in handles:
             handle.remove()
 
 
-def _wrap(hook: Hook, name: str):
-    def forward_hook(module: nn.Module, inputs: tuple, output: Tensor):
+def _forward_hook(hook: Hook, name: str) -> Callable:
+    def forward_hook(module: nn.Module, inputs: tuple, output: Tensor) -> Tensor | None:
         replaced = hook(output, name)
         if replaced is not None and replaced.shape != output.shape:
             raise ValueError(f"the hook on {name} returned shape {tuple(replaced.shape)}, expected {tuple(output.shape)}")
@@ -118,28 +105,25 @@ def run_with_cache(
 ) -> tuple[Any, dict[str, Tensor]]:
     """``model(*args, **kwargs)`` and a dict of the activations ``names`` picks (all by default).
 
-    Runs without gradients and leaves the model's train/eval mode as it is (call ``model.eval()``
-    first to see it without dropout).  Extra ``hooks`` run too, before their point is cached, so
-    the cache shows what the model used.
+    No gradients; the model's train/eval mode is left as it is. Extra ``hooks`` run before their
+    point is cached, so the cache shows what the model used.
     """
     cache: dict[str, Tensor] = {}
 
     def store(activation: Tensor, name: str) -> None:
         cache[name] = activation.detach()
 
-    chosen = _select(model, names)
+    chosen = _select(model, names, list(hook_points(model)))
     with torch.no_grad(), hooks_attached(model, [*hooks, (chosen, store)]):
         output = model(*args, **kwargs)
     return output, {name: cache[name] for name in chosen if name in cache}
 
 
 def ablate_heads(heads: Sequence[int], means: Tensor | None = None) -> Hook:
-    """A hook for a ``z`` point that switches heads ``heads`` off.
+    """A hook for a ``z`` point ``[B, L, H, dk]`` that makes heads ``heads`` output zero, or ``means``.
 
-    Without ``means`` they output zero (so their slice of W_O adds nothing); with ``means``
-    (``[H, d_head]``, or ``[L, H, d_head]`` for one mean per query position: e.g. each head's mean
-    output over a reference batch) they output that instead: mean ablation, which removes what a
-    head says about *this* input but not its average contribution.
+    ``means`` is ``[H, d_head]`` or ``[L, H, d_head]`` (e.g. each head's mean output over a reference
+    batch): mean ablation removes what a head says about *this* input, not its average contribution.
     """
     index = torch.as_tensor(heads, dtype=torch.long).flatten()
 
@@ -159,18 +143,15 @@ def ablate_heads(heads: Sequence[int], means: Tensor | None = None) -> Hook:
 
 
 def gate_heads(gates: Tensor) -> Hook:
-    """A hook for a ``z`` point that multiplies each head's output by its gate.
+    """A hook for a ``z`` point that multiplies each head's output by its gate, ``gates [H]`` or ``[B, H]``.
 
-    ``gates`` is ``[H]`` (one gate per head) or ``[B, H]`` (per example).  A gate of 0 switches a
-    head off, 1 leaves it alone; a gate that requires grad gives ``dL/d gate`` per head, which is
-    Michel et al.'s (2019) head importance (:func:`mhalab.ablation.head_importance`).
+    A gate that requires grad gives ``dL/d gate``: Michel et al.'s (2019) head importance.
     """
 
     def hook(z: Tensor, name: str) -> Tensor:  # z: [B, L, H, dk]
         B, _, H, _ = z.shape
         if gates.shape not in ((H,), (B, H)):
             raise ValueError(f"gates for {name} must be [n_heads] = [{H}] or [batch, n_heads] = [{B}, {H}], got {tuple(gates.shape)}")
-        g = gates.view(-1, 1, H, 1).to(device=z.device, dtype=z.dtype)  # [1 or B, 1, H, 1]
-        return z * g
+        return z * gates.view(-1, 1, H, 1).to(device=z.device, dtype=z.dtype)  # gates as [1 or B, 1, H, 1]
 
     return hook

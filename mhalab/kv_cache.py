@@ -5,15 +5,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "cached_length"]
 
 
 class KVCache:
-    """The keys and values one attention layer has already computed, for token-by-token decoding.
+    """One attention layer's keys and values so far, ``k``/``v`` ``[B, G, T, dk]`` (only the K/V heads).
 
-    ``k`` and ``v`` are ``[B, G, T, dk]`` after ``T`` tokens: only the K/V heads are
-    stored (G = H for multi-head attention, fewer with grouped-query attention).  Pass the
-    same cache to every decoding step of one layer; a model keeps one per layer.
+    Pass the same cache to every decoding step of one layer; a model keeps one per layer.
     """
 
     def __init__(self) -> None:
@@ -27,15 +25,14 @@ class KVCache:
         """Add ``[B, G, T_new, dk]`` keys and values; return all of them so far."""
         if self.k is None:
             self.k, self.v = k, v
-        else:
-            if k.shape[:2] != self.k.shape[:2] or k.size(-1) != self.k.size(-1):
-                raise ValueError(
-                    f"cannot append keys of shape {tuple(k.shape)} to a cache holding "
-                    f"{tuple(self.k.shape)}: batch, heads and d_k must match (use a fresh KVCache "
-                    "for a new batch or another layer)"
-                )
-            self.k = torch.cat([self.k, k], dim=-2)  # [B, G, T + T_new, dk]
-            self.v = torch.cat([self.v, v], dim=-2)
+            return k, v
+        if k.shape[:2] != self.k.shape[:2] or k.size(-1) != self.k.size(-1):
+            raise ValueError(
+                f"cannot append keys of shape {tuple(k.shape)} to a cache holding {tuple(self.k.shape)}: "
+                "batch, heads and d_k must match (use a fresh KVCache for a new batch or another layer)"
+            )
+        self.k = torch.cat([self.k, k], dim=-2)  # [B, G, T + T_new, dk]
+        self.v = torch.cat([self.v, v], dim=-2)
         return self.k, self.v
 
     def reset(self) -> None:
@@ -46,10 +43,18 @@ class KVCache:
         """Numbers stored per token (per sequence in the batch): keys plus values, all K/V heads."""
         if self.k is None:
             raise ValueError("the cache is empty: decode at least one token before reading its size")
-        batch, tokens = self.k.size(0), self.k.size(-2)
-        return (self.k.numel() + self.v.numel()) // (batch * tokens)
+        return (self.k.numel() + self.v.numel()) // (self.k.size(0) * self.k.size(-2))
 
     @property
     def bytes_per_token(self) -> int:
         """Bytes stored per token (per sequence in the batch)."""
         return self.values_per_token * self.k.element_size()
+
+
+def cached_length(kv_caches: list[KVCache] | None, n_layers: int) -> int:
+    """How many tokens the per-layer caches already hold (0 without caches); checks there is one per layer."""
+    if kv_caches is None:
+        return 0
+    if len(kv_caches) != n_layers:
+        raise ValueError(f"pass one KVCache per layer: expected {n_layers}, got {len(kv_caches)}")
+    return len(kv_caches[0])

@@ -1,32 +1,20 @@
 """Small transformers built from :class:`mhalab.MultiHeadAttention`, sized for a laptop CPU.
 
-Two models share the same parts:
+:class:`Transformer` is encoder-only (``causal=False``) or decoder-only (``causal=True``): embedding +
+positions, pre-norm blocks (attention, then an MLP, each added to the residual stream), a final
+LayerNorm and an output head. :class:`EncoderDecoder` is the original transformer's shape: a causal
+decoder that cross-attends to the encoder's output in every layer.
 
-* :class:`Transformer`: encoder-only (``causal=False``, every position sees every other)
-  or decoder-only (``causal=True``, GPT-style).  Token embedding + positions, a stack of
-  pre-norm blocks (attention, then an MLP, each added back to the residual stream), a
-  final LayerNorm and an output head that makes ``n_targets`` predictions per position.
-* :class:`EncoderDecoder`: the original transformer's shape.  An encoder reads the
-  source; a causal decoder reads the target so far and, in every layer, attends to the
-  encoder's output through cross-attention.
-
-Shapes use these names:
-
-    B  batch        T  (target) sequence length     S  source length
-    D  d_model      H  heads                         V  vocab size      N  n_layers
-
-To look inside, use :mod:`mhalab.hooks`: every attention layer's weights and per-head outputs are
-named by the layer's place, ``blocks.{i}.attn`` in a :class:`Transformer`; ``encoder.{i}.attn``,
-``decoder.{i}.self_attn`` and ``decoder.{i}.cross_attn`` in an :class:`EncoderDecoder`::
-
-    logits, cache = run_with_cache(model, tokens, names="*.pattern")   # cache["blocks.0.attn.pattern"]: [B, H, T, T]
+Shapes: B batch, T (target) length, S source length, D d_model, H heads, V vocab size. Hook points are
+named by place: ``blocks.{i}.attn`` in a :class:`Transformer`; ``encoder.{i}.attn``,
+``decoder.{i}.self_attn`` and ``decoder.{i}.cross_attn`` in an :class:`EncoderDecoder` (see :mod:`mhalab.hooks`).
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -34,16 +22,12 @@ from torch import Tensor, nn
 
 from ._checks import check_head_count, check_int
 from .attention import KVCache, MultiHeadAttention
+from .kv_cache import cached_length
 from .positions import sinusoidal_positions
 
 __all__ = [
-    "ModelConfig",
-    "Block",
-    "DecoderBlock",
-    "Transformer",
-    "EncoderDecoder",
-    "eval_mode",
-    "batch_logits",
+    "ModelConfig", "MLP", "Block", "DecoderBlock", "Transformer", "EncoderDecoder",
+    "eval_mode", "batch_logits", "generate_tokens",
 ]
 
 _POSITIONS = ("learned", "sinusoidal")
@@ -54,35 +38,20 @@ _POSITIONS = ("learned", "sinusoidal")
 class ModelConfig:
     """Every size of a model in one place; invalid combinations fail here, before any training.
 
-    Frozen: change a field with ``dataclasses.replace(config, n_heads=8)``, which checks the
-    new combination again.
-
-    Attributes:
-        vocab_size: number of distinct tokens (input and output).
-        d_model: width of the residual stream.
-        n_heads: attention heads per layer; must divide ``d_model`` (d_k = d_model / n_heads).
-        n_layers: blocks in the stack (for :class:`EncoderDecoder`: in each of encoder and decoder).
-        d_ff: hidden width of each MLP; None means ``4 * d_model`` (filled in at construction).
-        max_len: longest sequence the position table covers.
-        dropout: dropout on embeddings, attention weights and residual branches.
-        causal: decoder-only (each position sees only itself and earlier ones) if True.
-            :class:`EncoderDecoder` ignores it: its encoder is bidirectional, its decoder causal.
-        positions: ``"learned"`` (a trained table) or ``"sinusoidal"`` (fixed, as in the 2017 paper).
-        n_targets: predictions per position; logits are ``[B, T, V]`` when 1, else ``[B, T, n_targets, V]``.
-        bias: biases in the attention projections.
+    Frozen: change a field with ``dataclasses.replace(config, n_heads=8)``, which checks again.
     """
 
-    vocab_size: int
-    d_model: int = 64
-    n_heads: int = 4
-    n_layers: int = 2
-    d_ff: int | None = None
-    max_len: int = 64
-    dropout: float = 0.0
-    causal: bool = False
-    positions: str = "learned"
-    n_targets: int = 1
-    bias: bool = True
+    vocab_size: int  # distinct tokens (input and output)
+    d_model: int = 64  # width of the residual stream
+    n_heads: int = 4  # must divide d_model
+    n_layers: int = 2  # blocks (EncoderDecoder: in each of encoder and decoder)
+    d_ff: int | None = None  # MLP width; None: 4 * d_model
+    max_len: int = 64  # longest sequence the position table covers
+    dropout: float = 0.0  # on embeddings, attention weights and residual branches
+    causal: bool = False  # decoder-only; EncoderDecoder ignores it
+    positions: str = "learned"  # or "sinusoidal" (fixed, as in the 2017 paper)
+    n_targets: int = 1  # predictions per position: logits [B, T, V], or [B, T, n_targets, V]
+    bias: bool = True  # biases in the attention projections
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layers", "max_len", "n_targets"):
@@ -107,29 +76,18 @@ class ModelConfig:
 
     @classmethod
     def for_task(cls, task: Any, **overrides: Any) -> "ModelConfig":
-        """A config whose vocab, length, causality and number of targets match ``task``.
-
-        ``overrides`` set any other field (``d_model=64, n_heads=8``) or replace a task-derived one.
-        """
+        """A config whose vocab, length, causality and targets match ``task``; ``overrides`` set any field."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise TypeError(f"unknown ModelConfig field(s) {unknown}; the fields are {sorted(known)}")
-        derived = dict(
-            vocab_size=task.vocab_size,
-            max_len=task.seq_len,
-            causal=bool(task.causal),
-            n_targets=getattr(task, "n_targets", 1),
-        )
+        derived = dict(vocab_size=task.vocab_size, max_len=task.seq_len, causal=bool(task.causal),
+                       n_targets=getattr(task, "n_targets", 1))
         return cls(**{**derived, **overrides})
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain Python values only (what a checkpoint stores)."""
+        """Plain Python values only (what a checkpoint stores; ``ModelConfig(**d)`` reads it back)."""
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
-        return cls(**values)
 
 
 # ---------------------------------------------------------------------------- running
@@ -145,8 +103,7 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def batch_logits(model: nn.Module, batch: Any) -> Tensor:
-    """Logits for a task ``Batch`` (through ``model.forward_batch`` when the model has one, else
-    ``model(batch.inputs)``) or for a ``[B, T]`` tensor of token ids."""
+    """Logits for a ``[B, T]`` tensor of ids or a task ``Batch`` (via ``model.forward_batch`` if it has one)."""
     if isinstance(batch, Tensor):
         return model(batch)
     if not isinstance(getattr(batch, "inputs", None), Tensor):
@@ -155,8 +112,23 @@ def batch_logits(model: nn.Module, batch: Any) -> Tensor:
     return forward_batch(batch) if forward_batch is not None else model(batch.inputs)
 
 
-def _dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    return F.dropout(x, p, training) if p > 0 else x
+@torch.no_grad()
+def generate_tokens(
+    step: Callable[[Tensor], Tensor], prompt: Tensor, new_tokens: int, *, cached: bool = True
+) -> Tensor:
+    """Greedy decoding: ``prompt [B, T0]`` -> ``[B, T0 + new_tokens]``.
+
+    ``step(ids)`` returns logits ``[B, t, V]``; with ``cached`` it is fed only the newest token (the
+    model keeps the others' keys and values in its KV caches), else the whole sequence so far.
+    """
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 0:
+        raise ValueError(f"new_tokens must be an int >= 0, got {new_tokens!r}")
+    tokens = step_input = prompt
+    for _ in range(new_tokens):
+        next_token = step(step_input)[:, -1].argmax(-1, keepdim=True)  # [B, 1]: the most likely next token
+        tokens = torch.cat([tokens, next_token], dim=1)  # [B, t + 1]
+        step_input = next_token if cached else tokens
+    return tokens
 
 
 # ---------------------------------------------------------------------------- parts
@@ -170,15 +142,11 @@ class MLP(nn.Module):
         self.dropout = dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        return _dropout(self.fc_out(F.gelu(self.fc_in(x))), self.dropout, self.training)
+        return F.dropout(self.fc_out(F.gelu(self.fc_in(x))), self.dropout, self.training)
 
 
 class Block(nn.Module):
-    """One pre-norm transformer block: ``x + attn(LN(x))``, then ``x + mlp(LN(x))``.
-
-    Pre-norm (LayerNorm before each branch, as in GPT-2) trains stably without a careful
-    warm-up; the residual stream itself is never normalised until the final LayerNorm.
-    """
+    """One pre-norm block (GPT-2): ``x + attn(LN(x))``, then ``x + mlp(LN(x))``; stable without warm-up."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -193,7 +161,7 @@ class Block(nn.Module):
     ) -> Tensor:
         """``x`` ``[B, T, D]`` -> ``[B, T, D]``."""
         attended, _ = self.attn(self.ln_attn(x), is_causal=causal, key_padding_mask=key_padding_mask, kv_cache=kv_cache)
-        x = x + _dropout(attended, self.dropout, self.training)
+        x = x + F.dropout(attended, self.dropout, self.training)
         return x + self.mlp(self.ln_mlp(x))
 
 
@@ -216,10 +184,10 @@ class DecoderBlock(nn.Module):
     ) -> Tensor:
         """``x`` ``[B, T, D]`` and the encoder's output ``memory`` ``[B, S, D]`` -> ``[B, T, D]``."""
         attended, _ = self.self_attn(self.ln_self(x), is_causal=True, kv_cache=kv_cache)
-        x = x + _dropout(attended, self.dropout, self.training)
+        x = x + F.dropout(attended, self.dropout, self.training)
         # Queries come from the decoder, keys and values from the encoder's output.
         attended, _ = self.cross_attn(self.ln_cross(x), memory, memory, key_padding_mask=memory_padding_mask)
-        x = x + _dropout(attended, self.dropout, self.training)
+        x = x + F.dropout(attended, self.dropout, self.training)
         return x + self.mlp(self.ln_mlp(x))
 
 
@@ -248,13 +216,11 @@ class _Embedding(nn.Module):
             raise TypeError(f"tokens must hold integer token ids, got dtype {tokens.dtype}")
         T = tokens.size(1)
         if offset + T > self.max_len:
-            raise ValueError(
-                f"sequence of length {offset + T} is longer than max_len={self.max_len}; "
-                f"build the model with ModelConfig(max_len>={offset + T})"
-            )
+            raise ValueError(f"sequence of length {offset + T} is longer than max_len={self.max_len}; "
+                             f"build the model with ModelConfig(max_len>={offset + T})")
         table = self.positions.weight if self.learned else self.positions_table  # [max_len, D]
         x = self.tokens(tokens) + table[offset : offset + T]  # [B, T, D] + [T, D] broadcasts over the batch
-        return _dropout(x, self.dropout, self.training)
+        return F.dropout(x, self.dropout, self.training)
 
 
 def _output_logits(head: nn.Linear, x: Tensor, config: ModelConfig) -> Tensor:
@@ -273,22 +239,11 @@ def _check_config(config: Any) -> ModelConfig:
     return config
 
 
-def _cache_offset(kv_caches: list[KVCache] | None, n_layers: int) -> int:
-    """How many tokens the per-layer caches already hold (0 without caches)."""
-    if kv_caches is None:
-        return 0
-    if len(kv_caches) != n_layers:
-        raise ValueError(f"pass one KVCache per layer: expected {n_layers}, got {len(kv_caches)}")
-    return len(kv_caches[0])
-
-
 # ---------------------------------------------------------------------------- models
 class Transformer(nn.Module):
     """Encoder-only (``config.causal=False``) or decoder-only (``config.causal=True``) transformer.
 
-    ``forward(tokens [B, T])`` returns logits ``[B, T, V]`` (or ``[B, T, n_targets, V]``).
-    ``blocks[i].attn`` is layer i's :class:`mhalab.MultiHeadAttention` (hook points
-    ``blocks.{i}.attn.pattern`` and ``blocks.{i}.attn.z``).
+    ``forward(tokens [B, T])`` -> logits ``[B, T, V]``; ``blocks[i].attn`` is layer i's attention.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -302,77 +257,37 @@ class Transformer(nn.Module):
     def forward(
         self, tokens: Tensor, *, key_padding_mask: Tensor | None = None, kv_caches: list[KVCache] | None = None
     ) -> Tensor:
-        """Logits ``[B, T, V]`` (``[B, T, n_targets, V]`` if ``n_targets > 1``) for ``tokens`` ``[B, T]``.
+        """Logits ``[B, T, V]`` (or ``[B, T, n_targets, V]``) for ``tokens [B, T]``.
 
-        ``key_padding_mask`` ``[B, T]`` is True where a token is padding that no one should attend to.
-        ``kv_caches`` (causal models only) holds one :class:`KVCache` per layer for incremental
-        decoding: ``tokens`` are then the *new* tokens, placed after the cached ones.
+        ``key_padding_mask [B, T]``: True = padding. ``kv_caches`` (causal models): one :class:`KVCache`
+        per layer; ``tokens`` are then the *new* tokens, after the cached ones.
         """
         if kv_caches is not None and not self.config.causal:
             raise ValueError("kv_caches are for decoder-only models (ModelConfig(causal=True)): "
                              "a bidirectional model must re-read the whole sequence")
-        x = self.embed(tokens, _cache_offset(kv_caches, len(self.blocks)))  # [B, T, D]
+        x = self.embed(tokens, cached_length(kv_caches, len(self.blocks)))  # [B, T, D]
         for i, block in enumerate(self.blocks):
             cache = None if kv_caches is None else kv_caches[i]
             x = block(x, causal=self.config.causal, key_padding_mask=key_padding_mask, kv_cache=cache)
         return _output_logits(self.head, self.ln_final(x), self.config)
 
-    def forward_batch(self, batch: Any) -> Tensor:
-        """Logits for a task's :class:`~mhalab.tasks.Batch` (what :func:`mhalab.train.train` calls)."""
-        return self(batch.inputs)
-
-    def new_kv_caches(self) -> list[KVCache]:
-        """One empty :class:`KVCache` per layer, for :meth:`forward` with ``kv_caches``."""
-        return [KVCache() for _ in self.blocks]
-
-    @torch.no_grad()
-    def generate(
-        self,
-        prompt: Tensor,
-        new_tokens: int,
-        *,
-        temperature: float = 0.0,
-        generator: torch.Generator | None = None,
-    ) -> Tensor:
-        """Continue ``prompt`` ``[B, T0]`` by ``new_tokens`` tokens with a KV cache; returns ``[B, T0 + new]``.
-
-        ``temperature=0`` takes the most likely token (greedy); otherwise samples from
-        ``softmax(logits / temperature)`` with ``generator``.  Each step feeds only the newest
-        token: the keys and values of earlier ones come from the per-layer caches.
-        """
+    def generate(self, prompt: Tensor, new_tokens: int) -> Tensor:
+        """Greedy continuation of ``prompt [B, T0]`` with KV caches: ``[B, T0 + new_tokens]``."""
         if not self.config.causal:
             raise ValueError("generate needs a decoder-only model: ModelConfig(causal=True)")
         if self.config.n_targets != 1:
             raise ValueError("generate needs one prediction per position (n_targets=1)")
-        if new_tokens < 0:
-            raise ValueError(f"new_tokens must be >= 0, got {new_tokens}")
         with eval_mode(self):
-            caches = self.new_kv_caches()
-            out = prompt
-            logits = self(prompt, kv_caches=caches)[:, -1]  # [B, V]: prediction after the prompt
-            for i in range(new_tokens):
-                if temperature > 0:
-                    probs = (logits.float() / temperature).softmax(-1)
-                    nxt = torch.multinomial(probs, 1, generator=generator)  # [B, 1]
-                else:
-                    nxt = logits.argmax(-1, keepdim=True)  # [B, 1]
-                out = torch.cat([out, nxt], dim=1)  # [B, T + 1]
-                if i + 1 < new_tokens:
-                    logits = self(nxt, kv_caches=caches)[:, -1]  # [B, V]
-        return out
+            caches = [KVCache() for _ in self.blocks]
+            return generate_tokens(lambda ids: self(ids, kv_caches=caches), prompt, new_tokens)
 
 
 class EncoderDecoder(nn.Module):
-    """Encoder-decoder transformer (for sequence-to-sequence tasks such as copying or reversing).
+    """Encoder-decoder transformer for sequence-to-sequence tasks; source and target share one vocabulary.
 
-    The encoder reads the source ``src [B, S]`` with bidirectional self-attention; the
-    decoder reads the target so far ``tgt [B, T]`` with causal self-attention and, in every
-    layer, cross-attends from its positions (queries) to the encoder's output (keys/values).
-    Source and target share one token embedding and vocabulary; ``config.n_layers`` is the
-    depth of each stack and ``config.causal`` is not used.
-
-    Hook points: ``encoder.{i}.attn`` (``[B, H, S, S]`` patterns), ``decoder.{i}.self_attn``
-    (``[B, H, T, T]``) and ``decoder.{i}.cross_attn`` (``[B, H, T, S]``), each with ``.pattern`` and ``.z``.
+    The encoder reads ``src [B, S]`` bidirectionally; the decoder reads ``tgt [B, T]`` causally and
+    cross-attends to the encoder's output. Hook points: ``encoder.{i}.attn`` (``[B, H, S, S]``),
+    ``decoder.{i}.self_attn`` (``[B, H, T, T]``) and ``decoder.{i}.cross_attn`` (``[B, H, T, S]``).
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -401,18 +316,14 @@ class EncoderDecoder(nn.Module):
         kv_caches: list[KVCache] | None = None,
     ) -> Tensor:
         """``tgt [B, T]`` and ``memory [B, S, D]`` -> logits ``[B, T, V]``."""
-        x = self.embed(tgt, _cache_offset(kv_caches, len(self.decoder)))  # [B, T, D]
+        x = self.embed(tgt, cached_length(kv_caches, len(self.decoder)))  # [B, T, D]
         for i, block in enumerate(self.decoder):
             cache = None if kv_caches is None else kv_caches[i]
             x = block(x, memory, memory_padding_mask=src_padding_mask, kv_cache=cache)
         return _output_logits(self.head, self.ln_final(x), self.config)
 
     def forward(self, src: Tensor, tgt: Tensor, *, src_padding_mask: Tensor | None = None) -> Tensor:
-        """Teacher-forced logits: ``src [B, S]``, ``tgt [B, T]`` -> ``[B, T, V]``.
-
-        Position t of the output predicts the target token after ``tgt[:, :t+1]``; feed the
-        target shifted right (starting with a BOS token).
-        """
+        """Teacher-forced logits ``[B, T, V]`` for ``src [B, S]`` and the target shifted right ``tgt [B, T]``."""
         memory = self.encode(src, src_padding_mask=src_padding_mask)
         return self.decode(tgt, memory, src_padding_mask=src_padding_mask)
 
@@ -420,26 +331,15 @@ class EncoderDecoder(nn.Module):
         """Logits for a batch with ``inputs`` (source) and ``decoder_inputs`` (target shifted right)."""
         decoder_inputs = getattr(batch, "decoder_inputs", None)
         if decoder_inputs is None:
-            raise ValueError(
-                "EncoderDecoder trains on batches that carry decoder_inputs (the target sequence shifted "
-                "right, starting with BOS) next to inputs (the source); this task's batches have none"
-            )
+            raise ValueError("EncoderDecoder trains on batches that carry decoder_inputs (the target sequence shifted "
+                             "right, starting with BOS) next to inputs (the source); this task's batches have none")
         return self(batch.inputs, decoder_inputs)
 
     @torch.no_grad()
     def generate(self, src: Tensor, new_tokens: int, *, bos_id: int) -> Tensor:
-        """Greedy decoding: ``src [B, S]`` -> ``[B, 1 + new_tokens]`` starting with ``bos_id``.
-
-        The source is encoded once; the decoder feeds one token per step, its self-attention
-        keys and values kept in per-layer KV caches.
-        """
+        """Greedy decoding: ``src [B, S]`` -> ``[B, 1 + new_tokens]`` starting with ``bos_id``; encodes once."""
         with eval_mode(self):
             memory = self.encode(src)  # [B, S, D]
             caches = [KVCache() for _ in self.decoder]
-            out = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)  # [B, 1]
-            nxt = out
-            for _ in range(new_tokens):
-                logits = self.decode(nxt, memory, kv_caches=caches)[:, -1]  # [B, V]
-                nxt = logits.argmax(-1, keepdim=True)  # [B, 1]
-                out = torch.cat([out, nxt], dim=1)  # [B, T + 1]
-        return out
+            bos = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)  # [B, 1]
+            return generate_tokens(lambda ids: self.decode(ids, memory, kv_caches=caches), bos, new_tokens)

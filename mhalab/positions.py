@@ -14,11 +14,9 @@ __all__ = ["apply_rotary", "sinusoidal_positions"]
 def apply_rotary(x: Tensor, positions: Tensor, base: float) -> Tensor:
     """Rotary position embedding (Su et al. 2021) on ``x [..., T, dk]`` at ``positions [T]``.
 
-    Each adjacent pair of features ``(2i, 2i+1)`` is rotated by the angle
-    ``position * base ** (-2i / dk)``: the dot product of a rotated query and key then
-    depends on their positions only through their distance.  (Llama's Hugging Face
-    checkpoints rotate the two halves ``(i, i + dk/2)`` instead; GGUF files store Q and K
-    rows permuted so that adjacent pairs are right, which is the convention here.)
+    Each adjacent pair of features ``(2i, 2i+1)`` turns by ``position * base ** (-2i / dk)``, so a
+    query-key dot product depends only on their distance. (Hugging Face's Llama rotates halves
+    ``(i, i + dk/2)``; GGUF files store Q and K rows permuted for adjacent pairs, as here.)
     """
     dk = x.size(-1)
     inv_freq = base ** (-torch.arange(0, dk, 2, device=x.device, dtype=torch.float32) / dk)  # [dk/2]
@@ -30,11 +28,7 @@ def apply_rotary(x: Tensor, positions: Tensor, base: float) -> Tensor:
 
 
 def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
-    """The fixed position table of "Attention Is All You Need", ``[max_len, d_model]``.
-
-    Even features are ``sin(pos / 10000^(2i/d))``, odd ones ``cos(...)``: each pair of
-    features is a clock at its own frequency, so a fixed offset is a fixed rotation.
-    """
+    """The fixed table of "Attention Is All You Need", ``[max_len, d_model]``: sin on even, cos on odd features."""
     position = torch.arange(max_len, dtype=torch.float32)[:, None]  # [max_len, 1]
     rate = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))  # [ceil(D/2)]
     table = torch.zeros(max_len, d_model)

@@ -254,7 +254,7 @@ def test_config_is_checked_after_construction_too():
 def test_config_defaults_and_round_trip():
     cfg = ModelConfig(vocab_size=10, d_model=32, n_heads=8)
     assert cfg.d_ff == 128 and cfg.d_k == 4
-    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    assert ModelConfig(**cfg.to_dict()) == cfg
     assert all(isinstance(v, (int, float, str, bool)) for v in cfg.to_dict().values())
 
 

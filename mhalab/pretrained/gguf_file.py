@@ -1,10 +1,9 @@
 """Read a llama.cpp GGUF file: its settings, its tokenizer tables and its tensors, dequantized to float32.
 
-GGUF stores every matrix as ``[out, in]`` rows once dequantized (torch's ``nn.Linear`` layout), and
-llama.cpp's converter stores the W_Q and W_K rows of each head *permuted* so that rotary position
-embeddings rotate adjacent pairs of features (0, 1), (2, 3), ... instead of Hugging Face's halves
-(i, i + d_head/2). :class:`mhalab.MultiHeadAttention` rotates adjacent pairs, so the rows are used
-exactly as stored.
+Matrices are ``[out, in]`` (``nn.Linear``'s layout). llama.cpp's converter stores each head's W_Q and
+W_K rows *permuted* so that rotary embedding rotates adjacent pairs (0, 1), (2, 3), ... instead of Hugging
+Face's halves (i, i + d_head/2); :class:`mhalab.MultiHeadAttention` rotates adjacent pairs, so the rows
+are used exactly as stored.
 """
 
 from __future__ import annotations
@@ -39,14 +38,8 @@ def read_gguf(path: str | Path, *, tensors: bool = True) -> GGUFContents:
     except ImportError as error:
         raise ModuleNotFoundError(f"reading a GGUF file needs the gguf package: {INSTALL_HINT}") from error
     reader = gguf.GGUFReader(str(path))
-    metadata = {}
-    for key, value in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        metadata[key] = value.contents()
-    arrays = {}
-    if tensors:
-        for tensor in reader.tensors:
-            # [out, in] float32; a copy, so the memory-mapped file can be closed.
-            arrays[tensor.name] = np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+    metadata = {key: value.contents() for key, value in reader.fields.items() if not key.startswith("GGUF.")}
+    # float32 copies, so the memory-mapped file can be closed.
+    arrays = {t.name: np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+              for t in (reader.tensors if tensors else [])}
     return GGUFContents(metadata, arrays)

