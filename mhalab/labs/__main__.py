@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from .core import available_notebooks, load
@@ -36,7 +37,7 @@ def cmd_grade(args: argparse.Namespace) -> int:
             failed += 1
             continue
         print(report.format())
-        reports.append(report.to_dict())
+        reports.append(asdict(report))
     if args.json and reports:
         data = reports[0] if len(args.notebooks) == 1 else reports
         Path(args.json).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")

@@ -18,7 +18,7 @@ import torch
 
 from .core import PACKAGE, AnswerRaised, Borrowed, Wrong, session, where
 
-__all__ = ["call_answer", "describe", "expect_callable", "observe", "largest_tensor", "encode", "decode"]
+__all__ = ["call_answer", "describe", "observe", "largest_tensor", "encode", "decode"]
 
 
 def describe(value: Any) -> str:
@@ -43,13 +43,6 @@ def describe(value: Any) -> str:
         return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
     article = "an" if type(value).__name__[:1].lower() in "aeiou" else "a"
     return f"{article} {type(value).__name__}"
-
-
-def expect_callable(answer: Any) -> None:
-    """The answer must be a function: "expected a function, got an int (3)"."""
-    if not callable(answer):
-        raise Wrong(f"expected a function, got {describe(answer)}: define it with `def` and pass its name "
-                    "without calling it (no parentheses)")
 
 
 class Opaque:
@@ -122,11 +115,9 @@ class _BorrowWatch:
         self.inside = None  # the frame of the permitted mhalab call we are in
 
     def __call__(self, frame, event, arg):
-        if self.found is not None or event not in ("call", "return"):
-            return
-        if event == "return":
-            if frame is self.inside:
-                self.inside = None
+        if event == "return" and frame is self.inside:
+            self.inside = None
+        if self.found is not None or event != "call":
             return
         filename = frame.f_code.co_filename
         if not filename.startswith(PACKAGE + os.sep) or filename in self.MACHINERY:
@@ -154,26 +145,24 @@ class _SizeWatch(torch.overrides.TorchFunctionMode):
         return out
 
 
-def _signature_problem(fn: Callable, args: tuple) -> str | None:
+def _check_signature(fn: Callable, args: tuple) -> None:
+    """Wrong when ``fn`` cannot take the template's arguments (a builtin without a signature is just called)."""
     try:
         signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # no signature (a builtin): just call it
-        return None
+    except (TypeError, ValueError):
+        return
     try:
         signature.bind(*args)
-        return None
     except TypeError:
         template = session().template
         given = f"def {template[0]}({', '.join(template[1])})" if template else f"{len(args)} arguments"
-        return (f"your function takes ({', '.join(signature.parameters)}), but it is called with {len(args)} "
-                f"argument(s) as in `{given}`: keep the given parameters")
+        raise Wrong(f"your function takes ({', '.join(signature.parameters)}), but it is called with {len(args)} "
+                    f"argument(s) as in `{given}`: keep the given parameters") from None
 
 
 def _live_call(fn: Callable, args: tuple, label: str, allow: tuple, uses: tuple, forbid: tuple) -> Any:
     state = session()
-    problem = _signature_problem(fn, args)
-    if problem:
-        raise Wrong(problem)
+    _check_signature(fn, args)
     watch, previous, sizes = _BorrowWatch(uses, forbid), sys.getprofile(), _SizeWatch()
     sys.setprofile(watch)
     try:
@@ -209,7 +198,9 @@ def call_answer(fn: Callable, *args: Any, label: str | None = None, allow: tuple
     if label is None:
         label = ", ".join(repr(a) if isinstance(a, (bool, int, float, str)) or a is None else describe(a) for a in args)
     label = f"{name}({label})"
-    expect_callable(fn)
+    if not callable(fn):
+        raise Wrong(f"expected a function, got {describe(fn)}: define it with `def` and pass its name "
+                    "without calling it (no parentheses)")
     if state.replay is not None:
         kind, *payload = state.replayed()
         if kind == "raised":

@@ -14,7 +14,7 @@ import secrets
 import subprocess
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +44,12 @@ class GradeReport:
     errors: list[str] = field(default_factory=list)   # "cell 5: ValueError", from the executed notebook
     kernel_died: bool = False
     elapsed_s: float = 0.0
+    score: float = field(init=False)
+    max_score: float = field(init=False)
 
-    @property
-    def score(self) -> float:
-        return sum(e.score for e in self.exercises)
-
-    @property
-    def max_score(self) -> float:
-        return sum(e.points for e in self.exercises)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "score": self.score, "max_score": self.max_score}
+    def __post_init__(self):
+        self.score = sum(e.score for e in self.exercises)
+        self.max_score = sum(e.points for e in self.exercises)
 
     def format(self) -> str:
         width = max([len(e.title) for e in self.exercises] + [10])
