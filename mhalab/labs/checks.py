@@ -41,7 +41,8 @@ def _as_tensor(value: Any, name: str) -> torch.Tensor:
     """``value`` as a CPU tensor (torch, NumPy, numbers, nested lists), or Wrong saying it is not numeric."""
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
-    if not (isinstance(value, (bool, int, float, list, tuple)) or (hasattr(value, "__array__") and not isinstance(value, str))):
+    numeric = isinstance(value, (bool, int, float, list, tuple)) or hasattr(value, "__array__")
+    if not numeric or isinstance(value, str):
         raise Wrong(f"{name} should be a number or a tensor, got {describe(value)}")
     try:
         array = np.asarray(value)
@@ -102,7 +103,8 @@ def _structure(value: Any, expected: Any, name: str, compare: Callable[[Any, Any
             parts = ([f"is missing the keys {missing}"] if missing else []) + ([f"has unexpected keys {extra}"] if extra else [])
             raise Wrong(f"{name} " + " and ".join(parts))
         pairs = [(value[k], expected[k], f"{name}[{k!r}]") for k in expected]
-    elif isinstance(expected, tuple) or (isinstance(expected, list) and any(isinstance(e, (torch.Tensor, tuple, list, Mapping, str)) for e in expected)):
+    elif isinstance(expected, tuple) or (isinstance(expected, list)
+                                         and any(isinstance(e, (torch.Tensor, tuple, list, Mapping)) for e in expected)):
         if not isinstance(value, (tuple, list)):
             raise Wrong(f"{name} should be a tuple of {len(expected)} items, got {describe(value)}")
         if len(value) != len(expected):
