@@ -1,9 +1,5 @@
-"""Calling the learner's code: the one place a checker runs it (:func:`call_answer`).
-
-A call gets deep copies of the inputs, positionally as the template says; an exception is the learner's
-error, reported with its input; running mhalab's own code is refused. For the grader, every call's outcome
-is recorded as plain data in the learner's kernel and replayed to the same checker in the grader's process.
-"""
+"""Calling the learner's code, the one place a checker runs it (:func:`call_answer`). For the grader, every
+call's outcome is recorded as plain data in the learner's kernel and replayed to the same checker here."""
 
 from __future__ import annotations
 
@@ -101,11 +97,8 @@ def _matches(name: str, prefixes: tuple) -> bool:
 
 
 class _BorrowWatch:
-    """A profile function noting the first mhalab function (outside this machinery) that runs.
-
-    Calls inside a permitted one (``uses``: prefixes like ``"mhalab.models"``, to run a model) are fine,
-    except what matches ``forbid`` (``"mhalab.hooks.ablate_heads"`` where the exercise asks for that hook).
-    """
+    """A profile function noting the first mhalab function (outside this machinery) that runs, other than
+    inside a permitted one (``uses``, e.g. "mhalab.models") unless it matches ``forbid``."""
 
     MACHINERY = {os.path.join(PACKAGE, "labs", f) for f in ("calls.py", "checks.py", "core.py")}
 
@@ -189,9 +182,8 @@ def call_answer(fn: Callable, *args: Any, label: str | None = None, allow: tuple
     """Call the learner's ``fn(*args)`` (positionally, on deep copies) and return what it returned.
 
     Raises :class:`Wrong` when ``fn`` cannot take the template's arguments, :class:`AnswerRaised` (naming
-    the input and the learner's line) when it raises anything but ``allow`` (re-raised for the checker),
-    :class:`Borrowed` when it runs mhalab code other than ``uses`` permits, or inside that what ``forbid``
-    names (module or function prefixes). While grading, calls are recorded or replayed.
+    the input and the learner's line) when it raises anything but ``allow``, :class:`Borrowed` when it runs
+    mhalab code other than ``uses`` permits, or inside that what ``forbid`` names (module or function prefixes).
     """
     state = session()
     name = state.template[0] if state.template else getattr(fn, "__name__", "your function")

@@ -1,9 +1,7 @@
 """The one tolerance policy of the exercise checkers (README, "What counts as right"), and its helpers.
 
-Numbers are compared by value (``32.0 == 32``); tensors and arrays of any float dtype in float64 within
-``ATOL + RTOL * |expected|``, NaN and inf where expected; integer and boolean results exactly; a list may
-stand for a tuple, dicts in any key order. Messages say what is off (type, shape, direction and magnitude
-of a miss, the input a function failed on) without printing the expected answer.
+Numbers by value (``32.0 == 32``); floats in float64 within ``ATOL + RTOL * |expected|``; integers and
+booleans exactly; a list may stand for a tuple. Messages say what is off without printing the answer.
 """
 
 from __future__ import annotations

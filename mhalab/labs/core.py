@@ -1,8 +1,5 @@
-"""The exercise machinery: an exercise is an object with check(), hint() and solution().
+"""The exercise machinery: an exercise is an object with check(), hint() and solution(), registered in exNN.py.
 
-An exercise of notebook NN is registered in ``mhalab/labs/exNN.py``: ``register(Exercise(...))`` with a
-checker that raises :class:`Wrong` saying what is off (built from the helpers in ``checks.py``), hints, a
-solution whose first ``def`` line is the template the learner's function is called by, and a reference.
 A checker exception that is not a :class:`Wrong` is the checker's bug: the learner is told so and the
 traceback goes to the ``mhalab.labs`` logger. With ``MHALAB_LABS_STRICT=1`` a failed check raises
 ``AssertionError`` (the tests use it so that nbval fails on it).
@@ -91,12 +88,9 @@ def _template(solution: str) -> tuple[str, tuple[str, ...]] | None:
 
 
 class Exercise:
-    """One auto-checked exercise of notebook ``notebook`` ("03"), number ``number`` (1, 2, ...).
-
-    ``checker(answer, *context)`` raises :class:`Wrong`; ``hint`` is one hint or a list given one at a time;
-    ``solution`` is text whose first ``def`` line is the template; ``reference`` passes, but scores 0 when
-    handed in. Right and wrong answers with their messages are in tests/labs_corpus.py.
-    """
+    """Exercise ``number`` of notebook ``notebook`` ("03"): ``checker(answer, *context)`` raises :class:`Wrong`;
+    ``hint`` is one hint or a list given one at a time; the first ``def`` line of ``solution`` is the template
+    the learner's function is called by; ``reference`` passes, but scores 0 when handed in."""
 
     def __init__(self, notebook: str, number: int, title: str, checker: Callable[..., None], hint: str | Sequence[str],
                  solution: str, *, reference: Any, points: float = 1):
@@ -124,10 +118,8 @@ class Exercise:
 
     def verdict(self, answer: Any, *context: Any, tape: list | None = None, replay: list | None = None,
                 trusted: bool = False) -> tuple[str, str]:
-        """(status, message) for ``answer``; never raises for anything the learner did.
-
-        ``trusted`` (the tests only) lets the answer be or run the course's own code.
-        """
+        """(status, message) for ``answer``; never raises for anything the learner did. ``trusted`` (the tests
+        only) lets the answer be or run the course's own code."""
         if answer is None or answer is Ellipsis or answer is NotImplemented:
             return UNANSWERED, "no answer yet: replace the placeholder with your answer, then run the cell again."
         borrowed = self._borrowed(answer) if replay is None and not trusted else None

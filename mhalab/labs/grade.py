@@ -66,10 +66,8 @@ class GradeReport:
 
 
 def collect(spec: dict[str, tuple[str, list[str]]], namespace: dict, path: str) -> None:
-    """Run in the learner's kernel by the grader's last cell: record every answer to ``path``.
-
-    ``spec`` maps an exercise key to its check's arguments as source ("attention", ["explorer"]).
-    """
+    """Run in the learner's kernel by the grader's last cell: record every answer to ``path``. ``spec`` maps
+    an exercise key to its check's arguments as source ("attention", ["explorer"])."""
     import torch
 
     recorded: dict[str, Any] = {}
@@ -107,10 +105,8 @@ def execute(nb: Any, *, cwd: str | Path, timeout: float | None = 600, kernel_nam
 
 def grade(path: str | Path, *, timeout: float | None = 600, kernel_name: str = "python3",
           executed_path: str | Path | None = None) -> GradeReport:
-    """Execute the notebook at ``path`` (in its folder) and grade its exercises.
-
-    ``timeout``: seconds one cell may run (None: no limit); ``executed_path``: also save the executed notebook.
-    """
+    """Execute the notebook at ``path`` (in its folder) and grade its exercises. ``timeout``: seconds one cell
+    may run (None: no limit); ``executed_path``: also save the executed notebook there."""
     import torch
 
     path = Path(path)

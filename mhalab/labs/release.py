@@ -39,11 +39,8 @@ class Answer:
 
 
 def solution_regions(text: str, *, code: bool = True) -> list[tuple[int, int]]:
-    """(begin line, end line) of every solution region, 0-based and inclusive of the markers.
-
-    Raises :class:`MarkerError` for nested or unterminated regions, an END without a BEGIN, and (in
-    code cells) a marker line that is not exactly ``### BEGIN SOLUTION`` / ``### END SOLUTION``.
-    """
+    """(begin line, end line) of every solution region, 0-based and inclusive of the markers; MarkerError
+    for unpaired markers, or (in code) a marker line that is not exactly ``### BEGIN/END SOLUTION``."""
     regions, start = [], None
     for i, line in enumerate(text.split("\n")):
         is_begin, is_end = "BEGIN SOLUTION" in line, "END SOLUTION" in line
@@ -81,11 +78,8 @@ def _read_check(answer: Answer, text: str) -> bool:
 
 
 def answers(nb: Any, *, strict: bool = True) -> list[Answer]:
-    """Every answer cell of ``nb`` (from its nbgrader metadata), in order.
-
-    Malformed cells raise :class:`MarkerError` listing every problem, or with ``strict=False`` (grading a
-    submission a learner may have edited) are left out.
-    """
+    """Every answer cell of ``nb``, in order. Malformed cells raise :class:`MarkerError` listing every problem,
+    or with ``strict=False`` (grading a submission a learner may have edited) are left out."""
     found, problems = [], []
     for index, cell in enumerate(nb.cells):
         meta = cell.get("metadata", {}).get("nbgrader", {})
@@ -142,10 +136,8 @@ def student_version(nb: Any) -> Any:
 
 
 def release(source: str | Path, out_dir: str | Path, *, dry_run: bool = False) -> dict[str, list[Answer]]:
-    """Write the student version of every notebook in ``source`` (a folder, or one notebook) to ``out_dir``.
-
-    Every notebook is checked before anything is written. Returns {notebook name: its answer cells}.
-    """
+    """Write the student version of every notebook in ``source`` (a folder, or one notebook) to ``out_dir``,
+    once all are checked. Returns {notebook name: its answer cells}."""
     from .core import load
 
     source, out_dir = Path(source), Path(out_dir)
