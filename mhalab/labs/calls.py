@@ -8,11 +8,12 @@ import copy
 import inspect
 import os
 import sys
+import traceback
 from typing import Any, Callable
 
 import torch
 
-from .core import PACKAGE, AnswerRaised, Borrowed, Wrong, session, where
+from .core import PACKAGE, AnswerRaised, Borrowed, Wrong, session
 
 __all__ = ["call_answer", "describe", "observe", "largest_tensor", "encode", "decode"]
 
@@ -90,6 +91,16 @@ def decode(value: Any) -> Any:
     if type(value) in (tuple, list):
         return type(value)(decode(v) for v in value)
     return value
+
+
+def where(error: BaseException) -> str:
+    """Where ``error`` was raised in the learner's code, "line 3 of d_k_for" (mhalab and libraries skipped)."""
+    skip = tuple(os.path.abspath(p) + os.sep for p in {PACKAGE, sys.prefix, sys.base_prefix, sys.exec_prefix} if p)
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        name = frame.filename
+        if not name or name.startswith("<") or not os.path.abspath(name).startswith(skip):
+            return f"line {frame.lineno} of {frame.name}"
+    return ""
 
 
 def _matches(name: str, prefixes: tuple) -> bool:

@@ -13,8 +13,6 @@ import logging
 import os
 import pkgutil
 import re
-import sys
-import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -38,16 +36,6 @@ class AnswerRaised(Wrong):
 
 class Borrowed(Wrong):
     """The answer is the course's own reference or mhalab code, where the learner must write it."""
-
-
-def where(error: BaseException) -> str:
-    """Where ``error`` was raised in the learner's code, "line 3 of d_k_for" (mhalab and libraries skipped)."""
-    skip = tuple(os.path.abspath(p) + os.sep for p in {PACKAGE, sys.prefix, sys.base_prefix, sys.exec_prefix} if p)
-    for frame in reversed(traceback.extract_tb(error.__traceback__)):
-        name = frame.filename
-        if not name or name.startswith("<") or not os.path.abspath(name).startswith(skip):
-            return f"line {frame.lineno} of {frame.name}"
-    return ""
 
 
 @dataclass
