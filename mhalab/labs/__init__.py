@@ -1,9 +1,6 @@
-"""Auto-checked lab exercises: ``q1, q2, q3 = labs.load("03")`` or ``q1 = labs.exercise("03", 1)``.
+"""Auto-checked lab exercises: ``q1, q2, q3 = labs.load("03")``, then ``q1.check(answer)``, ``hint()``, ``solution()``.
 
-Each exercise has ``check(answer)``, ``hint()`` and ``solution()``. The exercises of notebook ``NN`` live in
-``mhalab/labs/exNN.py``; the machinery in ``core.py``; the tolerance policy and the helpers checkers use in
-``checks.py``; the instructor commands (student release, grading) in ``release.py`` and ``grade.py``
-(run ``python -m mhalab.labs --help``).
+The exercises of notebook NN are in ``exNN.py``; instructor commands: ``python -m mhalab.labs --help``.
 """
 
 from .core import Exercise, Wrong, available_notebooks, exercise, load, register

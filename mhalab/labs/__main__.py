@@ -1,68 +1,51 @@
-"""Instructor commands for the course's lab exercises.
-
-    python -m mhalab.labs release notebooks/ OUT_DIR      write student versions (solutions -> placeholders)
-    python -m mhalab.labs release --check notebooks/      only list the answer cells; write nothing
-    python -m mhalab.labs grade SUBMISSION.ipynb [...] [--json out.json] [--timeout S]
-    python -m mhalab.labs list [NN ...]                   the exercises of each notebook
-"""
+"""Instructor commands for the course's lab exercises (``python -m mhalab.labs --help``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
-
-def _need(*modules: str) -> None:
-    for module in modules:
-        try:
-            __import__(module)
-        except ImportError:
-            sys.exit(f"mhalab.labs: this command needs {module}; install it with `pip install 'mhalab[test]'`")
+from .core import available_notebooks, load
+from .grade import grade
+from .release import release
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    _need("nbformat")
-    from .release import MarkerError, release
-
     if not args.check and args.out_dir is None:
         sys.exit("mhalab.labs release: give an output folder (release notebooks/ OUT_DIR), or --check to only list")
     try:
         release(args.source, args.out_dir or ".", dry_run=args.check)
-    except (MarkerError, ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError) as error:  # a MarkerError is a ValueError
         print(f"mhalab.labs release: {error}", file=sys.stderr)
         return 1
     return 0
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
-    _need("nbformat", "nbclient")
-    from .grade import grade
-    from .release import MarkerError
-
     if args.executed and len(args.notebooks) > 1:
         sys.exit("mhalab.labs grade: --executed saves one notebook; grade one submission at a time with it")
     reports, failed = [], 0
     for notebook in args.notebooks:
         try:
-            report = grade(notebook, timeout=args.timeout if args.timeout > 0 else None, kernel_name=args.kernel,
-                           executed_path=args.executed)
-        except (MarkerError, ValueError, FileNotFoundError) as error:
+            report = grade(notebook, timeout=args.timeout if args.timeout > 0 else None,
+                           kernel_name=args.kernel, executed_path=args.executed)
+        except (ValueError, FileNotFoundError) as error:
             print(f"mhalab.labs grade: {notebook}: {error}", file=sys.stderr)
             failed += 1
             continue
         print(report.format())
-        reports.append(report.to_dict())
+        reports.append(asdict(report))
     if args.json and reports:
-        Path(args.json).write_text(json.dumps(reports[0] if len(args.notebooks) == 1 else reports, indent=2, ensure_ascii=False) + "\n")
+        data = reports[0] if len(args.notebooks) == 1 else reports
+        Path(args.json).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
         print(f"wrote {args.json}")
     return 1 if failed else 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .core import available_notebooks, load
-
     for nb_id in args.notebooks or available_notebooks():
         for ex in load(nb_id):
             print(f"{ex.key:<6} {ex.title}  ({ex.points:g} point{'s' if ex.points != 1 else ''})")

@@ -1,25 +1,7 @@
-"""The one tolerance policy of the exercise checkers, and the helpers that apply it.
+"""The one tolerance policy of the exercise checkers (README, "What counts as right"), and its helpers.
 
-Policy (every checker goes through these helpers, so a right answer is never refused for its form):
-
-* **Numbers** are compared by value: a float that is a whole number equals the int (``32.0 == 32``);
-  a 0-d tensor, a one-element tensor or a NumPy scalar is a number.
-* **Tensors and arrays** of any floating dtype (float16/32/64, torch or NumPy, or nested lists) are
-  converted to float64 and compared within ``|got - expected| <= ATOL + RTOL * |expected|``
-  (:data:`RTOL` = 1e-4, :data:`ATOL` = 1e-5); NaN and inf must sit where the expected value has them.
-  Integer and boolean results (positions, masks) are compared exactly.
-* **Sequences** are compared by content: a list where a tuple was asked is fine (and the reverse), a
-  ``torch.Size`` is a tuple, and dicts are compared key by key in any order.
-* **Functions** are called the way the exercise's template says (its ``def`` line), positionally, so
-  the learner may name the parameters as they like; when their function cannot take the template's
-  arguments, the message says to keep the given parameters.
-
-Messages say what is off (type, shape, direction and magnitude of a miss, the hidden input a function
-failed on) without printing the expected answer.
-
-Learner code is only ever called through :func:`call_answer`. It reports an exception as the learner's
-error with the input that caused it, notices an answer that calls the course's own code (``mhalab``)
-instead of writing it, and records or replays calls for the grader (:mod:`mhalab.labs.grade`).
+Numbers by value (``32.0 == 32``); floats in float64 within ``ATOL + RTOL * |expected|``; integers and
+booleans exactly; a list may stand for a tuple. Messages say what is off without printing the answer.
 """
 
 from __future__ import annotations
@@ -28,23 +10,21 @@ import copy
 import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
 import torch
 
-from .calls import call_answer, describe, expect_callable, largest_tensor, observe
+from .calls import call_answer, describe, largest_tensor, observe
 from .core import Wrong, session
 
 __all__ = [
-    "ATOL", "RTOL", "call_answer", "describe", "expect_callable", "expect_close", "expect_equal",
-    "expect_shape", "expect_whole", "first_match", "as_float64", "judge", "largest_tensor", "name_miss", "observe",
+    "ATOL", "RTOL", "as_float64", "call_answer", "check_calls", "describe", "expect_close", "expect_equal",
+    "expect_shape", "expect_whole", "first_match", "judge", "largest_tensor", "name_miss", "observe",
 ]
 
 RTOL, ATOL = 1e-4, 1e-5
 
 
-# --------------------------------------------------------------------------- describing values
-
-
-def order_of_magnitude(x: float) -> str:
+def _magnitude(x: float) -> str:
     """"of order 10^3" for 4160 (the power of ten below |x|); "zero" for 0."""
     if x == 0:
         return "zero"
@@ -55,28 +35,20 @@ def _fmt(x: float) -> str:
     return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:.4g}"
 
 
-def _fmt_shape(shape: Iterable) -> str:
-    return "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-
-
-# --------------------------------------------------------------------------- numbers and tensors
-
-
 def _as_tensor(value: Any, name: str) -> torch.Tensor:
     """``value`` as a CPU tensor (torch, NumPy, numbers, nested lists), or Wrong saying it is not numeric."""
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
-    if isinstance(value, (bool, int, float, list, tuple)) or (hasattr(value, "__array__") and not isinstance(value, str)):
-        try:
-            import numpy as np
-
-            array = np.asarray(value)
-            if array.dtype != object:
-                return torch.from_numpy(array.copy())
-        except (TypeError, ValueError):
-            pass
-        raise Wrong(f"{name} should be numbers (a tensor, an array or a rectangular nested list), got {describe(value)}")
-    raise Wrong(f"{name} should be a number or a tensor, got {describe(value)}")
+    numeric = isinstance(value, (bool, int, float, list, tuple)) or hasattr(value, "__array__")
+    if not numeric or isinstance(value, str):
+        raise Wrong(f"{name} should be a number or a tensor, got {describe(value)}")
+    try:
+        array = np.asarray(value)
+        if array.dtype != object:
+            return torch.from_numpy(array.copy())
+    except (TypeError, ValueError):
+        pass
+    raise Wrong(f"{name} should be numbers (a tensor, an array or a rectangular nested list), got {describe(value)}")
 
 
 def as_float64(value: Any, name: str = "your answer") -> torch.Tensor:
@@ -91,7 +63,7 @@ def as_float64(value: Any, name: str = "your answer") -> torch.Tensor:
 
 def expect_whole(value: Any, name: str = "your answer") -> int:
     """``value`` as an int: an int, a float that is a whole number, or a one-element tensor/array of one."""
-    if isinstance(value, bool) or value is None or isinstance(value, (str, Mapping, list, tuple)):
+    if isinstance(value, (bool, str, Mapping, list, tuple)) or value is None:
         raise Wrong(f"{name} should be a whole number, got {describe(value)}")
     got = _as_tensor(value, name)
     if got.numel() != 1:
@@ -102,25 +74,25 @@ def expect_whole(value: Any, name: str = "your answer") -> int:
     return int(x)
 
 
-def expect_shape(value: Any, shape: Sequence[int | None], name: str = "your answer") -> None:
-    """``value`` must be a tensor/array of ``shape`` (``None`` matches any size in that place)."""
+def expect_shape(value: Any, shape: Sequence[int], name: str = "your answer") -> None:
+    """``value`` must be a tensor/array of ``shape``."""
     if not hasattr(value, "shape"):
-        raise Wrong(f"{name} should be a tensor of shape {_fmt_shape(shape)}, got {describe(value)}")
+        raise Wrong(f"{name} should be a tensor of shape {list(shape)}, got {describe(value)}")
     got, want = list(value.shape), list(shape)
-    if len(got) == len(want) and all(w is None or g == w for g, w in zip(got, want)):
+    if got == want:
         return
-    message = f"{name} has shape {_fmt_shape(got)}; expected {_fmt_shape(want)}"
+    message = f"{name} has shape {got}; expected {want}"
     if len(got) != len(want):
         message += f" ({len(got)} dimensions instead of {len(want)})"
-    elif None not in want and sorted(got) == sorted(want):
+    elif sorted(got) == sorted(want):
         message += " (the same sizes in another order: check which dimensions you transposed or viewed)"
-    elif None not in want and math.prod(got) == math.prod(want):
+    elif math.prod(got) == math.prod(want):
         message += " (the same number of elements: check how you reshaped)"
     raise Wrong(message)
 
 
 def _structure(value: Any, expected: Any, name: str, compare: Callable[[Any, Any, str], None]) -> bool:
-    """Recurse into tuples/lists/dicts (a list may stand for a tuple); True when handled here."""
+    """Compare tuples/lists/dicts item by item (a list may stand for a tuple); True when handled here."""
     if isinstance(expected, Mapping):
         if not isinstance(value, Mapping):
             raise Wrong(f"{name} should be a dict, got {describe(value)}")
@@ -128,18 +100,19 @@ def _structure(value: Any, expected: Any, name: str, compare: Callable[[Any, Any
         if missing or extra:
             parts = ([f"is missing the keys {missing}"] if missing else []) + ([f"has unexpected keys {extra}"] if extra else [])
             raise Wrong(f"{name} " + " and ".join(parts))
-        for key in expected:
-            compare(value[key], expected[key], f"{name}[{key!r}]")
-        return True
-    if isinstance(expected, tuple) or (isinstance(expected, list) and any(isinstance(e, (torch.Tensor, tuple, list, Mapping, str)) for e in expected)):
+        pairs = [(value[k], expected[k], f"{name}[{k!r}]") for k in expected]
+    elif isinstance(expected, tuple) or (isinstance(expected, list)
+                                         and any(isinstance(e, (torch.Tensor, tuple, list, Mapping)) for e in expected)):
         if not isinstance(value, (tuple, list)):
             raise Wrong(f"{name} should be a tuple of {len(expected)} items, got {describe(value)}")
         if len(value) != len(expected):
             raise Wrong(f"{name} has {len(value)} items; expected {len(expected)}")
-        for i, (v, e) in enumerate(zip(value, expected)):
-            compare(v, e, f"{name}[{i}]")
-        return True
-    return False
+        pairs = [(v, e, f"{name}[{i}]") for i, (v, e) in enumerate(zip(value, expected))]
+    else:
+        return False
+    for pair in pairs:
+        compare(*pair)
+    return True
 
 
 def _scalar_miss(got: float, expected: float, name: str) -> str:
@@ -148,26 +121,34 @@ def _scalar_miss(got: float, expected: float, name: str) -> str:
     if expected == 0:
         return f"{name} is {_fmt(got)}; expected a value near zero"
     if got == 0:
-        return f"{name} is 0; expected a nonzero number {order_of_magnitude(expected)}"
+        return f"{name} is 0; expected a nonzero number {_magnitude(expected)}"
     if (got > 0) != (expected > 0):
         return f"{name} is {_fmt(got)}, which has the wrong sign"
     direction = "too large" if abs(got) > abs(expected) else "too small"
-    return f"{name} is {_fmt(got)}, which is {direction}; the expected value is {order_of_magnitude(expected)}"
+    return f"{name} is {_fmt(got)}, which is {direction}; the expected value is {_magnitude(expected)}"
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, rtol: float = RTOL, atol: float = ATOL) -> torch.Tensor:
     return torch.isclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
 
 
+def _first_index(bad: torch.Tensor) -> list[int]:
+    return [int(i) for i in bad.nonzero()[0].tolist()]
+
+
+def _transposed(got: torch.Tensor, want: torch.Tensor, same: Callable = torch.equal) -> bool:
+    """Whether ``got`` is ``want`` with its last two (equal) dimensions swapped."""
+    return got.dim() >= 2 and got.shape[-1] == got.shape[-2] and bool(same(got.transpose(-1, -2), want))
+
+
 def _tensor_miss(got: torch.Tensor, want: torch.Tensor, bad: torch.Tensor, name: str) -> str:
-    first = [int(i) for i in bad.nonzero()[0].tolist()]
     finite = torch.isfinite(want) & torch.isfinite(got)
     diff = (got - want).abs()[finite & bad]
     scale = want[torch.isfinite(want)].abs().max().item() if torch.isfinite(want).any() else 0.0
-    message = f"{int(bad.sum())} of {bad.numel()} entries of {name} are off (the first at index {first})"
+    message = f"{int(bad.sum())} of {bad.numel()} entries of {name} are off (the first at index {_first_index(bad)})"
     if diff.numel():
-        message += f"; the largest difference is {diff.max().item():.3g}, where the expected values are {order_of_magnitude(scale)}"
-    if got.dim() >= 2 and got.shape[-1] == got.shape[-2] and _close(got.transpose(-1, -2), want).all():
+        message += f"; the largest difference is {diff.max().item():.3g}, where the expected values are {_magnitude(scale)}"
+    if _transposed(got, want, lambda g, w: _close(g, w).all()):
         message += ". It matches the expected result transposed (the last two dimensions swapped)"
     elif finite.all() and want.abs().max() > ATOL:
         ratio = (got * want).sum() / (want * want).sum()
@@ -177,10 +158,7 @@ def _tensor_miss(got: torch.Tensor, want: torch.Tensor, bad: torch.Tensor, name:
 
 
 def expect_close(value: Any, expected: Any, name: str = "your answer", *, rtol: float = RTOL, atol: float = ATOL) -> None:
-    """``value`` equals ``expected`` within the policy's tolerance, compared in float64.
-
-    Numbers, tensors/arrays of any dtype (shape checked first), and tuples/lists/dicts of them.
-    """
+    """``value`` equals ``expected`` within the tolerance, compared in float64 (shape first; also in containers)."""
     if _structure(value, expected, name, lambda v, e, n: expect_close(v, e, n, rtol=rtol, atol=atol)):
         return
     want = as_float64(expected, "the expected value")
@@ -190,7 +168,7 @@ def expect_close(value: Any, expected: Any, name: str = "your answer", *, rtol: 
     if want.dim() == 0 and got.numel() == 1 and got.dim() <= 1:
         got = got.reshape(())  # a 1-element tensor is a fine scalar answer
     if want.dim() == 0 and got.dim() != 0:
-        raise Wrong(f"{name} should be a single number, got a tensor of shape {_fmt_shape(got.shape)}")
+        raise Wrong(f"{name} should be a single number, got a tensor of shape {list(got.shape)}")
     expect_shape(got, want.shape, name)
     if torch.isnan(got).any() and not torch.isnan(want).any():
         raise Wrong(f"{name} contains NaN ({int(torch.isnan(got).sum())} of {got.numel()} entries): look for 0/0, "
@@ -201,27 +179,16 @@ def expect_close(value: Any, expected: Any, name: str = "your answer", *, rtol: 
 
 
 def expect_equal(value: Any, expected: Any, name: str = "your answer") -> None:
-    """``value`` equals ``expected`` exactly: whole numbers (an integral float counts), booleans, strings,
-    integer/boolean tensors (masks: how many entries differ, and whether it is transposed or inverted)."""
+    """``value`` equals ``expected`` exactly: whole numbers (an integral float counts), integer and boolean
+    tensors (masks: how many entries differ, and whether it is transposed or inverted), or containers of them."""
     if _structure(value, expected, name, expect_equal):
-        return
-    if isinstance(expected, str) or expected is None:
-        if value != expected:
-            raise Wrong(f"{name} is {describe(value)}, which is not right")
-        return
-    if isinstance(expected, bool):
-        if not isinstance(value, bool) and not (hasattr(value, "dtype") and getattr(value, "size", lambda: 1)() in (1, torch.Size([]))):
-            raise Wrong(f"{name} should be True or False, got {describe(value)}")
-        if bool(value) != expected:
-            raise Wrong(f"{name} is {bool(value)}, which is not right")
         return
     if isinstance(expected, int):
         got = expect_whole(value, name)
         if got != expected:
             raise Wrong(_scalar_miss(float(got), float(expected), name))
         return
-    want = _as_tensor(expected, "the expected value")
-    got = _as_tensor(value, name)
+    want, got = _as_tensor(expected, "the expected value"), _as_tensor(value, name)
     expect_shape(got, want.shape, name)
     if want.dtype == torch.bool and got.dtype != torch.bool:
         raise Wrong(f"{name} should be a boolean tensor (True/False), got dtype {str(got.dtype).replace('torch.', '')}")
@@ -232,12 +199,11 @@ def expect_equal(value: Any, expected: Any, name: str = "your answer") -> None:
     bad = got != want
     if not bad.any():
         return
-    first = [int(i) for i in bad.nonzero()[0].tolist()]
-    message = f"{int(bad.sum())} of {bad.numel()} entries of {name} are wrong (the first at index {first})"
+    message = f"{int(bad.sum())} of {bad.numel()} entries of {name} are wrong (the first at index {_first_index(bad)})"
     if want.dtype == torch.bool:
         message += (f": {int((got & ~want).sum())} are True where they should be False and "
                     f"{int((~got & want).sum())} are False where they should be True")
-        if got.dim() >= 2 and got.shape[-1] == got.shape[-2] and torch.equal(got.transpose(-1, -2), want):
+        if _transposed(got, want):
             message += " (it is the expected mask transposed)"
         elif torch.equal(~got, want):
             message += " (it is the expected mask inverted: check which value means 'allowed')"
@@ -245,10 +211,7 @@ def expect_equal(value: Any, expected: Any, name: str = "your answer") -> None:
 
 
 def first_match(got: Any, candidates: Mapping[str, Any], *, rtol: float = RTOL, atol: float = ATOL) -> str | None:
-    """The message of the first candidate (message -> the value that mistake gives) that ``got`` matches.
-
-    Tensors are compared in float64 with NaN equal to NaN; numbers by value. Used to name a mistake.
-    """
+    """The first message (of message -> the value that mistake gives) whose value ``got`` is close to."""
     try:
         g = as_float64(got)
     except Wrong:
@@ -263,11 +226,9 @@ def first_match(got: Any, candidates: Mapping[str, Any], *, rtol: float = RTOL, 
     return None
 
 
-
 def judge(got: Any, want: Any, label: str, mistakes: Callable[[], Mapping[str, Any]] | None = None, *, note: str = "") -> None:
-    """Pass when ``got`` is close to ``want``. Otherwise name the first mistake it matches (``mistakes()``
-    returns message -> the value that mistake gives; built only for a wrong answer), else say how it
-    differs (``note`` appended). Every message starts with ``label``, e.g. ``"f(x [2, 3])"``."""
+    """Pass when ``got`` is close to ``want``; else name the first of ``mistakes()`` (message -> value, built
+    only for a wrong answer) it matches, else say how it differs (``note`` appended), after ``label``."""
     if first_match(got, {"": want}) is not None:
         return
     mistake = first_match(got, mistakes()) if mistakes is not None else None
@@ -278,23 +239,19 @@ def judge(got: Any, want: Any, label: str, mistakes: Callable[[], Mapping[str, A
     except Wrong as wrong:
         raise Wrong(f"{label}: {wrong}{note}") from None
 
+
 def name_miss(got: Any, mistakes: Sequence[tuple[Any, str]]) -> str | None:
     """The message of the first (value, message) whose value equals ``got`` (numbers, by value)."""
     return next((message for value, message in mistakes if value == got), None)
 
 
-def check_calls(fn: Callable, cases: Iterable[tuple], reference: Callable, *, compare: Callable[..., None] = expect_close,
-                **compare_kwargs: Any) -> None:
-    """Call ``fn`` and ``reference`` on every case (a tuple of positional arguments) and compare.
-
-    ``compare`` is :func:`expect_close` (tolerance policy) or :func:`expect_equal` for exact results.
-    The message names the failing case by its inputs (shapes for tensors).
-    """
+def check_calls(fn: Callable, cases: Iterable[tuple], reference: Callable, *,
+                compare: Callable[..., None] = expect_close) -> None:
+    """Call ``fn`` and ``reference`` on every case (positional arguments) and ``compare`` the results
+    (:func:`expect_close`, or :func:`expect_equal` for exact ones); the message names the failing input."""
     for args in cases:
         got = call_answer(fn, *args)
-        expected = reference(*copy.deepcopy(args))
         try:
-            compare(got, expected, "the result", **compare_kwargs)
+            compare(got, reference(*copy.deepcopy(args)), "the result")
         except Wrong as wrong:
-            state = session()
-            raise Wrong(f"{state.last_call[0]}: {wrong}") from None
+            raise Wrong(f"{session().last_call[0]}: {wrong}") from None

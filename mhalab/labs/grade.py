@@ -1,22 +1,10 @@
-"""Grade a learner's notebook: run it, collect the answers, and judge them here.
+"""Grade a learner's notebook: run it, collect the answers, and judge them here (README, "Grading").
 
-``python -m mhalab.labs grade SUBMISSION.ipynb [--json out.json] [--timeout S]``
-
-1. The submission runs top to bottom in a fresh kernel (nbclient, continuing past errors; a cell that
-   runs longer than the timeout is interrupted).
-2. A last cell, added by the grader, evaluates each answer cell's check arguments (``attention`` in
-   ``q1.check(attention)``; the answer cells are found by their nbgrader metadata in the submission
-   file) and calls the learner's functions on the checker's hidden inputs. What they returned is
-   written as plain data (tensors, numbers, strings, lists, dicts) to a file named by the grader.
-3. This process reads that file with ``torch.load(weights_only=True)`` (no code runs) and runs every
-   checker on it, from the registry of the course installed here. Nothing the kernel recorded or
-   printed as an outcome counts, so a cell that writes "passed" somewhere changes nothing. An answer
-   that is, or calls, the course's reference or another mhalab function scores 0.
-
-What it does not defend against: the learner's code runs with your permissions, so it can read or
-change anything you can, including mhalab's code in the kernel, and so fake what that last cell
-records (returned values it did not compute). Grade untrusted submissions in a container, without
-network, and read the code of any surprising full score.
+The submission runs top to bottom in a fresh kernel, continuing past errors. A last cell added by the
+grader calls the learner's answers (each answer cell's check arguments) on the hidden inputs and writes
+what they returned, as plain data, to a file; this process reads it with ``torch.load(weights_only=True)``
+and judges it with the course's checkers. Nothing the kernel recorded as an outcome counts. The learner's
+code runs with your permissions and could fake what is recorded: grade untrusted submissions in a container.
 """
 
 from __future__ import annotations
@@ -26,9 +14,11 @@ import secrets
 import subprocess
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import nbformat
 
 from .core import FAILED, PASSED, STRICT_ENV, exercise, load
 from .release import answers
@@ -54,17 +44,12 @@ class GradeReport:
     errors: list[str] = field(default_factory=list)   # "cell 5: ValueError", from the executed notebook
     kernel_died: bool = False
     elapsed_s: float = 0.0
+    score: float = field(init=False)
+    max_score: float = field(init=False)
 
-    @property
-    def score(self) -> float:
-        return sum(e.score for e in self.exercises)
-
-    @property
-    def max_score(self) -> float:
-        return sum(e.points for e in self.exercises)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "score": self.score, "max_score": self.max_score}
+    def __post_init__(self):
+        self.score = sum(e.score for e in self.exercises)
+        self.max_score = sum(e.points for e in self.exercises)
 
     def format(self) -> str:
         width = max([len(e.title) for e in self.exercises] + [10])
@@ -81,10 +66,8 @@ class GradeReport:
 
 
 def collect(spec: dict[str, tuple[str, list[str]]], namespace: dict, path: str) -> None:
-    """Run in the learner's kernel by the grader's last cell: record every answer to ``path``.
-
-    ``spec`` maps an exercise key to its check's arguments as source ("attention", ["explorer"]).
-    """
+    """Run in the learner's kernel by the grader's last cell: record every answer to ``path``. ``spec`` maps
+    an exercise key to its check's arguments as source ("attention", ["explorer"])."""
     import torch
 
     recorded: dict[str, Any] = {}
@@ -94,7 +77,7 @@ def collect(spec: dict[str, tuple[str, list[str]]], namespace: dict, path: str) 
             extra = [eval(c, namespace) for c in context]  # noqa: S307
         except Exception as error:  # e.g. a NameError: the cell stopped before defining it
             recorded[key] = {"problem": f"`{expression}` could not be evaluated after the notebook ran "
-                                        f"({type(error).__name__}: {error})"[:300], "answer": None}
+                                        f"({type(error).__name__}: {error})"[:300]}
             continue
         try:
             recorded[key] = exercise(*key.split(".")).record(answer, *extra)
@@ -120,16 +103,10 @@ def execute(nb: Any, *, cwd: str | Path, timeout: float | None = 600, kernel_nam
     return nb, False
 
 
-def grade(path: str | Path, *, timeout: float | None = 600, kernel_name: str = "python3", cwd: str | Path | None = None,
+def grade(path: str | Path, *, timeout: float | None = 600, kernel_name: str = "python3",
           executed_path: str | Path | None = None) -> GradeReport:
-    """Execute the notebook at ``path`` and grade its exercises (see the module docstring).
-
-    Args:
-        timeout: seconds one cell may run before it is interrupted (None: no limit).
-        cwd: where the kernel runs (default: the notebook's folder).
-        executed_path: also save the executed notebook there (feedback for the learner).
-    """
-    import nbformat
+    """Execute the notebook at ``path`` (in its folder) and grade its exercises. ``timeout``: seconds one cell
+    may run (None: no limit); ``executed_path``: also save the executed notebook there."""
     import torch
 
     path = Path(path)
@@ -138,7 +115,6 @@ def grade(path: str | Path, *, timeout: float | None = 600, kernel_name: str = "
     ids = sorted({a.key[:2] for a in cells})
     if not ids:
         raise ValueError(f"{path}: no answer cells (cells with nbgrader metadata, grade_id like ex03-1-answer)")
-    expected = [ex for nb_id in ids for ex in load(nb_id)]
     spec = {a.key: (a.expression, a.context) for a in cells}
     borrowing = {a.key for a in cells if a.borrows}
     with tempfile.TemporaryDirectory(prefix="mhalab-grade-") as tmp:
@@ -148,12 +124,12 @@ def grade(path: str | Path, *, timeout: float | None = 600, kernel_name: str = "
             "# added by `python -m mhalab.labs grade`: record the answers\n"
             f"__import__('mhalab.labs.grade', fromlist=['collect']).collect({spec!r}, globals(), {str(out)!r})"))
         start = time.perf_counter()
-        run, died = execute(run, cwd=cwd or path.parent, timeout=timeout, kernel_name=kernel_name)
+        run, died = execute(run, cwd=path.parent, timeout=timeout, kernel_name=kernel_name)
         elapsed = time.perf_counter() - start
         recorded = torch.load(out, weights_only=True) if out.is_file() else {}
     run.cells.pop()
     grades = []
-    for ex in expected:
+    for ex in (ex for nb_id in ids for ex in load(nb_id)):  # what counts comes from the course, not the submission
         if ex.key not in spec:
             status, message = NOT_CHECKED, ("the submission has no answer cell for it ending in its check "
                                             "(nbgrader grade_id ex{}-{}-answer)".format(*ex.key.split(".")))

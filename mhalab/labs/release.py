@@ -1,19 +1,10 @@
-"""The exercises of a notebook, read from nbgrader's cell metadata, and the student release.
+"""The answer cells of a notebook, read from nbgrader's cell metadata, and the student release.
 
-nbgrader's cell metadata is the one source of truth. An *answer cell* is a cell whose
-``metadata.nbgrader`` says ``"solution": true``; its ``grade_id`` names the exercise it answers
-(``ex03-1-answer`` is exercise 03.1; a markdown answer is ``ex03-1-written``). An answer code cell
-holds the solution between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` lines and ends with the
-check, ``q1.check(answer[, context ...])``, whose arguments tell the grader what the answer is.
-The same notebooks go unchanged into an nbgrader course's ``source/`` folder.
-
-:func:`student_version` replaces each solution region of an answer cell, indented like its BEGIN line:
-inside a function by ``raise NotImplementedError("Exercise 03.1: write your answer here")``; at the top
-level of a cell whose check takes a variable, by ``name = None`` for the learner to fill in (markdown: by
-nbgrader's ``YOUR ANSWER HERE``). Outputs are cleared from the first answer cell to the end (a cell
-tagged ``keep-output`` keeps its own); everything before keeps its outputs.
-
-Command line: ``python -m mhalab.labs release notebooks/ OUT_DIR`` (``--check`` only lists).
+An answer cell has ``metadata.nbgrader.solution`` true and a ``grade_id`` naming its exercise
+(``ex03-1-answer``; a markdown answer ``ex03-1-written``). A code answer cell holds the solution between
+``### BEGIN SOLUTION`` and ``### END SOLUTION`` and ends with its check, ``q1.check(answer[, context])``,
+whose arguments tell the grader what the answer is. ``python -m mhalab.labs release notebooks/ OUT_DIR``
+writes the student versions (README, "Student versions").
 """
 
 from __future__ import annotations
@@ -25,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nbformat
+
 BEGIN_LINE, END_LINE = "### BEGIN SOLUTION", "### END SOLUTION"
-TEXT_STUB = "YOUR ANSWER HERE"
-KEEP_OUTPUT_TAG = "keep-output"
 _GRADE_ID = re.compile(r"^ex(?P<nb>\d\d)-(?P<num>\d+)-(?P<kind>answer|written)$")
 
 
@@ -47,17 +38,9 @@ class Answer:
     borrows: bool = False           # the cell reads an exercise's reference or solution text
 
 
-def _source(cell: Any) -> str:
-    src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else src
-
-
 def solution_regions(text: str, *, code: bool = True) -> list[tuple[int, int]]:
-    """(begin line, end line) of every solution region, 0-based and inclusive of the markers.
-
-    Raises :class:`MarkerError` for nested or unterminated regions, an END without a BEGIN, and (in
-    code cells) a marker line that is not exactly ``### BEGIN SOLUTION`` / ``### END SOLUTION``.
-    """
+    """(begin line, end line) of every solution region, 0-based and inclusive of the markers; MarkerError
+    for unpaired markers, or (in code) a marker line that is not exactly ``### BEGIN/END SOLUTION``."""
     regions, start = [], None
     for i, line in enumerate(text.split("\n")):
         is_begin, is_end = "BEGIN SOLUTION" in line, "END SOLUTION" in line
@@ -66,12 +49,12 @@ def solution_regions(text: str, *, code: bool = True) -> list[tuple[int, int]]:
         if code and line.strip() not in (BEGIN_LINE, END_LINE):
             raise MarkerError(f"line {i + 1}: {line.strip()!r} mentions a solution marker; write the marker on a line of "
                               f"its own, exactly as {BEGIN_LINE!r} or {END_LINE!r}")
-        if is_begin:
-            if start is not None:
-                raise MarkerError(f"line {i + 1}: a second BEGIN SOLUTION before the END SOLUTION of the one on line {start + 1}")
-            start = i
-        elif start is None:
+        if is_begin and start is not None:
+            raise MarkerError(f"line {i + 1}: a second BEGIN SOLUTION before the END SOLUTION of the one on line {start + 1}")
+        if is_end and start is None:
             raise MarkerError(f"line {i + 1}: END SOLUTION without a BEGIN SOLUTION before it")
+        if is_begin:
+            start = i
         else:
             regions.append((start, i))
             start = None
@@ -80,52 +63,44 @@ def solution_regions(text: str, *, code: bool = True) -> list[tuple[int, int]]:
     return regions
 
 
-def _check_call(text: str) -> tuple[ast.Call | None, bool]:
-    """The last ``X.check(...)`` call at the top level of a code cell, and whether the cell reads
-    ``.reference`` or ``.solution_text`` (the course's answer) anywhere."""
+def _read_check(answer: Answer, text: str) -> bool:
+    """Fill in what the cell's last top-level ``X.check(...)`` passes; False when there is none."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
-        return None, False
-    borrows = any(isinstance(n, ast.Attribute) and n.attr in ("reference", "solution_text") for n in ast.walk(tree))
+        return False
+    answer.borrows = any(isinstance(n, ast.Attribute) and n.attr in ("reference", "solution_text") for n in ast.walk(tree))
     calls = [n.value for n in tree.body if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
-             and isinstance(n.value.func, ast.Attribute) and n.value.func.attr == "check"]
-    return (calls[-1] if calls else None), borrows
+             and isinstance(n.value.func, ast.Attribute) and n.value.func.attr == "check" and n.value.args]
+    if calls:
+        answer.expression, *answer.context = (ast.get_source_segment(text, a) for a in calls[-1].args)
+    return bool(calls)
 
 
 def answers(nb: Any, *, strict: bool = True) -> list[Answer]:
-    """Every answer cell of ``nb`` (from its nbgrader metadata), in order.
-
-    Malformed cells raise :class:`MarkerError` listing every problem, or with ``strict=False`` (grading a
-    submission a learner may have edited) are left out.
-    """
+    """Every answer cell of ``nb``, in order. Malformed cells raise :class:`MarkerError` listing every problem,
+    or with ``strict=False`` (grading a submission a learner may have edited) are left out."""
     found, problems = [], []
     for index, cell in enumerate(nb.cells):
         meta = cell.get("metadata", {}).get("nbgrader", {})
-        text = _source(cell)
         try:
-            regions = solution_regions(text, code=cell.cell_type == "code") if cell.cell_type in ("code", "markdown") else []
+            regions = solution_regions(cell.source, code=cell.cell_type == "code") if cell.cell_type != "raw" else []
         except MarkerError as error:
             problems.append(f"cell {index}: {error}")
             continue
+        m = _GRADE_ID.match(str(meta.get("grade_id", "")))
         if not meta.get("solution"):
             if regions:
                 problems.append(f"cell {index}: a solution region outside an answer cell; give the cell nbgrader metadata "
                                 '{"solution": true, "grade": false, "locked": false, "schema_version": 3, "grade_id": "exNN-K-answer"}')
-            continue
-        m = _GRADE_ID.match(str(meta.get("grade_id", "")))
-        if not m:
+        elif not m:
             problems.append(f"cell {index}: grade_id {meta.get('grade_id')!r} should be exNN-K-answer (or exNN-K-written)")
-            continue
-        answer = Answer(index, f"{m['nb']}.{int(m['num'])}", written=m["kind"] == "written")
-        if cell.cell_type == "code":
-            call, answer.borrows = _check_call(text)
-            if call is None or not call.args:
+        else:
+            answer = Answer(index, f"{m['nb']}.{int(m['num'])}", written=m["kind"] == "written")
+            if cell.cell_type == "code" and not _read_check(answer, cell.source):
                 problems.append(f"cell {index}: an answer cell ends with its check, q.check(answer), and this one has none")
-                continue
-            answer.expression = ast.get_source_segment(text, call.args[0])
-            answer.context = [ast.get_source_segment(text, a) for a in call.args[1:]]
-        found.append(answer)
+            else:
+                found.append(answer)
     keys = [a.key for a in found if not a.written]
     problems += [f"exercise {k} has two answer cells" for k in sorted({k for k in keys if keys.count(k) > 1})]
     if problems and strict:
@@ -133,79 +108,61 @@ def answers(nb: Any, *, strict: bool = True) -> list[Answer]:
     return found
 
 
-def _stub(answer: Answer, top_level_name: bool) -> list[str]:
-    if top_level_name:
-        return [f"# YOUR CODE HERE: exercise {answer.key}", f"{answer.expression} = None"]
-    return ["# YOUR CODE HERE", f'raise NotImplementedError("Exercise {answer.key}: write your answer here")']
-
-
 def student_version(nb: Any) -> Any:
-    """A copy of ``nb`` with every solution region replaced and the exercise outputs cleared."""
+    """A copy of ``nb`` with every solution region replaced by a placeholder, and the exercise outputs cleared
+    (from the first answer cell on, except in cells tagged ``keep-output``)."""
     found = {a.index: a for a in answers(nb)}
     student = copy.deepcopy(nb)
     first = min(found, default=len(nb.cells))
     for index, cell in enumerate(student.cells):
         if index in found:
-            answer, lines = found[index], _source(cell).split("\n")
+            answer, lines = found[index], cell.source.split("\n")
             out, last = [], 0
-            for begin, end in solution_regions(_source(cell), code=cell.cell_type == "code"):
+            for begin, end in solution_regions(cell.source, code=cell.cell_type == "code"):
                 indent = re.match(r"[ \t]*", lines[begin]).group(0)
                 if cell.cell_type == "markdown":
-                    stub = [TEXT_STUB]
+                    stub = ["YOUR ANSWER HERE"]
+                elif not indent and answer.expression and answer.expression.isidentifier():  # a top-level variable
+                    stub = [f"# YOUR CODE HERE: exercise {answer.key}", f"{answer.expression} = None"]
                 else:
-                    stub = _stub(answer, not indent and bool(answer.expression) and answer.expression.isidentifier())
+                    stub = ["# YOUR CODE HERE", f'raise NotImplementedError("Exercise {answer.key}: write your answer here")']
                 out += lines[last:begin] + [indent + s for s in stub]
                 last = end + 1
             cell.source = "\n".join(out + lines[last:])
-        if cell.cell_type == "code" and index >= first and KEEP_OUTPUT_TAG not in cell.get("metadata", {}).get("tags", []):
+        if cell.cell_type == "code" and index >= first and "keep-output" not in cell.get("metadata", {}).get("tags", []):
             cell.outputs, cell.execution_count = [], None
         cell.get("metadata", {}).pop("execution", None)
     return student
 
 
-def notebooks_in(folder: str | Path) -> list[Path]:
-    """``folder`` itself if it is a notebook, else every notebook in it, sorted."""
-    folder = Path(folder)
-    if folder.is_file():
-        return [folder]
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{folder} is neither a notebook nor a folder of notebooks")
-    return sorted(p for p in folder.glob("*.ipynb") if not p.name.startswith("."))
-
-
-def release(source: str | Path, out_dir: str | Path, *, dry_run: bool = False, log=print) -> dict[str, list[Answer]]:
-    """Write the student version of every notebook in ``source`` to ``out_dir`` (others are copied).
-
-    Every notebook is checked before anything is written. Returns {notebook name: its answer cells}.
-    """
-    import nbformat
-
+def release(source: str | Path, out_dir: str | Path, *, dry_run: bool = False) -> dict[str, list[Answer]]:
+    """Write the student version of every notebook in ``source`` (a folder, or one notebook) to ``out_dir``,
+    once all are checked. Returns {notebook name: its answer cells}."""
     from .core import load
 
-    paths, out_dir = notebooks_in(source), Path(out_dir)
+    source, out_dir = Path(source), Path(out_dir)
+    if not source.exists():
+        raise FileNotFoundError(f"{source} is neither a notebook nor a folder of notebooks")
+    paths = [source] if source.is_file() else sorted(p for p in source.glob("*.ipynb") if not p.name.startswith("."))
     if not dry_run and any((out_dir / p.name).resolve() == p.resolve() for p in paths):
         raise ValueError(f"the student versions must go to another folder than {out_dir}: they would overwrite the solutions")
     found, students, problems = {}, {}, []
     for path in paths:
         nb = nbformat.read(path, as_version=4)
         try:
-            found[path.name] = answers(nb)
-            students[path.name] = student_version(nb)
+            found[path.name], students[path.name] = answers(nb), student_version(nb)
         except MarkerError as error:
             problems.append(f"{path.name}: {error}")
             continue
         keys = [a.key for a in found[path.name] if not a.written]
-        registered = [ex.key for nb_id in sorted({k[:2] for k in keys}) for ex in load(nb_id)]
-        missing = [k for k in registered if k not in keys]
-        if log:
-            log(f"{path.name}: " + (f"answer cells for {', '.join(keys)}" if keys else "no exercises, copied unchanged")
-                + (f"; WARNING: no answer cell for {', '.join(missing)}" if missing else ""))
+        missing = [ex.key for nb_id in sorted({k[:2] for k in keys}) for ex in load(nb_id) if ex.key not in keys]
+        print(f"{path.name}: " + (f"answer cells for {', '.join(keys)}" if keys else "no exercises, copied unchanged")
+              + (f"; WARNING: no answer cell for {', '.join(missing)}" if missing else ""))
     if problems:
         raise MarkerError("malformed answer cells:\n  " + "\n  ".join(problems))
     if not dry_run:
         out_dir.mkdir(parents=True, exist_ok=True)
         for name, nb in students.items():
             nbformat.write(nb, out_dir / name)
-        if log:
-            log(f"wrote {len(students)} student notebook(s) to {out_dir}")
+        print(f"wrote {len(students)} student notebook(s) to {out_dir}")
     return found
