@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["KVCache", "cached_length"]
+__all__ = ["KVCache", "layer_caches"]
 
 
 class KVCache:
@@ -51,10 +51,10 @@ class KVCache:
         return self.values_per_token * self.k.element_size()
 
 
-def cached_length(kv_caches: list[KVCache] | None, n_layers: int) -> int:
-    """How many tokens the per-layer caches already hold (0 without caches); checks there is one per layer."""
+def layer_caches(kv_caches: list[KVCache] | None, n_layers: int) -> tuple[int, list[KVCache | None]]:
+    """How many tokens the caches already hold (0 without caches), and each layer's cache (or None)."""
     if kv_caches is None:
-        return 0
+        return 0, [None] * n_layers
     if len(kv_caches) != n_layers:
         raise ValueError(f"pass one KVCache per layer: expected {n_layers}, got {len(kv_caches)}")
-    return len(kv_caches[0])
+    return len(kv_caches[0]), kv_caches

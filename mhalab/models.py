@@ -22,12 +22,12 @@ from torch import Tensor, nn
 
 from ._checks import check_head_count, check_int
 from .attention import KVCache, MultiHeadAttention
-from .kv_cache import cached_length
+from .kv_cache import layer_caches
 from .positions import sinusoidal_positions
 
 __all__ = [
     "ModelConfig", "MLP", "Block", "DecoderBlock", "Transformer", "EncoderDecoder",
-    "eval_mode", "batch_logits", "generate_tokens",
+    "eval_mode", "batch_logits", "check_token_ids", "generate_tokens",
 ]
 
 _POSITIONS = ("learned", "sinusoidal")
@@ -110,6 +110,15 @@ def batch_logits(model: nn.Module, batch: Any) -> Tensor:
         raise TypeError(f"expected a task Batch or a [batch, seq] tensor of token ids, got {type(batch).__name__}")
     forward_batch = getattr(model, "forward_batch", None)
     return forward_batch(batch) if forward_batch is not None else model(batch.inputs)
+
+
+def check_token_ids(tokens: Any, hint: str = "add a batch axis with .unsqueeze(0) for a single sequence") -> None:
+    """Raise unless ``tokens`` is a ``[batch, seq]`` tensor of integer token ids; ``hint`` says how to make one."""
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2:
+        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ValueError(f"tokens must be a [batch, seq] tensor of token ids, got {shape}; {hint}")
+    if tokens.dtype not in (torch.long, torch.int, torch.int16, torch.uint8, torch.int8):
+        raise TypeError(f"tokens must hold integer token ids, got dtype {tokens.dtype}")
 
 
 @torch.no_grad()
@@ -208,12 +217,7 @@ class _Embedding(nn.Module):
         self.dropout = config.dropout
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
-        if not isinstance(tokens, Tensor) or tokens.dim() != 2:
-            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-            raise ValueError(f"tokens must be a [batch, seq] tensor of token ids, got {shape}; "
-                             "add a batch axis with .unsqueeze(0) for a single sequence")
-        if tokens.dtype not in (torch.long, torch.int, torch.int16, torch.uint8, torch.int8):
-            raise TypeError(f"tokens must hold integer token ids, got dtype {tokens.dtype}")
+        check_token_ids(tokens)
         T = tokens.size(1)
         if offset + T > self.max_len:
             raise ValueError(f"sequence of length {offset + T} is longer than max_len={self.max_len}; "
@@ -227,8 +231,7 @@ def _output_logits(head: nn.Linear, x: Tensor, config: ModelConfig) -> Tensor:
     """``x [B, T, D]`` -> logits ``[B, T, V]``, or ``[B, T, n_targets, V]`` when ``n_targets > 1``."""
     logits = head(x)  # [B, T, n_targets * V]
     if config.n_targets > 1:
-        B, T, _ = logits.shape
-        logits = logits.view(B, T, config.n_targets, config.vocab_size)  # [B, T, n_targets, V]
+        logits = logits.unflatten(-1, (config.n_targets, config.vocab_size))  # [B, T, n_targets, V]
     return logits
 
 
@@ -265,9 +268,9 @@ class Transformer(nn.Module):
         if kv_caches is not None and not self.config.causal:
             raise ValueError("kv_caches are for decoder-only models (ModelConfig(causal=True)): "
                              "a bidirectional model must re-read the whole sequence")
-        x = self.embed(tokens, cached_length(kv_caches, len(self.blocks)))  # [B, T, D]
-        for i, block in enumerate(self.blocks):
-            cache = None if kv_caches is None else kv_caches[i]
+        past, caches = layer_caches(kv_caches, len(self.blocks))
+        x = self.embed(tokens, past)  # [B, T, D]
+        for block, cache in zip(self.blocks, caches):
             x = block(x, causal=self.config.causal, key_padding_mask=key_padding_mask, kv_cache=cache)
         return _output_logits(self.head, self.ln_final(x), self.config)
 
@@ -308,17 +311,13 @@ class EncoderDecoder(nn.Module):
         return self.ln_encoder(x)
 
     def decode(
-        self,
-        tgt: Tensor,
-        memory: Tensor,
-        *,
-        src_padding_mask: Tensor | None = None,
+        self, tgt: Tensor, memory: Tensor, *, src_padding_mask: Tensor | None = None,
         kv_caches: list[KVCache] | None = None,
     ) -> Tensor:
         """``tgt [B, T]`` and ``memory [B, S, D]`` -> logits ``[B, T, V]``."""
-        x = self.embed(tgt, cached_length(kv_caches, len(self.decoder)))  # [B, T, D]
-        for i, block in enumerate(self.decoder):
-            cache = None if kv_caches is None else kv_caches[i]
+        past, caches = layer_caches(kv_caches, len(self.decoder))
+        x = self.embed(tgt, past)  # [B, T, D]
+        for block, cache in zip(self.decoder, caches):
             x = block(x, memory, memory_padding_mask=src_padding_mask, kv_cache=cache)
         return _output_logits(self.head, self.ln_final(x), self.config)
 

@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import KVCache, MultiHeadAttention
-from ..kv_cache import cached_length
-from ..models import generate_tokens
-from .files import INSTALL_HINT, SMOLLM2, check_token_ids, model_file, token_list
+from ..kv_cache import layer_caches
+from ..models import check_token_ids, generate_tokens
+from .files import INSTALL_HINT, SMOLLM2, model_file, token_list
 from .gguf_file import GGUFContents, read_gguf
 
 __all__ = ["SmolLM2Config", "SmolLM2", "SmolLM2Tokenizer", "load_smollm2", "GGUF_NAME"]
@@ -47,20 +47,13 @@ class SmolLM2Config:
         arch = contents.get("general.architecture")
         if arch != "llama":
             raise ValueError(f"expected a GGUF file of a llama-architecture model, got {arch!r}")
-        n_heads = int(contents.get("llama.attention.head_count"))
-        d_model = int(contents.get("llama.embedding_length"))
-        return cls(
-            vocab_size=len(contents.get("tokenizer.ggml.tokens")),
-            d_model=d_model,
-            n_layers=int(contents.get("llama.block_count")),
-            n_heads=n_heads,
-            n_kv_heads=int(contents.get("llama.attention.head_count_kv")),
-            d_head=int(contents.metadata.get("llama.rope.dimension_count", d_model // n_heads)),
-            d_ff=int(contents.get("llama.feed_forward_length")),
-            rope_base=float(contents.get("llama.rope.freq_base")),
-            norm_eps=float(contents.get("llama.attention.layer_norm_rms_epsilon")),
-            max_len=int(contents.get("llama.context_length")),
-        )
+        keys = dict(d_model="embedding_length", n_layers="block_count", n_heads="attention.head_count",
+                    n_kv_heads="attention.head_count_kv", d_ff="feed_forward_length", rope_base="rope.freq_base",
+                    norm_eps="attention.layer_norm_rms_epsilon", max_len="context_length")
+        # Each setting converted to its field's type (that of the default: int, or float).
+        sizes = {name: type(getattr(cls, name))(contents.get(f"llama.{key}")) for name, key in keys.items()}
+        d_head = contents.metadata.get("llama.rope.dimension_count", sizes["d_model"] // sizes["n_heads"])
+        return cls(vocab_size=len(contents.get("tokenizer.ggml.tokens")), d_head=int(d_head), **sizes)
 
 
 class SmolLM2Tokenizer:
@@ -161,12 +154,12 @@ class SmolLM2(nn.Module):
     def forward(self, tokens: Tensor, *, kv_caches: list[KVCache] | None = None) -> Tensor:
         """Logits ``[B, T, V]``; with ``kv_caches`` (one per layer) ``tokens`` follow the cached ones."""
         check_token_ids(tokens, "tokenise text with model.tokenizer(text)")
-        past = cached_length(kv_caches, self.config.n_layers)
+        past, caches = layer_caches(kv_caches, self.config.n_layers)
         if past + tokens.size(1) > self.config.max_len:
             raise ValueError(f"{past + tokens.size(1)} tokens is more than the {self.config.max_len} SmolLM2 supports")
         x = self.token_embedding(tokens)  # [B, T, D]; positions enter only through the rotation of q and k
-        for i, block in enumerate(self.blocks):
-            x = block(x, None if kv_caches is None else kv_caches[i])
+        for block, cache in zip(self.blocks, caches):
+            x = block(x, cache)
         return F.linear(self.ln_final(x), self.token_embedding.weight)  # tied: [B, T, D] @ [D, V] -> [B, T, V]
 
     def new_kv_caches(self) -> list[KVCache]:
