@@ -106,8 +106,6 @@ class CostTable(list):
         lines += [f"{r.heads:>5}  {r.d_k:>4}  {r.parameters:>21,}  {r.kv_cache:>28,}" for r in self]
         return "\n".join(lines)
 
-    __str__ = __repr__
-
 
 @torch.no_grad()
 def cost_table(d_model: int = 512, heads=(1, 8, 32, 64), *, bias: bool = False, decode_tokens: int = 3) -> CostTable:

@@ -35,9 +35,6 @@ class KVCache:
         self.v = torch.cat([self.v, v], dim=-2)
         return self.k, self.v
 
-    def reset(self) -> None:
-        self.k = self.v = None
-
     @property
     def values_per_token(self) -> int:
         """Numbers stored per token (per sequence in the batch): keys plus values, all K/V heads."""

@@ -60,30 +60,26 @@ class SmolLM2Tokenizer:
     """Byte-level BPE from the GGUF file's tokens and merges (digits split one by one); the chat markers
     ``<|im_start|>``/``<|im_end|>`` are single special tokens."""
 
-    def __init__(self, tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int]) -> None:
+    def __init__(self, contents: GGUFContents) -> None:
         try:
             from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
         except ImportError as error:
             raise ModuleNotFoundError(f"the SmolLM2 tokenizer needs the tokenizers package: {INSTALL_HINT}") from error
+        tokens = contents.get("tokenizer.ggml.tokens")
         vocab = {token: i for i, token in enumerate(tokens)}
-        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        pairs = [tuple(m.split(" ", 1)) for m in contents.get("tokenizer.ggml.merges")]
         tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
         ])
         tok.decoder = decoders.ByteLevel()
-        CONTROL = 3  # llama.cpp's token type for special (control) tokens
-        tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t, kind in zip(tokens, token_types) if kind == CONTROL])
+        kinds = contents.get("tokenizer.ggml.token_type")
+        control = [t for t, kind in zip(tokens, kinds) if kind == 3]  # 3: llama.cpp's type for special tokens
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
         self._tok = tok
         self.start_id = vocab["<|endoftext|>"]
         self.vocab_size = len(tokens)
-
-    @classmethod
-    def from_gguf(cls, contents: GGUFContents) -> "SmolLM2Tokenizer":
-        return cls(contents.get("tokenizer.ggml.tokens"), contents.get("tokenizer.ggml.merges"),
-                   contents.get("tokenizer.ggml.token_type"))
 
     def encode(self, text: str, *, start: bool = True) -> list[int]:
         """Token ids of ``text``, after ``<|endoftext|>`` (SmolLM2's start token between documents) if ``start``."""
@@ -208,6 +204,6 @@ def load_smollm2(*, allow_download: bool | None = None) -> SmolLM2:
     config = SmolLM2Config.from_gguf(contents)
     model = SmolLM2(config)
     model.load_state_dict(_llama_weights(contents, config), strict=True)
-    model.tokenizer = SmolLM2Tokenizer.from_gguf(contents)
+    model.tokenizer = SmolLM2Tokenizer(contents)
     return model.eval()
 
