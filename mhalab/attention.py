@@ -162,14 +162,14 @@ class MultiHeadAttention(nn.Module):
     def head_projections(self, i: int) -> HeadProjections:
         """Views of W_Q, W_K, W_V (``[d_model, d_k]``) and W_O (``[d_k, d_model]``) for head ``i``."""
         check_index("head index", i, self.n_heads, valid="this module has heads")
-        H, G, dk = self.n_heads, self.n_kv_heads, self.d_head
+        H, G, dk, D = self.n_heads, self.n_kv_heads, self.d_head, self.d_model
         g = i // (H // G)  # the K/V head this query head reads
         blocks = (i, H + g, H + G + g)  # its rows of qkv_proj: Q head i, then K and V head g
-        w = self.qkv_proj.weight.view(H + 2 * G, dk, self.d_model)  # [(H + 2G) dk, D] -> one [dk, D] block per head
+        w = self.qkv_proj.weight.view(H + 2 * G, dk, D)  # [(H + 2G) dk, D] -> a [dk, D] block per head
         W_Q, W_K, W_V = (w[j].t() for j in blocks)  # each [D, dk]
         b = self.qkv_proj.bias
         b_Q, b_K, b_V = (b.view(H + 2 * G, dk)[j] for j in blocks) if b is not None else (None, None, None)
-        W_O = self.out_proj.weight.view(self.d_model, H, dk)[:, i].t()  # [D, H dk] -> [D, H, dk]; head i's [dk, D]
+        W_O = self.out_proj.weight.view(D, H, dk)[:, i].t()  # [D, H dk] -> [D, H, dk] -> [dk, D]
         return HeadProjections(W_Q, W_K, W_V, W_O, b_Q, b_K, b_V)
 
     def split_heads(self, x: Tensor) -> Tensor:

