@@ -74,11 +74,8 @@ def _autocast_enabled(device_type: str) -> bool:
         return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
 
 
-class HookPoint(nn.Module):
+class HookPoint(nn.Identity):
     """An identity layer that names an activation (``blocks.0.attn.pattern``) so hooks can read or replace it."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x
 
     @property
     def active(self) -> bool:

@@ -23,16 +23,13 @@ class KVCache:
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add ``[B, G, T_new, dk]`` keys and values; return all of them so far."""
-        if self.k is None:
-            self.k, self.v = k, v
-            return k, v
-        if k.shape[:2] != self.k.shape[:2] or k.size(-1) != self.k.size(-1):
+        if self.k is not None and (k.shape[:2] != self.k.shape[:2] or k.size(-1) != self.k.size(-1)):
             raise ValueError(
                 f"cannot append keys of shape {tuple(k.shape)} to a cache holding {tuple(self.k.shape)}: "
                 "batch, heads and d_k must match (use a fresh KVCache for a new batch or another layer)"
             )
-        self.k = torch.cat([self.k, k], dim=-2)  # [B, G, T + T_new, dk]
-        self.v = torch.cat([self.v, v], dim=-2)
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)  # [B, G, T + T_new, dk]
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
         return self.k, self.v
 
     @property

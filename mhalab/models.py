@@ -25,9 +25,6 @@ __all__ = [
     "eval_mode", "batch_logits", "check_token_ids", "generate_tokens",
 ]
 
-_POSITIONS = ("learned", "sinusoidal")
-
-
 # ---------------------------------------------------------------------------- config
 @dataclass(frozen=True)
 class ModelConfig:
@@ -58,8 +55,8 @@ class ModelConfig:
         check_int("d_ff", self.d_ff, 1)
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
-        if self.positions not in _POSITIONS:
-            raise ValueError(f"positions must be one of {_POSITIONS}, got {self.positions!r}")
+        if self.positions not in ("learned", "sinusoidal"):
+            raise ValueError(f"positions must be one of ('learned', 'sinusoidal'), got {self.positions!r}")
         for name in ("causal", "bias"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
