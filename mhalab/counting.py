@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ._checks import check_head_count, check_head_shape, check_int
+from ._checks import check_head_shape, check_int
 from .attention import KVCache, MultiHeadAttention
 
 __all__ = [
@@ -74,7 +74,7 @@ def kv_cache_per_token(
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32 or torch.bfloat16, got {dtype!r}")
     elements = 2 * g * d_k * n_layers
-    return KVCacheSize(elements, None if dtype is None else elements * torch.empty((), dtype=dtype).element_size())
+    return KVCacheSize(elements, None if dtype is None else elements * dtype.itemsize)
 
 
 class CostRow(NamedTuple):
@@ -114,13 +114,12 @@ def cost_table(d_model: int = 512, heads=(1, 8, 32, 64), *, bias: bool = False, 
     rows = []
     generator = torch.Generator().manual_seed(0)
     for h in heads:
-        d_k = check_head_count(d_model, h)
         module = MultiHeadAttention(d_model, h, bias=bias).eval()
         cache = KVCache()
         tokens = torch.randn(1, decode_tokens, d_model, generator=generator)
         for t in range(decode_tokens):
             module(tokens[:, t : t + 1], kv_cache=cache, is_causal=True)
-        row = CostRow(h, d_k, count_parameters(module), attention_parameters(d_model, h, bias=bias).total,
+        row = CostRow(h, module.d_k, count_parameters(module), attention_parameters(d_model, h, bias=bias).total,
                       cache.values_per_token, kv_cache_per_token(d_model, h).elements)
         if row.parameters != row.parameters_formula or row.kv_cache != row.kv_cache_formula:
             raise AssertionError(f"measured and formula disagree: {row}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import functools
+from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 
 import torch
@@ -72,17 +72,13 @@ def hooks_attached(model: nn.Module, hooks: Iterable[tuple[Any, Hook]]) -> Itera
     ``names`` is a hook-point name, a glob (``"blocks.*.attn.z"``), a list of them or a predicate.
     """
     points = hook_points(model)
-    handles = []
-    try:
+    with contextlib.ExitStack() as attached:  # removes every handle on leaving, also on error
         for names, hook in hooks:
             if not callable(hook):
                 raise TypeError(f"a hook must be a function hook(activation, name), got {type(hook).__name__}")
             for name in _select(model, names, list(points)):
-                handles.append(points[name].register_forward_hook(functools.partial(_call_hook, hook, name)))
+                attached.enter_context(points[name].register_forward_hook(partial(_call_hook, hook, name)))
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _call_hook(hook: Hook, name: str, module: nn.Module, inputs: tuple, output: Tensor) -> Tensor | None:
