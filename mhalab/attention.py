@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_head_count, check_head_shape, valid_head_counts
+from ._checks import check_head_count, check_head_shape, check_index, valid_head_counts
 from .kv_cache import KVCache
 from .masks import causal_mask, combine_masks
 from .positions import apply_rotary
@@ -74,11 +74,8 @@ def _autocast_enabled(device_type: str) -> bool:
         return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
 
 
-class HookPoint(nn.Module):
+class HookPoint(nn.Identity):
     """An identity layer that names an activation (``blocks.0.attn.pattern``) so hooks can read or replace it."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x
 
     @property
     def active(self) -> bool:
@@ -161,15 +158,15 @@ class MultiHeadAttention(nn.Module):
 
     def head_projections(self, i: int) -> HeadProjections:
         """Views of W_Q, W_K, W_V (``[d_model, d_k]``) and W_O (``[d_k, d_model]``) for head ``i``."""
-        if not 0 <= i < self.n_heads:
-            raise IndexError(f"head index {i} is out of range: this module has heads 0..{self.n_heads - 1}")
-        H, G, dk = self.n_heads, self.n_kv_heads, self.d_head
+        check_index("head index", i, self.n_heads, valid="this module has heads")
+        H, G, dk, D = self.n_heads, self.n_kv_heads, self.d_head, self.d_model
         g = i // (H // G)  # the K/V head this query head reads
-        w, b = self.qkv_proj.weight, self.qkv_proj.bias  # w: [(H + 2G) dk, D] (rows: outputs)
-        rows = [slice(i * dk, (i + 1) * dk), slice((H + g) * dk, (H + g + 1) * dk), slice((H + G + g) * dk, (H + G + g + 1) * dk)]
-        W_Q, W_K, W_V = (w[r].t() for r in rows)  # each [D, dk]
-        b_Q, b_K, b_V = (b[r] for r in rows) if b is not None else (None, None, None)
-        W_O = self.out_proj.weight[:, i * dk : (i + 1) * dk].t()  # [dk, D]: head i's columns of W_O
+        blocks = (i, H + g, H + G + g)  # its rows of qkv_proj: Q head i, then K and V head g
+        w = self.qkv_proj.weight.view(H + 2 * G, dk, D)  # [(H + 2G) dk, D] -> a [dk, D] block per head
+        W_Q, W_K, W_V = (w[j].t() for j in blocks)  # each [D, dk]
+        b = self.qkv_proj.bias
+        b_Q, b_K, b_V = (b.view(H + 2 * G, dk)[j] for j in blocks) if b is not None else (None, None, None)
+        W_O = self.out_proj.weight.view(D, H, dk)[:, i].t()  # [D, H dk] -> [D, H, dk] -> [dk, D]
         return HeadProjections(W_Q, W_K, W_V, W_O, b_Q, b_K, b_V)
 
     def split_heads(self, x: Tensor) -> Tensor:
@@ -282,13 +279,6 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"query, key and value must have the same batch size, got {query.size(0)}, "
                              f"{key.size(0)} and {value.size(0)}")
 
-    def _paired_with(self, m: nn.MultiheadAttention) -> list[tuple[Tensor, Tensor]]:
-        # torch stacks W_Q, W_K, W_V in the same order and layout as qkv_proj.
-        pairs = [(self.qkv_proj.weight, m.in_proj_weight), (self.out_proj.weight, m.out_proj.weight)]
-        if self.bias:
-            pairs += [(self.qkv_proj.bias, m.in_proj_bias), (self.out_proj.bias, m.out_proj.bias)]
-        return pairs
-
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadAttention":
         """A batch-first ``MultiHeadAttention`` with the same weights as a ``torch.nn.MultiheadAttention``."""
@@ -300,9 +290,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("from_torch does not support add_bias_kv or add_zero_attn")
         ours = cls(m.embed_dim, m.num_heads, bias=m.in_proj_bias is not None, dropout=m.dropout)
         ours = ours.to(device=m.in_proj_weight.device, dtype=m.in_proj_weight.dtype)
-        with torch.no_grad():
-            for mine, theirs in ours._paired_with(m):
-                mine.copy_(theirs)
+        # torch stacks W_Q, W_K, W_V in the same order and layout as qkv_proj: only the names differ.
+        ours.load_state_dict({k.replace("in_proj_", "qkv_proj."): v for k, v in m.state_dict().items()})
         return ours
 
     def to_torch(self) -> nn.MultiheadAttention:
@@ -315,7 +304,5 @@ class MultiHeadAttention(nn.Module):
             self.d_model, self.n_heads, dropout=self.dropout, bias=self.bias, batch_first=True,
             device=w.device, dtype=w.dtype,
         )
-        with torch.no_grad():
-            for mine, theirs in self._paired_with(m):
-                theirs.copy_(mine)
+        m.load_state_dict({k.replace("qkv_proj.", "in_proj_"): v for k, v in self.state_dict().items()})
         return m

@@ -1,10 +1,5 @@
-"""The arithmetic of multi-head attention: parameters and KV cache against the head count.
-
-Without biases, h heads of d_k = d_model / h have 3 * d_model * (h * d_k) = 3 * d_model² for W_Q, W_K,
-W_V plus d_model² for W_O: 4 * d_model² whatever h is, and cache 2 * h * d_k = 2 * d_model numbers per
-token per layer. Grouped-query attention (g K/V heads; Ainslie et al. 2023) and a head size other than
-d_model / h break both on purpose: both functions take ``n_kv_heads`` and ``d_head`` for that.
-:func:`cost_table` checks the formulas on real modules and real caches.
+"""The arithmetic of multi-head attention: parameters (4 d_model² for any h) and KV cache (2 d_model per
+token per layer) against the head count; ``n_kv_heads`` (grouped-query) and ``d_head`` break both on purpose.
 """
 
 from __future__ import annotations
@@ -14,7 +9,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ._checks import check_head_count, check_head_shape, check_int
+from ._checks import check_head_shape, check_int
 from .attention import KVCache, MultiHeadAttention
 
 __all__ = [
@@ -79,7 +74,7 @@ def kv_cache_per_token(
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32 or torch.bfloat16, got {dtype!r}")
     elements = 2 * g * d_k * n_layers
-    return KVCacheSize(elements, None if dtype is None else elements * torch.empty((), dtype=dtype).element_size())
+    return KVCacheSize(elements, None if dtype is None else elements * dtype.itemsize)
 
 
 class CostRow(NamedTuple):
@@ -106,8 +101,6 @@ class CostTable(list):
         lines += [f"{r.heads:>5}  {r.d_k:>4}  {r.parameters:>21,}  {r.kv_cache:>28,}" for r in self]
         return "\n".join(lines)
 
-    __str__ = __repr__
-
 
 @torch.no_grad()
 def cost_table(d_model: int = 512, heads=(1, 8, 32, 64), *, bias: bool = False, decode_tokens: int = 3) -> CostTable:
@@ -121,13 +114,12 @@ def cost_table(d_model: int = 512, heads=(1, 8, 32, 64), *, bias: bool = False, 
     rows = []
     generator = torch.Generator().manual_seed(0)
     for h in heads:
-        d_k = check_head_count(d_model, h)
         module = MultiHeadAttention(d_model, h, bias=bias).eval()
         cache = KVCache()
         tokens = torch.randn(1, decode_tokens, d_model, generator=generator)
         for t in range(decode_tokens):
             module(tokens[:, t : t + 1], kv_cache=cache, is_causal=True)
-        row = CostRow(h, d_k, count_parameters(module), attention_parameters(d_model, h, bias=bias).total,
+        row = CostRow(h, module.d_k, count_parameters(module), attention_parameters(d_model, h, bias=bias).total,
                       cache.values_per_token, kv_cache_per_token(d_model, h).elements)
         if row.parameters != row.parameters_formula or row.kv_cache != row.kv_cache_formula:
             raise AssertionError(f"measured and formula disagree: {row}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 
 import torch
@@ -71,27 +72,20 @@ def hooks_attached(model: nn.Module, hooks: Iterable[tuple[Any, Hook]]) -> Itera
     ``names`` is a hook-point name, a glob (``"blocks.*.attn.z"``), a list of them or a predicate.
     """
     points = hook_points(model)
-    handles = []
-    try:
+    with contextlib.ExitStack() as attached:  # removes every handle on leaving, also on error
         for names, hook in hooks:
             if not callable(hook):
                 raise TypeError(f"a hook must be a function hook(activation, name), got {type(hook).__name__}")
             for name in _select(model, names, list(points)):
-                handles.append(points[name].register_forward_hook(_forward_hook(hook, name)))
+                attached.enter_context(points[name].register_forward_hook(partial(_call_hook, hook, name)))
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
-def _forward_hook(hook: Hook, name: str) -> Callable:
-    def forward_hook(module: nn.Module, inputs: tuple, output: Tensor) -> Tensor | None:
-        replaced = hook(output, name)
-        if replaced is not None and replaced.shape != output.shape:
-            raise ValueError(f"the hook on {name} returned shape {tuple(replaced.shape)}, expected {tuple(output.shape)}")
-        return replaced
-
-    return forward_hook
+def _call_hook(hook: Hook, name: str, module: nn.Module, inputs: tuple, output: Tensor) -> Tensor | None:
+    replaced = hook(output, name)
+    if replaced is not None and replaced.shape != output.shape:
+        raise ValueError(f"the hook on {name} returned shape {tuple(replaced.shape)}, expected {tuple(output.shape)}")
+    return replaced
 
 
 def run_with_hooks(model: nn.Module, *args: Any, hooks: Iterable[tuple[Any, Hook]], **kwargs: Any) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["KVCache", "cached_length"]
+__all__ = ["KVCache", "layer_caches"]
 
 
 class KVCache:
@@ -23,20 +23,14 @@ class KVCache:
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add ``[B, G, T_new, dk]`` keys and values; return all of them so far."""
-        if self.k is None:
-            self.k, self.v = k, v
-            return k, v
-        if k.shape[:2] != self.k.shape[:2] or k.size(-1) != self.k.size(-1):
+        if self.k is not None and (k.shape[:2] != self.k.shape[:2] or k.size(-1) != self.k.size(-1)):
             raise ValueError(
                 f"cannot append keys of shape {tuple(k.shape)} to a cache holding {tuple(self.k.shape)}: "
                 "batch, heads and d_k must match (use a fresh KVCache for a new batch or another layer)"
             )
-        self.k = torch.cat([self.k, k], dim=-2)  # [B, G, T + T_new, dk]
-        self.v = torch.cat([self.v, v], dim=-2)
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)  # [B, G, T + T_new, dk]
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
         return self.k, self.v
-
-    def reset(self) -> None:
-        self.k = self.v = None
 
     @property
     def values_per_token(self) -> int:
@@ -51,10 +45,10 @@ class KVCache:
         return self.values_per_token * self.k.element_size()
 
 
-def cached_length(kv_caches: list[KVCache] | None, n_layers: int) -> int:
-    """How many tokens the per-layer caches already hold (0 without caches); checks there is one per layer."""
+def layer_caches(kv_caches: list[KVCache] | None, n_layers: int) -> tuple[int, list[KVCache | None]]:
+    """How many tokens the caches already hold (0 without caches), and each layer's cache (or None)."""
     if kv_caches is None:
-        return 0
+        return 0, [None] * n_layers
     if len(kv_caches) != n_layers:
         raise ValueError(f"pass one KVCache per layer: expected {n_layers}, got {len(kv_caches)}")
-    return len(kv_caches[0])
+    return len(kv_caches[0]), kv_caches

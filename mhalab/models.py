@@ -1,13 +1,8 @@
 """Small transformers built from :class:`mhalab.MultiHeadAttention`, sized for a laptop CPU.
 
-:class:`Transformer` is encoder-only (``causal=False``) or decoder-only (``causal=True``): embedding +
-positions, pre-norm blocks (attention, then an MLP, each added to the residual stream), a final
-LayerNorm and an output head. :class:`EncoderDecoder` is the original transformer's shape: a causal
-decoder that cross-attends to the encoder's output in every layer.
-
 Shapes: B batch, T (target) length, S source length, D d_model, H heads, V vocab size. Hook points are
-named by place: ``blocks.{i}.attn`` in a :class:`Transformer`; ``encoder.{i}.attn``,
-``decoder.{i}.self_attn`` and ``decoder.{i}.cross_attn`` in an :class:`EncoderDecoder` (see :mod:`mhalab.hooks`).
+named by place (see :mod:`mhalab.hooks`): ``blocks.{i}.attn`` in a :class:`Transformer`; ``encoder.{i}.attn``,
+``decoder.{i}.self_attn`` and ``decoder.{i}.cross_attn`` in an :class:`EncoderDecoder`.
 """
 
 from __future__ import annotations
@@ -22,16 +17,13 @@ from torch import Tensor, nn
 
 from ._checks import check_head_count, check_int
 from .attention import KVCache, MultiHeadAttention
-from .kv_cache import cached_length
+from .kv_cache import layer_caches
 from .positions import sinusoidal_positions
 
 __all__ = [
     "ModelConfig", "MLP", "Block", "DecoderBlock", "Transformer", "EncoderDecoder",
-    "eval_mode", "batch_logits", "generate_tokens",
+    "eval_mode", "batch_logits", "check_token_ids", "generate_tokens",
 ]
-
-_POSITIONS = ("learned", "sinusoidal")
-
 
 # ---------------------------------------------------------------------------- config
 @dataclass(frozen=True)
@@ -63,8 +55,8 @@ class ModelConfig:
         check_int("d_ff", self.d_ff, 1)
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
-        if self.positions not in _POSITIONS:
-            raise ValueError(f"positions must be one of {_POSITIONS}, got {self.positions!r}")
+        if self.positions not in ("learned", "sinusoidal"):
+            raise ValueError(f"positions must be one of ('learned', 'sinusoidal'), got {self.positions!r}")
         for name in ("causal", "bias"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -110,6 +102,15 @@ def batch_logits(model: nn.Module, batch: Any) -> Tensor:
         raise TypeError(f"expected a task Batch or a [batch, seq] tensor of token ids, got {type(batch).__name__}")
     forward_batch = getattr(model, "forward_batch", None)
     return forward_batch(batch) if forward_batch is not None else model(batch.inputs)
+
+
+def check_token_ids(tokens: Any, hint: str = "add a batch axis with .unsqueeze(0) for a single sequence"):
+    """Raise unless ``tokens`` is a ``[batch, seq]`` tensor of integer ids; ``hint`` says how to make one."""
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2:
+        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ValueError(f"tokens must be a [batch, seq] tensor of token ids, got {shape}; {hint}")
+    if tokens.dtype not in (torch.long, torch.int, torch.int16, torch.uint8, torch.int8):
+        raise TypeError(f"tokens must hold integer token ids, got dtype {tokens.dtype}")
 
 
 @torch.no_grad()
@@ -208,12 +209,7 @@ class _Embedding(nn.Module):
         self.dropout = config.dropout
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
-        if not isinstance(tokens, Tensor) or tokens.dim() != 2:
-            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-            raise ValueError(f"tokens must be a [batch, seq] tensor of token ids, got {shape}; "
-                             "add a batch axis with .unsqueeze(0) for a single sequence")
-        if tokens.dtype not in (torch.long, torch.int, torch.int16, torch.uint8, torch.int8):
-            raise TypeError(f"tokens must hold integer token ids, got dtype {tokens.dtype}")
+        check_token_ids(tokens)
         T = tokens.size(1)
         if offset + T > self.max_len:
             raise ValueError(f"sequence of length {offset + T} is longer than max_len={self.max_len}; "
@@ -227,8 +223,7 @@ def _output_logits(head: nn.Linear, x: Tensor, config: ModelConfig) -> Tensor:
     """``x [B, T, D]`` -> logits ``[B, T, V]``, or ``[B, T, n_targets, V]`` when ``n_targets > 1``."""
     logits = head(x)  # [B, T, n_targets * V]
     if config.n_targets > 1:
-        B, T, _ = logits.shape
-        logits = logits.view(B, T, config.n_targets, config.vocab_size)  # [B, T, n_targets, V]
+        logits = logits.unflatten(-1, (config.n_targets, config.vocab_size))  # [B, T, n_targets, V]
     return logits
 
 
@@ -241,10 +236,8 @@ def _check_config(config: Any) -> ModelConfig:
 
 # ---------------------------------------------------------------------------- models
 class Transformer(nn.Module):
-    """Encoder-only (``config.causal=False``) or decoder-only (``config.causal=True``) transformer.
-
-    ``forward(tokens [B, T])`` -> logits ``[B, T, V]``; ``blocks[i].attn`` is layer i's attention.
-    """
+    """Encoder-only (``config.causal=False``) or decoder-only (``config.causal=True``) transformer:
+    embedding + positions, pre-norm blocks, a final LayerNorm and an output head."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -265,9 +258,9 @@ class Transformer(nn.Module):
         if kv_caches is not None and not self.config.causal:
             raise ValueError("kv_caches are for decoder-only models (ModelConfig(causal=True)): "
                              "a bidirectional model must re-read the whole sequence")
-        x = self.embed(tokens, cached_length(kv_caches, len(self.blocks)))  # [B, T, D]
-        for i, block in enumerate(self.blocks):
-            cache = None if kv_caches is None else kv_caches[i]
+        past, caches = layer_caches(kv_caches, len(self.blocks))
+        x = self.embed(tokens, past)  # [B, T, D]
+        for block, cache in zip(self.blocks, caches):
             x = block(x, causal=self.config.causal, key_padding_mask=key_padding_mask, kv_cache=cache)
         return _output_logits(self.head, self.ln_final(x), self.config)
 
@@ -283,12 +276,8 @@ class Transformer(nn.Module):
 
 
 class EncoderDecoder(nn.Module):
-    """Encoder-decoder transformer for sequence-to-sequence tasks; source and target share one vocabulary.
-
-    The encoder reads ``src [B, S]`` bidirectionally; the decoder reads ``tgt [B, T]`` causally and
-    cross-attends to the encoder's output. Hook points: ``encoder.{i}.attn`` (``[B, H, S, S]``),
-    ``decoder.{i}.self_attn`` (``[B, H, T, T]``) and ``decoder.{i}.cross_attn`` (``[B, H, T, S]``).
-    """
+    """The original transformer's shape for sequence-to-sequence tasks (one vocabulary): the encoder reads
+    ``src [B, S]``; the decoder reads ``tgt [B, T]`` causally and cross-attends to the encoder's output."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -308,17 +297,13 @@ class EncoderDecoder(nn.Module):
         return self.ln_encoder(x)
 
     def decode(
-        self,
-        tgt: Tensor,
-        memory: Tensor,
-        *,
-        src_padding_mask: Tensor | None = None,
+        self, tgt: Tensor, memory: Tensor, *, src_padding_mask: Tensor | None = None,
         kv_caches: list[KVCache] | None = None,
     ) -> Tensor:
         """``tgt [B, T]`` and ``memory [B, S, D]`` -> logits ``[B, T, V]``."""
-        x = self.embed(tgt, cached_length(kv_caches, len(self.decoder)))  # [B, T, D]
-        for i, block in enumerate(self.decoder):
-            cache = None if kv_caches is None else kv_caches[i]
+        past, caches = layer_caches(kv_caches, len(self.decoder))
+        x = self.embed(tgt, past)  # [B, T, D]
+        for block, cache in zip(self.decoder, caches):
             x = block(x, memory, memory_padding_mask=src_padding_mask, kv_cache=cache)
         return _output_logits(self.head, self.ln_final(x), self.config)
 

@@ -116,6 +116,8 @@ def test_bad_input_says_what_to_pass():
     from mhalab.pretrained import MiniLM, SmolLM2, SmolLM2Config
 
     with pytest.raises(ValueError, match="token ids"):
+        MiniLM()(torch.zeros(4, dtype=torch.long))
+    with pytest.raises(TypeError, match="integer token ids"):
         MiniLM()(torch.randn(1, 4))
     with pytest.raises(RuntimeError, match="load_minilm"):
         MiniLM().embed(["no tokenizer"])

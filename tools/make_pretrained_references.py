@@ -72,7 +72,7 @@ def smollm2_references(gguf_path: Path) -> None:
     from mhalab.pretrained.gguf_file import read_gguf
     from mhalab.pretrained.smollm2 import SmolLM2Tokenizer
 
-    ours = SmolLM2Tokenizer.from_gguf(read_gguf(gguf_path, tensors=False))
+    ours = SmolLM2Tokenizer(read_gguf(gguf_path, tensors=False))
     theirs = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32).eval()
 

@@ -10,14 +10,6 @@ from .minilm import MiniLM, MiniLMConfig, MiniLMTokenizer, load_minilm
 from .smollm2 import SmolLM2, SmolLM2Config, SmolLM2Tokenizer, load_smollm2
 
 __all__ = [
-    "INSTALL_HINT",
-    "wheels_installed",
-    "MiniLM",
-    "MiniLMConfig",
-    "MiniLMTokenizer",
-    "load_minilm",
-    "SmolLM2",
-    "SmolLM2Config",
-    "SmolLM2Tokenizer",
-    "load_smollm2",
+    "INSTALL_HINT", "wheels_installed", "MiniLM", "MiniLMConfig", "MiniLMTokenizer", "load_minilm",
+    "SmolLM2", "SmolLM2Config", "SmolLM2Tokenizer", "load_smollm2",
 ]

