@@ -9,8 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .core import available_notebooks, load
-from .grade import grade
-from .release import release
+from .grade import grade, release
 
 
 def cmd_release(args: argparse.Namespace) -> int:

@@ -76,7 +76,7 @@ def _template(solution: str) -> tuple[str, tuple[str, ...]] | None:
 
 
 class Exercise:
-    """Exercise ``number`` of notebook ``notebook`` ("03"): ``checker(answer, *context)`` raises :class:`Wrong`;
+    """Exercise ``number`` of notebook ``notebook`` ("03"): ``checker(answer)`` raises :class:`Wrong`;
     ``hint`` is one hint or a list given one at a time; the first ``def`` line of ``solution`` is the template
     the learner's function is called by; ``reference`` passes, but scores 0 when handed in."""
 
@@ -104,7 +104,7 @@ class Exercise:
             return f"your answer is mhalab's own `{answer.__module__}.{getattr(answer, '__qualname__', '?')}`; write it yourself"
         return None
 
-    def verdict(self, answer: Any, *context: Any, tape: list | None = None, replay: list | None = None,
+    def verdict(self, answer: Any, *, tape: list | None = None, replay: list | None = None,
                 trusted: bool = False) -> tuple[str, str]:
         """(status, message) for ``answer``; never raises for anything the learner did. ``trusted`` (the tests
         only) lets the answer be or run the course's own code."""
@@ -115,7 +115,7 @@ class Exercise:
             return FAILED, borrowed
         _SESSIONS.append(_Session(self.template, tape, replay, trusted))
         try:
-            self.checker(answer, *context)
+            self.checker(answer)
         except NotImplementedError:
             return UNANSWERED, "no answer yet: your code still raises NotImplementedError; replace that line with your answer."
         except AnswerRaised as raised:
@@ -132,24 +132,24 @@ class Exercise:
             _SESSIONS.pop()
         return PASSED, "correct."
 
-    def check(self, answer: Any, *context: Any) -> None:
+    def check(self, answer: Any) -> None:
         """Test ``answer`` (a function on hidden inputs, or a value) and print ✓ or what is off."""
-        status, message = self.verdict(answer, *context)
+        status, message = self.verdict(answer)
         self.last_status, self.last_message = status, message
         print(f"{'✓' if status == PASSED else '✗'} Exercise {self.key} ({self.title}): {message}")
         if status != PASSED and os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes"):
             raise AssertionError(f"exercise {self.key} ({self.title}): {message}")
 
-    def record(self, answer: Any, *context: Any) -> dict:
+    def record(self, answer: Any) -> dict:
         """Check ``answer`` in the learner's kernel; return as plain data what :meth:`replay` judges."""
         from .calls import encode
 
         tape: list = []
         borrowed = self._borrowed(answer)
         if not borrowed:
-            self.verdict(answer, *context, tape=tape)
+            self.verdict(answer, tape=tape)
         encoded = {"__function__": getattr(answer, "__name__", "answer")} if callable(answer) else encode(answer)
-        return {"answer": encoded, "context": encode(context), "calls": tape, "problem": borrowed}
+        return {"answer": encoded, "calls": tape, "problem": borrowed}
 
     def replay(self, recorded: dict) -> tuple[str, str]:
         """(status, message) judged here from what :meth:`record` wrote in the learner's kernel."""
@@ -157,8 +157,7 @@ class Exercise:
 
         if recorded.get("problem"):
             return FAILED, recorded["problem"]
-        return self.verdict(decode(recorded.get("answer")), *decode(recorded.get("context", ())),
-                            replay=list(recorded.get("calls", [])))
+        return self.verdict(decode(recorded.get("answer")), replay=list(recorded.get("calls", [])))
 
     def hint(self) -> None:
         """Print the next hint (all of them once every one has been shown)."""
