@@ -53,9 +53,12 @@ class _Session:
         if self.tape is not None:
             self.tape.append(entry)
 
-    def replayed(self) -> tuple:
-        """The next recorded entry, ("missing",) when the recording has ended."""
-        return self.replay.pop(0) if self.replay else ("missing",)
+    def replayed(self, *kinds: str) -> tuple[str, list]:
+        """(kind, payload) of the next recorded entry; Wrong unless its kind is one of ``kinds``."""
+        kind, *payload = self.replay.pop(0) if self.replay else ("missing",)
+        if kind not in kinds:
+            raise Wrong("what the notebook's kernel recorded does not match this check")
+        return kind, payload
 
 
 _SESSIONS = [_Session()]
@@ -88,14 +91,10 @@ class Exercise:
         self.notebook, self.number, self.title = str(notebook).zfill(2), int(number), title
         self.checker, self.hints, self.solution_text, self.points = checker, hints, solution, points
         self.reference = reference
-        self.template = _template(solution)
+        self.key, self.template = f"{self.notebook}.{self.number}", _template(solution)
         self.last_status: str | None = None
         self.last_message = ""
         self._hints_shown = 0
-
-    @property
-    def key(self) -> str:
-        return f"{self.notebook}.{self.number}"
 
     def _borrowed(self, answer: Any) -> str | None:
         if answer is self.reference and (callable(answer) or not isinstance(answer, (bool, int, float, str, tuple, bytes))):
@@ -161,13 +160,8 @@ class Exercise:
 
     def hint(self) -> None:
         """Print the next hint (all of them once every one has been shown)."""
-        n = len(self.hints)
-        if self._hints_shown < n:
-            self._hints_shown += 1
-            shown = [self._hints_shown]
-        else:
-            shown = range(1, n + 1)
-        for i in shown:
+        n, self._hints_shown = len(self.hints), self._hints_shown + 1
+        for i in [self._hints_shown] if self._hints_shown <= n else range(1, n + 1):
             print(f"Hint{'' if n == 1 else f' {i} of {n}'} for exercise {self.key}: {self.hints[i - 1]}")
 
     def solution(self) -> None:
