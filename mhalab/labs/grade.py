@@ -22,7 +22,7 @@ import secrets
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -195,15 +195,11 @@ class GradeReport:
     notebook: str
     notebooks: list[str]
     exercises: list[ExerciseGrade]
-    errors: list[str] = field(default_factory=list)   # "cell 5: ValueError", from the executed notebook
-    kernel_died: bool = False
-    elapsed_s: float = 0.0
-    score: float = field(init=False)
-    max_score: float = field(init=False)
-
-    def __post_init__(self):
-        self.score = sum(e.score for e in self.exercises)
-        self.max_score = sum(e.points for e in self.exercises)
+    score: float
+    max_score: float
+    errors: list[str]     # "cell 5: ValueError", from the executed notebook
+    kernel_died: bool
+    elapsed_s: float
 
     def format(self) -> str:
         width = max([len(e.title) for e in self.exercises] + [10])
@@ -247,12 +243,10 @@ def execute(nb: Any, *, cwd: str | Path, timeout: float | None = 600, kernel_nam
     client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, allow_errors=True, interrupt_on_timeout=True,
                             record_timing=False, resources={"metadata": {"path": str(cwd)}})
     env = {k: v for k, v in os.environ.items() if k != STRICT_ENV}  # grading never stops at a failed check
-    with client.setup_kernel(env=env, stderr=subprocess.DEVNULL):  # the kernel's start-up noise is not the learner's
-        try:
-            for index, cell in enumerate(nb.cells):
-                client.execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
-        except DeadKernelError:
-            return nb, True
+    try:
+        client.execute(env=env, stderr=subprocess.DEVNULL)  # the kernel's start-up noise is not the learner's
+    except DeadKernelError:  # the cells run so far keep their outputs
+        return nb, True
     return nb, False
 
 
@@ -297,4 +291,5 @@ def grade(path: str | Path, *, timeout: float | None = 600, kernel_name: str = "
         nbformat.write(run, executed_path)
     errors = [f"cell {i}: {o.get('ename')}" for i, c in enumerate(run.cells) for o in c.get("outputs", [])
               if o.get("output_type") == "error" and o.get("ename") != "NotImplementedError"]
-    return GradeReport(str(path), ids, grades, errors, died, round(elapsed, 1))
+    total, points = sum(g.score for g in grades), sum(g.points for g in grades)
+    return GradeReport(str(path), ids, grades, total, points, errors, died, round(elapsed, 1))
