@@ -68,16 +68,6 @@ def session() -> _Session:
     return _SESSIONS[-1]
 
 
-def _template(solution: str) -> tuple[str, tuple[str, ...]] | None:
-    """(name, parameters) of the first ``def`` in the solution text: how the learner's function is called."""
-    try:
-        tree = ast.parse(solution)
-    except SyntaxError:
-        return None
-    defs = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
-    return (defs[0].name, tuple(a.arg for a in defs[0].args.args)) if defs else None
-
-
 class Exercise:
     """Exercise ``number`` of notebook ``notebook`` ("03"): ``checker(answer)`` raises :class:`Wrong`;
     ``hint`` is one hint or a list given one at a time; the first ``def`` line of ``solution`` is the template
@@ -91,7 +81,9 @@ class Exercise:
         self.notebook, self.number, self.title = str(notebook).zfill(2), int(number), title
         self.checker, self.hints, self.solution_text, self.points = checker, hints, solution, points
         self.reference = reference
-        self.key, self.template = f"{self.notebook}.{self.number}", _template(solution)
+        self.key = f"{self.notebook}.{self.number}"
+        defs = [node for node in ast.parse(solution).body if isinstance(node, ast.FunctionDef)]
+        self.template = (defs[0].name, tuple(a.arg for a in defs[0].args.args)) if defs else None  # how it is called
         self.last_status: str | None = None
         self.last_message = ""
         self._hints_shown = 0

@@ -1,15 +1,9 @@
 """Student versions and grading of the lab notebooks, from nbgrader's cell metadata (README, "For instructors").
 
-An answer cell has ``metadata.nbgrader.solution`` true and a ``grade_id`` naming its exercise
-(``ex03-1-answer``; a markdown answer ``ex03-1-written``). A code answer cell holds the solution between
-``### BEGIN SOLUTION`` and ``### END SOLUTION`` and ends with its check, ``q1.check(answer)``, whose
-argument tells the grader what the answer is.
-
-Grading runs the submission top to bottom in a fresh kernel, continuing past errors. A last cell added by the
-grader calls the learner's answers on the hidden inputs and writes what they returned, as plain data, to a
-file; this process reads it with ``torch.load(weights_only=True)`` and judges it with the course's checkers.
-Nothing the kernel recorded as an outcome counts. The learner's code runs with your permissions and could
-fake what is recorded: grade untrusted submissions in a container.
+An answer cell has ``metadata.nbgrader.solution`` true, a ``grade_id`` naming its exercise (``ex03-1-answer``;
+a markdown answer ``ex03-1-written``), its solution between ``### BEGIN SOLUTION`` and ``### END SOLUTION``,
+and ends with its check, ``q1.check(answer)``, whose argument the grader calls in the learner's kernel. What
+it returned is judged here; the learner's code runs with your permissions: grade untrusted work in a container.
 """
 
 from __future__ import annotations
