@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .core import PACKAGE, AnswerRaised, Borrowed, Wrong, session
+from .core import PACKAGE, AnswerRaised, Wrong, session
 
 __all__ = ["call_answer", "describe", "observe", "largest_tensor", "encode", "decode"]
 
@@ -137,9 +137,7 @@ class _BorrowWatch:
 class _SizeWatch(torch.overrides.TorchFunctionMode):
     """Notes the largest tensor any torch function makes while it is active."""
 
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
+    largest = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -181,21 +179,18 @@ def _live_call(fn: Callable, args: tuple, label: str, allow: tuple, uses: tuple,
         sys.setprofile(previous)
         state.largest_tensor = sizes.largest
     if watch.found and not state.trusted:
-        raise Borrowed(f"your answer calls the course's own `{watch.found}`; this exercise asks you to write it yourself")
+        raise Wrong(f"your answer calls the course's own `{watch.found}`; this exercise asks you to write it yourself")
     return result
 
 
-_RAISED = {cls.__name__: cls for cls in (NotImplementedError, Wrong, AnswerRaised, Borrowed)}
+_RAISED = {cls.__name__: cls for cls in (NotImplementedError, Wrong, AnswerRaised)}
 
 
 def call_answer(fn: Callable, *args: Any, label: str | None = None, allow: tuple = (), copy_args: bool = True,
                 uses: tuple = (), forbid: tuple = ()) -> Any:
-    """Call the learner's ``fn(*args)`` (positionally, on deep copies) and return what it returned.
-
-    Raises :class:`Wrong` when ``fn`` cannot take the template's arguments, :class:`AnswerRaised` (naming
-    the input and the learner's line) when it raises anything but ``allow``, :class:`Borrowed` when it runs
-    mhalab code other than ``uses`` permits, or inside that what ``forbid`` names (module or function prefixes).
-    """
+    """Call the learner's ``fn(*args)`` (positionally, on deep copies) and return what it returned. :class:`Wrong`
+    when ``fn`` cannot take the template's arguments or runs mhalab code other than ``uses`` permits (or inside it
+    what ``forbid`` names: module or function prefixes); :class:`AnswerRaised` when it raises (but ``allow``)."""
     state = session()
     name = state.template[0] if state.template else getattr(fn, "__name__", "your function")
     if label is None:

@@ -137,6 +137,10 @@ def _close(got: torch.Tensor, want: torch.Tensor, rtol: float = RTOL, atol: floa
     return torch.isclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
 
 
+def _first_index(bad: torch.Tensor) -> list[int]:
+    return bad.nonzero()[0].tolist()
+
+
 def _transposed(got: torch.Tensor, want: torch.Tensor, same: Callable = torch.equal) -> bool:
     """Whether ``got`` is ``want`` with its last two (equal) dimensions swapped."""
     return got.dim() >= 2 and got.shape[-1] == got.shape[-2] and bool(same(got.transpose(-1, -2), want))
@@ -146,7 +150,7 @@ def _tensor_miss(got: torch.Tensor, want: torch.Tensor, bad: torch.Tensor, name:
     finite = torch.isfinite(want) & torch.isfinite(got)
     diff = (got - want).abs()[finite & bad]
     scale = want[torch.isfinite(want)].abs().max().item() if torch.isfinite(want).any() else 0.0
-    message = f"{int(bad.sum())} of {bad.numel()} entries of {name} are off (the first at index {bad.nonzero()[0].tolist()})"
+    message = f"{int(bad.sum())} of {bad.numel()} entries of {name} are off (the first at index {_first_index(bad)})"
     if diff.numel():
         message += f"; the largest difference is {diff.max().item():.3g}, where the expected values are {_magnitude(scale)}"
     if _transposed(got, want, lambda g, w: _close(g, w).all()):
@@ -194,7 +198,7 @@ def expect_equal(value: Any, expected: Any, name: str = "your answer") -> None:
     bad = got != want
     if not bad.any():
         return
-    message = f"{int(bad.sum())} of {bad.numel()} entries of {name} are wrong (the first at index {bad.nonzero()[0].tolist()})"
+    message = f"{int(bad.sum())} of {bad.numel()} entries of {name} are wrong (the first at index {_first_index(bad)})"
     if want.dtype == torch.bool:
         message += (f": {int((got & ~want).sum())} are True where they should be False and "
                     f"{int((~got & want).sum())} are False where they should be True")

@@ -34,10 +34,6 @@ class AnswerRaised(Wrong):
     """The learner's function raised on a hidden input (reported as an error)."""
 
 
-class Borrowed(Wrong):
-    """The answer is the course's own reference or mhalab code, where the learner must write it."""
-
-
 @dataclass
 class _Session:
     """What one check knows while it runs: the template, and the calls it records or replays."""
@@ -83,7 +79,7 @@ class Exercise:
         self.reference = reference
         self.key = f"{self.notebook}.{self.number}"
         defs = [node for node in ast.parse(solution).body if isinstance(node, ast.FunctionDef)]
-        self.template = (defs[0].name, tuple(a.arg for a in defs[0].args.args)) if defs else None  # how it is called
+        self.template = (defs[0].name, tuple(a.arg for a in defs[0].args.args)) if defs else None
         self.last_status: str | None = None
         self.last_message = ""
         self._hints_shown = 0

@@ -216,16 +216,13 @@ def collect(spec: dict[str, str], namespace: dict, path: str) -> None:
 
     recorded: dict[str, Any] = {}
     for key, expression in spec.items():
+        step = f"`{expression}` could not be evaluated after the notebook ran"  # e.g. the cell stopped before it
         try:
             answer = eval(expression, namespace)  # noqa: S307  (the learner's own kernel)
-        except Exception as error:  # e.g. a NameError: the cell stopped before defining it
-            recorded[key] = {"problem": f"`{expression}` could not be evaluated after the notebook ran "
-                                        f"({type(error).__name__}: {error})"[:300]}
-            continue
-        try:
+            step = "recording the answer failed"
             recorded[key] = exercise(*key.split(".")).record(answer)
         except Exception as error:
-            recorded[key] = {"problem": f"recording the answer failed ({type(error).__name__}: {error})"[:300]}
+            recorded[key] = {"problem": f"{step} ({type(error).__name__}: {error})"[:300]}
     torch.save(recorded, path)
 
 
