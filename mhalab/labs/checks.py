@@ -211,18 +211,14 @@ def expect_equal(value: Any, expected: Any, name: str = "your answer") -> None:
 
 def first_match(got: Any, candidates: Mapping[str, Any], *, rtol: float = RTOL, atol: float = ATOL) -> str | None:
     """The first message (of message -> the value that mistake gives) whose value ``got`` is close to."""
-    try:
-        g = as_float64(got)
-    except Wrong:
-        return None
-    for message, value in candidates.items():
+    def close(value: Any) -> bool:
         try:
-            v = as_float64(value)
+            g, v = as_float64(got), as_float64(value)
         except Wrong:
-            continue
-        if g.shape == v.shape and bool(_close(g, v, rtol, atol).all()):
-            return message
-    return None
+            return False
+        return g.shape == v.shape and bool(_close(g, v, rtol, atol).all())
+
+    return next((message for message, value in candidates.items() if close(value)), None)
 
 
 def judge(got: Any, want: Any, label: str, mistakes: Callable[[], Mapping[str, Any]] | None = None, *, note: str = "") -> None:

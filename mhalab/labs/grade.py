@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+import torch
+from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
 
 from .core import FAILED, PASSED, STRICT_ENV, exercise, load
 
@@ -212,8 +215,6 @@ class GradeReport:
 def collect(spec: dict[str, str], namespace: dict, path: str) -> None:
     """Run in the learner's kernel by the grader's last cell: record every answer to ``path``. ``spec`` maps
     an exercise key to its check's argument as source ("attention")."""
-    import torch
-
     recorded: dict[str, Any] = {}
     for key, expression in spec.items():
         step = f"`{expression}` could not be evaluated after the notebook ran"  # e.g. the cell stopped before it
@@ -228,9 +229,6 @@ def collect(spec: dict[str, str], namespace: dict, path: str) -> None:
 
 def execute(nb: Any, *, cwd: str | Path, timeout: float | None = 600, kernel_name: str = "python3") -> tuple[Any, bool]:
     """Run every cell of ``nb`` in place, continuing past errors; return (nb, kernel_died)."""
-    from nbclient import NotebookClient
-    from nbclient.exceptions import DeadKernelError
-
     client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, allow_errors=True, interrupt_on_timeout=True,
                             record_timing=False, resources={"metadata": {"path": str(cwd)}})
     env = {k: v for k, v in os.environ.items() if k != STRICT_ENV}  # grading never stops at a failed check
@@ -245,8 +243,6 @@ def grade(path: str | Path, *, timeout: float | None = 600, kernel_name: str = "
           executed_path: str | Path | None = None) -> GradeReport:
     """Execute the notebook at ``path`` (in its folder) and grade its exercises. ``timeout``: seconds one cell
     may run (None: no limit); ``executed_path``: also save the executed notebook there."""
-    import torch
-
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     cells = [a for a in answers(nb, strict=False) if not a.written]
