@@ -80,8 +80,7 @@ class Exercise:
         self.key = f"{self.notebook}.{self.number}"
         defs = [node for node in ast.parse(solution).body if isinstance(node, ast.FunctionDef)]
         self.template = (defs[0].name, tuple(a.arg for a in defs[0].args.args)) if defs else None
-        self.last_status: str | None = None
-        self.last_message = ""
+        self.last_status, self.last_message = None, ""  # of the last check()
         self._hints_shown = 0
 
     def _borrowed(self, answer: Any) -> str | None:
