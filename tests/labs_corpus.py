@@ -9,8 +9,6 @@ import math
 import numpy as np
 import torch
 
-CONTEXT: dict = {}  # what a check is passed along besides the answer (no exercise needs anything now)
-
 
 def _tril(n, k=0):
     return torch.ones(n, n).tril(k).bool()

@@ -19,7 +19,7 @@ import torch
 import labs_fixture  # noqa: F401  (registers notebook "99"'s exercises)
 import mhalab
 import mhalab.labs as labs
-from labs_corpus import CONTEXT, CORPUS
+from labs_corpus import CORPUS
 from mhalab.labs import core
 from mhalab.labs.checks import check_calls, expect_close, expect_equal, expect_shape, expect_whole
 
@@ -30,10 +30,6 @@ IDS = [ex.key for ex in EXERCISES]
 @pytest.fixture(autouse=True)
 def _not_strict(monkeypatch):
     monkeypatch.delenv(core.STRICT_ENV, raising=False)
-
-
-def _context(ex):
-    return CONTEXT.get(ex.key, ())
 
 
 def _roundtrip(recorded: dict) -> dict:
@@ -57,22 +53,22 @@ def test_every_exercise_has_a_corpus(ex):
 
 @pytest.mark.parametrize("ex", EXERCISES, ids=IDS)
 def test_reference_passes_and_scores_zero_when_handed_in(ex):
-    assert ex.verdict(ex.reference, *_context(ex), trusted=True) == (core.PASSED, "correct.")
+    assert ex.verdict(ex.reference, trusted=True) == (core.PASSED, "correct.")
     if callable(ex.reference) or isinstance(ex.reference, (torch.Tensor, dict, list)):  # (a number is anyone's)
-        status, message = ex.verdict(ex.reference, *_context(ex))
+        status, message = ex.verdict(ex.reference)
         assert status == core.FAILED and "reference" in message
 
 
 @pytest.mark.parametrize("ex", EXERCISES, ids=IDS)
 def test_alternative_right_answers_pass(ex):
     for i, answer in enumerate(CORPUS[ex.key]["right"]):
-        assert ex.verdict(answer, *_context(ex)) == (core.PASSED, "correct."), f"right answer {i} of {ex.key}: {ex.verdict(answer, *_context(ex))}"
+        assert ex.verdict(answer) == (core.PASSED, "correct."), f"right answer {i} of {ex.key}: {ex.verdict(answer)}"
 
 
 @pytest.mark.parametrize("ex", EXERCISES, ids=IDS)
 def test_wrong_answers_get_the_message_for_their_mistake(ex):
     for i, (answer, expected) in enumerate(CORPUS[ex.key]["wrong"]):
-        status, message = ex.verdict(answer, *_context(ex))
+        status, message = ex.verdict(answer)
         assert status in (core.FAILED, core.ERROR), (i, status, message)
         assert expected in message, f"wrong answer {i} of {ex.key}: expected {expected!r} in {message!r}"
 
@@ -81,8 +77,8 @@ def test_wrong_answers_get_the_message_for_their_mistake(ex):
 def test_grading_records_in_the_kernel_and_judges_elsewhere_alike(ex):
     answers = CORPUS[ex.key]["right"] + [a for a, _ in CORPUS[ex.key]["wrong"]] + [None]
     for answer in answers:
-        recorded = _roundtrip(ex.record(answer, *_context(ex)))
-        assert ex.replay(recorded) == ex.verdict(answer, *_context(ex)), answer
+        recorded = _roundtrip(ex.record(answer))
+        assert ex.replay(recorded) == ex.verdict(answer), answer
 
 
 @pytest.mark.parametrize("ex", EXERCISES, ids=IDS)
@@ -98,7 +94,7 @@ def test_printed_solution_passes(ex):
     """What ``solution()`` shows is itself a right answer, and its def line is the template."""
     namespace: dict = {}
     exec("import math\nimport torch\n" + ex.solution_text, namespace)
-    assert ex.verdict(namespace[ex.template[0]], *_context(ex)) == (core.PASSED, "correct.")
+    assert ex.verdict(namespace[ex.template[0]]) == (core.PASSED, "correct.")
 
 
 def test_registry_is_consistent():

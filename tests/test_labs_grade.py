@@ -14,8 +14,7 @@ import pytest
 
 from labs_fixture import synthetic_notebook  # also registers notebook "99"'s exercises
 from mhalab.labs.__main__ import main as labs_main
-from mhalab.labs.grade import NOT_CHECKED, grade
-from mhalab.labs.release import student_version
+from mhalab.labs.grade import NOT_CHECKED, grade, student_version
 
 
 def test_command_line_entry_point():

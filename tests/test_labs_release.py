@@ -15,8 +15,7 @@ import torch
 from labs_fixture import answer_meta, lab_notebooks, synthetic_notebook  # also registers notebook "99"'s exercises
 import mhalab.labs as labs
 from mhalab.labs.__main__ import main as labs_main
-from mhalab.labs.grade import execute
-from mhalab.labs.release import MarkerError, answers, solution_regions, student_version
+from mhalab.labs.grade import MarkerError, answers, execute, solution_regions, student_version
 
 LAB_NOTEBOOKS = lab_notebooks()
 nb_ids = [p.stem for p in LAB_NOTEBOOKS]
@@ -40,12 +39,12 @@ def test_malformed_markers_are_errors(source, problem):
 
 def test_answers_come_from_the_metadata_and_the_check_call():
     found = answers(synthetic_notebook())
-    assert [(a.index, a.key, a.written, a.expression, a.context) for a in found] == [
-        (4, "99.1", False, "double", []), (5, "99.2", False, "n_heads", []), (6, "99.2", True, None, []), (7, "99.3", False, "mask", []),
+    assert [(a.index, a.key, a.written, a.expression) for a in found] == [
+        (4, "99.1", False, "double"), (5, "99.2", False, "n_heads"), (6, "99.2", True, None), (7, "99.3", False, "mask"),
     ]
     nb = synthetic_notebook()
-    nb.cells[7].source += "\nq3.check(mask, explorer)"
-    assert answers(nb)[-1].context == ["explorer"]
+    nb.cells[7].source += "\nq3.check(mask.T)"  # the cell's last check is what counts
+    assert answers(nb)[-1].expression == "mask.T"
 
 
 @pytest.mark.parametrize("edit, problem", [
@@ -141,7 +140,7 @@ def test_course_notebook_student_version_runs_and_its_solutions_pass(path, tmp_p
     unanswered; then the solution's answer cells run and every exercise passes, judged here."""
     nb = nbformat.read(path, as_version=4)
     found = [a for a in answers(nb) if not a.written]
-    spec = {a.key: (a.expression, a.context) for a in found}
+    spec = {a.key: a.expression for a in found}
     run = student_version(nb)
     n = len(run.cells)
     collect_cell = "from mhalab.labs.grade import collect\ncollect({!r}, globals(), {!r})"

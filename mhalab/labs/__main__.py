@@ -9,18 +9,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .core import available_notebooks, load
-from .grade import grade
-from .release import release
+from .grade import grade, release
 
 
 def cmd_release(args: argparse.Namespace) -> int:
     if not args.check and args.out_dir is None:
         sys.exit("mhalab.labs release: give an output folder (release notebooks/ OUT_DIR), or --check to only list")
-    try:
-        release(args.source, args.out_dir or ".", dry_run=args.check)
-    except (ValueError, FileNotFoundError) as error:  # a MarkerError is a ValueError
-        print(f"mhalab.labs release: {error}", file=sys.stderr)
-        return 1
+    release(args.source, args.out_dir or ".", dry_run=args.check)
     return 0
 
 
@@ -62,7 +57,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("source", help="a folder of notebooks (e.g. notebooks/) or one notebook")
     p.add_argument("out_dir", nargs="?", help="where the student versions go (must not be the source folder)")
     p.add_argument("--check", "--dry-run", action="store_true", help="only list the answer cells; write nothing")
-    p.set_defaults(func=cmd_release)
 
     p = sub.add_parser("grade", help="run a learner's notebook and score its exercises", description=(
         "Execute the notebook in a fresh kernel (continuing past errors), collect the answers, and judge them in "
@@ -72,14 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600, metavar="S", help="seconds one cell may run (default 600; 0 = no limit)")
     p.add_argument("--kernel", default="python3", help="Jupyter kernel to run it with (default python3)")
     p.add_argument("--executed", metavar="OUT.ipynb", help="also save the executed notebook (feedback for the learner)")
-    p.set_defaults(func=cmd_grade)
 
     p = sub.add_parser("list", help="list the exercises of each notebook")
     p.add_argument("notebooks", nargs="*", help="notebook numbers (default: all)")
-    p.set_defaults(func=cmd_list)
 
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return {"release": cmd_release, "grade": cmd_grade, "list": cmd_list}[args.command](args)
+    except (ValueError, FileNotFoundError) as error:  # bad input (a MarkerError is a ValueError): no traceback
+        print(f"mhalab.labs {args.command}: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ import sys
 import traceback
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
-from .core import PACKAGE, AnswerRaised, Borrowed, Wrong, session
+from .core import PACKAGE, AnswerRaised, Wrong, session
 
 __all__ = ["call_answer", "describe", "observe", "largest_tensor", "encode", "decode"]
 
@@ -66,11 +67,10 @@ def encode(value: Any, depth: int = 0) -> Any:
         return value
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().clone()
-    if type(value).__module__ == "numpy" and hasattr(value, "dtype"):
-        if getattr(value, "shape", ()) == () and not hasattr(value, "__len__"):
-            return value.item()
-        if value.dtype != object:
-            return {"__numpy__": torch.from_numpy(value.copy())}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return {"__numpy__": torch.from_numpy(value.copy())}
     if depth < 6 and isinstance(value, (tuple, list)):  # torch.Size and named tuples become tuples
         return (list if isinstance(value, list) else tuple)(encode(v, depth + 1) for v in value)
     if depth < 6 and type(value) is dict:
@@ -137,9 +137,7 @@ class _BorrowWatch:
 class _SizeWatch(torch.overrides.TorchFunctionMode):
     """Notes the largest tensor any torch function makes while it is active."""
 
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
+    largest = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -181,21 +179,18 @@ def _live_call(fn: Callable, args: tuple, label: str, allow: tuple, uses: tuple,
         sys.setprofile(previous)
         state.largest_tensor = sizes.largest
     if watch.found and not state.trusted:
-        raise Borrowed(f"your answer calls the course's own `{watch.found}`; this exercise asks you to write it yourself")
+        raise Wrong(f"your answer calls the course's own `{watch.found}`; this exercise asks you to write it yourself")
     return result
 
 
-_RAISED = {cls.__name__: cls for cls in (NotImplementedError, Wrong, AnswerRaised, Borrowed)}
+_RAISED = {cls.__name__: cls for cls in (NotImplementedError, Wrong, AnswerRaised)}
 
 
 def call_answer(fn: Callable, *args: Any, label: str | None = None, allow: tuple = (), copy_args: bool = True,
                 uses: tuple = (), forbid: tuple = ()) -> Any:
-    """Call the learner's ``fn(*args)`` (positionally, on deep copies) and return what it returned.
-
-    Raises :class:`Wrong` when ``fn`` cannot take the template's arguments, :class:`AnswerRaised` (naming
-    the input and the learner's line) when it raises anything but ``allow``, :class:`Borrowed` when it runs
-    mhalab code other than ``uses`` permits, or inside that what ``forbid`` names (module or function prefixes).
-    """
+    """Call the learner's ``fn(*args)`` (positionally, on deep copies) and return what it returned. :class:`Wrong`
+    when ``fn`` cannot take the template's arguments or runs mhalab code other than ``uses`` permits (or inside it
+    what ``forbid`` names: module or function prefixes); :class:`AnswerRaised` when it raises (but ``allow``)."""
     state = session()
     name = state.template[0] if state.template else getattr(fn, "__name__", "your function")
     if label is None:
@@ -205,12 +200,10 @@ def call_answer(fn: Callable, *args: Any, label: str | None = None, allow: tuple
         raise Wrong(f"expected a function, got {describe(fn)}: define it with `def` and pass its name "
                     "without calling it (no parentheses)")
     if state.replay is not None:
-        kind, *payload = state.replayed()
+        kind, payload = state.replayed("raised", "returned")
         if kind == "raised":
             cls = _RAISED.get(payload[0]) or getattr(builtins, payload[0], None)
             raise (cls if isinstance(cls, type) and issubclass(cls, Exception) else RuntimeError)(payload[1])
-        if kind != "returned":
-            raise Wrong(f"what the notebook's kernel recorded ends before {label}: the recording does not match this check")
         result = decode(payload[0])
     else:
         try:
@@ -232,10 +225,7 @@ def observe(compute: Callable[[], Any]) -> Any:
         value = compute()
         state.record(("fact", encode(value)))
         return value
-    kind, *payload = state.replayed()
-    if kind != "fact":
-        raise Wrong("what the notebook's kernel recorded does not match this check")
-    return decode(payload[0])
+    return decode(state.replayed("fact")[1][0])
 
 
 def largest_tensor() -> int:

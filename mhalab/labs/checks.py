@@ -61,14 +61,19 @@ def as_float64(value: Any, name: str = "your answer") -> torch.Tensor:
     return got.double()
 
 
+def _single(value: Any, name: str, what: str = "a single number") -> float:
+    """``value`` (a number, or a tensor/array of one element) as a float; Wrong for anything else."""
+    if isinstance(value, (bool, str, Mapping, list, tuple)) or value is None:
+        raise Wrong(f"{name} should be {what}, got {describe(value)}")
+    got = as_float64(value, name)
+    if got.numel() != 1 or got.dim() > 1:
+        raise Wrong(f"{name} should be a single number, got a tensor of shape {list(got.shape)}")
+    return got.item()
+
+
 def expect_whole(value: Any, name: str = "your answer") -> int:
     """``value`` as an int: an int, a float that is a whole number, or a one-element tensor/array of one."""
-    if isinstance(value, (bool, str, Mapping, list, tuple)) or value is None:
-        raise Wrong(f"{name} should be a whole number, got {describe(value)}")
-    got = _as_tensor(value, name)
-    if got.numel() != 1:
-        raise Wrong(f"{name} should be a single number, got {describe(value)}")
-    x = got.double().item()
+    x = _single(value, name, "a whole number")
     if not math.isfinite(x) or not x.is_integer():
         raise Wrong(f"{name} should be a whole number, got {x:.4g}")
     return int(x)
@@ -133,7 +138,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, rtol: float = RTOL, atol: floa
 
 
 def _first_index(bad: torch.Tensor) -> list[int]:
-    return [int(i) for i in bad.nonzero()[0].tolist()]
+    return bad.nonzero()[0].tolist()
 
 
 def _transposed(got: torch.Tensor, want: torch.Tensor, same: Callable = torch.equal) -> bool:
@@ -162,13 +167,7 @@ def expect_close(value: Any, expected: Any, name: str = "your answer", *, rtol: 
     if _structure(value, expected, name, lambda v, e, n: expect_close(v, e, n, rtol=rtol, atol=atol)):
         return
     want = as_float64(expected, "the expected value")
-    if want.dim() == 0 and (isinstance(value, (str, bool, Mapping, list, tuple)) or value is None):
-        raise Wrong(f"{name} should be a single number, got {describe(value)}")
-    got = as_float64(value, name)
-    if want.dim() == 0 and got.numel() == 1 and got.dim() <= 1:
-        got = got.reshape(())  # a 1-element tensor is a fine scalar answer
-    if want.dim() == 0 and got.dim() != 0:
-        raise Wrong(f"{name} should be a single number, got a tensor of shape {list(got.shape)}")
+    got = torch.tensor(_single(value, name), dtype=torch.float64) if want.dim() == 0 else as_float64(value, name)
     expect_shape(got, want.shape, name)
     if torch.isnan(got).any() and not torch.isnan(want).any():
         raise Wrong(f"{name} contains NaN ({int(torch.isnan(got).sum())} of {got.numel()} entries): look for 0/0, "
@@ -212,18 +211,14 @@ def expect_equal(value: Any, expected: Any, name: str = "your answer") -> None:
 
 def first_match(got: Any, candidates: Mapping[str, Any], *, rtol: float = RTOL, atol: float = ATOL) -> str | None:
     """The first message (of message -> the value that mistake gives) whose value ``got`` is close to."""
-    try:
-        g = as_float64(got)
-    except Wrong:
-        return None
-    for message, value in candidates.items():
+    def close(value: Any) -> bool:
         try:
-            v = as_float64(value)
+            g, v = as_float64(got), as_float64(value)
         except Wrong:
-            continue
-        if g.shape == v.shape and bool(_close(g, v, rtol, atol).all()):
-            return message
-    return None
+            return False
+        return g.shape == v.shape and bool(_close(g, v, rtol, atol).all())
+
+    return next((message for message, value in candidates.items() if close(value)), None)
 
 
 def judge(got: Any, want: Any, label: str, mistakes: Callable[[], Mapping[str, Any]] | None = None, *, note: str = "") -> None:

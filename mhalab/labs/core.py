@@ -34,10 +34,6 @@ class AnswerRaised(Wrong):
     """The learner's function raised on a hidden input (reported as an error)."""
 
 
-class Borrowed(Wrong):
-    """The answer is the course's own reference or mhalab code, where the learner must write it."""
-
-
 @dataclass
 class _Session:
     """What one check knows while it runs: the template, and the calls it records or replays."""
@@ -53,9 +49,12 @@ class _Session:
         if self.tape is not None:
             self.tape.append(entry)
 
-    def replayed(self) -> tuple:
-        """The next recorded entry, ("missing",) when the recording has ended."""
-        return self.replay.pop(0) if self.replay else ("missing",)
+    def replayed(self, *kinds: str) -> tuple[str, list]:
+        """(kind, payload) of the next recorded entry; Wrong unless its kind is one of ``kinds``."""
+        kind, *payload = self.replay.pop(0) if self.replay else ("missing",)
+        if kind not in kinds:
+            raise Wrong("what the notebook's kernel recorded does not match this check")
+        return kind, payload
 
 
 _SESSIONS = [_Session()]
@@ -65,18 +64,8 @@ def session() -> _Session:
     return _SESSIONS[-1]
 
 
-def _template(solution: str) -> tuple[str, tuple[str, ...]] | None:
-    """(name, parameters) of the first ``def`` in the solution text: how the learner's function is called."""
-    try:
-        tree = ast.parse(solution)
-    except SyntaxError:
-        return None
-    defs = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
-    return (defs[0].name, tuple(a.arg for a in defs[0].args.args)) if defs else None
-
-
 class Exercise:
-    """Exercise ``number`` of notebook ``notebook`` ("03"): ``checker(answer, *context)`` raises :class:`Wrong`;
+    """Exercise ``number`` of notebook ``notebook`` ("03"): ``checker(answer)`` raises :class:`Wrong`;
     ``hint`` is one hint or a list given one at a time; the first ``def`` line of ``solution`` is the template
     the learner's function is called by; ``reference`` passes, but scores 0 when handed in."""
 
@@ -88,14 +77,11 @@ class Exercise:
         self.notebook, self.number, self.title = str(notebook).zfill(2), int(number), title
         self.checker, self.hints, self.solution_text, self.points = checker, hints, solution, points
         self.reference = reference
-        self.template = _template(solution)
-        self.last_status: str | None = None
-        self.last_message = ""
+        self.key = f"{self.notebook}.{self.number}"
+        defs = [node for node in ast.parse(solution).body if isinstance(node, ast.FunctionDef)]
+        self.template = (defs[0].name, tuple(a.arg for a in defs[0].args.args)) if defs else None
+        self.last_status, self.last_message = None, ""  # of the last check()
         self._hints_shown = 0
-
-    @property
-    def key(self) -> str:
-        return f"{self.notebook}.{self.number}"
 
     def _borrowed(self, answer: Any) -> str | None:
         if answer is self.reference and (callable(answer) or not isinstance(answer, (bool, int, float, str, tuple, bytes))):
@@ -104,7 +90,7 @@ class Exercise:
             return f"your answer is mhalab's own `{answer.__module__}.{getattr(answer, '__qualname__', '?')}`; write it yourself"
         return None
 
-    def verdict(self, answer: Any, *context: Any, tape: list | None = None, replay: list | None = None,
+    def verdict(self, answer: Any, *, tape: list | None = None, replay: list | None = None,
                 trusted: bool = False) -> tuple[str, str]:
         """(status, message) for ``answer``; never raises for anything the learner did. ``trusted`` (the tests
         only) lets the answer be or run the course's own code."""
@@ -115,7 +101,7 @@ class Exercise:
             return FAILED, borrowed
         _SESSIONS.append(_Session(self.template, tape, replay, trusted))
         try:
-            self.checker(answer, *context)
+            self.checker(answer)
         except NotImplementedError:
             return UNANSWERED, "no answer yet: your code still raises NotImplementedError; replace that line with your answer."
         except AnswerRaised as raised:
@@ -132,24 +118,24 @@ class Exercise:
             _SESSIONS.pop()
         return PASSED, "correct."
 
-    def check(self, answer: Any, *context: Any) -> None:
+    def check(self, answer: Any) -> None:
         """Test ``answer`` (a function on hidden inputs, or a value) and print ✓ or what is off."""
-        status, message = self.verdict(answer, *context)
+        status, message = self.verdict(answer)
         self.last_status, self.last_message = status, message
         print(f"{'✓' if status == PASSED else '✗'} Exercise {self.key} ({self.title}): {message}")
         if status != PASSED and os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes"):
             raise AssertionError(f"exercise {self.key} ({self.title}): {message}")
 
-    def record(self, answer: Any, *context: Any) -> dict:
+    def record(self, answer: Any) -> dict:
         """Check ``answer`` in the learner's kernel; return as plain data what :meth:`replay` judges."""
         from .calls import encode
 
         tape: list = []
         borrowed = self._borrowed(answer)
         if not borrowed:
-            self.verdict(answer, *context, tape=tape)
+            self.verdict(answer, tape=tape)
         encoded = {"__function__": getattr(answer, "__name__", "answer")} if callable(answer) else encode(answer)
-        return {"answer": encoded, "context": encode(context), "calls": tape, "problem": borrowed}
+        return {"answer": encoded, "calls": tape, "problem": borrowed}
 
     def replay(self, recorded: dict) -> tuple[str, str]:
         """(status, message) judged here from what :meth:`record` wrote in the learner's kernel."""
@@ -157,18 +143,12 @@ class Exercise:
 
         if recorded.get("problem"):
             return FAILED, recorded["problem"]
-        return self.verdict(decode(recorded.get("answer")), *decode(recorded.get("context", ())),
-                            replay=list(recorded.get("calls", [])))
+        return self.verdict(decode(recorded.get("answer")), replay=list(recorded.get("calls", [])))
 
     def hint(self) -> None:
         """Print the next hint (all of them once every one has been shown)."""
-        n = len(self.hints)
-        if self._hints_shown < n:
-            self._hints_shown += 1
-            shown = [self._hints_shown]
-        else:
-            shown = range(1, n + 1)
-        for i in shown:
+        n, self._hints_shown = len(self.hints), self._hints_shown + 1
+        for i in [self._hints_shown] if self._hints_shown <= n else range(1, n + 1):
             print(f"Hint{'' if n == 1 else f' {i} of {n}'} for exercise {self.key}: {self.hints[i - 1]}")
 
     def solution(self) -> None:
@@ -193,29 +173,25 @@ def available_notebooks() -> list[str]:
     return sorted(m.name[2:] for m in pkgutil.iter_modules(here) if re.fullmatch(r"ex\d\d", m.name))
 
 
-def _notebook_id(notebook: str | int) -> str:
+def load(notebook: str | int) -> tuple[Exercise, ...]:
+    """All exercises of a notebook, in order: ``q1, q2, q3 = labs.load("03")``."""
     text = str(notebook).strip()
     if not text.isdigit() or len(text) > 2:
         raise ValueError(f"notebook must be a notebook number like '03' (or 3), got {notebook!r}")
     text = text.zfill(2)
     if text in available_notebooks():
         importlib.import_module(f"{__package__}.ex{text}")
-    elif not any(nb == text for nb, _ in _REGISTRY):  # exercises registered elsewhere (the tests' "99") are fine
+    found = tuple(ex for (nb, _), ex in sorted(_REGISTRY.items()) if nb == text)  # also the tests' "99"
+    if not found:
         raise ValueError(f"there are no exercises for notebook {text!r}; notebooks with exercises: {available_notebooks()}")
-    return text
+    return found
 
 
 def exercise(notebook: str | int, number: int) -> Exercise:
     """Exercise ``number`` of notebook ``notebook`` (e.g. ``exercise("03", 1)``)."""
-    notebook = _notebook_id(notebook)
-    try:
-        return _REGISTRY[(notebook, int(number))]
-    except KeyError:
-        have = sorted(n for nb, n in _REGISTRY if nb == notebook)
-        raise ValueError(f"notebook {notebook} has no exercise {number}; it has {have}") from None
-
-
-def load(notebook: str | int) -> tuple[Exercise, ...]:
-    """All exercises of a notebook, in order: ``q1, q2, q3 = labs.load("03")``."""
-    notebook = _notebook_id(notebook)
-    return tuple(ex for (nb, _), ex in sorted(_REGISTRY.items()) if nb == notebook)
+    exercises = load(notebook)
+    found = [ex for ex in exercises if ex.number == int(number)]
+    if not found:
+        have = [ex.number for ex in exercises]
+        raise ValueError(f"notebook {exercises[0].notebook} has no exercise {number}; it has {have}")
+    return found[0]
