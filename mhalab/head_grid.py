@@ -51,5 +51,4 @@ def head_grid(model: nn.Module | HeadExplorer, batch: Any = None, layer: int = 0
             spine.set_edgecolor(colour)
             spine.set_linewidth(2 if role in explorer.relations else 0.8)
     fig.suptitle(f"layer {layer}: every head (rows = queries, columns = keys), example {example}", fontsize=11)
-    fig.tight_layout()
     return fig
