@@ -36,15 +36,6 @@ def widgets_available() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
-def _marker_points(name: str, sources: dict[str, np.ndarray], example: int, T: int, S: int) -> np.ndarray:
-    """``[P, 2]`` (key, query) points where score/relation ``name`` says a head should look."""
-    if name == NO_ROLE:
-        return np.zeros((0, 2))
-    keys = sources[name][example] if name in sources else fraction_keys(name, T, S).numpy()  # [T]
-    q = np.arange(T)
-    return np.stack([keys[keys >= 0], q[keys >= 0]], axis=1)
-
-
 class HeadExplorer:
     """Sliders over every head of a model (layer, head, example, highlight), answered from precomputed arrays.
 
@@ -75,19 +66,20 @@ class HeadExplorer:
         scores = head_scores(attention, batch if has_sources else None)
         self.scores = {name: s.cpu().numpy() for name, s in scores.items()}
         self.attention = attention[:, : self.n_examples].float().cpu().numpy()  # [N, E, H, T, S]
-        self.sources = {r: batch.sources[r][: self.n_examples].cpu().numpy() for r in self.relations}
+        # Where each highlight says a head should look: {name: [E, T] key per query, -1 for none}.
+        E, T = self.n_examples, self.T
+        self.keys = {r: batch.sources[r][:E].cpu().numpy() for r in self.relations}
+        self.keys.update({n: np.broadcast_to(fraction_keys(n, T, self.S).numpy(), (E, T)) for n in FRACTION_SCORES})
+        self.keys[NO_ROLE] = np.full((E, T), -1)
         labels = getattr(task, "token_labels", None) or (lambda ids: [str(int(t)) for t in ids])
         self.labels = [list(labels(tokens[e].cpu())) for e in range(self.n_examples)]
         self.bar_names = self.relations + list(FRACTION_SCORES)  # fractions in [0, 1]
-        self.ablation = None
-        if isinstance(ablation, AblationTable):  # computed already (e.g. by the notebook): reuse it
-            self.ablation = ablation
-        elif ablation and task is not None:
-            self.ablation = ablate_each_head(model, task, batch)
+        if not isinstance(ablation, AblationTable):  # else computed already (e.g. by the notebook): reuse it
+            ablation = ablate_each_head(model, task, batch) if ablation and task is not None else None
+        self.ablation = ablation
         self.layer, self.head, self.example = 0, 0, 0
         self.highlight = NO_ROLE
         self._widget = None
-        self._syncing = False
         self._build_figure(figsize)
         self.update(layer=layer, head=head)
 
@@ -190,7 +182,9 @@ class HeadExplorer:
             self.ax_map.set_xticklabels(self.labels[e], rotation=0)
             self.ax_map.set_yticklabels(self.labels[e][-self.T :])
             self._labelled_example = e
-        self.markers.set_offsets(_marker_points(self.highlight, self.sources, e, self.T, self.S))
+        keys = self.keys[self.highlight][e]  # [T]
+        queries = np.flatnonzero(keys >= 0)
+        self.markers.set_offsets(np.stack([keys[queries], queries], axis=1))  # [P, 2] (key, query) points
         self.map_title.set_text(f"layer {l}, head {h}, example {e}: {self.role(l, h)}")
 
         for i, name in enumerate(self.bar_names):
@@ -206,7 +200,8 @@ class HeadExplorer:
         self.png = self._render(full=relabel)
         if self._widget is not None:
             self._image_widget.value = self.png
-            self._sync_controls()
+            for name, control in self._controls.items():  # after an update() from Python; no redraw (_on_change)
+                control.value = getattr(self, name)
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -253,17 +248,9 @@ class HeadExplorer:
         return self._widget
 
     def _on_change(self, change) -> None:
-        if not self._syncing:
-            self.update(**{name: control.value for name, control in self._controls.items()})
-
-    def _sync_controls(self) -> None:
-        """Move the controls to the current state (after an update() from Python) without redrawing again."""
-        self._syncing = True
-        try:
-            for name, control in self._controls.items():
-                control.value = getattr(self, name)
-        finally:
-            self._syncing = False
+        name = change["owner"].description
+        if change["new"] != getattr(self, name):  # not update() moving the control to where it already is
+            self.update(**{name: change["new"]})
 
     #: The line under the still picture, for viewers that cannot run the sliders.
     STATIC_NOTE = "A still of the head explorer: run this notebook (Jupyter or Colab) to move its sliders."
