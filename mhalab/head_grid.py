@@ -37,8 +37,7 @@ def head_grid(model: nn.Module | HeadExplorer, batch: Any = None, layer: int = 0
     rows = -(-H // columns)
     fig, axes = figure(columns, rows, width=size, height=size + 0.3 + 0.4 / rows)  # 0.4 inches for the title
     for head, ax in enumerate(axes.flat):
-        ax.set_xticks([])
-        ax.set_yticks([])
+        ax.set(xticks=[], yticks=[])
         if head >= H:
             ax.axis("off")
             continue

@@ -84,10 +84,8 @@ def attention_distance(attention: Attention) -> Tensor:
     """``[N, H]``: mean |query - key| distance, weighted by attention (in positions)."""
     A = stack_attention(attention).float()
     T, S = A.shape[-2:]
-    offset = S - T  # queries are the last T of S positions (as with a KV cache); 0 for self-attention
-    q = torch.arange(T, device=A.device)[:, None] + offset
-    k = torch.arange(S, device=A.device)[None, :]
-    distance = (q - k).abs().float()  # [T, S]
+    q = torch.arange(S - T, S, device=A.device)  # queries are the last T of S positions (as with a KV cache)
+    distance = (q[:, None] - torch.arange(S, device=A.device)).abs().float()  # [T, S]
     return (A * distance).sum(dim=-1).mean(dim=(1, 3))  # [N, B, H, T] -> [N, H]
 
 

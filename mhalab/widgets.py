@@ -107,10 +107,9 @@ class HeadExplorer:
         self.markers = self.ax_map.scatter([], [], s=40, facecolors="none", edgecolors="red", linewidths=1.2)
         self.map_title = self.ax_map.set_title("", fontsize=9)
 
-        names = self.bar_names
-        y = np.arange(len(names))
-        self.bars = self.ax_bar.barh(y, np.zeros(len(names)), color="tab:gray")
-        self.ax_bar.set_yticks(y, names, fontsize=8)
+        y = np.arange(len(self.bar_names))
+        self.bars = self.ax_bar.barh(y, np.zeros(len(y)), color="tab:gray")
+        self.ax_bar.set_yticks(y, self.bar_names, fontsize=8)
         self.ax_bar.invert_yaxis()
         self.ax_bar.set_xlim(0, 1)
         self.ax_bar.axvline(self.threshold, color="k", lw=0.6, ls=":")
@@ -159,9 +158,8 @@ class HeadExplorer:
         best = self.role_name(layer, head)
         if best != NO_ROLE:
             return f"{best} ({float(self.scores[best][layer, head]):.2f})"
-        if float(self.scores["entropy"][layer, head]) > 0.75 * np.log(self.S):
-            return f"{NO_ROLE} (spread out)"
-        return f"{NO_ROLE} (no single position)"
+        spread = float(self.scores["entropy"][layer, head]) > 0.75 * np.log(self.S)
+        return f"{NO_ROLE} ({'spread out' if spread else 'no single position'})"
 
     def update(self, layer: int | None = None, head: int | None = None, example: int | None = None,
                highlight: str | None = None) -> None:
