@@ -93,9 +93,7 @@ class HeadExplorer:
         self._css_width = round(figsize[0] * DPI)  # shown at this width whatever the pixel density
         FigureCanvasAgg(self.figure)
         self.figure.subplots_adjust(left=0.08, right=0.97, top=0.88, bottom=0.24, wspace=0.55)
-        grid = self.figure.add_gridspec(1, 2, width_ratios=[1.25, 1])
-        self.ax_map = self.figure.add_subplot(grid[0])
-        self.ax_bar = self.figure.add_subplot(grid[1])
+        self.ax_map, self.ax_bar = self.figure.subplots(1, 2, width_ratios=[1.25, 1])
 
         T, S = self.T, self.S
         self.image = self.ax_map.imshow(np.zeros((T, S)), vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto", interpolation="nearest")
@@ -125,14 +123,13 @@ class HeadExplorer:
         self._dynamic = [self.image, self.markers, self.map_title, *self.bars, *self.bar_text, self.bar_title, self.footer]
         for artist in self._dynamic:
             artist.set_animated(True)
-        self._background = None
 
-    def _render(self, *, full: bool = False) -> bytes:
+    def _render(self, *, full: bool) -> bytes:
         """Draw the dynamic artists over the cached background (redrawn when ``full``); return PNG bytes."""
         from PIL import Image
 
         canvas = self.figure.canvas
-        if full or self._background is None:
+        if full:  # always at the first update(): no example has its tick labels yet
             canvas.draw()  # everything except the animated artists
             self._background = canvas.copy_from_bbox(self.figure.bbox)
         else:
