@@ -174,22 +174,6 @@ class HeadTiming:
         return {**asdict(self), "ratio": self.ratio}
 
 
-def _versions(part: str, heads, d_model: int, batch: int, seq_len: int, device, dtype) -> dict[int, tuple]:
-    """For each head count: (batched, looped) functions computing the same tensor."""
-    generator = torch.Generator().manual_seed(0)
-    versions = {}
-    for h in heads:
-        d_k = check_head_count(d_model, h)
-        if part == "attention":  # 3 x [B, H, T, d_k], as the projections would hand them over
-            qkv = [torch.randn(batch, h, seq_len, d_k, generator=generator).to(device, dtype) for _ in range(3)]
-            versions[h] = (partial(batched_attention, *qkv), partial(looped_attention, *qkv))
-        else:
-            x = torch.randn(batch, seq_len, d_model, generator=generator).to(device, dtype)  # [B, T, D]
-            w = head_weights(d_model, h, device=device, dtype=dtype, generator=generator)
-            versions[h] = (partial(batched_heads, x, w), partial(looped_heads, x, w))
-    return versions
-
-
 def time_heads(heads=(1, 8, 32, 64), *, part: str = "attention", d_model: int = 512, batch: int = 1,
                seq_len: int = 64, repeats: int = 51, inner: int = 1, warmup: int = 3,
                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
@@ -206,13 +190,23 @@ def time_heads(heads=(1, 8, 32, 64), *, part: str = "attention", d_model: int = 
         raise ValueError("heads must name at least one head count, e.g. (1, 8, 32, 64)")
     device = torch.device(device)
     tolerance = (1e-4 if device.type == "cpu" else 1e-3) if dtype == torch.float32 else 5e-2  # GPUs may use TF32
+    generator = torch.Generator().manual_seed(0)
+    versions = {}  # {h: (batched, looped)}: two functions computing the same tensor
+    for h in heads:
+        d_k = check_head_count(d_model, h)
+        if part == "attention":  # 3 x [B, H, T, d_k], as the projections would hand them over
+            qkv = [torch.randn(batch, h, seq_len, d_k, generator=generator).to(device, dtype) for _ in range(3)]
+            versions[h] = (partial(batched_attention, *qkv), partial(looped_attention, *qkv))
+        else:
+            x = torch.randn(batch, seq_len, d_model, generator=generator).to(device, dtype)  # [B, T, D]
+            w = head_weights(d_model, h, device=device, dtype=dtype, generator=generator)
+            versions[h] = (partial(batched_heads, x, w), partial(looped_heads, x, w))
 
     previous_threads = torch.get_num_threads()
     if threads is not None and device.type == "cpu":
         torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
-            versions = _versions(part, heads, d_model, batch, seq_len, device, dtype)
             for h, (batched, looped) in versions.items():  # the same result both ways, so the race is fair
                 if not torch.allclose(batched().float(), looped().float(), atol=tolerance, rtol=tolerance):
                     raise AssertionError(f"batched and looped heads disagree at h={h}")
