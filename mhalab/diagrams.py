@@ -83,8 +83,7 @@ def plot_mechanism(shapes: dict, *, title: str | None = None):
         raise ValueError(f"shapes lacks {missing}: pass what mechanism_shapes(module, x) returns")
     B, H, L, S = shapes["pattern"]
     G = shapes["K heads"][1]
-    fig, axes = figure(width=9.6, height=3.5)
-    ax = axes[0, 0]
+    fig, [[ax]] = figure(width=9.6, height=3.5)  # one panel
     stack = min(H, 3)  # stacked copies drawn behind a per-head box
     y_q, y_k, y_v = 4.4, 2.9, 1.4
     # The per-head region first, so that it sits behind the boxes.
@@ -144,8 +143,7 @@ def plot_block(model, tokens: Tensor):
     n_blocks = len(model.blocks)
     start, branch, end = 3.0, 5.0, 4.8
     width = start + 2 * branch * n_blocks + end
-    fig, axes = figure(width=0.55 * width, height=3.1)
-    ax = axes[0, 0]
+    fig, [[ax]] = figure(width=0.55 * width, height=3.1)
     y_stream, y_branch = 1.0, 3.0
     ax.add_patch(FancyArrow(start, y_stream, width - start - 0.2, 0, width=0.16, head_width=0.4, head_length=0.3,
                             length_includes_head=True, color="#cccccc", zorder=1))

@@ -48,8 +48,7 @@ def heatmap(weights, *, ax=None, x_labels: Sequence[str] | None = None, y_labels
         raise ValueError(f"heatmap expects one [query, key] matrix, got shape {tuple(w.shape)}; "
                          "pick one batch element and one head first, e.g. weights[0, head]")
     if ax is None:
-        _, axes = figure(width=0.45 * w.size(1) + 1.5, height=0.45 * w.size(0) + 1.0)
-        ax = axes[0, 0]
+        ax = figure(width=0.45 * w.size(1) + 1.5, height=0.45 * w.size(0) + 1.0)[1][0, 0]
     ax.imshow(w.numpy(), cmap="Blues", vmin=0.0, vmax=1.0)
     for labels, setter, n, axis in ((x_labels, ax.set_xticks, w.size(1), "x"), (y_labels, ax.set_yticks, w.size(0), "y")):
         if labels is not None:
@@ -60,8 +59,7 @@ def heatmap(weights, *, ax=None, x_labels: Sequence[str] | None = None, y_labels
         for (i, j), value in np.ndenumerate(w.numpy()):
             text = "0" if value == 0 else "1" if value >= 0.995 else f"{value:.2f}".lstrip("0")
             ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if value > 0.6 else "black")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
     if title:
         ax.set_title(title, fontsize=10)
     return ax

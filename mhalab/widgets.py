@@ -270,10 +270,8 @@ class HeadExplorer:
         :attr:`STATIC_NOTE`) for viewers that cannot draw widgets (GitHub, nbviewer, the course website)."""
         import base64
 
-        bundle = {
-            "image/png": base64.b64encode(self.static_png()).decode("ascii"),
-            "text/plain": f"{self!r}\n{self.STATIC_NOTE}",
-        }
+        still = base64.b64encode(self.static_png()).decode("ascii")
+        bundle = {"image/png": still, "text/plain": f"{self!r}\n{self.STATIC_NOTE}"}
         if widgets_available():
             view = {"version_major": 2, "version_minor": 0, "model_id": self.widget.model_id}
             bundle["application/vnd.jupyter.widget-view+json"] = view
