@@ -138,7 +138,6 @@ def plot_block(model, tokens: Tensor):
     shapes = {name: str(list((out[0] if isinstance(out, tuple) else out).shape))  # attention returns a tuple
               for name, (_, out) in seen.items()}
     shapes["embed.positions"] = f"[{tokens.size(1)}, {model.config.d_model}]"  # a table read, not a module called
-    learned = model.config.positions == "learned"
 
     n_blocks = len(model.blocks)
     start, branch, end = 3.0, 5.0, 4.8
@@ -155,8 +154,8 @@ def plot_block(model, tokens: Tensor):
         ax.text(x, y_stream, "+", ha="center", va="center", fontsize=11, zorder=6)
 
     _box(ax, 1.3, y_branch, "token embedding", shapes["embed.tokens"], width=2.5, colour="#eeeeee")
-    _box(ax, 1.3, y_stream - 0.9, "learned positions" if learned else "sinusoidal positions",
-         shapes["embed.positions"], width=2.5, colour="#eeeeee")
+    _box(ax, 1.3, y_stream - 0.9, f"{model.config.positions} positions", shapes["embed.positions"],
+         width=2.5, colour="#eeeeee")
     plus(start)
     _arrow(ax, (1.3, y_branch - 0.5), (start - 0.15, y_stream + 0.17))
     _arrow(ax, (1.3, y_stream - 0.4), (start - 0.17, y_stream - 0.12))
