@@ -137,7 +137,7 @@ def plot_block(model, tokens: Tensor):
     _, seen = _run_recording(model, parts, tokens)
     shapes = {name: str(list((out[0] if isinstance(out, tuple) else out).shape))  # attention returns a tuple
               for name, (_, out) in seen.items()}
-    shapes["embed.positions"] = f"[{tokens.size(1)}, {model.config.d_model}]"  # a table read, not a module called
+    shapes["embed.positions"] = f"[{tokens.size(1)}, {model.config.d_model}]"  # a table, not a module call
 
     n_blocks = len(model.blocks)
     start, branch, end = 3.0, 5.0, 4.8

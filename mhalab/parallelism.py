@@ -190,16 +190,16 @@ def time_heads(heads=(1, 8, 32, 64), *, part: str = "attention", d_model: int = 
         raise ValueError("heads must name at least one head count, e.g. (1, 8, 32, 64)")
     device = torch.device(device)
     tolerance = (1e-4 if device.type == "cpu" else 1e-3) if dtype == torch.float32 else 5e-2  # GPUs may use TF32
-    generator = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(0)
     versions = {}  # {h: (batched, looped)}: two functions computing the same tensor
     for h in heads:
         d_k = check_head_count(d_model, h)
         if part == "attention":  # 3 x [B, H, T, d_k], as the projections would hand them over
-            qkv = [torch.randn(batch, h, seq_len, d_k, generator=generator).to(device, dtype) for _ in range(3)]
+            qkv = [torch.randn(batch, h, seq_len, d_k, generator=g).to(device, dtype) for _ in range(3)]
             versions[h] = (partial(batched_attention, *qkv), partial(looped_attention, *qkv))
         else:
-            x = torch.randn(batch, seq_len, d_model, generator=generator).to(device, dtype)  # [B, T, D]
-            w = head_weights(d_model, h, device=device, dtype=dtype, generator=generator)
+            x = torch.randn(batch, seq_len, d_model, generator=g).to(device, dtype)  # [B, T, D]
+            w = head_weights(d_model, h, device=device, dtype=dtype, generator=g)
             versions[h] = (partial(batched_heads, x, w), partial(looped_heads, x, w))
 
     previous_threads = torch.get_num_threads()

@@ -74,8 +74,8 @@ def attention_maps(maps: Sequence, *, titles: Sequence[str], x_labels: Sequence[
     fig, axes = figure(len(maps), width=panel_size, height=panel_size)
     hidden = None if y_labels is None else [""] * len(y_labels)  # ticks without labels right of the first
     for k, (w, title, ax) in enumerate(zip(maps, titles, axes[0])):
-        heatmap(w, ax=ax, x_labels=x_labels, y_labels=hidden if k else y_labels, title=title, annotate=annotate,
-                ylabel="" if k else "query (attending)")
+        heatmap(w, ax=ax, x_labels=x_labels, y_labels=hidden if k else y_labels, title=title,
+                annotate=annotate, ylabel="" if k else "query (attending)")
     return fig
 
 
@@ -231,5 +231,6 @@ def score_and_weight_maps(scores, weight_maps: dict, *, labels: Sequence[str] | 
                 ylabel="" if k else "query")
         if k == 0:  # scores: colours diverging around 0
             ax.images[0].set(cmap="RdBu_r", clim=(-top, top))
-        fig.colorbar(ax.images[0], ax=ax, fraction=0.046, pad=0.04, label="attention weight" if k else "score q·k")
+        label = "attention weight" if k else "score q·k"
+        fig.colorbar(ax.images[0], ax=ax, fraction=0.046, pad=0.04, label=label)
     return fig

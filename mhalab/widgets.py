@@ -69,7 +69,8 @@ class HeadExplorer:
         # Where each highlight says a head should look: {name: [E, T] key per query, -1 for none}.
         E, T = self.n_examples, self.T
         self.keys = {r: batch.sources[r][:E].cpu().numpy() for r in self.relations}
-        self.keys.update({n: np.broadcast_to(fraction_keys(n, T, self.S).numpy(), (E, T)) for n in FRACTION_SCORES})
+        for name in FRACTION_SCORES:  # the same keys in every example
+            self.keys[name] = np.broadcast_to(fraction_keys(name, T, self.S).numpy(), (E, T))
         self.keys[NO_ROLE] = np.full((E, T), -1)
         labels = getattr(task, "token_labels", None) or (lambda ids: [str(int(t)) for t in ids])
         self.labels = [list(labels(tokens[e].cpu())) for e in range(self.n_examples)]
@@ -195,7 +196,7 @@ class HeadExplorer:
         self.png = self._render(full=relabel)
         if self._widget is not None:
             self._image_widget.value = self.png
-            for name, control in self._controls.items():  # after an update() from Python; no redraw (_on_change)
+            for name, control in self._controls.items():  # follow update(); no redraw (_on_change)
                 control.value = getattr(self, name)
 
     @property
