@@ -133,9 +133,8 @@ def per_example_loss(logits: Tensor, targets: Tensor) -> Tensor:
     V = logits.size(-1)
     logits = logits if logits.dtype == torch.float64 else logits.float()  # half precision -> float32
     ce = F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=IGNORE, reduction="none")
-    ce = ce.view(targets.shape)  # [B, T(, R)]
-    valid = (targets != IGNORE).float()
-    return (ce * valid).flatten(1).sum(1) / valid.flatten(1).sum(1).clamp(min=1)  # [B]
+    valid = (targets != IGNORE).flatten(1).sum(1)  # [B]; IGNORE's cross-entropy is 0 already
+    return ce.view(targets.size(0), -1).sum(1) / valid.clamp(min=1)  # [B, T(, R)] -> [B, T R] -> [B]
 
 
 def head_importance(model: nn.Module, batches: Any, *, normalize: bool = True,
@@ -207,9 +206,7 @@ class PruningCurve:
         ax.plot(x, mean, "s--", ms=3, color="gray", label=f"random order (mean of {len(self.random)})")
         ax.fill_between(x, mean - std, mean + std, color="gray", alpha=0.25, lw=0)
         ax.axhline(self.baseline - 0.01, color="k", lw=0.6, ls=":", label="1 point below the full model")
-        ax.set_xlabel("fraction of heads removed")
-        ax.set_ylabel("accuracy")
-        ax.set_title(title or "Pruning heads")
+        ax.set(xlabel="fraction of heads removed", ylabel="accuracy", title=title or "Pruning heads")
         ax.legend(fontsize=8, loc="lower left")
         return ax
 

@@ -3,15 +3,32 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
-from .hooks import run_with_cache
 from .models import Transformer
 from .plotting import figure
 
 __all__ = ["mechanism_shapes", "plot_mechanism", "plot_block"]
+
+
+def _run_recording(model: nn.Module, names: list[str], *inputs: Any) -> tuple[Any, dict[str, tuple]]:
+    """``model(*inputs)`` without gradients, and ``{name: (inputs, output)}`` of each submodule named."""
+    seen: dict[str, tuple] = {}
+
+    def record(name: str):
+        return lambda module, args, out: seen.__setitem__(name, (args, out))
+
+    handles = [model.get_submodule(name).register_forward_hook(record(name)) for name in names]
+    try:
+        with torch.no_grad():
+            return model(*inputs), seen
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 # ----------------------------------------------------------------------------- the mechanism
@@ -23,21 +40,13 @@ def mechanism_shapes(module, x: Tensor) -> dict[str, tuple[int, ...]]:
     """
     if not isinstance(module, MultiHeadAttention):
         raise TypeError(f"mechanism_shapes expects a mhalab.MultiHeadAttention, got {type(module).__name__}")
-    seen: dict[str, Tensor] = {}
-    handles = [
-        module.qkv_proj.register_forward_hook(lambda m, args, out: seen.__setitem__("qkv", out)),
-        module.out_proj.register_forward_pre_hook(lambda m, args: seen.__setitem__("concat", args[0])),
-    ]
-    try:
-        (out, _), cache = run_with_cache(module, x, names=["pattern", "z"])
-    finally:
-        for handle in handles:
-            handle.remove()
+    # The hook points "pattern" and "z" are submodules too (a hook on "pattern" makes it computed).
+    (out, _), seen = _run_recording(module, ["qkv_proj", "pattern", "z", "out_proj"], x)
     H, G, dk = module.n_heads, module.n_kv_heads, module.d_head
-    q, k, v = seen["qkv"].split((H * dk, G * dk, G * dk), dim=-1)  # [B, T, H dk], 2 x [B, T, G dk]
+    q, k, v = seen["qkv_proj"][1].split((H * dk, G * dk, G * dk), dim=-1)  # [B, T, H dk], 2 x [B, T, G dk]
     shapes = {"x": x, "Q": q, "K": k, "V": v}
     shapes.update({f"{name} heads": module.split_heads(t) for name, t in (("Q", q), ("K", k), ("V", v))})
-    shapes.update(pattern=cache["pattern"], z=cache["z"], concat=seen["concat"], out=out)
+    shapes.update(pattern=seen["pattern"][1], z=seen["z"][1], concat=seen["out_proj"][0][0], out=out)
     return {name: tuple(t.shape) for name, t in shapes.items()}
 
 
@@ -74,8 +83,7 @@ def plot_mechanism(shapes: dict, *, title: str | None = None):
         raise ValueError(f"shapes lacks {missing}: pass what mechanism_shapes(module, x) returns")
     B, H, L, S = shapes["pattern"]
     G = shapes["K heads"][1]
-    fig, axes = figure(width=9.6, height=3.5)
-    ax = axes[0, 0]
+    fig, [[ax]] = figure(width=9.6, height=3.5)  # one panel
     stack = min(H, 3)  # stacked copies drawn behind a per-head box
     y_q, y_k, y_v = 4.4, 2.9, 1.4
     # The per-head region first, so that it sits behind the boxes.
@@ -112,7 +120,6 @@ def plot_mechanism(shapes: dict, *, title: str | None = None):
     ax.axis("off")
     fig.suptitle(title or f"multi-head attention, shapes as they flow: B={B}, T={L}, D={shapes['x'][-1]}, "
                  f"H={H}, d_k={shapes['Q heads'][-1]}", fontsize=10)
-    fig.tight_layout()
     return fig
 
 
@@ -124,33 +131,18 @@ def plot_block(model, tokens: Tensor):
 
     if not isinstance(model, Transformer):
         raise TypeError(f"plot_block draws a mhalab.models.Transformer, got {type(model).__name__}")
-    parts = ["embed.tokens", "embed.positions", "ln_final", "head"]
+    parts = ["embed.tokens", "ln_final", "head"]
     for i in range(len(model.blocks)):
         parts += [f"blocks.{i}.attn", f"blocks.{i}.mlp"]  # the LayerNorms are drawn without a shape
-    modules = dict(model.named_modules())
-    shapes: dict[str, str] = {}
-
-    def record(name):
-        def hook(module, args, output):  # output: a tensor, or a tuple that starts with one
-            shapes[name] = str(list((output[0] if isinstance(output, tuple) else output).shape))
-        return hook
-
-    handles = [modules[name].register_forward_hook(record(name)) for name in parts if name in modules]
-    try:
-        with torch.no_grad():
-            model(tokens)
-    finally:
-        for handle in handles:
-            handle.remove()
-    T = tokens.size(1)
-    learned = "embed.positions" in modules
-    shapes.setdefault("embed.positions", f"[{T}, {model.config.d_model}]")  # sinusoidal: a fixed table, no module
+    _, seen = _run_recording(model, parts, tokens)
+    shapes = {name: str(list((out[0] if isinstance(out, tuple) else out).shape))  # attention returns a tuple
+              for name, (_, out) in seen.items()}
+    shapes["embed.positions"] = f"[{tokens.size(1)}, {model.config.d_model}]"  # a table, not a module call
 
     n_blocks = len(model.blocks)
     start, branch, end = 3.0, 5.0, 4.8
     width = start + 2 * branch * n_blocks + end
-    fig, axes = figure(width=0.55 * width, height=3.1)
-    ax = axes[0, 0]
+    fig, [[ax]] = figure(width=0.55 * width, height=3.1)
     y_stream, y_branch = 1.0, 3.0
     ax.add_patch(FancyArrow(start, y_stream, width - start - 0.2, 0, width=0.16, head_width=0.4, head_length=0.3,
                             length_includes_head=True, color="#cccccc", zorder=1))
@@ -162,8 +154,8 @@ def plot_block(model, tokens: Tensor):
         ax.text(x, y_stream, "+", ha="center", va="center", fontsize=11, zorder=6)
 
     _box(ax, 1.3, y_branch, "token embedding", shapes["embed.tokens"], width=2.5, colour="#eeeeee")
-    _box(ax, 1.3, y_stream - 0.9, "learned positions" if learned else "sinusoidal positions",
-         shapes["embed.positions"], width=2.5, colour="#eeeeee")
+    _box(ax, 1.3, y_stream - 0.9, f"{model.config.positions} positions", shapes["embed.positions"],
+         width=2.5, colour="#eeeeee")
     plus(start)
     _arrow(ax, (1.3, y_branch - 0.5), (start - 0.15, y_stream + 0.17))
     _arrow(ax, (1.3, y_stream - 0.4), (start - 0.17, y_stream - 0.12))
@@ -187,5 +179,4 @@ def plot_block(model, tokens: Tensor):
     ax.axis("off")
     fig.suptitle(f"where attention sits: {n_blocks} pre-norm block{'s' if n_blocks > 1 else ''}; "
                  f"each branch adds its output to the residual stream", fontsize=10)
-    fig.tight_layout()
     return fig

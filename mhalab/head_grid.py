@@ -24,9 +24,8 @@ def head_grid(model: nn.Module | HeadExplorer, batch: Any = None, layer: int = 0
     ``model``: a model with a task ``batch`` (and ``task`` for token labels), or a :class:`HeadExplorer`
     (reuses its attention). ``columns``: maps per row (default: up to 8). Returns the pyplot Figure.
     """
-    if isinstance(model, HeadExplorer):
-        explorer = model
-    else:
+    explorer = model
+    if not isinstance(model, HeadExplorer):
         if batch is None:
             raise ValueError("head_grid needs the batch to compute attention on: head_grid(model, batch, layer)")
         explorer = HeadExplorer(model, batch, task, examples=example + 1, ablation=False)
@@ -37,8 +36,7 @@ def head_grid(model: nn.Module | HeadExplorer, batch: Any = None, layer: int = 0
     rows = -(-H // columns)
     fig, axes = figure(columns, rows, width=size, height=size + 0.3 + 0.4 / rows)  # 0.4 inches for the title
     for head, ax in enumerate(axes.flat):
-        ax.set_xticks([])
-        ax.set_yticks([])
+        ax.set(xticks=[], yticks=[])
         if head >= H:
             ax.axis("off")
             continue
@@ -47,9 +45,7 @@ def head_grid(model: nn.Module | HeadExplorer, batch: Any = None, layer: int = 0
         title = role if role == NO_ROLE else f"{role} {float(explorer.scores[role][layer, head]):.2f}"
         ax.imshow(explorer.attention[layer, example, head], vmin=0, vmax=1, cmap=cmap, interpolation="nearest")
         ax.set_title(f"H{head}: {title}", fontsize=10, color=colour)
-        for spine in ax.spines.values():
-            spine.set_edgecolor(colour)
-            spine.set_linewidth(2 if role in explorer.relations else 0.8)
+        ax.spines[:].set_edgecolor(colour)
+        ax.spines[:].set_linewidth(2 if role in explorer.relations else 0.8)
     fig.suptitle(f"layer {layer}: every head (rows = queries, columns = keys), example {example}", fontsize=11)
-    fig.tight_layout()
     return fig

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_head_count
+from ._checks import check_head_count, check_int
 from .device import synchronize
 
 __all__ = [
@@ -39,12 +39,9 @@ class StackConfig:
     d_model: int | None = None
 
     def __post_init__(self) -> None:
-        for label in ("n_heads", "encoder_layers", "decoder_layers"):
-            value = getattr(self, label)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{label} must be a non-negative int, got {value!r}")
-        if self.n_heads < 1:
-            raise ValueError(f"n_heads must be at least 1, got {self.n_heads}")
+        check_int("n_heads", self.n_heads, 1)
+        check_int("encoder_layers", self.encoder_layers, 0)
+        check_int("decoder_layers", self.decoder_layers, 0)
         if self.encoder_layers + self.decoder_layers == 0:
             raise ValueError("a stack needs at least one layer: set encoder_layers or decoder_layers")
         if self.cross_attention and (self.encoder_layers == 0 or self.decoder_layers == 0):
@@ -64,11 +61,9 @@ class StackConfig:
         """Single-head attention operations per forward pass: one per head per block."""
         return self.attention_blocks * self.n_heads
 
-    @property
-    def sequential_steps(self) -> int:
-        """Blocks that must run one after another (each reads the previous one's output); only the heads
-        *within* a block are independent, so the operations run as this many steps of ``n_heads``."""
-        return self.attention_blocks
+    # Blocks run one after another (each reads the previous one's output); only the heads *within* a block
+    # are independent, so the operations run as this many steps of n_heads.
+    sequential_steps = attention_blocks
 
     def breakdown(self) -> dict[str, int]:
         """Operations per kind of attention (only the kinds this stack has)."""
@@ -179,22 +174,6 @@ class HeadTiming:
         return {**asdict(self), "ratio": self.ratio}
 
 
-def _versions(part: str, heads, d_model: int, batch: int, seq_len: int, device, dtype) -> dict[int, tuple]:
-    """For each head count: (batched, looped) functions computing the same tensor."""
-    generator = torch.Generator().manual_seed(0)
-    versions = {}
-    for h in heads:
-        d_k = check_head_count(d_model, h)
-        if part == "attention":  # 3 x [B, H, T, d_k], as the projections would hand them over
-            qkv = [torch.randn(batch, h, seq_len, d_k, generator=generator).to(device, dtype) for _ in range(3)]
-            versions[h] = (partial(batched_attention, *qkv), partial(looped_attention, *qkv))
-        else:
-            x = torch.randn(batch, seq_len, d_model, generator=generator).to(device, dtype)  # [B, T, D]
-            w = head_weights(d_model, h, device=device, dtype=dtype, generator=generator)
-            versions[h] = (partial(batched_heads, x, w), partial(looped_heads, x, w))
-    return versions
-
-
 def time_heads(heads=(1, 8, 32, 64), *, part: str = "attention", d_model: int = 512, batch: int = 1,
                seq_len: int = 64, repeats: int = 51, inner: int = 1, warmup: int = 3,
                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
@@ -206,19 +185,28 @@ def time_heads(heads=(1, 8, 32, 64), *, part: str = "attention", d_model: int = 
     if part not in PARTS:
         raise ValueError(f"part must be one of {PARTS}, got {part!r}")
     for name, value in (("repeats", repeats), ("inner", inner), ("batch", batch), ("seq_len", seq_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int(name, value, 1)
     if not heads:
         raise ValueError("heads must name at least one head count, e.g. (1, 8, 32, 64)")
     device = torch.device(device)
     tolerance = (1e-4 if device.type == "cpu" else 1e-3) if dtype == torch.float32 else 5e-2  # GPUs may use TF32
+    g = torch.Generator().manual_seed(0)
+    versions = {}  # {h: (batched, looped)}: two functions computing the same tensor
+    for h in heads:
+        d_k = check_head_count(d_model, h)
+        if part == "attention":  # 3 x [B, H, T, d_k], as the projections would hand them over
+            qkv = [torch.randn(batch, h, seq_len, d_k, generator=g).to(device, dtype) for _ in range(3)]
+            versions[h] = (partial(batched_attention, *qkv), partial(looped_attention, *qkv))
+        else:
+            x = torch.randn(batch, seq_len, d_model, generator=g).to(device, dtype)  # [B, T, D]
+            w = head_weights(d_model, h, device=device, dtype=dtype, generator=g)
+            versions[h] = (partial(batched_heads, x, w), partial(looped_heads, x, w))
 
     previous_threads = torch.get_num_threads()
     if threads is not None and device.type == "cpu":
         torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
-            versions = _versions(part, heads, d_model, batch, seq_len, device, dtype)
             for h, (batched, looped) in versions.items():  # the same result both ways, so the race is fair
                 if not torch.allclose(batched().float(), looped().float(), atol=tolerance, rtol=tolerance):
                     raise AssertionError(f"batched and looped heads disagree at h={h}")

@@ -31,30 +31,24 @@ def relation_style(name: str, relations: list[str]) -> tuple[str, str]:
 
 
 def figure(ncols: int = 1, nrows: int = 1, *, width: float = 3.2, height: float = 3.0):
-    """``plt.subplots`` at :data:`DPI`, ``width x height`` inches a panel: ``(fig, axes [nrows, ncols])``."""
+    """``plt.subplots`` at :data:`DPI`, ``width x height`` inches a panel, laid out tightly whenever it is
+    drawn (so titles added later fit too): ``(fig, axes [nrows, ncols])``."""
     import matplotlib.pyplot as plt
 
-    return plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), dpi=DPI, squeeze=False)
-
-
-def _as_2d(weights) -> Tensor:
-    w = torch.as_tensor(weights).detach().float().cpu()
-    if w.dim() != 2:
-        raise ValueError(
-            f"heatmap expects one [query, key] matrix, got shape {tuple(w.shape)}; "
-            "pick one batch element and one head first, e.g. weights[0, head]"
-        )
-    return w
+    figsize = (width * ncols, height * nrows)
+    return plt.subplots(nrows, ncols, figsize=figsize, dpi=DPI, squeeze=False, layout="tight")
 
 
 def heatmap(weights, *, ax=None, x_labels: Sequence[str] | None = None, y_labels: Sequence[str] | None = None,
             title: str | None = None, annotate: bool = False, xlabel: str = "key (attended to)",
             ylabel: str = "query (attending)"):
     """Draw one ``[query, key]`` attention matrix (``annotate``: each weight in its cell); returns the Axes."""
-    w = _as_2d(weights)
+    w = torch.as_tensor(weights).detach().float().cpu()
+    if w.dim() != 2:
+        raise ValueError(f"heatmap expects one [query, key] matrix, got shape {tuple(w.shape)}; "
+                         "pick one batch element and one head first, e.g. weights[0, head]")
     if ax is None:
-        _, axes = figure(width=0.45 * w.size(1) + 1.5, height=0.45 * w.size(0) + 1.0)
-        ax = axes[0, 0]
+        ax = figure(width=0.45 * w.size(1) + 1.5, height=0.45 * w.size(0) + 1.0)[1][0, 0]
     ax.imshow(w.numpy(), cmap="Blues", vmin=0.0, vmax=1.0)
     for labels, setter, n, axis in ((x_labels, ax.set_xticks, w.size(1), "x"), (y_labels, ax.set_yticks, w.size(0), "y")):
         if labels is not None:
@@ -65,8 +59,7 @@ def heatmap(weights, *, ax=None, x_labels: Sequence[str] | None = None, y_labels
         for (i, j), value in np.ndenumerate(w.numpy()):
             text = "0" if value == 0 else "1" if value >= 0.995 else f"{value:.2f}".lstrip("0")
             ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if value > 0.6 else "black")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
     if title:
         ax.set_title(title, fontsize=10)
     return ax
@@ -79,12 +72,10 @@ def attention_maps(maps: Sequence, *, titles: Sequence[str], x_labels: Sequence[
     if len(maps) != len(titles):
         raise ValueError(f"got {len(maps)} maps but {len(titles)} titles")
     fig, axes = figure(len(maps), width=panel_size, height=panel_size)
+    hidden = None if y_labels is None else [""] * len(y_labels)  # ticks without labels right of the first
     for k, (w, title, ax) in enumerate(zip(maps, titles, axes[0])):
-        heatmap(w, ax=ax, x_labels=x_labels, y_labels=y_labels if k == 0 else None, title=title, annotate=annotate,
-                ylabel="query (attending)" if k == 0 else "")
-        if k > 0 and y_labels is not None:
-            ax.set_yticks(range(len(y_labels)), labels=[""] * len(y_labels))
-    fig.tight_layout()
+        heatmap(w, ax=ax, x_labels=x_labels, y_labels=hidden if k else y_labels, title=title,
+                annotate=annotate, ylabel="" if k else "query (attending)")
     return fig
 
 
@@ -124,7 +115,6 @@ def show_memory_layout(t: Tensor, layout: str, *, d_k: int, title: str):
         if block_title:
             ax.set_title(block_title, fontsize=9)
     fig.suptitle(f"{title}\n{layout}: shape {list(t.shape)}, strides {list(t.stride())}", fontsize=9)
-    fig.tight_layout()
     return fig
 
 
@@ -152,7 +142,6 @@ def plot_costs(table):
             ax.set_yscale("log", base=2)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
     fig.suptitle(f"d_model = {table.d_model}: what changes with the head count", fontsize=10)
-    fig.tight_layout()
     return fig
 
 
@@ -183,7 +172,6 @@ def plot_history(history, *, smooth: int = 20, title: str | None = None):
     ax_acc.set(xlabel="step", ylabel="held-out accuracy", title="accuracy", ylim=(-0.02, 1.02))
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     return fig
 
 
@@ -213,7 +201,6 @@ def plot_sweep(results, metric: str = "accuracy", *, relations: bool = True, ax=
         ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower center")
-    ax.figure.tight_layout()
     return ax
 
 
@@ -226,35 +213,24 @@ def notebook_style() -> None:
     matplotlib.rcParams.update({"figure.dpi": DPI, "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9,
                                 "xtick.labelsize": 8, "ytick.labelsize": 8, "legend.fontsize": 8,
                                 "figure.titlesize": 10})
-    try:
-        from IPython import get_ipython
-    except ImportError:  # plain Python: nothing to configure
-        return
-    if get_ipython() is None or "inline" not in matplotlib.get_backend():
-        return
-    from matplotlib_inline.backend_inline import set_matplotlib_formats
+    if "inline" in matplotlib.get_backend():  # in a notebook (plain Python has no inline backend)
+        from matplotlib_inline.backend_inline import set_matplotlib_formats
 
-    set_matplotlib_formats("retina")
+        set_matplotlib_formats("retina")
 
 
 # ----------------------------------------------------------------------------- scores and weights
 def score_and_weight_maps(scores, weight_maps: dict, *, labels: Sequence[str] | None = None):
     """A ``[query, key]`` score matrix (colours diverging around 0) beside ``{title: [query, key] weights}``,
     each panel with its colour bar. Returns the Figure."""
-    s = _as_2d(scores)
-    fig, axes = figure(1 + len(weight_maps), width=3.5, height=2.9)
-    top = float(s.abs().max()) or 1.0
-    image = axes[0, 0].imshow(s.numpy(), cmap="RdBu_r", vmin=-top, vmax=top)
-    fig.colorbar(image, ax=axes[0, 0], fraction=0.046, pad=0.04, label="score q·k")
-    axes[0, 0].set_title("raw scores Q Kᵀ", fontsize=10)
-    axes[0, 0].set_xlabel("key")
-    axes[0, 0].set_ylabel("query")
-    for ax, (title, weights) in zip(axes[0, 1:], weight_maps.items()):
-        heatmap(weights, ax=ax, title=title, xlabel="key", ylabel="")
-        fig.colorbar(ax.images[0], ax=ax, fraction=0.046, pad=0.04, label="attention weight")
-    for ax in axes[0]:
-        if labels is not None:
-            ax.set_xticks(range(len(labels)), labels=list(labels), rotation=90)
-            ax.set_yticks(range(len(labels)), labels=list(labels))
-    fig.tight_layout()
+    panels = [("raw scores Q Kᵀ", scores), *weight_maps.items()]
+    top = float(torch.as_tensor(scores).abs().max()) or 1.0
+    fig, axes = figure(len(panels), width=3.5, height=2.9)
+    for k, (ax, (title, weights)) in enumerate(zip(axes[0], panels)):
+        heatmap(weights, ax=ax, x_labels=labels, y_labels=labels, title=title, xlabel="key",
+                ylabel="" if k else "query")
+        if k == 0:  # scores: colours diverging around 0
+            ax.images[0].set(cmap="RdBu_r", clim=(-top, top))
+        label = "attention weight" if k else "score q·k"
+        fig.colorbar(ax.images[0], ax=ax, fraction=0.046, pad=0.04, label=label)
     return fig

@@ -77,18 +77,15 @@ def first_token_score(attention: Attention) -> Tensor:
 def attention_entropy(attention: Attention) -> Tensor:
     """``[N, H]``: mean entropy of each query's weighting in nats: 0 for one key, ``log S`` for all S evenly."""
     A = stack_attention(attention).float()
-    plogp = torch.where(A > 0, A * A.clamp_min(1e-30).log(), torch.zeros_like(A))  # 0 log 0 = 0
-    return -plogp.sum(dim=-1).mean(dim=(1, 3))  # [N, B, H, T] -> [N, H]
+    return -torch.special.xlogy(A, A).sum(dim=-1).mean(dim=(1, 3))  # 0 log 0 = 0; [N, B, H, T] -> [N, H]
 
 
 def attention_distance(attention: Attention) -> Tensor:
     """``[N, H]``: mean |query - key| distance, weighted by attention (in positions)."""
     A = stack_attention(attention).float()
     T, S = A.shape[-2:]
-    offset = S - T  # queries are the last T of S positions (as with a KV cache); 0 for self-attention
-    q = torch.arange(T, device=A.device)[:, None] + offset
-    k = torch.arange(S, device=A.device)[None, :]
-    distance = (q - k).abs().float()  # [T, S]
+    q = torch.arange(S - T, S, device=A.device)  # queries are the last T of S positions (as with a KV cache)
+    distance = (q[:, None] - torch.arange(S, device=A.device)).abs().float()  # [T, S]
     return (A * distance).sum(dim=-1).mean(dim=(1, 3))  # [N, B, H, T] -> [N, H]
 
 
@@ -115,23 +112,16 @@ def relation_score(attention: Attention, sources: Tensor, *, name: str = "relati
     return (on_source * weight).sum(dim=(1, 3)) / weight.sum()  # [N, H]
 
 
-def head_scores(attention: Attention, batch: Any = None, *, relations: Sequence[str] | None = None,
-                generic: bool = True) -> dict[str, Tensor]:
-    """Every score for every head, ``{name: [N, H]}``: one per relation of ``batch.sources`` (or of
-    ``relations``) when a task ``batch`` is given, then (``generic``) those of :data:`GENERIC_SCORES`."""
+def head_scores(attention: Attention, batch: Any = None, *, generic: bool = True) -> dict[str, Tensor]:
+    """Every score for every head, ``{name: [N, H]}``: one per relation of ``batch.sources`` when a task
+    ``batch`` is given, then (``generic``) those of :data:`GENERIC_SCORES`."""
     A = stack_attention(attention)
     scores: dict[str, Tensor] = {}
     if batch is not None:
         sources = getattr(batch, "sources", None)
         if sources is None:
             raise TypeError(f"batch must be a task Batch with .sources, got {type(batch).__name__}")
-        names = list(sources) if relations is None else list(relations)
-        for name in names:
-            if name not in sources:
-                raise KeyError(f"relation {name!r} is not in this batch; it has {sorted(sources)}")
-            scores[name] = relation_score(A, sources[name], name=name)
-    elif relations:
-        raise ValueError("relation scores need the batch (with .sources) the attention was computed on")
+        scores = {name: relation_score(A, keys, name=name) for name, keys in sources.items()}
     if generic:
         scores.update({name: _fraction_score(A, name) for name in FRACTION_SCORES})
         scores.update(entropy=attention_entropy(A), distance=attention_distance(A))
@@ -153,11 +143,8 @@ def format_scores(scores: dict[str, Tensor], *, names: Sequence[str] | None = No
 
 def best_heads(scores: dict[str, Tensor], names: Sequence[str]) -> dict[str, tuple[Head, float]]:
     """For each score name: the head with the highest score and that score, ``{name: ((layer, head), score)}``."""
-    out = {}
-    for name in names:
-        layer, head = divmod(int(scores[name].argmax()), scores[name].size(1))
-        out[name] = ((layer, head), float(scores[name][layer, head]))
-    return out
+    best = {name: divmod(int(scores[name].argmax()), scores[name].size(1)) for name in names}  # (layer, head)
+    return {name: (head, float(scores[name][head])) for name, head in best.items()}
 
 
 def heads_matching(scores: dict[str, Tensor], names: Sequence[str], threshold: float = 0.8) -> dict[Head, str | None]:

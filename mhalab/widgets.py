@@ -36,15 +36,6 @@ def widgets_available() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
-def _marker_points(name: str, sources: dict[str, np.ndarray], example: int, T: int, S: int) -> np.ndarray:
-    """``[P, 2]`` (key, query) points where score/relation ``name`` says a head should look."""
-    if name == NO_ROLE:
-        return np.zeros((0, 2))
-    keys = sources[name][example] if name in sources else fraction_keys(name, T, S).numpy()  # [T]
-    q = np.arange(T)
-    return np.stack([keys[keys >= 0], q[keys >= 0]], axis=1)
-
-
 class HeadExplorer:
     """Sliders over every head of a model (layer, head, example, highlight), answered from precomputed arrays.
 
@@ -75,19 +66,21 @@ class HeadExplorer:
         scores = head_scores(attention, batch if has_sources else None)
         self.scores = {name: s.cpu().numpy() for name, s in scores.items()}
         self.attention = attention[:, : self.n_examples].float().cpu().numpy()  # [N, E, H, T, S]
-        self.sources = {r: batch.sources[r][: self.n_examples].cpu().numpy() for r in self.relations}
+        # Where each highlight says a head should look: {name: [E, T] key per query, -1 for none}.
+        E, T = self.n_examples, self.T
+        self.keys = {r: batch.sources[r][:E].cpu().numpy() for r in self.relations}
+        for name in FRACTION_SCORES:  # the same keys in every example
+            self.keys[name] = np.broadcast_to(fraction_keys(name, T, self.S).numpy(), (E, T))
+        self.keys[NO_ROLE] = np.full((E, T), -1)
         labels = getattr(task, "token_labels", None) or (lambda ids: [str(int(t)) for t in ids])
         self.labels = [list(labels(tokens[e].cpu())) for e in range(self.n_examples)]
         self.bar_names = self.relations + list(FRACTION_SCORES)  # fractions in [0, 1]
-        self.ablation = None
-        if isinstance(ablation, AblationTable):  # computed already (e.g. by the notebook): reuse it
-            self.ablation = ablation
-        elif ablation and task is not None:
-            self.ablation = ablate_each_head(model, task, batch)
+        if not isinstance(ablation, AblationTable):  # else computed already (e.g. by the notebook): reuse it
+            ablation = ablate_each_head(model, task, batch) if ablation and task is not None else None
+        self.ablation = ablation
         self.layer, self.head, self.example = 0, 0, 0
         self.highlight = NO_ROLE
         self._widget = None
-        self._syncing = False
         self._build_figure(figsize)
         self.update(layer=layer, head=head)
 
@@ -101,9 +94,7 @@ class HeadExplorer:
         self._css_width = round(figsize[0] * DPI)  # shown at this width whatever the pixel density
         FigureCanvasAgg(self.figure)
         self.figure.subplots_adjust(left=0.08, right=0.97, top=0.88, bottom=0.24, wspace=0.55)
-        grid = self.figure.add_gridspec(1, 2, width_ratios=[1.25, 1])
-        self.ax_map = self.figure.add_subplot(grid[0])
-        self.ax_bar = self.figure.add_subplot(grid[1])
+        self.ax_map, self.ax_bar = self.figure.subplots(1, 2, width_ratios=[1.25, 1])
 
         T, S = self.T, self.S
         self.image = self.ax_map.imshow(np.zeros((T, S)), vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto", interpolation="nearest")
@@ -115,10 +106,9 @@ class HeadExplorer:
         self.markers = self.ax_map.scatter([], [], s=40, facecolors="none", edgecolors="red", linewidths=1.2)
         self.map_title = self.ax_map.set_title("", fontsize=9)
 
-        names = self.bar_names
-        y = np.arange(len(names))
-        self.bars = self.ax_bar.barh(y, np.zeros(len(names)), color="tab:gray")
-        self.ax_bar.set_yticks(y, names, fontsize=8)
+        y = np.arange(len(self.bar_names))
+        self.bars = self.ax_bar.barh(y, np.zeros(len(y)), color="tab:gray")
+        self.ax_bar.set_yticks(y, self.bar_names, fontsize=8)
         self.ax_bar.invert_yaxis()
         self.ax_bar.set_xlim(0, 1)
         self.ax_bar.axvline(self.threshold, color="k", lw=0.6, ls=":")
@@ -134,14 +124,13 @@ class HeadExplorer:
         self._dynamic = [self.image, self.markers, self.map_title, *self.bars, *self.bar_text, self.bar_title, self.footer]
         for artist in self._dynamic:
             artist.set_animated(True)
-        self._background = None
 
-    def _render(self, *, full: bool = False) -> bytes:
+    def _render(self, *, full: bool) -> bytes:
         """Draw the dynamic artists over the cached background (redrawn when ``full``); return PNG bytes."""
         from PIL import Image
 
         canvas = self.figure.canvas
-        if full or self._background is None:
+        if full:  # always at the first update(): no example has its tick labels yet
             canvas.draw()  # everything except the animated artists
             self._background = canvas.copy_from_bbox(self.figure.bbox)
         else:
@@ -167,9 +156,8 @@ class HeadExplorer:
         best = self.role_name(layer, head)
         if best != NO_ROLE:
             return f"{best} ({float(self.scores[best][layer, head]):.2f})"
-        if float(self.scores["entropy"][layer, head]) > 0.75 * np.log(self.S):
-            return f"{NO_ROLE} (spread out)"
-        return f"{NO_ROLE} (no single position)"
+        spread = float(self.scores["entropy"][layer, head]) > 0.75 * np.log(self.S)
+        return f"{NO_ROLE} ({'spread out' if spread else 'no single position'})"
 
     def update(self, layer: int | None = None, head: int | None = None, example: int | None = None,
                highlight: str | None = None) -> None:
@@ -190,7 +178,9 @@ class HeadExplorer:
             self.ax_map.set_xticklabels(self.labels[e], rotation=0)
             self.ax_map.set_yticklabels(self.labels[e][-self.T :])
             self._labelled_example = e
-        self.markers.set_offsets(_marker_points(self.highlight, self.sources, e, self.T, self.S))
+        keys = self.keys[self.highlight][e]  # [T]
+        queries = np.flatnonzero(keys >= 0)
+        self.markers.set_offsets(np.stack([keys[queries], queries], axis=1))  # [P, 2] (key, query) points
         self.map_title.set_text(f"layer {l}, head {h}, example {e}: {self.role(l, h)}")
 
         for i, name in enumerate(self.bar_names):
@@ -206,7 +196,8 @@ class HeadExplorer:
         self.png = self._render(full=relabel)
         if self._widget is not None:
             self._image_widget.value = self.png
-            self._sync_controls()
+            for name, control in self._controls.items():  # follow update(); no redraw (_on_change)
+                control.value = getattr(self, name)
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -253,17 +244,9 @@ class HeadExplorer:
         return self._widget
 
     def _on_change(self, change) -> None:
-        if not self._syncing:
-            self.update(**{name: control.value for name, control in self._controls.items()})
-
-    def _sync_controls(self) -> None:
-        """Move the controls to the current state (after an update() from Python) without redrawing again."""
-        self._syncing = True
-        try:
-            for name, control in self._controls.items():
-                control.value = getattr(self, name)
-        finally:
-            self._syncing = False
+        name = change["owner"].description
+        if change["new"] != getattr(self, name):  # not update() moving the control to where it already is
+            self.update(**{name: change["new"]})
 
     #: The line under the still picture, for viewers that cannot run the sliders.
     STATIC_NOTE = "A still of the head explorer: run this notebook (Jupyter or Colab) to move its sliders."
@@ -288,10 +271,8 @@ class HeadExplorer:
         :attr:`STATIC_NOTE`) for viewers that cannot draw widgets (GitHub, nbviewer, the course website)."""
         import base64
 
-        bundle = {
-            "image/png": base64.b64encode(self.static_png()).decode("ascii"),
-            "text/plain": f"{self!r}\n{self.STATIC_NOTE}",
-        }
+        still = base64.b64encode(self.static_png()).decode("ascii")
+        bundle = {"image/png": still, "text/plain": f"{self!r}\n{self.STATIC_NOTE}"}
         if widgets_available():
             view = {"version_major": 2, "version_minor": 0, "model_id": self.widget.model_id}
             bundle["application/vnd.jupyter.widget-view+json"] = view
