@@ -72,17 +72,11 @@ class SweepResults:
 
     def by_heads(self, metric: str = "accuracy") -> dict[int, list[float]]:
         """``{head count: [metric of each seed, in seed order]}``."""
-        out: dict[int, list[float]] = {h: [] for h in self.heads}
-        for r in self.rows:
-            out[r.heads].append(self.value(r, metric))
-        return out
+        return {h: [self.value(r, metric) for r in self.rows if r.heads == h] for h in self.heads}
 
     def by_seed(self, metric: str = "accuracy") -> dict[int, dict[int, float]]:
         """``{seed: {head count: metric}}``."""
-        out: dict[int, dict[int, float]] = {s: {} for s in self.seeds}
-        for r in self.rows:
-            out[r.seed][r.heads] = self.value(r, metric)
-        return out
+        return {s: {r.heads: self.value(r, metric) for r in self.rows if r.seed == s} for s in self.seeds}
 
     def mean(self, metric: str = "accuracy") -> dict[int, float]:
         return {h: sum(v) / len(v) for h, v in self.by_heads(metric).items()}

@@ -223,8 +223,9 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
                     last_saved = step
                 bar.update(1)
         except KeyboardInterrupt:
-            where = (f"; the last checkpoint (step {last_saved}) is at {str(cfg.checkpoint)!r}: call train again with the "
-                     "same settings to resume" if last_saved is not None else "; pass checkpoint=path to be able to resume")
+            where = (f"; the last checkpoint (step {last_saved}) is at {str(cfg.checkpoint)!r}: call train again "
+                     "with the same settings to resume" if last_saved is not None
+                     else "; pass checkpoint=path to be able to resume")
             bar.write(f"interrupted during step {step}{where}")
             raise
         finally:
@@ -232,7 +233,8 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
     return history
 
 
-def _record_losses(history: History, pending: list[Tensor], step: int, cfg: TrainConfig, last_saved: int | None) -> None:
+def _record_losses(history: History, pending: list[Tensor], step: int, cfg: TrainConfig,
+                   last_saved: int | None) -> None:
     """Move the pending losses (steps ``step - len(pending) + 1 .. step``) into ``history``, or raise
     :class:`TrainingDiverged` at the first non-finite one."""
     values = torch.stack(pending).float().tolist()
