@@ -37,7 +37,7 @@ def check_distinct_ints(name: str, values: int | Iterable[int]) -> list[int]:
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"{name} must hold ints, got {v!r}")
     if len(set(values)) != len(values):
-        raise ValueError(f"{name} has repeats: {values}")
+        raise ValueError(f"{name} has repeats: {values} (each must be distinct)")
     return values
 
 

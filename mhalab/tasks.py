@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_int
+from ._checks import check_distinct_ints, check_int
 
 __all__ = ["Batch", "Task", "MultiRelationTask", "KeyValueRecall", "Seq2SeqBatch", "Seq2SeqTask", "IGNORE"]
 
@@ -33,9 +33,8 @@ class Batch:
 
     def to(self, device: torch.device | str) -> "Batch":
         """A copy on ``device`` (for analysis; training samples on the device directly)."""
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        moved["sources"] = {k: v.to(device) for k, v in self.sources.items()}
-        return type(self)(**{k: v if isinstance(v, dict) else v.to(device) for k, v in moved.items()})
+        tensors = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "sources"}
+        return type(self)(**tensors, sources={k: v.to(device) for k, v in self.sources.items()})
 
 
 class Task:
@@ -132,21 +131,13 @@ class MultiRelationTask(Task):
                  causal: bool = False) -> None:
         self.vocab_size = check_int("vocab_size", vocab_size, 2)
         self.seq_len = check_int("seq_len", seq_len, 2)
-        offsets = tuple(offsets)
-        if not offsets:
-            raise ValueError("offsets must name at least one relative offset, e.g. offsets=(-1, 1)")
+        offsets = tuple(check_distinct_ints("offsets", offsets))  # one relation each
         for o in offsets:
-            if isinstance(o, bool) or not isinstance(o, int):
-                raise TypeError(f"every offset must be an int (a relative position such as -1), got {o!r}")
             if o == 0:
                 raise ValueError("offset 0 is the query's own token, which needs no attention; use non-zero offsets")
             if abs(o) >= seq_len:
-                raise ValueError(
-                    f"offset {o} never fits in a sequence of seq_len={seq_len}: use |offset| < seq_len "
-                    f"(or a longer seq_len)"
-                )
-        if len(set(offsets)) != len(offsets):
-            raise ValueError(f"offsets must be distinct (one relation each), got {offsets}")
+                raise ValueError(f"offset {o} never fits in a sequence of seq_len={seq_len}: "
+                                 "use |offset| < seq_len (or a longer seq_len)")
         if causal and any(o > 0 for o in offsets):
             raise ValueError(
                 f"a causal model cannot see later tokens, so offsets {tuple(o for o in offsets if o > 0)} "
