@@ -11,12 +11,11 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-__all__ = ["FORMAT", "save_checkpoint", "load_checkpoint", "snapshot", "restore", "capture_rng", "restore_rng",
-           "preserved_rng"]
+__all__ = ["FORMAT", "save_checkpoint", "load_checkpoint", "snapshot", "restore", "capture_rng", "restore_rng"]
 
 FORMAT = "mhalab-checkpoint-v2"  # v2: train_config as asked for (v1 stored derived values as train_args)
 
@@ -84,7 +83,7 @@ def capture_rng(device: torch.device) -> dict[str, torch.Tensor]:
     """The global random states ``torch.manual_seed`` reseeds: ``torch`` (CPU), and ``cuda`` or ``mps``."""
     states = {"torch": torch.get_rng_state()}
     if device.type in ("cuda", "mps"):
-        states[device.type] = torch.get_device_module(device).get_rng_state(device)
+        states[device.type] = getattr(torch, device.type).get_rng_state(device)
     return states
 
 
@@ -92,14 +91,4 @@ def restore_rng(states: dict[str, torch.Tensor], device: torch.device) -> None:
     """Set the states :func:`capture_rng` returned (those of ``device``'s kind; others are ignored)."""
     torch.set_rng_state(states["torch"])
     if device.type in ("cuda", "mps") and states.get(device.type) is not None:
-        torch.get_device_module(device).set_rng_state(states[device.type], device)
-
-
-@contextlib.contextmanager
-def preserved_rng(device: torch.device) -> Iterator[None]:
-    """Run the block, then put the global random states of ``device`` (and the CPU) back as they were."""
-    states = capture_rng(device)
-    try:
-        yield
-    finally:
-        restore_rng(states, device)
+        getattr(torch, device.type).set_rng_state(states[device.type], device)

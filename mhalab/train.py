@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import check_float, check_int, check_model_fits_task, check_task
-from .checkpoint import load_checkpoint, preserved_rng, restore, save_checkpoint, snapshot
+from .checkpoint import load_checkpoint, restore, save_checkpoint, snapshot
 from .device import autocast, pick_device, resolve_precision
 from .history import History
 from .models import batch_logits, eval_mode
@@ -172,7 +172,8 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
     generator = torch.Generator(device=device)
     history = History(device=str(device), precision=precision)
     start, save_every = 0, cfg.checkpoint_every or max(1, cfg.steps // 10)
-    with preserved_rng(device):  # the caller's random state is left as it was
+    # torch.manual_seed below reseeds the CPU and `device`: put the caller's random states back afterwards
+    with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], device_type=device.type):
         torch.manual_seed(cfg.seed)  # dropout's stream
         generator.manual_seed(cfg.seed)  # the training batches
         if path is not None and path.exists():
