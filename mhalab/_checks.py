@@ -117,6 +117,5 @@ def check_head_shape(
 
 
 def _short_list(values: list[int], limit: int = 24) -> str:
-    if len(values) <= limit:
-        return ", ".join(map(str, values))
-    return ", ".join(map(str, values[: limit - 2])) + ", ..., " + ", ".join(map(str, values[-2:]))
+    shown = values if len(values) <= limit else [*values[: limit - 2], "...", *values[-2:]]
+    return ", ".join(map(str, shown))

@@ -90,12 +90,10 @@ class Task:
     def metrics(self, logits: Tensor, batch: Batch) -> dict[str, float]:
         """``{"loss", "accuracy", "accuracy/<relation>"...}``; accuracies are over positions with a target."""
         self._check_logits(logits, batch)
-        targets = batch.targets if self.n_targets > 1 else batch.targets.unsqueeze(-1)  # [B, T, R]
-        predicted = logits.argmax(-1) if self.n_targets > 1 else logits.argmax(-1).unsqueeze(-1)  # [B, T, R]
+        targets = batch.targets.reshape(*batch.inputs.shape, self.n_targets)  # [B, T, R]
         valid = targets != IGNORE
-        correct = (predicted == targets) & valid
-        accuracy = float(correct.sum() / valid.sum().clamp(min=1))
-        out = {"loss": float(self.loss(logits, batch)), "accuracy": accuracy}
+        correct = (logits.argmax(-1).reshape(targets.shape) == targets) & valid  # [B, T, R]
+        out = {"loss": float(self.loss(logits, batch)), "accuracy": float(correct.sum() / valid.sum().clamp(min=1))}
         names = self.relations if self.n_targets > 1 else (self.target_relation,)
         for r, name in enumerate(names):
             if name is not None:
