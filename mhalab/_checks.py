@@ -17,13 +17,12 @@ def check_int(name: str, value: Any, minimum: int, *, maximum: int | None = None
     return value
 
 
-def check_float(name: str, value: Any, *, low: float, low_inclusive: bool = True, high: float | None = None) -> float:
-    """Return ``value`` if it is a finite number (int or float, not a bool) above ``low`` (and <= ``high``)."""
+def check_float(name: str, value: Any, *, positive: bool = False, high: float | None = None) -> float:
+    """``value`` if it is a finite number (int or float, not a bool) >= 0 (> 0 if ``positive``, <= ``high``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError(f"{name} must be a finite number, got {value!r}")
-    too_low = value < low if low_inclusive else value <= low
-    if too_low or (high is not None and value > high):
-        bound = f"{'>=' if low_inclusive else '>'} {low}" + (f" and <= {high}" if high is not None else "")
+    if value < 0 or (positive and value == 0) or (high is not None and value > high):
+        bound = f"{'>' if positive else '>='} 0.0" + (f" and <= {high}" if high is not None else "")
         raise ValueError(f"{name} must be {bound}, got {name}={value}")
     return value
 

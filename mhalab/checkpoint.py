@@ -7,7 +7,6 @@ Plain values only, so ``torch.load(weights_only=True)`` reads it; writing is ato
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -32,8 +31,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)  # atomic: path holds the old file or the new one, nothing in between
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        Path(tmp).unlink(missing_ok=True)
         raise
 
 

@@ -7,7 +7,7 @@ separate steps (the fused attention kernel has no vmap rule, so vmap loops anywa
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -154,8 +154,8 @@ def sweep_heads(task: Any, *, d_model: int, heads: Sequence[int], seeds: Sequenc
     if threads is not None:
         check_int("threads", threads, 1, why=" (or None)")
     # Fail on a bad setting now, not after the first few models have trained.
-    base = make_config(config, **settings) if config is not None else make_config(**{**_SWEEP_DEFAULTS, **settings})
-    base = replace(base, progress=False, eval_every=None, checkpoint=None)
+    defaults = _SWEEP_DEFAULTS if config is None else {}
+    base = make_config(config, **{**defaults, **settings}, progress=False, eval_every=None, checkpoint=None)
     threads_before = torch.get_num_threads()
 
     from tqdm.auto import tqdm

@@ -54,10 +54,8 @@ class Task:
         """``batch_size`` sequences drawn with ``generator``, which must live on ``device`` (no host copy)."""
         check_int("batch_size", batch_size, 1)
         if not isinstance(generator, torch.Generator):
-            raise TypeError(
-                f"generator must be a torch.Generator, e.g. torch.Generator(device=device).manual_seed(0), "
-                f"got {type(generator).__name__}"
-            )
+            raise TypeError(f"generator must be a torch.Generator, e.g. torch.Generator(device=device).manual_seed(0), "
+                            f"got {type(generator).__name__}")
         device = generator.device if device is None else torch.device(device)
         if device.type != generator.device.type:
             raise ValueError(
@@ -180,9 +178,8 @@ class KeyValueRecall(Task):
     def __init__(self, n_pairs: int = 8, *, n_keys: int = 16, n_values: int = 16, n_queries: int = 4,
                  causal: bool = True) -> None:
         self.n_pairs = check_int("n_pairs", n_pairs, 1)
-        self.n_keys = check_int(
-            "n_keys", n_keys, n_pairs, why=f" (the {n_pairs} keys in one sequence are distinct, so n_keys >= n_pairs)"
-        )
+        self.n_keys = check_int("n_keys", n_keys, n_pairs,
+                                why=f" (the {n_pairs} keys in one sequence are distinct, so n_keys >= n_pairs)")
         self.n_values = check_int("n_values", n_values, 2)
         self.n_queries = check_int("n_queries", n_queries, 1)
         self.causal = bool(causal)

@@ -71,11 +71,11 @@ class TrainConfig:
             raise ValueError(f"warmup_steps={self.warmup_steps} is longer than the whole run (steps={self.steps})")
         if self.seed == EVAL_SEED:
             raise ValueError(f"seed={EVAL_SEED} is the held-out evaluation stream's seed; train with another seed")
-        check_float("lr", self.lr, low=0.0, low_inclusive=False)
-        check_float("weight_decay", self.weight_decay, low=0.0)
-        check_float("final_lr_fraction", self.final_lr_fraction, low=0.0, high=1.0)
+        check_float("lr", self.lr, positive=True)
+        check_float("weight_decay", self.weight_decay)
+        check_float("final_lr_fraction", self.final_lr_fraction, high=1.0)
         if self.grad_clip is not None:
-            check_float("grad_clip", self.grad_clip, low=0.0, low_inclusive=False)
+            check_float("grad_clip", self.grad_clip, positive=True)
         if isinstance(self.device, torch.device):
             object.__setattr__(self, "device", str(self.device))
         resolve_precision(self.precision, pick_device(self.device))  # a bad device or precision fails now
