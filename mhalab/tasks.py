@@ -58,10 +58,8 @@ class Task:
                             f"got {type(generator).__name__}")
         device = generator.device if device is None else torch.device(device)
         if device.type != generator.device.type:
-            raise ValueError(
-                f"the generator lives on {generator.device} but the batch was asked for on {device}: "
-                f"make the generator with torch.Generator(device='{device}') so sampling happens on the device"
-            )
+            raise ValueError(f"the generator lives on {generator.device} but the batch was asked for on {device}: make "
+                             f"the generator with torch.Generator(device='{device}') so sampling happens on the device")
         return self._generate(batch_size, generator, device)
 
     def _generate(self, batch_size: int, generator: torch.Generator, device: torch.device) -> Batch:
@@ -135,10 +133,8 @@ class MultiRelationTask(Task):
                 raise ValueError(f"offset {o} never fits in a sequence of seq_len={seq_len}: "
                                  "use |offset| < seq_len (or a longer seq_len)")
         if causal and any(o > 0 for o in offsets):
-            raise ValueError(
-                f"a causal model cannot see later tokens, so offsets {tuple(o for o in offsets if o > 0)} "
-                f"are impossible with causal=True; use negative offsets or causal=False"
-            )
+            raise ValueError(f"a causal model cannot see later tokens, so offsets {tuple(o for o in offsets if o > 0)} "
+                             "are impossible with causal=True; use negative offsets or causal=False")
         self.offsets = offsets
         self.causal = bool(causal)
         self.n_targets = len(offsets)
