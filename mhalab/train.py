@@ -128,15 +128,14 @@ def evaluate(model: nn.Module, task: Any, *, batches: int = 8, batch_size: int =
     device = next(model.parameters(), torch.empty(0)).device if device is None else pick_device(device)
     _, dtype = resolve_precision(precision, device)
     generator = torch.Generator(device=device).manual_seed(seed)
-    totals: dict[str, float] = {}
+    results = []
     with eval_mode(model):
         for _ in range(batches):
             batch = task.sample(batch_size, generator=generator, device=device)
             with autocast(device, dtype):
                 logits = batch_logits(model, batch)
-            for name, value in task.metrics(logits.float(), batch).items():
-                totals[name] = totals.get(name, 0.0) + float(value)
-    return {name: total / batches for name, total in totals.items()}
+            results.append(task.metrics(logits.float(), batch))
+    return {name: sum(float(r[name]) for r in results) / batches for name in results[0]}
 
 
 def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **settings: Any) -> History:
