@@ -17,13 +17,12 @@ def check_int(name: str, value: Any, minimum: int, *, maximum: int | None = None
     return value
 
 
-def check_float(name: str, value: Any, *, low: float, low_inclusive: bool = True, high: float | None = None) -> float:
-    """Return ``value`` if it is a finite number (int or float, not a bool) above ``low`` (and <= ``high``)."""
+def check_float(name: str, value: Any, *, positive: bool = False, high: float | None = None) -> float:
+    """``value`` if it is a finite number (int or float, not a bool) >= 0 (> 0 if ``positive``, <= ``high``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError(f"{name} must be a finite number, got {value!r}")
-    too_low = value < low if low_inclusive else value <= low
-    if too_low or (high is not None and value > high):
-        bound = f"{'>=' if low_inclusive else '>'} {low}" + (f" and <= {high}" if high is not None else "")
+    if value < 0 or (positive and value == 0) or (high is not None and value > high):
+        bound = f"{'>' if positive else '>='} 0.0" + (f" and <= {high}" if high is not None else "")
         raise ValueError(f"{name} must be {bound}, got {name}={value}")
     return value
 
@@ -37,7 +36,7 @@ def check_distinct_ints(name: str, values: int | Iterable[int]) -> list[int]:
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"{name} must hold ints, got {v!r}")
     if len(set(values)) != len(values):
-        raise ValueError(f"{name} has repeats: {values}")
+        raise ValueError(f"{name} has repeats: {values} (each must be distinct)")
     return values
 
 
@@ -84,16 +83,14 @@ def valid_head_counts(d_model: int) -> list[int]:
 def check_head_count(d_model: int, n_heads: int) -> int:
     """Validate ``(d_model, n_heads)`` and return d_k, or raise a ValueError/TypeError that says the fix."""
     check_int("d_model", d_model, 1)
-    if isinstance(n_heads, int) and not isinstance(n_heads, bool) and n_heads < 1:
+    valid = _short_list(valid_head_counts(d_model))
+    if check_int("n_heads", n_heads, -math.inf) < 1:  # type checked here; the message below lists valid counts
         raise ValueError(f"n_heads must be at least 1, got n_heads={n_heads}; "
-                         f"valid head counts for d_model={d_model}: {_short_list(valid_head_counts(d_model))}")
-    check_int("n_heads", n_heads, 1)  # raises for a non-int
+                         f"valid head counts for d_model={d_model}: {valid}")
     if d_model % n_heads != 0:
-        raise ValueError(
-            f"d_model={d_model} is not divisible by n_heads={n_heads}: each head works in "
-            f"d_k = d_model / n_heads dimensions, which must be a whole number. "
-            f"Valid head counts for d_model={d_model}: {_short_list(valid_head_counts(d_model))}"
-        )
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}: each head works in d_k = "
+                         f"d_model / n_heads dimensions, which must be a whole number. "
+                         f"Valid head counts for d_model={d_model}: {valid}")
     return d_model // n_heads
 
 
@@ -111,15 +108,13 @@ def check_head_shape(
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     check_int("n_kv_heads", n_kv_heads, 1, maximum=n_heads, why=" (query heads share K/V heads, not the reverse)")
     if n_heads % n_kv_heads != 0:
-        divisors = [g for g in range(1, n_heads + 1) if n_heads % g == 0]
         raise ValueError(
-            f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}: each K/V head must serve "
-            f"the same number of query heads. Valid n_kv_heads for n_heads={n_heads}: {_short_list(divisors)}"
+            f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}: each K/V head must serve the same "
+            f"number of query heads. Valid n_kv_heads for n_heads={n_heads}: {_short_list(valid_head_counts(n_heads))}"
         )
     return n_kv_heads, d_head
 
 
 def _short_list(values: list[int], limit: int = 24) -> str:
-    if len(values) <= limit:
-        return ", ".join(map(str, values))
-    return ", ".join(map(str, values[: limit - 2])) + ", ..., " + ", ".join(map(str, values[-2:]))
+    shown = values if len(values) <= limit else [*values[: limit - 2], "...", *values[-2:]]
+    return ", ".join(map(str, shown))

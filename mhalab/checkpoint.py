@@ -7,17 +7,14 @@ Plain values only, so ``torch.load(weights_only=True)`` reads it; writing is ato
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
-from torch import nn
 
-__all__ = ["FORMAT", "save_checkpoint", "load_checkpoint", "snapshot", "restore", "capture_rng", "restore_rng",
-           "preserved_rng"]
+__all__ = ["FORMAT", "save_checkpoint", "load_checkpoint", "snapshot", "restore", "capture_rng", "restore_rng"]
 
 FORMAT = "mhalab-checkpoint-v2"  # v2: train_config as asked for (v1 stored derived values as train_args)
 
@@ -34,8 +31,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)  # atomic: path holds the old file or the new one, nothing in between
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -52,26 +48,19 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return state
 
 
-def snapshot(*, model: nn.Module, optimizer, scheduler, scaler, generator: torch.Generator, device: torch.device,
-             **extra: Any) -> dict[str, Any]:
-    """The checkpoint dict of a run in progress; ``extra`` (step, train_config, history, ...) goes in as is."""
-    config = getattr(model, "config", None)
-    return {
-        "format": FORMAT,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
-        "rng": {**capture_rng(device), "data": generator.get_state()},
-        "config": config.to_dict() if hasattr(config, "to_dict") else None,
-        **extra,
-    }
+def snapshot(parts: dict[str, Any], generator: torch.Generator, device: torch.device, **extra: Any) -> dict[str, Any]:
+    """The checkpoint dict of a run in progress: ``state_dict()`` of each of ``parts`` (model, optimizer, ...),
+    the random states, the ModelConfig; ``extra`` (step, train_config, history, ...) goes in as is."""
+    config = getattr(parts["model"], "config", None)
+    return {"format": FORMAT, **{name: part.state_dict() for name, part in parts.items()},
+            "rng": {**capture_rng(device), "data": generator.get_state()},
+            "config": config.to_dict() if hasattr(config, "to_dict") else None, **extra}
 
 
-def restore(state: dict[str, Any], *, model: nn.Module, optimizer, scheduler, scaler, generator: torch.Generator,
-            device: torch.device, path: str | os.PathLike = "the checkpoint") -> None:
-    """Put a :func:`snapshot` back, after checking it was written for the same ModelConfig."""
-    config, saved = getattr(model, "config", None), state.get("config")
+def restore(state: dict[str, Any], parts: dict[str, Any], generator: torch.Generator, device: torch.device, *,
+            path: str | os.PathLike = "the checkpoint") -> None:
+    """Put a :func:`snapshot` back into ``parts`` and the random states, after checking its ModelConfig."""
+    config, saved = getattr(parts["model"], "config", None), state.get("config")
     if saved is not None and hasattr(config, "to_dict") and config.to_dict() != saved:
         diff = {k: (saved.get(k), v) for k, v in config.to_dict().items() if saved.get(k) != v}
         raise ValueError(
@@ -80,13 +69,10 @@ def restore(state: dict[str, Any], *, model: nn.Module, optimizer, scheduler, sc
             "or train into a new checkpoint path"
         )
     try:
-        model.load_state_dict(state["model"])
+        for name, part in parts.items():  # the model first: a mismatch there is the likely error
+            part.load_state_dict(state[name])
     except RuntimeError as e:
         raise ValueError(f"checkpoint {str(path)!r} does not fit this model: {e}") from None
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    if scaler is not None and state.get("scaler"):
-        scaler.load_state_dict(state["scaler"])
     restore_rng(state["rng"], device)
     generator.set_state(state["rng"]["data"])
 
@@ -94,27 +80,13 @@ def restore(state: dict[str, Any], *, model: nn.Module, optimizer, scheduler, sc
 def capture_rng(device: torch.device) -> dict[str, torch.Tensor]:
     """The global random states ``torch.manual_seed`` reseeds: ``torch`` (CPU), and ``cuda`` or ``mps``."""
     states = {"torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        states["cuda"] = torch.cuda.get_rng_state(device)
-    elif device.type == "mps":
-        states["mps"] = torch.mps.get_rng_state()
+    if device.type in ("cuda", "mps"):
+        states[device.type] = getattr(torch, device.type).get_rng_state(device)
     return states
 
 
 def restore_rng(states: dict[str, torch.Tensor], device: torch.device) -> None:
     """Set the states :func:`capture_rng` returned (those of ``device``'s kind; others are ignored)."""
     torch.set_rng_state(states["torch"])
-    if device.type == "cuda" and states.get("cuda") is not None:
-        torch.cuda.set_rng_state(states["cuda"], device)
-    elif device.type == "mps" and states.get("mps") is not None:
-        torch.mps.set_rng_state(states["mps"])
-
-
-@contextlib.contextmanager
-def preserved_rng(device: torch.device) -> Iterator[None]:
-    """Run the block, then put the global random states of ``device`` (and the CPU) back as they were."""
-    states = capture_rng(device)
-    try:
-        yield
-    finally:
-        restore_rng(states, device)
+    if device.type in ("cuda", "mps") and states.get(device.type) is not None:
+        getattr(torch, device.type).set_rng_state(states[device.type], device)

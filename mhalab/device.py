@@ -12,10 +12,6 @@ _CHOICES = ("auto", "cpu", "cuda", "mps")
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 
 
-def _mps_available() -> bool:
-    return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
-
-
 def pick_device(device: str | torch.device = "auto") -> torch.device:
     """``"auto"`` picks cuda, then mps, then cpu; anything else is checked and returned."""
     if isinstance(device, torch.device):
@@ -23,7 +19,8 @@ def pick_device(device: str | torch.device = "auto") -> torch.device:
     if not isinstance(device, str):
         raise TypeError(f"device must be a string such as 'auto', 'cpu' or 'cuda', got {type(device).__name__}")
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu")
+        mps = torch.backends.mps.is_available()
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if mps else "cpu")
     kind = device.split(":")[0]
     if kind not in _CHOICES:
         raise ValueError(f"unknown device {device!r}: use one of {', '.join(_CHOICES)} (or 'cuda:N')")
@@ -38,7 +35,7 @@ def pick_device(device: str | torch.device = "auto") -> torch.device:
             f"device={device!r} was asked for but torch sees {torch.cuda.device_count()} CUDA GPU(s): "
             f"use 'cuda:0' to 'cuda:{torch.cuda.device_count() - 1}'"
         )
-    if kind == "mps" and not _mps_available():
+    if kind == "mps" and not torch.backends.mps.is_available():
         raise ValueError("device='mps' was asked for but this torch has no usable MPS backend; use 'auto' or 'cpu'")
     return chosen
 
@@ -59,9 +56,7 @@ def describe_device(device: str | torch.device = "auto") -> str:
 
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """The fastest autocast dtype on ``device`` (``precision="auto"``): bf16 or fp16 on CUDA, None (off) elsewhere."""
-    if device.type != "cuda":
-        return None
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return resolve_precision("auto", device)[1]
 
 
 def resolve_precision(precision: str, device: torch.device) -> tuple[str, torch.dtype | None]:
@@ -70,18 +65,15 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[str, torch.
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "auto":
-        dtype = autocast_dtype(device)
-        return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype], dtype
-    if precision == "fp32":
-        return "fp32", None
-    if device.type != "cuda":
+        precision = "fp32" if device.type != "cuda" else "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    elif precision != "fp32" and device.type != "cuda":
         raise ValueError(
             f"precision={precision!r} (autocast) is only used on CUDA GPUs, but training runs on {device}; "
             "use precision='fp32' (the default) or 'auto'"
         )
-    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+    elif precision == "bf16" and not torch.cuda.is_bf16_supported():
         raise ValueError("this GPU has no bfloat16 support; use precision='fp16' (with a gradient scaler) or 'fp32'")
-    return precision, torch.bfloat16 if precision == "bf16" else torch.float16
+    return precision, {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):

@@ -7,12 +7,12 @@ separate steps (the fused attention kernel has no vmap rule, so vmap loops anywa
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 
-from ._checks import check_distinct_ints, check_head_count, check_int
+from ._checks import check_distinct_ints, check_int
 from .counting import count_parameters
 from .device import pick_device
 from .models import ModelConfig, Transformer
@@ -72,17 +72,11 @@ class SweepResults:
 
     def by_heads(self, metric: str = "accuracy") -> dict[int, list[float]]:
         """``{head count: [metric of each seed, in seed order]}``."""
-        out: dict[int, list[float]] = {h: [] for h in self.heads}
-        for r in self.rows:
-            out[r.heads].append(self.value(r, metric))
-        return out
+        return {h: [self.value(r, metric) for r in self.rows if r.heads == h] for h in self.heads}
 
     def by_seed(self, metric: str = "accuracy") -> dict[int, dict[int, float]]:
         """``{seed: {head count: metric}}``."""
-        out: dict[int, dict[int, float]] = {s: {} for s in self.seeds}
-        for r in self.rows:
-            out[r.seed][r.heads] = self.value(r, metric)
-        return out
+        return {s: {r.heads: self.value(r, metric) for r in self.rows if r.seed == s} for s in self.seeds}
 
     def mean(self, metric: str = "accuracy") -> dict[int, float]:
         return {h: sum(v) / len(v) for h, v in self.by_heads(metric).items()}
@@ -150,21 +144,18 @@ def sweep_heads(task: Any, *, d_model: int, heads: Sequence[int], seeds: Sequenc
     """
     heads = check_distinct_ints("heads", heads)
     seeds = check_distinct_ints("seeds", seeds)
-    for h in heads:
-        check_head_count(d_model, h)  # the standard message naming the valid head counts
     model = dict(model or {})
-    for key in ("d_model", "n_heads", "n_layers"):
-        if key in model:
-            raise ValueError(f"pass {key} as sweep_heads' own argument, not inside model={{...}}")
-    for key in ("seed", "progress", "eval_every", "checkpoint"):
-        if key in settings:
-            raise ValueError(f"sweep_heads sets {key} itself (the seed comes from `seeds`); do not pass {key}=")
+    for key in [k for k in ("d_model", "n_heads", "n_layers") if k in model]:
+        raise ValueError(f"pass {key} as sweep_heads' own argument, not inside model={{...}}")
+    for key in [k for k in ("seed", "progress", "eval_every", "checkpoint") if k in settings]:
+        raise ValueError(f"sweep_heads sets {key} itself (the seed comes from `seeds`); do not pass {key}=")
+    # a bad head count gets the standard message naming the valid ones
+    configs = {h: ModelConfig.for_task(task, d_model=d_model, n_heads=h, n_layers=n_layers, **model) for h in heads}
     if threads is not None:
         check_int("threads", threads, 1, why=" (or None)")
     # Fail on a bad setting now, not after the first few models have trained.
-    base = make_config(config, **settings) if config is not None else make_config(**{**_SWEEP_DEFAULTS, **settings})
-    base = replace(base, progress=False, eval_every=None, checkpoint=None)
-    configs = {h: ModelConfig.for_task(task, d_model=d_model, n_heads=h, n_layers=n_layers, **model) for h in heads}
+    defaults = _SWEEP_DEFAULTS if config is None else {}
+    base = make_config(config, **{**defaults, **settings}, progress=False, eval_every=None, checkpoint=None)
     threads_before = torch.get_num_threads()
 
     from tqdm.auto import tqdm

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_int
+from ._checks import check_distinct_ints, check_int
 
 __all__ = ["Batch", "Task", "MultiRelationTask", "KeyValueRecall", "Seq2SeqBatch", "Seq2SeqTask", "IGNORE"]
 
@@ -33,9 +33,8 @@ class Batch:
 
     def to(self, device: torch.device | str) -> "Batch":
         """A copy on ``device`` (for analysis; training samples on the device directly)."""
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        moved["sources"] = {k: v.to(device) for k, v in self.sources.items()}
-        return type(self)(**{k: v if isinstance(v, dict) else v.to(device) for k, v in moved.items()})
+        tensors = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "sources"}
+        return type(self)(**tensors, sources={k: v.to(device) for k, v in self.sources.items()})
 
 
 class Task:
@@ -55,16 +54,12 @@ class Task:
         """``batch_size`` sequences drawn with ``generator``, which must live on ``device`` (no host copy)."""
         check_int("batch_size", batch_size, 1)
         if not isinstance(generator, torch.Generator):
-            raise TypeError(
-                f"generator must be a torch.Generator, e.g. torch.Generator(device=device).manual_seed(0), "
-                f"got {type(generator).__name__}"
-            )
+            raise TypeError(f"generator must be a torch.Generator, e.g. torch.Generator(device=device).manual_seed(0), "
+                            f"got {type(generator).__name__}")
         device = generator.device if device is None else torch.device(device)
         if device.type != generator.device.type:
-            raise ValueError(
-                f"the generator lives on {generator.device} but the batch was asked for on {device}: "
-                f"make the generator with torch.Generator(device='{device}') so sampling happens on the device"
-            )
+            raise ValueError(f"the generator lives on {generator.device} but the batch was asked for on {device}: make "
+                             f"the generator with torch.Generator(device='{device}') so sampling happens on the device")
         return self._generate(batch_size, generator, device)
 
     def _generate(self, batch_size: int, generator: torch.Generator, device: torch.device) -> Batch:
@@ -91,12 +86,10 @@ class Task:
     def metrics(self, logits: Tensor, batch: Batch) -> dict[str, float]:
         """``{"loss", "accuracy", "accuracy/<relation>"...}``; accuracies are over positions with a target."""
         self._check_logits(logits, batch)
-        targets = batch.targets if self.n_targets > 1 else batch.targets.unsqueeze(-1)  # [B, T, R]
-        predicted = logits.argmax(-1) if self.n_targets > 1 else logits.argmax(-1).unsqueeze(-1)  # [B, T, R]
+        targets = batch.targets.reshape(*batch.inputs.shape, self.n_targets)  # [B, T, R]
         valid = targets != IGNORE
-        correct = (predicted == targets) & valid
-        accuracy = float(correct.sum() / valid.sum().clamp(min=1))
-        out = {"loss": float(self.loss(logits, batch)), "accuracy": accuracy}
+        correct = (logits.argmax(-1).reshape(targets.shape) == targets) & valid  # [B, T, R]
+        out = {"loss": float(self.loss(logits, batch)), "accuracy": float(correct.sum() / valid.sum().clamp(min=1))}
         names = self.relations if self.n_targets > 1 else (self.target_relation,)
         for r, name in enumerate(names):
             if name is not None:
@@ -132,26 +125,16 @@ class MultiRelationTask(Task):
                  causal: bool = False) -> None:
         self.vocab_size = check_int("vocab_size", vocab_size, 2)
         self.seq_len = check_int("seq_len", seq_len, 2)
-        offsets = tuple(offsets)
-        if not offsets:
-            raise ValueError("offsets must name at least one relative offset, e.g. offsets=(-1, 1)")
+        offsets = tuple(check_distinct_ints("offsets", offsets))  # one relation each
         for o in offsets:
-            if isinstance(o, bool) or not isinstance(o, int):
-                raise TypeError(f"every offset must be an int (a relative position such as -1), got {o!r}")
             if o == 0:
                 raise ValueError("offset 0 is the query's own token, which needs no attention; use non-zero offsets")
             if abs(o) >= seq_len:
-                raise ValueError(
-                    f"offset {o} never fits in a sequence of seq_len={seq_len}: use |offset| < seq_len "
-                    f"(or a longer seq_len)"
-                )
-        if len(set(offsets)) != len(offsets):
-            raise ValueError(f"offsets must be distinct (one relation each), got {offsets}")
+                raise ValueError(f"offset {o} never fits in a sequence of seq_len={seq_len}: "
+                                 "use |offset| < seq_len (or a longer seq_len)")
         if causal and any(o > 0 for o in offsets):
-            raise ValueError(
-                f"a causal model cannot see later tokens, so offsets {tuple(o for o in offsets if o > 0)} "
-                f"are impossible with causal=True; use negative offsets or causal=False"
-            )
+            raise ValueError(f"a causal model cannot see later tokens, so offsets {tuple(o for o in offsets if o > 0)} "
+                             "are impossible with causal=True; use negative offsets or causal=False")
         self.offsets = offsets
         self.causal = bool(causal)
         self.n_targets = len(offsets)
@@ -191,9 +174,8 @@ class KeyValueRecall(Task):
     def __init__(self, n_pairs: int = 8, *, n_keys: int = 16, n_values: int = 16, n_queries: int = 4,
                  causal: bool = True) -> None:
         self.n_pairs = check_int("n_pairs", n_pairs, 1)
-        self.n_keys = check_int(
-            "n_keys", n_keys, n_pairs, why=f" (the {n_pairs} keys in one sequence are distinct, so n_keys >= n_pairs)"
-        )
+        self.n_keys = check_int("n_keys", n_keys, n_pairs,
+                                why=f" (the {n_pairs} keys in one sequence are distinct, so n_keys >= n_pairs)")
         self.n_values = check_int("n_values", n_values, 2)
         self.n_queries = check_int("n_queries", n_queries, 1)
         self.causal = bool(causal)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import check_float, check_int, check_model_fits_task, check_task
-from .checkpoint import load_checkpoint, preserved_rng, restore, save_checkpoint, snapshot
+from .checkpoint import load_checkpoint, restore, save_checkpoint, snapshot
 from .device import autocast, pick_device, resolve_precision
 from .history import History
 from .models import batch_logits, eval_mode
@@ -71,11 +71,11 @@ class TrainConfig:
             raise ValueError(f"warmup_steps={self.warmup_steps} is longer than the whole run (steps={self.steps})")
         if self.seed == EVAL_SEED:
             raise ValueError(f"seed={EVAL_SEED} is the held-out evaluation stream's seed; train with another seed")
-        check_float("lr", self.lr, low=0.0, low_inclusive=False)
-        check_float("weight_decay", self.weight_decay, low=0.0)
-        check_float("final_lr_fraction", self.final_lr_fraction, low=0.0, high=1.0)
+        check_float("lr", self.lr, positive=True)
+        check_float("weight_decay", self.weight_decay)
+        check_float("final_lr_fraction", self.final_lr_fraction, high=1.0)
         if self.grad_clip is not None:
-            check_float("grad_clip", self.grad_clip, low=0.0, low_inclusive=False)
+            check_float("grad_clip", self.grad_clip, positive=True)
         if isinstance(self.device, torch.device):
             object.__setattr__(self, "device", str(self.device))
         resolve_precision(self.precision, pick_device(self.device))  # a bad device or precision fails now
@@ -128,15 +128,14 @@ def evaluate(model: nn.Module, task: Any, *, batches: int = 8, batch_size: int =
     device = next(model.parameters(), torch.empty(0)).device if device is None else pick_device(device)
     _, dtype = resolve_precision(precision, device)
     generator = torch.Generator(device=device).manual_seed(seed)
-    totals: dict[str, float] = {}
+    results = []
     with eval_mode(model):
         for _ in range(batches):
             batch = task.sample(batch_size, generator=generator, device=device)
             with autocast(device, dtype):
                 logits = batch_logits(model, batch)
-            for name, value in task.metrics(logits.float(), batch).items():
-                totals[name] = totals.get(name, 0.0) + float(value)
-    return {name: total / batches for name, total in totals.items()}
+            results.append(task.metrics(logits.float(), batch))
+    return {name: sum(float(r[name]) for r in results) / batches for name in results[0]}
 
 
 def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **settings: Any) -> History:
@@ -144,6 +143,8 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
 
     ``settings`` are :class:`TrainConfig` fields, e.g. ``train(model, task, steps=400, lr=1e-2)``; with
     ``config`` they replace its fields. Raises :class:`TrainingDiverged` on a NaN/inf loss."""
+    from tqdm.auto import tqdm
+
     # ---- check everything before any work, so a bad setting fails in a second, not after training
     cfg = make_config(config, **settings)
     if not isinstance(model, nn.Module):
@@ -164,28 +165,95 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr, betas=(0.9, 0.98), foreach=True,
     )
-    parts = dict(
-        model=model, optimizer=optimizer, device=device, generator=torch.Generator(device=device),
-        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cfg.lr_factor(step)),
-        scaler=torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16),  # passes through unless fp16
-    )
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # passes through unless fp16
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cfg.lr_factor(step))
+    parts = dict(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)  # what a checkpoint holds
+    generator = torch.Generator(device=device)
     history = History(device=str(device), precision=precision)
-    start = 0
-
-    with preserved_rng(device):  # the caller's random state is left as it was
+    start, save_every = 0, cfg.checkpoint_every or max(1, cfg.steps // 10)
+    # torch.manual_seed below reseeds the CPU and `device`: put the caller's random states back afterwards
+    with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], device_type=device.type):
         torch.manual_seed(cfg.seed)  # dropout's stream
-        parts["generator"].manual_seed(cfg.seed)  # the training batches
+        generator.manual_seed(cfg.seed)  # the training batches
         if path is not None and path.exists():
             state = load_checkpoint(path)
             _check_resume(state, cfg, run, path)
-            restore(state, path=path, **parts)
+            restore(state, parts, generator, device, path=path)
             history, start = History(**state["history"]), int(state["step"])
+        last_saved = start if path is not None and path.exists() else None
+        pending: list[Tensor] = []  # losses not yet read back from the device
+        model.train()
+        bar = tqdm(total=cfg.steps, initial=start, disable=not cfg.progress, desc=f"training on {device.type}",
+                   unit="step", dynamic_ncols=True)
+        if cfg.progress:
+            gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+            bar.write(f"mhalab.train: {device}{gpu}, precision {precision}, {cfg.steps - start} steps to go")
+        began = time.perf_counter() - history.elapsed  # resumed runs add up
+        step = start
+        try:
+            for step in range(start + 1, cfg.steps + 1):
+                batch = task.sample(cfg.batch_size, generator=generator, device=device)
+                with autocast(device, amp_dtype):
+                    loss = task.loss(batch_logits(model, batch), batch)
+                optimizer.zero_grad(set_to_none=True)
+                history.lr.append(optimizer.param_groups[0]["lr"])
+                scaler.scale(loss).backward()
+                if cfg.grad_clip is not None:
+                    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+                    torch.nn.utils.clip_grad_norm_(decay + no_decay, cfg.grad_clip, foreach=True)
+                scaler.step(optimizer)
+                scaler.update()
+                scheduler.step()
+                pending.append(loss.detach())
 
-        def save(step: int) -> None:
-            save_checkpoint(snapshot(step=step, train_config=cfg.to_dict(), history=asdict(history), **run, **parts),
-                            path)
+                evaluate_now = step == cfg.steps or (cfg.eval_every is not None and step % cfg.eval_every == 0)
+                save_now = path is not None and (step == cfg.steps or step % save_every == 0)
+                if len(pending) >= _FLUSH_EVERY or evaluate_now or save_now:
+                    # one host sync per group; raises TrainingDiverged before anything below could save bad weights
+                    _record_losses(history, pending, step, cfg, last_saved)
+                    if evaluate_now:
+                        history.evals.append((step, evaluate(model, task, batches=cfg.eval_batches, device=device,
+                                                             batch_size=cfg.eval_batch_size, precision=precision)))
+                    shown = {"acc": f"{history.final['accuracy']:.3f}"} if "accuracy" in history.final else {}
+                    bar.set_postfix(loss=f"{history.train_loss[-1]:.4f}", **shown, refresh=False)
+                history.elapsed = time.perf_counter() - began
+                if save_now:
+                    save_checkpoint(snapshot(parts, generator, device, step=step, train_config=cfg.to_dict(),
+                                             history=asdict(history), **run), path)
+                    last_saved = step
+                bar.update(1)
+        except KeyboardInterrupt:
+            where = (f"; the last checkpoint (step {last_saved}) is at {str(cfg.checkpoint)!r}: call train again "
+                     "with the same settings to resume" if last_saved is not None
+                     else "; pass checkpoint=path to be able to resume")
+            bar.write(f"interrupted during step {step}{where}")
+            raise
+        finally:
+            bar.close()
+    return history
 
-        return _run(task, cfg, history, save if path else None, start=start, amp_dtype=amp_dtype, **parts)
+
+def _record_losses(history: History, pending: list[Tensor], step: int, cfg: TrainConfig,
+                   last_saved: int | None) -> None:
+    """Move the pending losses (steps ``step - len(pending) + 1 .. step``) into ``history``, or raise
+    :class:`TrainingDiverged` at the first non-finite one."""
+    values = torch.stack(pending).float().tolist()
+    first = step - len(values) + 1
+    pending.clear()
+    bad = next((i for i, value in enumerate(values) if not math.isfinite(value)), None)
+    if bad is not None:
+        kept = (f"The last good checkpoint (step {last_saved}) at {str(cfg.checkpoint)!r} is untouched; resuming "
+                "from it with the same settings would diverge again, so change the settings and train into a new "
+                "checkpoint path." if last_saved is not None else "No checkpoint was written before it.")
+        fp32 = ", or precision='fp32'" if history.precision != "fp32" else ""
+        raise TrainingDiverged(
+            f"training diverged: the loss became {values[bad]} at step {first + bad} (of {cfg.steps}); the weights "
+            f"are no longer usable. Try a lower learning rate (lr={cfg.lr:g} -> {cfg.lr / 3:.2g}), a longer warm-up, "
+            f"or gradient clipping (grad_clip=1.0){fp32}. " + kept,
+            step=first + bad, loss=values[bad],
+        )
+    history.steps.extend(range(first, step + 1))
+    history.train_loss.extend(values)
 
 
 def _check_resume(state: dict[str, Any], cfg: TrainConfig, run: dict[str, str], path: Path) -> None:
@@ -204,89 +272,3 @@ def _check_resume(state: dict[str, Any], cfg: TrainConfig, run: dict[str, str], 
         warnings.warn(f"resuming a run planned for {saved['steps']} steps with steps={cfg.steps}: the cosine "
                       "schedule is stretched from here on, so the result differs from a run planned with that many "
                       "steps", stacklevel=3)
-
-
-def _run(task, cfg: TrainConfig, history: History, save, *, start: int, amp_dtype, model, optimizer, scheduler,
-         scaler, generator, device) -> History:
-    """The loop itself (inside train's preserved_rng).  Losses are read back only every few steps."""
-    from tqdm.auto import tqdm
-
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    save_every = cfg.checkpoint_every or max(1, cfg.steps // 10)
-    pending: list[Tensor] = []  # this group's losses, still on the device
-    last_saved = start if save is not None and Path(cfg.checkpoint).exists() else None
-
-    def flush(step: int) -> None:
-        """Copy the pending losses to the host (one sync) and stop at the first non-finite one."""
-        if not pending:
-            return
-        values = torch.stack(pending).float().tolist()
-        first = step - len(values) + 1
-        for i, value in enumerate(values):
-            if not math.isfinite(value):
-                bad = first + i
-                kept = (f"The last good checkpoint (step {last_saved}) at {str(cfg.checkpoint)!r} is untouched; "
-                        "resuming from it with the same settings would diverge again, so change the settings and "
-                        "train into a new checkpoint path." if last_saved is not None else
-                        "No checkpoint was written before it.")
-                fp32 = ", or precision='fp32'" if history.precision != "fp32" else ""
-                raise TrainingDiverged(
-                    f"training diverged: the loss became {value} at step {bad} (of {cfg.steps}); the weights are no "
-                    f"longer usable. Try a lower learning rate (lr={cfg.lr:g} -> {cfg.lr / 3:.2g}), a longer warm-up, "
-                    f"or gradient clipping (grad_clip=1.0){fp32}. " + kept,
-                    step=bad, loss=value,
-                )
-        history.steps.extend(range(first, step + 1))
-        history.train_loss.extend(values)
-        pending.clear()
-
-    model.train()
-    bar = tqdm(total=cfg.steps, initial=start, disable=not cfg.progress, desc=f"training on {device.type}",
-               unit="step", dynamic_ncols=True)
-    if cfg.progress:
-        gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
-        bar.write(f"mhalab.train: {device}{gpu}, precision {history.precision}, {cfg.steps - start} steps to go")
-    began = time.perf_counter() - history.elapsed  # resumed runs add up
-    step = start
-    try:
-        for step in range(start + 1, cfg.steps + 1):
-            batch = task.sample(cfg.batch_size, generator=generator, device=device)
-            with autocast(device, amp_dtype):
-                logits = batch_logits(model, batch)
-                loss = task.loss(logits, batch)
-            optimizer.zero_grad(set_to_none=True)
-            history.lr.append(optimizer.param_groups[0]["lr"])
-            scaler.scale(loss).backward()
-            if cfg.grad_clip is not None:
-                scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            pending.append(loss.detach())
-
-            last = step == cfg.steps
-            evaluate_now = last or (cfg.eval_every is not None and step % cfg.eval_every == 0)
-            save_now = save is not None and (last or step % save_every == 0)
-            if len(pending) >= _FLUSH_EVERY or evaluate_now or save_now:
-                flush(step)  # raises TrainingDiverged before anything below could save bad weights
-                bar.set_postfix(loss=f"{history.train_loss[-1]:.4f}", refresh=False)
-            if evaluate_now:
-                metrics = evaluate(model, task, batches=cfg.eval_batches, batch_size=cfg.eval_batch_size,
-                                   device=device, precision=history.precision)
-                history.evals.append((step, metrics))
-                if "accuracy" in metrics:
-                    bar.set_postfix(loss=f"{history.train_loss[-1]:.4f}", acc=f"{metrics['accuracy']:.3f}", refresh=False)
-            history.elapsed = time.perf_counter() - began
-            if save_now:
-                save(step)
-                last_saved = step
-            bar.update(1)
-    except KeyboardInterrupt:
-        where = (f"; the last checkpoint (step {last_saved}) is at {str(cfg.checkpoint)!r}: call train again with "
-                 "the same settings to resume" if last_saved is not None else "; pass checkpoint=path to be able to resume")
-        bar.write(f"interrupted during step {step}{where}")
-        raise
-    finally:
-        bar.close()
-    return history
