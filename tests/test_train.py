@@ -411,10 +411,11 @@ def test_mps_random_state_is_captured_and_restored(monkeypatch):
 
 
 def test_torch_floor_is_the_release_the_code_needs():
-    """torch.amp.GradScaler("cuda") (train's fp16 path) arrived in torch 2.3; pyproject must not promise less."""
+    """train restores the caller's MPS random state with fork_rng(device_type="mps"), which calls
+    torch.mps.get_rng_state(device): that argument arrived in torch 2.4 (2.3 raises TypeError)."""
     import re
     from pathlib import Path
 
     text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     floor = re.search(r'"torch>=(\d+)\.(\d+)', text)
-    assert floor and (int(floor[1]), int(floor[2])) >= (2, 3), floor
+    assert floor and (int(floor[1]), int(floor[2])) >= (2, 4), floor
