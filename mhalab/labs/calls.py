@@ -63,12 +63,12 @@ def _replayed_function(name: str) -> Callable:
 
 def encode(value: Any, depth: int = 0) -> Any:
     """``value`` as plain data that ``torch.load(weights_only=True)`` reads back (no code runs)."""
+    if isinstance(value, np.generic):  # before the next test: np.float64 and np.str_ are a float and a str
+        return value.item()
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().clone()
-    if isinstance(value, np.generic):
-        return value.item()
     if isinstance(value, np.ndarray) and value.dtype != object:
         return {"__numpy__": torch.from_numpy(value.copy())}
     if depth < 6 and isinstance(value, (tuple, list)):  # torch.Size and named tuples become tuples
