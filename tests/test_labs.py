@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -173,6 +174,15 @@ def test_answers_that_are_or_call_the_course_code_score_zero():
     status, message = labs.exercise("05", 3).verdict(lambda a: mhalab.scores.previous_token_score(a[None])[0])
     assert status == core.FAILED and "previous_token_score" in message
 
+
+def test_importing_an_mhalab_module_is_not_calling_the_course_code(monkeypatch):
+    def double(x):
+        import mhalab.diagrams  # noqa: F401  (its first import runs the module's body)
+
+        return 2 * x
+
+    monkeypatch.delitem(sys.modules, "mhalab.diagrams", raising=False)
+    assert labs.exercise("99", 1).verdict(double) == (core.PASSED, "correct.")
 
 def test_an_exercise_may_permit_running_some_mhalab_code_but_not_the_part_it_asks_for():
     # 05.1: a model's forward pass and run_with_hooks may run; mhalab's own ablation hook may not, even when it

@@ -121,14 +121,17 @@ class _BorrowWatch:
     def __call__(self, frame, event, arg):
         if event == "return" and frame is self.inside:
             self.inside = None
-        if self.found is not None or event != "call":
+        importing = self.inside is not None and self.inside.f_code.co_name == "<module>"
+        if self.found is not None or event != "call" or importing:
             return
         filename = frame.f_code.co_filename
         if not filename.startswith(PACKAGE + os.sep) or filename in self.MACHINERY:
             return
         module = os.path.relpath(filename, os.path.dirname(PACKAGE))[:-3].replace(os.sep, ".")
         name = f"{module}.{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)}"
-        if _matches(name, self.forbid) or (self.inside is None and not _matches(name, self.uses)):
+        if frame.f_code.co_name == "<module>":  # an import runs the module's body: the learner calls nothing
+            self.inside = self.inside or frame
+        elif _matches(name, self.forbid) or (self.inside is None and not _matches(name, self.uses)):
             self.found = name
         elif self.inside is None:
             self.inside = frame
