@@ -236,11 +236,12 @@ def pruning_curve(model: nn.Module, task: Any, batch: Any, *, recompute: bool = 
         for lh in order:
             mask[lh] = 0.0
 
-    def curve(order: list[Head]) -> list[float]:
-        return [baseline] + [accuracy(order[:k]) for k in range(1, K + 1)]
+    def curve(removal_order: list[Head]) -> list[float]:
+        return [baseline] + [accuracy(removal_order[:k]) for k in range(1, K + 1)]
 
     rng = np.random.default_rng(seed)
     orders = [[heads[i] for i in rng.permutation(len(heads))[:K]] for _ in range(random_orders)]
     by_importance = np.array(curve(order))
     random = np.array([curve(o) for o in orders]).reshape(random_orders, K + 1)
-    return PruningCurve(baseline, np.arange(K + 1), by_importance, order, random, orders, len(heads), recompute)
+    return PruningCurve(baseline, np.arange(K + 1), by_importance, importance_order=order, random=random,
+                        random_orders=orders, n_heads=len(heads), recompute=recompute)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import io
 import logging
 import re
+import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -79,6 +81,13 @@ def test_grading_records_in_the_kernel_and_judges_elsewhere_alike(ex):
     for answer in answers:
         recorded = _roundtrip(ex.record(answer))
         assert ex.replay(recorded) == ex.verdict(answer), answer
+
+
+def test_numpy_scalars_are_recorded_as_plain_numbers():
+    """np.float64 is a float, but torch.load(weights_only=True) refuses it: the grader crashed."""
+    double, n_heads = labs.exercise("99", 1), labs.exercise("99", 2)
+    for ex, answer in ((double, lambda x: np.float64(2 * x)), (n_heads, np.float64(4.0))):
+        assert ex.replay(_roundtrip(ex.record(answer))) == ex.verdict(answer), answer
 
 
 @pytest.mark.parametrize("ex", EXERCISES, ids=IDS)
@@ -165,6 +174,15 @@ def test_answers_that_are_or_call_the_course_code_score_zero():
     status, message = labs.exercise("05", 3).verdict(lambda a: mhalab.scores.previous_token_score(a[None])[0])
     assert status == core.FAILED and "previous_token_score" in message
 
+
+def test_importing_an_mhalab_module_is_not_calling_the_course_code(monkeypatch):
+    def double(x):
+        import mhalab.diagrams  # noqa: F401  (its first import runs the module's body)
+
+        return 2 * x
+
+    monkeypatch.delitem(sys.modules, "mhalab.diagrams", raising=False)
+    assert labs.exercise("99", 1).verdict(double) == (core.PASSED, "correct.")
 
 def test_an_exercise_may_permit_running_some_mhalab_code_but_not_the_part_it_asks_for():
     # 05.1: a model's forward pass and run_with_hooks may run; mhalab's own ablation hook may not, even when it

@@ -63,12 +63,12 @@ def _replayed_function(name: str) -> Callable:
 
 def encode(value: Any, depth: int = 0) -> Any:
     """``value`` as plain data that ``torch.load(weights_only=True)`` reads back (no code runs)."""
+    if isinstance(value, np.generic):  # before the next test: np.float64 and np.str_ are a float and a str
+        return value.item()
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().clone()
-    if isinstance(value, np.generic):
-        return value.item()
     if isinstance(value, np.ndarray) and value.dtype != object:
         return {"__numpy__": torch.from_numpy(value.copy())}
     if depth < 6 and isinstance(value, (tuple, list)):  # torch.Size and named tuples become tuples
@@ -121,14 +121,17 @@ class _BorrowWatch:
     def __call__(self, frame, event, arg):
         if event == "return" and frame is self.inside:
             self.inside = None
-        if self.found is not None or event != "call":
+        importing = self.inside is not None and self.inside.f_code.co_name == "<module>"
+        if self.found is not None or event != "call" or importing:
             return
         filename = frame.f_code.co_filename
         if not filename.startswith(PACKAGE + os.sep) or filename in self.MACHINERY:
             return
         module = os.path.relpath(filename, os.path.dirname(PACKAGE))[:-3].replace(os.sep, ".")
         name = f"{module}.{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)}"
-        if _matches(name, self.forbid) or (self.inside is None and not _matches(name, self.uses)):
+        if frame.f_code.co_name == "<module>":  # an import runs the module's body: the learner calls nothing
+            self.inside = self.inside or frame
+        elif _matches(name, self.forbid) or (self.inside is None and not _matches(name, self.uses)):
             self.found = name
         elif self.inside is None:
             self.inside = frame
