@@ -122,8 +122,7 @@ def generate_tokens(
     ``step(ids)`` returns logits ``[B, t, V]``; with ``cached`` it is fed only the newest token (the
     model keeps the others' keys and values in its KV caches), else the whole sequence so far.
     """
-    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 0:
-        raise ValueError(f"new_tokens must be an int >= 0, got {new_tokens!r}")
+    check_int("new_tokens", new_tokens, 0)
     tokens = step_input = prompt
     for _ in range(new_tokens):
         next_token = step(step_input)[:, -1].argmax(-1, keepdim=True)  # [B, 1]: the most likely next token

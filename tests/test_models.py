@@ -150,6 +150,14 @@ def test_generate_needs_a_causal_model():
         Transformer(small()).generate(tokens(), 2)
 
 
+def test_generate_checks_new_tokens_like_every_other_count():
+    model = Transformer(small(causal=True))
+    with pytest.raises(TypeError, match="new_tokens must be an int, got float"):
+        model.generate(tokens(), 2.0)
+    with pytest.raises(ValueError, match="new_tokens must be at least 0, got new_tokens=-1"):
+        model.generate(tokens(), -1)
+
+
 def test_too_long_input_says_max_len():
     with pytest.raises(ValueError, match="max_len=16"):
         Transformer(small())(tokens(length=17))
