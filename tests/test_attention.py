@@ -20,12 +20,12 @@ from mhalab.attention import (
     HeadProjections,
     KVCache,
     MultiHeadAttention,
-    causal_mask,
     check_head_count,
     scaled_dot_product_attention,
     valid_head_counts,
 )
 from mhalab.counting import count_parameters
+from mhalab.masks import causal_allowed_mask, causal_forbidden_mask
 
 TOL = 1e-5  # float32: max abs difference allowed against torch and between our two paths
 B, L, S, D, H = 2, 5, 7, 16, 4  # batch, query length, key length, d_model, heads (small: fast)
@@ -63,7 +63,7 @@ def rand(*shape, device="cpu"):
 
 def forbidden_causal(L_, S_=None, device="cpu"):
     """torch.nn.MultiheadAttention's causal bool mask: True where attention is forbidden."""
-    return ~causal_mask(L_, S_, device=device)
+    return causal_forbidden_mask(L_, S_, device=device)
 
 
 # --------------------------------------------------------------- basic maths
@@ -90,7 +90,7 @@ class TestScaledDotProductAttention:
 
     def test_rows_sum_to_one(self):
         q, k, v = rand(3, L, 8), rand(3, S, 8), rand(3, S, 8)
-        _, weights = scaled_dot_product_attention(q, k, v, mask=causal_mask(L, S))
+        _, weights = scaled_dot_product_attention(q, k, v, mask=causal_allowed_mask(L, S))
         assert_close(weights.sum(-1), torch.ones(3, L), what="row sums")
         assert (weights >= 0).all()
 
@@ -102,10 +102,11 @@ class TestScaledDotProductAttention:
         assert max_diff(out0, out1) > 1e-3, "dropout_p=0.5 left the output unchanged"
 
 
-def test_causal_mask_is_bottom_right_aligned():
-    assert torch.equal(causal_mask(3), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool))
+def test_causal_masks_are_bottom_right_aligned():
+    assert torch.equal(causal_allowed_mask(3), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool))
     # 2 new queries after 3 cached keys: they sit at positions 3 and 4
-    assert torch.equal(causal_mask(2, 5), torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool))
+    assert torch.equal(causal_allowed_mask(2, 5), torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool))
+    assert torch.equal(causal_forbidden_mask(2, 5), ~causal_allowed_mask(2, 5))
 
 
 def test_valid_head_counts():
@@ -154,7 +155,7 @@ class TestMatchesTorch:
             assert_close(out, ref, what=f"output with {sorted(kwargs)}")
             if need_weights:
                 assert_close(w, ref_w, what=f"weights with {sorted(kwargs)}")
-                assert (w[:, ~causal_mask(L, device=device)] == 0).all(), "a query attended to a later key"
+                assert (w[:, ~causal_allowed_mask(L, device=device)] == 0).all(), "a query attended to a later key"
 
     @pytest.mark.parametrize("kind", ["bool", "float"])
     @pytest.mark.parametrize("need_weights", [True, False])
@@ -300,7 +301,7 @@ class TestPathsAgree:
     def test_self_attention_causal(self, device):
         _, ours = pair(device=device)
         x = rand(B, L, D, device=device)
-        assert_close(ours(x, is_causal=True)[0], ours(x, is_causal=True, need_weights=True)[0])
+        assert_close(ours(x, is_causal=True, need_weights=False)[0], ours(x, is_causal=True, need_weights=True)[0])
 
 
 # ------------------------------------------------------------- KV cache
@@ -358,7 +359,7 @@ class TestKVCache:
         ours(rand(B, 2, D), kv_cache=cache, is_causal=True)
         with pytest.raises(ValueError, match="is_causal=True"):
             ours(rand(B, 2, D), kv_cache=cache)  # two new tokens without causality
-        with pytest.raises(ValueError, match="batch, heads and d_k must match"):
+        with pytest.raises(ValueError, match="batch, heads and d_head must match"):
             ours(rand(B + 1, 1, D), kv_cache=cache)
         with pytest.raises(ValueError, match="self-attention"):
             ours(rand(B, 1, D), rand(B, S, D), rand(B, S, D), kv_cache=cache)
@@ -430,11 +431,11 @@ def test_every_valid_head_count(d_model, bias, data):
     x = torch.randn(batch, length, d_model)
     for n_heads in valid_head_counts(d_model):
         m = MultiHeadAttention(d_model, n_heads, bias=bias).eval()
-        assert m.d_k * n_heads == d_model
+        assert m.d_head * n_heads == d_model
         assert count_parameters(m) == 4 * d_model**2 + (4 * d_model if bias else 0)
         out, w = m(x, need_weights=True, average_attn_weights=False)
         assert out.shape == (batch, length, d_model) and w.shape == (batch, n_heads, length, length)
-        assert_close(m(x)[0], out, what=f"paths at d_model={d_model}, n_heads={n_heads}")
+        assert_close(m(x, need_weights=False)[0], out, what=f"paths at d_model={d_model}, n_heads={n_heads}")
     theirs = m.to_torch().eval()
     assert_close(out, theirs(x, x, x)[0], what=f"torch at d_model={d_model}, n_heads={n_heads}")
 
@@ -689,7 +690,7 @@ class TestHeadSize:
 
     def test_head_size_need_not_divide_anything(self):
         m = MultiHeadAttention(10, 3, d_head=7)
-        assert m.d_k == 7 and m(rand(1, 2, 10))[0].shape == (1, 2, 10)
+        assert m.d_head == 7 and m(rand(1, 2, 10))[0].shape == (1, 2, 10)
 
     def test_bad_head_size(self):
         with pytest.raises(ValueError, match="d_head must be at least 1"):
@@ -737,19 +738,23 @@ def test_cache_decoding_equals_the_full_causal_forward(options, need_weights):
     parts = [m(x[:, :3], kv_cache=cache, is_causal=True, need_weights=need_weights)[0]]
     parts += [m(x[:, t : t + 1], kv_cache=cache, need_weights=need_weights)[0] for t in range(3, 7)]
     assert_close(torch.cat(parts, dim=1), full)
-    assert cache.k.shape == (2, m.n_kv_heads, 7, m.d_k)
+    assert cache.k.shape == (2, m.n_kv_heads, 7, m.d_head)
 
 
 # ----------------------------------------------------------- edge cases, errors
-@pytest.mark.parametrize("bool_mask", [True, False])
-def test_a_query_that_sees_no_key_gets_zeros_on_both_paths(bool_mask):
+@pytest.mark.parametrize("how", ["float attn_mask", "key padding and attn_mask"])
+def test_a_query_that_sees_no_key_gets_zeros_on_both_paths(how):
     m = randomised(MultiHeadAttention(D, H, bias=False))
     x = rand(1, 3, D)
     forbidden = torch.zeros(3, 3, dtype=torch.bool)
     forbidden[1] = True  # query 1 may see nothing
-    mask = forbidden if bool_mask else torch.zeros(3, 3).masked_fill(forbidden, float("-inf"))
-    fused, _ = m(x, attn_mask=mask)
-    explicit, weights = m(x, attn_mask=mask, need_weights=True, average_attn_weights=False)
+    if how == "float attn_mask":  # (a bool mask forbidding a whole row is refused: it looks like True = may attend)
+        mask = dict(attn_mask=torch.zeros(3, 3).masked_fill(forbidden, float("-inf")))
+    else:  # key 2 is padding, query 1 is forbidden keys 0 and 1: together, all of them
+        mask = dict(key_padding_mask=torch.tensor([[False, False, True]]),
+                    attn_mask=torch.tensor([[False, False, False], [True, True, False], [False, False, False]]))
+    fused, _ = m(x, need_weights=False, **mask)
+    explicit, weights = m(x, need_weights=True, average_attn_weights=False, **mask)
     assert not explicit.isnan().any() and not fused.isnan().any()
     assert_close(explicit, fused)
     assert weights[0, :, 1].abs().max() == 0 and torch.allclose(weights[0, :, 0].sum(-1), torch.ones(H))
