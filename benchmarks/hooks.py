@@ -14,7 +14,7 @@ variant with the same weights, timed in interleaved rounds (the order rotates) a
 Printed ratios: ``mhalab/plain`` and ``mhalab/torch`` (target <= 1.05: hook points cost nothing when
 unused), ``qkvz/mhalab`` and ``pattern/mhalab`` (the price of looking). Then greedy decoding with KV caches:
 ``KVCache`` (preallocated, grows by doubling) against a cache that concatenates at every token (the old
-behaviour, O(T²) copying), as tokens per second.
+behaviour, O(T²) copying), as tokens per second (per sequence).
 
     python benchmarks/hooks.py                         # CPU defaults: about a minute
     python benchmarks/hooks.py --threads 2 --repeats 21
@@ -136,7 +136,7 @@ def main() -> int:
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--decode", type=int, default=256, help="tokens to generate in the decoding benchmark")
+    parser.add_argument("--decode", type=int, default=512, help="tokens to generate in the decoding benchmark")
     parser.add_argument("--repeats", type=int, default=15, help="timed rounds (medians are reported)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--check", action="store_true", help=f"exit 1 if mhalab/plain or mhalab/torch > {TARGET}")
@@ -179,7 +179,7 @@ def main() -> int:
     met = ratios["mhalab/plain"] <= TARGET and ratios["mhalab/torch"] <= TARGET
     print(f"target mhalab/plain and mhalab/torch <= {TARGET}: {'met' if met else 'NOT met'}")
 
-    prompt = tokens[:1, :4]
+    prompt = tokens[:, :4]  # [B, 4]
     same = torch.equal(decode(model, prompt, 16, KVCache), decode(model, prompt, 16, ConcatKVCache))
     if not same:
         raise AssertionError("the preallocated and the concatenating cache decode different tokens")
@@ -188,7 +188,7 @@ def main() -> int:
     start = time.perf_counter()
     decode_times = time_interleaved(runs, repeats=max(3, args.repeats // 5), warmup=1, device=device)
     tok_s = {name: args.decode / statistics.median(t) for name, t in decode_times.items()}
-    print(f"decode {args.decode} tokens (batch 1): preallocated {tok_s['preallocated']:.0f} tok/s, concatenating "
+    print(f"decode {args.decode} tokens (batch {args.batch}): preallocated {tok_s['preallocated']:.0f} tok/s, concatenating "
           f"{tok_s['concatenating']:.0f} tok/s, time ratio concatenating/preallocated "
           f"{tok_s['preallocated'] / tok_s['concatenating']:.3f}  ({time.perf_counter() - start:.0f} s)")
     return 0 if met or not args.check else 1

@@ -32,12 +32,12 @@ class KVCache:
     @property
     def k(self) -> Tensor | None:
         """The keys so far ``[B, G, T, d_head]`` (a view), or None before the first append."""
-        return None if self._k is None else self._k[:, :, : self._length]
+        return None if self._k is None else self._k.narrow(-2, 0, self._length)
 
     @property
     def v(self) -> Tensor | None:
         """The values so far ``[B, G, T, d_head]`` (a view), or None before the first append."""
-        return None if self._v is None else self._v[:, :, : self._length]
+        return None if self._v is None else self._v.narrow(-2, 0, self._length)
 
     @property
     def capacity(self) -> int:
@@ -59,8 +59,8 @@ class KVCache:
                              f"{k.size(-2)} to {self._length} would make {new_length}: build it with a larger max_len")
         if new_length > self.capacity:
             self._grow(new_length, k, v)
-        self._k[:, :, self._length : new_length] = k  # only the new positions are copied
-        self._v[:, :, self._length : new_length] = v
+        self._k.narrow(-2, self._length, k.size(-2)).copy_(k)  # only the new positions are copied
+        self._v.narrow(-2, self._length, v.size(-2)).copy_(v)
         self._length = new_length
         return self.k, self.v
 
@@ -71,8 +71,8 @@ class KVCache:
         new_k = k.new_empty(B, G, capacity, dk)  # [B, G, capacity, d_head]
         new_v = v.new_empty(B, G, capacity, dk)
         if self._k is not None:
-            new_k[:, :, : self._length] = self.k  # the old positions move once per doubling
-            new_v[:, :, : self._length] = self.v
+            new_k.narrow(-2, 0, self._length).copy_(self.k)  # the old positions move once per doubling
+            new_v.narrow(-2, 0, self._length).copy_(self.v)
         self._k, self._v = new_k, new_v
 
     @property
