@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mhalab.attention import MultiHeadAttention, causal_mask
+from mhalab.attention import MultiHeadAttention
+from mhalab.masks import causal_forbidden_mask
 from mhalab.device import pick_device
 from mhalab.parallelism import time_interleaved
 
@@ -42,14 +43,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class LoopOfHeads(nn.Module):
     """Multi-head attention computed literally: h separate attentions, one after the other.
 
-    Each head owns its ``d_model -> d_k`` query, key and value projections (copied from ``mha``'s
+    Each head owns its ``d_model -> d_head`` query, key and value projections (copied from ``mha``'s
     slices, so the result is the same function); their outputs are concatenated and mixed by W_O.
     """
 
     def __init__(self, mha: MultiHeadAttention) -> None:
         super().__init__()
-        D, dk = mha.d_model, mha.d_k
-        self.d_k = dk
+        D, dk = mha.d_model, mha.d_head
+        self.d_head = dk
         self.q, self.k, self.v = (nn.ModuleList(), nn.ModuleList(), nn.ModuleList())
         for i in range(mha.n_heads):
             p = mha.head_projections(i)
@@ -82,11 +83,11 @@ def make_steps(n_heads: int, args, device: torch.device, dtype: torch.dtype) -> 
     x = torch.randn(args.batch, args.length, args.d_model, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
     causal = args.causal
-    forbidden = ~causal_mask(args.length, device=device) if causal else None  # torch wants the mask with is_causal
+    forbidden = causal_forbidden_mask(args.length, device=device) if causal else None  # torch wants the mask with is_causal
 
     forwards = {
         "torch": (theirs, lambda: theirs(x, x, x, need_weights=False, attn_mask=forbidden, is_causal=causal)[0]),
-        "ours_sdpa": (ours, lambda: ours(x, is_causal=causal)[0]),
+        "ours_sdpa": (ours, lambda: ours(x, is_causal=causal, need_weights=False)[0]),
         "ours_explicit": (ours, lambda: ours(x, is_causal=causal, need_weights=True, average_attn_weights=False)[0]),
         "loop": (loop, lambda: loop(x, is_causal=causal)),
     }

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"\n{part}, batch {batch}, seq_len {seq_len}")
             print(f"{'heads':>5} {'d_k':>4} {'batched ms':>11} {'looped ms':>10} {'looped/batched':>15}")
             for r in rows:
-                print(f"{r.heads:>5} {r.d_k:>4} {r.batched_s * 1e3:>11.4f} {r.looped_s * 1e3:>10.4f} {r.ratio:>14.2f}x")
+                print(f"{r.heads:>5} {r.d_head:>4} {r.batched_s * 1e3:>11.4f} {r.looped_s * 1e3:>10.4f} {r.ratio:>14.2f}x")
             runs.append({"part": part, "batch": batch, "seq_len": seq_len, "rows": [r.as_dict() for r in rows]})
     print(f"\nmeasured in {time.perf_counter() - start:.1f} s")
 

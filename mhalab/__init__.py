@@ -1,13 +1,19 @@
 """mhalab: learn multi-head attention by computing, training and looking; one module per idea (the README's
 "The package" lists them). Train with ``from mhalab.train import train``: the package does not re-export
 ``train``, so ``mhalab.train`` stays the module. Importing mhalab touches no GPU.
+
+The two mask helpers say what True means in them: ``causal_allowed_mask`` (True = may attend) goes with
+``scaled_dot_product_attention``; ``causal_forbidden_mask`` (True = forbidden) with ``MultiHeadAttention``.
 """
 
-from .attention import KVCache, MultiHeadAttention, causal_mask, scaled_dot_product_attention, valid_head_counts
+from .attention import KVCache, MultiHeadAttention, scaled_dot_product_attention, valid_head_counts
+from .hooks import run_with_cache, run_with_hooks
+from .masks import causal_allowed_mask, causal_forbidden_mask
 from .models import EncoderDecoder, ModelConfig, Transformer
 from .sweep import sweep_heads
 
 __version__ = "0.1.0"
 
-__all__ = ["EncoderDecoder", "KVCache", "ModelConfig", "MultiHeadAttention", "Transformer", "causal_mask",
-           "scaled_dot_product_attention", "sweep_heads", "valid_head_counts", "__version__"]
+__all__ = ["EncoderDecoder", "KVCache", "ModelConfig", "MultiHeadAttention", "Transformer", "causal_allowed_mask",
+           "causal_forbidden_mask", "run_with_cache", "run_with_hooks", "scaled_dot_product_attention",
+           "sweep_heads", "valid_head_counts", "__version__"]

@@ -1,7 +1,7 @@
 """Switch heads off and see what breaks: ablation, head importance and pruning.
 
-Nothing here changes a model's parameters: heads are switched off or gated by hooks on their ``z``
-points (:mod:`mhalab.hooks`), attached only while needed. Layer ``i`` is the model's ``i``-th attention module.
+Nothing here changes a model's parameters: heads are switched off or gated by hooks on their ``hook_z``
+points (:mod:`mhalab.hooks`, which documents the axes), attached only while needed. Layer ``i`` is the model's ``i``-th attention module.
 Importance and pruning follow Michel, Levy & Neubig (2019), "Are Sixteen Heads Really Better than One?".
 
     N  layers      B  batch      H  heads per layer      T  positions      dk  width of one head
@@ -34,8 +34,8 @@ Head = tuple[int, int]  # (layer, head)
 
 # ----------------------------------------------------------------------------------- heads
 def _z_points(model: nn.Module) -> list[str]:
-    """The ``z`` hook point of each attention layer, in order (``blocks.0.attn.z``, ...; ``z`` for a lone layer)."""
-    return [f"{name}.z" if name else "z" for name in attention_modules(model)]
+    """The ``hook_z`` point of each attention layer, in order (``blocks.0.attn.hook_z``, ...; ``hook_z`` for a lone layer)."""
+    return [f"{name}.hook_z" if name else "hook_z" for name in attention_modules(model)]
 
 
 def model_shape(model: nn.Module) -> tuple[int, int]:
@@ -87,8 +87,8 @@ def ablate(model: nn.Module, heads: Iterable[Head] | Head, *, method: str = "zer
         if reference is None:
             raise ValueError("mean ablation needs a reference batch: ablate(model, heads, method='mean', reference=batch)")
 
-        def mean_over_batch(z: Tensor, name: str) -> None:  # z: [B, T, H, dk]
-            means[name] = z.detach().float().mean(dim=0)  # [T, H, dk]
+        def mean_over_batch(z: Tensor, hook) -> None:  # z: [B, T, H, dk]
+            means[hook.name] = z.detach().float().mean(dim=0)  # [T, H, dk]
 
         with torch.no_grad(), eval_mode(model), hooks_attached(model, [(points, mean_over_batch)]):
             batch_logits(model, reference)

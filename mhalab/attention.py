@@ -1,13 +1,14 @@
 """Scaled dot-product attention and multi-head attention, written to be read.
 
 Shapes: B batch, L query length, S key/value length, D d_model, H query heads (n_heads),
-G key/value heads (n_kv_heads; G = H unless grouped-query), dk head size (d_head).
+G key/value heads (n_kv_heads; G = H unless grouped-query), dk head size (``d_head``; the paper's d_k).
 
 The two PyTorch mask conventions both appear, on purpose: :func:`scaled_dot_product_attention`
 follows ``F.scaled_dot_product_attention`` (bool True = **may** attend); :class:`MultiHeadAttention`
-follows ``torch.nn.MultiheadAttention`` (bool True = **forbidden**). Float masks are added to the
-scores in both. A query that may see no key gets zero weights and a zero output on both paths
-(torch's module returns NaN on one path and zeros on the other).
+follows ``torch.nn.MultiheadAttention`` (bool True = **forbidden**), and refuses a bool mask that is
+plainly the other one (:mod:`mhalab.masks`, whose helpers are named by what True means). Float masks are
+added to the scores in both. A query that may see no key gets zero weights and a zero output on both
+paths (torch's module returns NaN on one path and zeros on the other). Hook points: :mod:`mhalab.hooks`.
 """
 
 from __future__ import annotations
@@ -23,16 +24,40 @@ from torch import Tensor, nn
 
 from ._checks import check_head_count, check_head_shape, check_index, valid_head_counts
 from .kv_cache import KVCache
-from .masks import causal_mask, combine_masks
+from .hook_points import HookPoint
+from .masks import check_forbidden_mask, combine_forbidden_masks
 from .positions import apply_rotary
 
 __all__ = [
-    "attention_weights", "scaled_dot_product_attention", "causal_mask", "valid_head_counts", "check_head_count",
-    "check_head_shape", "HeadProjections", "HookPoint", "KVCache", "MultiHeadAttention", "apply_rotary",
+    "attention_scores", "attention_weights", "scaled_dot_product_attention", "valid_head_counts",
+    "check_head_count", "check_head_shape", "HeadProjections", "HookPoint", "KVCache", "MultiHeadAttention",
+    "apply_rotary",
 ]
 
 # F.scaled_dot_product_attention shares K/V heads between query heads itself from torch 2.5 on.
 _SDPA_HAS_GQA = TorchVersion(torch.__version__) >= (2, 5)
+
+
+def attention_scores(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Tensor:
+    """Q Kᵀ / sqrt(d_k) + mask: ``q [..., L, dk]``, ``k [..., S, dk]`` -> ``[..., L, S]`` (before the softmax).
+
+    ``mask`` broadcasts to ``[..., L, S]``: bool True where a query may attend (else ``-inf``), or float added.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # [..., L, S]: how well each query matches each key
+    if mask is None:
+        return scores
+    if mask.dtype == torch.bool:
+        return scores.masked_fill(~mask, float("-inf"))  # forbidden pairs will get zero weight
+    return scores + mask
+
+
+def softmax_over_keys(scores: Tensor) -> Tensor:
+    """``scores [..., L, S]`` -> weights ``[..., L, S]``; a row of all ``-inf`` (a query that may see no key)
+    gets all zeros, not NaN."""
+    weights = scores.softmax(dim=-1)  # [..., L, S]: one weighting over the keys per query
+    # softmax of an all -inf row is 0/0: a query that sees nothing gets nothing.
+    blind = torch.isneginf(scores).all(dim=-1, keepdim=True)  # [..., L, 1]
+    return weights.masked_fill(blind, 0.0)
 
 
 def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Tensor:
@@ -41,17 +66,7 @@ def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Te
     ``mask`` broadcasts to ``[..., L, S]``: bool True where a query may attend, or float added to the
     scores. A query that may see no key gets an all-zero row, not NaN.
     """
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # [..., L, S]: how well each query matches each key
-    if mask is None:
-        return scores.softmax(dim=-1)  # [..., L, S]: one weighting over the keys per query
-    if mask.dtype == torch.bool:
-        scores = scores.masked_fill(~mask, float("-inf"))  # forbidden pairs get zero weight
-    else:
-        scores = scores + mask
-    weights = scores.softmax(dim=-1)
-    # softmax of an all -inf row is 0/0: a query that sees nothing gets nothing.
-    blind = torch.isneginf(scores).all(dim=-1, keepdim=True)  # [..., L, 1]
-    return weights.masked_fill(blind, 0.0)
+    return softmax_over_keys(attention_scores(q, k, mask=mask))
 
 
 def scaled_dot_product_attention(
@@ -74,15 +89,6 @@ def _autocast_enabled(device_type: str) -> bool:
         return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
 
 
-class HookPoint(nn.Identity):
-    """An identity layer that names an activation (``blocks.0.attn.pattern``) so hooks can read or replace it."""
-
-    @property
-    def active(self) -> bool:
-        """True when a forward hook is attached (someone wants this activation)."""
-        return bool(self._forward_hooks)
-
-
 class HeadProjections(NamedTuple):
     """Views of one head's slices: ``W_Q, W_K, W_V [D, dk]`` (``x @ W_Q``), ``W_O [dk, D]``, biases ``[dk]`` or None.
 
@@ -99,22 +105,26 @@ class HeadProjections(NamedTuple):
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention: h heads of width d_k = d_model / h, concatenated and mixed by W_O.
+    """Multi-head attention: h heads of width d_k = d_model / h (``d_head`` in code), concatenated and mixed by W_O.
 
-    A drop-in for ``torch.nn.MultiheadAttention(d_model, n_heads, batch_first=True)``: the same
-    ``forward`` arguments and mask meanings, returning ``(out, weights)``. Off by default:
-    ``n_kv_heads`` (grouped-query attention, Ainslie et al. 2023; 1 = multi-query, Shazeer 2019;
-    query head j reads K/V head ``j // (H // G)``), ``d_head`` (head size other than D / H) and
-    ``rope_base`` (rotary positions on queries and keys).
+    ``forward`` is a drop-in for ``torch.nn.MultiheadAttention.forward``: the same arguments in the same
+    order with the same defaults and mask meanings, returning ``(out, weights)``, the weights after
+    dropout. Unlike torch's constructor, ``batch_first`` defaults to True (``[B, T, D]``); ``from_torch``
+    copies torch's flag. Off by default: ``n_kv_heads`` (grouped-query attention, Ainslie et al. 2023;
+    1 = multi-query, Shazeer 2019; query head j reads K/V head ``j // (H // G)``), ``d_head`` (head size
+    other than D / H) and ``rope_base`` (rotary positions on queries and keys).
 
     ``qkv_proj`` holds W_Q, W_K, W_V stacked by rows (``D -> (H + 2G) dk``, each head's rows
     contiguous); ``out_proj`` is W_O. ``forward`` runs the fused ``F.scaled_dot_product_attention``
-    unless the weights are wanted (``need_weights``, or a hook on ``pattern``); then the explicit math.
+    unless the scores or weights are wanted (``need_weights``, or a hook on ``hook_attn_scores`` or
+    ``hook_pattern``); then the explicit math. Hook points (axes in :mod:`mhalab.hooks`): ``hook_q``,
+    ``hook_k``, ``hook_v`` (before rotary), ``hook_rot_q``, ``hook_rot_k`` (after; only with ``rope_base``),
+    ``hook_attn_scores``, ``hook_pattern``, ``hook_z``.
     """
 
     def __init__(
         self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None,
-        bias: bool = True, dropout: float = 0.0, rope_base: float | None = None,
+        bias: bool = True, dropout: float = 0.0, rope_base: float | None = None, batch_first: bool = True,
     ) -> None:
         super().__init__()
         n_kv_heads, d_head = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
@@ -125,22 +135,26 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"rotary embedding rotates pairs of features, so d_head must be even, got d_head={d_head}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if not isinstance(batch_first, bool):
+            raise TypeError(f"batch_first must be True ([batch, seq, d_model]) or False ([seq, batch, d_model]), got {batch_first!r}")
         self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
-        self.dropout, self.rope_base = dropout, rope_base
+        self.dropout, self.rope_base, self.batch_first = dropout, rope_base, batch_first
         self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head, bias=bias)
         self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
-        self.pattern = HookPoint()  # attention weights [B, H, L, S]
-        self.z = HookPoint()  # each head's output before W_O [B, L, H, dk]
+        self.hook_q = HookPoint()  # queries [B, L, H, dk] (before rotary)
+        self.hook_k = HookPoint()  # keys [B, S_new, G, dk]: the K/V heads as stored; only the new ones with a cache
+        self.hook_v = HookPoint()  # values [B, S_new, G, dk]
+        if rope_base is not None:
+            self.hook_rot_q = HookPoint()  # queries after rotary [B, L, H, dk]
+            self.hook_rot_k = HookPoint()  # keys after rotary [B, S_new, G, dk]
+        self.hook_attn_scores = HookPoint()  # Q Kᵀ / sqrt(dk) + mask, before the softmax [B, H, L, S]
+        self.hook_pattern = HookPoint()  # attention weights [B, H, L, S] (before dropout)
+        self.hook_z = HookPoint()  # each head's output before W_O [B, L, H, dk]
         # Same initialisation as torch.nn.MultiheadAttention, so the two train alike.
         nn.init.xavier_uniform_(self.qkv_proj.weight)
         if bias:
             nn.init.zeros_(self.qkv_proj.bias)
             nn.init.zeros_(self.out_proj.bias)
-
-    @property
-    def d_k(self) -> int:
-        """The paper's name for the head size ``d_head``."""
-        return self.d_head
 
     @property
     def bias(self) -> bool:
@@ -154,10 +168,11 @@ class MultiHeadAttention(nn.Module):
     def extra_repr(self) -> str:
         extra = "" if self.n_kv_heads == self.n_heads else f", n_kv_heads={self.n_kv_heads}"
         extra += "" if self.rope_base is None else f", rope_base={self.rope_base:g}"
-        return f"d_model={self.d_model}, n_heads={self.n_heads}, d_k={self.d_k}{extra}, bias={self.bias}, dropout={self.dropout}"
+        extra += "" if self.batch_first else ", batch_first=False"
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, d_head={self.d_head}{extra}, bias={self.bias}, dropout={self.dropout}"
 
     def head_projections(self, i: int) -> HeadProjections:
-        """Views of W_Q, W_K, W_V (``[d_model, d_k]``) and W_O (``[d_k, d_model]``) for head ``i``."""
+        """Views of W_Q, W_K, W_V (``[d_model, d_head]``) and W_O (``[d_head, d_model]``) for head ``i``."""
         check_index("head index", i, self.n_heads, valid="this module has heads")
         H, G, dk, D = self.n_heads, self.n_kv_heads, self.d_head, self.d_model
         g = i // (H // G)  # the K/V head this query head reads
@@ -180,21 +195,26 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2).reshape(B, T, H * dk)  # [B, T, H, dk] -> [B, T, H dk]
 
     def forward(
-        self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
-        key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None, is_causal: bool = False,
-        need_weights: bool = False, average_attn_weights: bool = True, kv_cache: KVCache | None = None,
+        self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
+        key_padding_mask: Tensor | None = None, need_weights: bool = True, attn_mask: Tensor | None = None,
+        average_attn_weights: bool = True, is_causal: bool = False, *, kv_cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attend from ``query [B, L, D]`` to ``key``/``value [B, S, D]`` (omit both for self-attention).
+        """Attend from ``query [B, L, D]`` to ``key``/``value [B, S, D]`` (``[L, B, D]``, ``[S, B, D]`` with
+        ``batch_first=False``); omit both, or pass ``query`` itself, for self-attention.
 
         Masks as torch's module: ``key_padding_mask [B, S]``, ``attn_mask`` ``[L, S]``, ``[B * H, L, S]``
-        or ``[B, H, L, S]`` (bool True = forbidden, or float added). ``is_causal`` needs no ``attn_mask``;
-        with more keys than queries the queries are the *last* L positions. ``need_weights`` also returns
-        the weights (``[B, L, S]`` averaged over heads, or ``[B, H, L, S]`` without
-        ``average_attn_weights``; before dropout). ``kv_cache``: self-attention decoding, the new
+        or ``[B, H, L, S]`` (bool True = forbidden, or float added; a bool mask that is plainly True = may
+        attend is refused). ``is_causal`` needs no ``attn_mask``; with more keys than queries the queries
+        are the *last* L positions. ``need_weights`` (default True, as torch) also returns the weights,
+        after dropout: ``[B, L, S]`` averaged over heads, or ``[B, H, L, S]`` without ``average_attn_weights``;
+        pass ``need_weights=False`` for the fused kernel. ``kv_cache``: self-attention decoding, the new
         keys/values join the cached ones (a multi-token prompt must be causal).
-        Returns ``(out [B, L, D], weights or None)``.
+        Returns ``(out [B, L, D] (or [L, B, D]), weights or None)``.
         """
-        self_attention = key is None and value is None
+        self_attention = (key is None and value is None) or (key is query and value is query)
+        if not self.batch_first:  # [T, B, D] -> [B, T, D]: views; the output goes back the same way
+            query, key, value = (t.transpose(0, 1) if isinstance(t, Tensor) and t.dim() == 3 else t
+                                 for t in (query, key, value))
         if self_attention:
             key = value = query
         elif key is None or value is None:
@@ -205,19 +225,22 @@ class MultiHeadAttention(nn.Module):
         B, L, D = query.shape
         H, G, dk = self.n_heads, self.n_kv_heads, self.d_head
         past = 0 if kv_cache is None else len(kv_cache)  # tokens already in the cache
-        S = past + key.size(1)  # every key the queries will see
+        S_new = key.size(1)
+        S = past + S_new  # every key the queries will see
         if kv_cache is not None and L > 1 and not is_causal:
             raise ValueError(f"{L} tokens at once into a kv_cache need is_causal=True: a cache holds a causal "
                              "decoder's keys, and without the causal mask earlier tokens would see later ones")
 
         # Build the masks before anything is computed or appended to the cache.
-        want_pattern = need_weights or self.pattern.active
+        for name, mask in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
+            check_forbidden_mask(mask, name, L, S, self_attention=self_attention)
+        want_scores = need_weights or self.hook_attn_scores.is_hooked or self.hook_pattern.is_hooked
         # Only is_causal, over a square score matrix: the fused kernel builds the causal mask itself
         # (and skips the masked blocks). Otherwise all masks become one float tensor added to the scores.
         fused_causal = (
-            is_causal and not want_pattern and attn_mask is None and key_padding_mask is None and past == 0 and L == S
+            is_causal and not want_scores and attn_mask is None and key_padding_mask is None and past == 0 and L == S
         )
-        mask = None if fused_causal else combine_masks(
+        mask = None if fused_causal else combine_forbidden_masks(
             B, H, L, S, key_padding_mask, attn_mask, is_causal, query.dtype, query.device
         )  # None, or float [B or 1, H or 1, L, S] added to the scores
 
@@ -229,39 +252,45 @@ class MultiHeadAttention(nn.Module):
             w_q, w_k, w_v = self.qkv_proj.weight.split(sizes, dim=0)
             b_q, b_k, b_v = self.qkv_proj.bias.split(sizes) if self.bias else (None, None, None)
             q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
-        q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)  # [B, H, L, dk], 2 x [B, G, S_new, dk]
-        if self.rope_base is not None:
-            q = apply_rotary(q, torch.arange(past, past + L, device=q.device), self.rope_base)
-            k = apply_rotary(k, torch.arange(past, S, device=k.device), self.rope_base)
+        q = self.hook_q(q.view(B, L, H, dk)).transpose(1, 2)  # [B, L, H dk] -> [B, L, H, dk] -> [B, H, L, dk]
+        k = self.hook_k(k.view(B, S_new, G, dk)).transpose(1, 2)  # -> [B, G, S_new, dk]
+        v = self.hook_v(v.view(B, S_new, G, dk)).transpose(1, 2)  # -> [B, G, S_new, dk]
+        if self.rope_base is not None:  # the hooks see [B, T, heads, dk], the maths [B, heads, T, dk]
+            q = self.hook_rot_q(apply_rotary(q, past, self.rope_base).transpose(1, 2)).transpose(1, 2)
+            k = self.hook_rot_k(apply_rotary(k, past, self.rope_base).transpose(1, 2)).transpose(1, 2)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)  # [B, G, past + L, dk]: the new keys/values join the old ones
 
         dropout_p = self.dropout if self.training else 0.0
-        if G != H and (want_pattern or not _SDPA_HAS_GQA):  # each query head gets its group's K/V head
+        if G != H and (want_scores or not _SDPA_HAS_GQA):  # each query head gets its group's K/V head
             k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # [B, H, S, dk]
-        if want_pattern:
-            weights = self.pattern(attention_weights(q, k, mask=mask))  # [B, H, L, S]; a hook may replace it
-            heads = F.dropout(weights, p=dropout_p) @ v  # [B, H, L, dk]: each head's weighted sum of its values
+        if want_scores:
+            scores = self.hook_attn_scores(attention_scores(q, k, mask=mask))  # [B, H, L, S]; a hook may replace it
+            pattern = self.hook_pattern(softmax_over_keys(scores))  # [B, H, L, S]
+            weights = F.dropout(pattern, p=dropout_p)  # what torch returns: the weights the values are summed with
+            heads = weights @ v  # [B, H, L, dk]: each head's weighted sum of its values
         else:
             gqa = {"enable_gqa": True} if k.size(1) != H else {}  # the kernel shares the K/V heads itself
             heads = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=fused_causal, **gqa
             )  # [B, H, L, dk]
-            weights = None
 
-        z = self.z(heads.transpose(1, 2))  # [B, L, H, dk]: each head's output; a hook may replace it
+        z = self.hook_z(heads.transpose(1, 2))  # [B, L, H, dk]: each head's output; a hook may replace it
         out = self.out_proj(z.reshape(B, L, H * dk))  # concatenate the heads -> [B, L, H dk], mix with W_O -> [B, L, D]
-        if weights is not None and average_attn_weights:
-            weights = weights.mean(dim=1)  # [B, L, S]
-        return out, weights
+        if not self.batch_first:
+            out = out.transpose(0, 1)  # [L, B, D]
+        if not need_weights:
+            return out, None
+        return out, weights.mean(dim=1) if average_attn_weights else weights  # [B, L, S] or [B, H, L, S]
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if t.dim() != 3:
-                raise ValueError(f"{name} must be 3-D [batch, seq, d_model] (batch first), got shape {tuple(t.shape)}; "
-                                 "add a batch axis with .unsqueeze(0) for a single sequence")
+                layout = "[batch, seq, d_model] (batch_first=True)" if self.batch_first else "[seq, batch, d_model] (batch_first=False)"
+                raise ValueError(f"{name} must be 3-D {layout}, got shape {tuple(t.shape)}; add a batch axis "
+                                 f"with .unsqueeze({0 if self.batch_first else 1}) for a single sequence")
             if t.size(-1) != self.d_model:
                 raise ValueError(f"{name} has width {t.size(-1)} in its last dimension, but this module has "
                                  f"d_model={self.d_model}; project it to {self.d_model} features or build "
@@ -281,27 +310,27 @@ class MultiHeadAttention(nn.Module):
 
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadAttention":
-        """A batch-first ``MultiHeadAttention`` with the same weights as a ``torch.nn.MultiheadAttention``."""
+        """A ``MultiHeadAttention`` with the same weights and ``batch_first`` as a ``torch.nn.MultiheadAttention``."""
         if not isinstance(m, nn.MultiheadAttention):
             raise TypeError(f"from_torch expects a torch.nn.MultiheadAttention, got {type(m).__name__}")
         if not m._qkv_same_embed_dim:
             raise ValueError("from_torch supports only kdim == vdim == embed_dim (one in_proj_weight)")
         if m.bias_k is not None or m.add_zero_attn:
             raise ValueError("from_torch does not support add_bias_kv or add_zero_attn")
-        ours = cls(m.embed_dim, m.num_heads, bias=m.in_proj_bias is not None, dropout=m.dropout)
+        ours = cls(m.embed_dim, m.num_heads, bias=m.in_proj_bias is not None, dropout=m.dropout, batch_first=m.batch_first)
         ours = ours.to(device=m.in_proj_weight.device, dtype=m.in_proj_weight.dtype)
         # torch stacks W_Q, W_K, W_V in the same order and layout as qkv_proj: only the names differ.
         ours.load_state_dict({k.replace("in_proj_", "qkv_proj."): v for k, v in m.state_dict().items()})
         return ours
 
     def to_torch(self) -> nn.MultiheadAttention:
-        """A ``torch.nn.MultiheadAttention(batch_first=True)`` with the same weights (paper's attention only)."""
+        """A ``torch.nn.MultiheadAttention`` with the same weights and ``batch_first`` (paper's attention only)."""
         if not self.is_standard:
             raise ValueError(f"torch.nn.MultiheadAttention cannot hold this module ({self.extra_repr()}): it needs "
                              "n_kv_heads == n_heads, d_head == d_model / n_heads and rope_base=None")
         w = self.qkv_proj.weight
         m = nn.MultiheadAttention(
-            self.d_model, self.n_heads, dropout=self.dropout, bias=self.bias, batch_first=True,
+            self.d_model, self.n_heads, dropout=self.dropout, bias=self.bias, batch_first=self.batch_first,
             device=w.device, dtype=w.dtype,
         )
         m.load_state_dict({k.replace("qkv_proj.", "in_proj_"): v for k, v in self.state_dict().items()})

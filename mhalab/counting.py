@@ -26,7 +26,7 @@ def count_parameters(module: nn.Module) -> int:
 class AttentionParameters(NamedTuple):
     """Parameter counts of one multi-head attention block, by projection (each with its bias, if any)."""
 
-    d_k: int
+    d_head: int  # the paper's d_k
     per_head_qkv: int  # one head's W_Q + W_K + W_V
     q: int  # all heads' W_Q
     k: int
@@ -45,16 +45,16 @@ class AttentionParameters(NamedTuple):
 def attention_parameters(
     d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None, bias: bool = False
 ) -> AttentionParameters:
-    """h query heads and g K/V heads of ``d_model x d_k`` each, plus ``(h d_k) x d_model`` for W_O.
+    """h query heads and g K/V heads of ``d_model x d_head`` each, plus ``(h d_head) x d_model`` for W_O.
 
     Defaults give 4 d_model² whatever h is; ``bias=True`` adds each projection's output width.
     """
-    g, d_k = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
-    per_head = d_model * d_k + (d_k if bias else 0)  # one head's slice of one projection
-    q = n_heads * per_head  # = d_model**2 (+ d_model) when h * d_k = d_model
+    g, d_head = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
+    per_head = d_model * d_head + (d_head if bias else 0)  # one head's slice of one projection
+    q = n_heads * per_head  # = d_model**2 (+ d_model) when h * d_head = d_model
     k = v = g * per_head  # only the K/V heads: fewer with grouped-query attention
-    o = n_heads * d_k * d_model + (d_model if bias else 0)
-    return AttentionParameters(d_k, 3 * per_head, q, k, v, o)
+    o = n_heads * d_head * d_model + (d_model if bias else 0)
+    return AttentionParameters(d_head, 3 * per_head, q, k, v, o)
 
 
 class KVCacheSize(NamedTuple):
@@ -68,12 +68,12 @@ def kv_cache_per_token(
     d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None, n_layers: int = 1,
     dtype: torch.dtype | None = None,
 ) -> KVCacheSize:
-    """Keys and values cached per token: ``2 * n_kv_heads * d_k * n_layers`` (``2 * d_model * n_layers`` by default)."""
-    g, d_k = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
+    """Keys and values cached per token: ``2 * n_kv_heads * d_head * n_layers`` (``2 * d_model * n_layers`` by default)."""
+    g, d_head = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
     check_int("n_layers", n_layers, 1)
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32 or torch.bfloat16, got {dtype!r}")
-    elements = 2 * g * d_k * n_layers
+    elements = 2 * g * d_head * n_layers
     return KVCacheSize(elements, None if dtype is None else elements * dtype.itemsize)
 
 
@@ -81,7 +81,7 @@ class CostRow(NamedTuple):
     """One head count: what a real module and a real cache hold, beside the formulas."""
 
     heads: int
-    d_k: int
+    d_head: int  # the paper's d_k
     parameters: int  # counted on a real MultiHeadAttention
     parameters_formula: int
     kv_cache: int  # numbers per token per layer, read off a real KVCache after decoding
@@ -98,7 +98,7 @@ class CostTable(list):
     def __repr__(self) -> str:
         lines = [f"d_model = {self.d_model}" + (" (with biases)" if self.bias else ""),
                  f"{'heads':>5}  {'d_k':>4}  {'Q, K, V, O parameters':>21}  {'KV cache per token per layer':>28}"]
-        lines += [f"{r.heads:>5}  {r.d_k:>4}  {r.parameters:>21,}  {r.kv_cache:>28,}" for r in self]
+        lines += [f"{r.heads:>5}  {r.d_head:>4}  {r.parameters:>21,}  {r.kv_cache:>28,}" for r in self]
         return "\n".join(lines)
 
 
@@ -118,8 +118,8 @@ def cost_table(d_model: int = 512, heads=(1, 8, 32, 64), *, bias: bool = False, 
         cache = KVCache()
         tokens = torch.randn(1, decode_tokens, d_model, generator=generator)
         for t in range(decode_tokens):
-            module(tokens[:, t : t + 1], kv_cache=cache, is_causal=True)
-        row = CostRow(h, module.d_k, count_parameters(module), attention_parameters(d_model, h, bias=bias).total,
+            module(tokens[:, t : t + 1], kv_cache=cache, is_causal=True, need_weights=False)
+        row = CostRow(h, module.d_head, count_parameters(module), attention_parameters(d_model, h, bias=bias).total,
                       cache.values_per_token, kv_cache_per_token(d_model, h).elements)
         if row.parameters != row.parameters_formula or row.kv_cache != row.kv_cache_formula:
             raise AssertionError(f"measured and formula disagree: {row}")

@@ -36,17 +36,17 @@ def mechanism_shapes(module, x: Tensor) -> dict[str, tuple[int, ...]]:
     """Every stage's shape when ``x`` ``[B, T, D]`` runs through a real :class:`~mhalab.MultiHeadAttention`.
 
     In order: ``x``, ``Q``/``K``/``V`` (projections), ``Q heads``/``K heads``/``V heads`` (``split_heads``),
-    ``pattern`` and ``z`` (the hook points), ``concat`` (what W_O reads) and ``out``.
+    ``pattern`` and ``z`` (the hook points ``hook_pattern``, ``hook_z``), ``concat`` (what W_O reads) and ``out``.
     """
     if not isinstance(module, MultiHeadAttention):
         raise TypeError(f"mechanism_shapes expects a mhalab.MultiHeadAttention, got {type(module).__name__}")
-    # The hook points "pattern" and "z" are submodules too (a hook on "pattern" makes it computed).
-    (out, _), seen = _run_recording(module, ["qkv_proj", "pattern", "z", "out_proj"], x)
+    # The hook points are submodules too (a hook on "hook_pattern" makes the pattern computed).
+    (out, _), seen = _run_recording(module, ["qkv_proj", "hook_pattern", "hook_z", "out_proj"], x)
     H, G, dk = module.n_heads, module.n_kv_heads, module.d_head
     q, k, v = seen["qkv_proj"][1].split((H * dk, G * dk, G * dk), dim=-1)  # [B, T, H dk], 2 x [B, T, G dk]
     shapes = {"x": x, "Q": q, "K": k, "V": v}
     shapes.update({f"{name} heads": module.split_heads(t) for name, t in (("Q", q), ("K", k), ("V", v))})
-    shapes.update(pattern=seen["pattern"][1], z=seen["z"][1], concat=seen["out_proj"][0][0], out=out)
+    shapes.update(pattern=seen["hook_pattern"][1], z=seen["hook_z"][1], concat=seen["out_proj"][0][0], out=out)
     return {name: tuple(t.shape) for name, t in shapes.items()}
 
 

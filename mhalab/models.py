@@ -160,7 +160,7 @@ class Block(nn.Module):
         self, x: Tensor, *, causal: bool, key_padding_mask: Tensor | None = None, kv_cache: KVCache | None = None
     ) -> Tensor:
         """``x`` ``[B, T, D]`` -> ``[B, T, D]``."""
-        attended, _ = self.attn(self.ln_attn(x), is_causal=causal, key_padding_mask=key_padding_mask, kv_cache=kv_cache)
+        attended, _ = self.attn(self.ln_attn(x), is_causal=causal, key_padding_mask=key_padding_mask, kv_cache=kv_cache, need_weights=False)
         x = x + F.dropout(attended, self.dropout, self.training)
         return x + self.mlp(self.ln_mlp(x))
 
@@ -183,10 +183,10 @@ class DecoderBlock(nn.Module):
         self, x: Tensor, memory: Tensor, *, memory_padding_mask: Tensor | None = None, kv_cache: KVCache | None = None
     ) -> Tensor:
         """``x`` ``[B, T, D]`` and the encoder's output ``memory`` ``[B, S, D]`` -> ``[B, T, D]``."""
-        attended, _ = self.self_attn(self.ln_self(x), is_causal=True, kv_cache=kv_cache)
+        attended, _ = self.self_attn(self.ln_self(x), is_causal=True, kv_cache=kv_cache, need_weights=False)
         x = x + F.dropout(attended, self.dropout, self.training)
         # Queries come from the decoder, keys and values from the encoder's output.
-        attended, _ = self.cross_attn(self.ln_cross(x), memory, memory, key_padding_mask=memory_padding_mask)
+        attended, _ = self.cross_attn(self.ln_cross(x), memory, memory, key_padding_mask=memory_padding_mask, need_weights=False)
         x = x + F.dropout(attended, self.dropout, self.training)
         return x + self.mlp(self.ln_mlp(x))
 

@@ -77,23 +77,23 @@ class StackConfig:
 
 # --------------------------------------------------------------------------- two ways to run h heads
 def batched_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """Every head's attention as one operation: ``q, k, v`` ``[B, H, T, d_k]`` -> ``[B, H, T, d_k]``."""
+    """Every head's attention as one operation: ``q, k, v`` ``[B, H, T, d_head]`` -> ``[B, H, T, d_head]``."""
     return F.scaled_dot_product_attention(q, k, v)  # the head axis is just another batch axis
 
 
 def looped_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """The same result, one head at a time: ``H`` separate calls, then stacked back together."""
     heads = [F.scaled_dot_product_attention(*qkv) for qkv in zip(q.split(1, 1), k.split(1, 1), v.split(1, 1))]
-    return torch.cat(heads, dim=1)  # H x [B, 1, T, d_k] -> [B, H, T, d_k]
+    return torch.cat(heads, dim=1)  # H x [B, 1, T, d_head] -> [B, H, T, d_head]
 
 
 @dataclass
 class HeadWeights:
     """One layer's ``W_qkv`` ``[3 D, D]`` and ``W_o`` ``[D, D]``, and ``per_head``: each head's own contiguous
-    ``(W_q, W_k, W_v)`` ``[d_k, D]`` cut from ``W_qkv``, as if every head were its own small module."""
+    ``(W_q, W_k, W_v)`` ``[d_head, D]`` cut from ``W_qkv``, as if every head were its own small module."""
 
     n_heads: int
-    d_k: int
+    d_head: int
     W_qkv: Tensor
     W_o: Tensor
     per_head: list[tuple[Tensor, Tensor, Tensor]] = field(repr=False)
@@ -102,23 +102,23 @@ class HeadWeights:
 def head_weights(d_model: int, n_heads: int, *, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, generator: torch.Generator | None = None) -> HeadWeights:
     """Random weights for an ``n_heads``-head layer of width ``d_model`` (no biases)."""
-    d_k = check_head_count(d_model, n_heads)
+    d_head = check_head_count(d_model, n_heads)
     scale = d_model**-0.5  # keeps activations at unit scale
     W_qkv = torch.randn(3 * d_model, d_model, generator=generator) * scale  # rows: Q, K, V outputs
     W_o = torch.randn(d_model, d_model, generator=generator) * scale
     W_qkv, W_o = W_qkv.to(device=device, dtype=dtype), W_o.to(device=device, dtype=dtype)
-    blocks = [W.split(d_k) for W in W_qkv.split(d_model)]  # the Q, K and V rows, each H x [d_k, D]
+    blocks = [W.split(d_head) for W in W_qkv.split(d_model)]  # the Q, K and V rows, each H x [d_head, D]
     per_head = [tuple(W.contiguous() for W in qkv) for qkv in zip(*blocks)]  # H x (W_q, W_k, W_v)
-    return HeadWeights(n_heads, d_k, W_qkv, W_o, per_head)
+    return HeadWeights(n_heads, d_head, W_qkv, W_o, per_head)
 
 
 def batched_heads(x: Tensor, w: HeadWeights) -> Tensor:
     """A whole layer ``[B, T, D]`` -> ``[B, T, D]``, all heads at once: one projection, one attention call."""
     B, T, D = x.shape
     q, k, v = F.linear(x, w.W_qkv).split(D, dim=-1)  # 3 x [B, T, D]: every head's projection in one matmul
-    q, k, v = (t.view(B, T, w.n_heads, w.d_k).transpose(1, 2) for t in (q, k, v))  # [B, H, T, d_k]
-    heads = batched_attention(q, k, v)  # [B, H, T, d_k]: all heads in one call
-    return F.linear(heads.transpose(1, 2).reshape(B, T, D), w.W_o)  # [B, T, H, d_k] -> [B, T, D] -> W_O
+    q, k, v = (t.view(B, T, w.n_heads, w.d_head).transpose(1, 2) for t in (q, k, v))  # [B, H, T, d_head]
+    heads = batched_attention(q, k, v)  # [B, H, T, d_head]: all heads in one call
+    return F.linear(heads.transpose(1, 2).reshape(B, T, D), w.W_o)  # [B, T, H, d_head] -> [B, T, D] -> W_O
 
 
 def looped_heads(x: Tensor, w: HeadWeights) -> Tensor:
@@ -126,8 +126,8 @@ def looped_heads(x: Tensor, w: HeadWeights) -> Tensor:
     ``4 h`` small operations instead of a few large ones. ``[B, T, D]`` -> ``[B, T, D]``."""
     outputs = []
     for W_q, W_k, W_v in w.per_head:
-        q, k, v = (F.linear(x, W).unsqueeze(1) for W in (W_q, W_k, W_v))  # 3 x [B, 1, T, d_k]
-        outputs.append(F.scaled_dot_product_attention(q, k, v).squeeze(1))  # [B, T, d_k]: this head alone
+        q, k, v = (F.linear(x, W).unsqueeze(1) for W in (W_q, W_k, W_v))  # 3 x [B, 1, T, d_head]
+        outputs.append(F.scaled_dot_product_attention(q, k, v).squeeze(1))  # [B, T, d_head]: this head alone
     return F.linear(torch.cat(outputs, dim=-1), w.W_o)  # concat -> [B, T, D] -> W_O
 
 
@@ -160,7 +160,7 @@ class HeadTiming:
     """Median seconds per call of the batched and the looped version for one head count."""
 
     heads: int
-    d_k: int
+    d_head: int
     batched_s: float
     looped_s: float
     repeats: int
@@ -179,7 +179,7 @@ def time_heads(heads=(1, 8, 32, 64), *, part: str = "attention", d_model: int = 
                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                threads: int | None = 1) -> list[HeadTiming]:
     """Median times of all heads as one batched operation and as a Python loop over them, per head count
-    at one ``d_model``: the attention alone (``part="attention"``, from ``[B, H, T, d_k]`` q, k, v) or whole
+    at one ``d_model``: the attention alone (``part="attention"``, from ``[B, H, T, d_head]`` q, k, v) or whole
     layers (``"layer"``). Both are checked to agree first; ``threads``: torch's CPU threads while timing."""
     heads = tuple(heads)
     if part not in PARTS:
@@ -193,9 +193,9 @@ def time_heads(heads=(1, 8, 32, 64), *, part: str = "attention", d_model: int = 
     g = torch.Generator().manual_seed(0)
     versions = {}  # {h: (batched, looped)}: two functions computing the same tensor
     for h in heads:
-        d_k = check_head_count(d_model, h)
-        if part == "attention":  # 3 x [B, H, T, d_k], as the projections would hand them over
-            qkv = [torch.randn(batch, h, seq_len, d_k, generator=g).to(device, dtype) for _ in range(3)]
+        d_head = check_head_count(d_model, h)
+        if part == "attention":  # 3 x [B, H, T, d_head], as the projections would hand them over
+            qkv = [torch.randn(batch, h, seq_len, d_head, generator=g).to(device, dtype) for _ in range(3)]
             versions[h] = (partial(batched_attention, *qkv), partial(looped_attention, *qkv))
         else:
             x = torch.randn(batch, seq_len, d_model, generator=g).to(device, dtype)  # [B, T, D]

@@ -127,7 +127,7 @@ def plot_costs(table):
     series = (
         ("parameters (Q, K, V, O)", [r.parameters for r in table], "tab:blue"),
         ("KV cache per token per layer", [r.kv_cache for r in table], "tab:orange"),
-        ("d_k (width of each head)", [r.d_k for r in table], "tab:green"),
+        ("d_k (width of each head)", [r.d_head for r in table], "tab:green"),
     )
     for ax, (label, values, colour) in zip(axes[0], series):
         ax.plot(heads, values, "o-", color=colour)

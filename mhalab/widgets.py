@@ -57,7 +57,7 @@ class HeadExplorer:
             raise TypeError(f"expected a task Batch or a [batch, seq] tensor of token ids, got {type(batch).__name__}")
         # All the expensive work happens here, once.
         with eval_mode(model):
-            _, cache = run_with_cache(model, tokens, names="*.pattern")
+            _, cache = run_with_cache(model, tokens, names_filter="*.hook_pattern")
         attention = stack_attention(cache)  # [N, B, H, T, S]
         self.n_layers, B, self.n_heads, self.T, self.S = attention.shape
         self.n_examples = max(1, min(int(examples), B))

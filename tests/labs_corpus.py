@@ -270,7 +270,7 @@ def gqa_with_mhalab_attention_pooled(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads)
 
 # ------------------------------------------------------------------------------------ 05
 def _run_zeroing(model, tokens, layer, zero):
-    handle = model.blocks[layer].attn.z.register_forward_hook(lambda mod, inp, out: (zero(out), out)[1])
+    handle = model.blocks[layer].attn.hook_z.register_forward_hook(lambda mod, inp, out: (zero(out), out)[1])
     try:
         with torch.no_grad():
             return model(tokens)
@@ -285,7 +285,7 @@ def ablate_by_pattern(model, tokens, layer, head):  # zero the head's attention 
         pattern = pattern.clone()
         pattern[:, head] = 0
         return pattern
-    return run_with_hooks(model, tokens, hooks=[(f"blocks.{layer}.attn.pattern", off)]).detach().double()
+    return run_with_hooks(model, tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", off)]).detach().double()
 
 
 def ablate_register_hook(net, ids, which_layer, which_head):  # plain torch forward hook, other names, NumPy out
@@ -295,21 +295,21 @@ def ablate_register_hook(net, ids, which_layer, which_head):  # plain torch forw
 def ablate_in_place_with_block(model, tokens, layer, head):  # hooks_attached, a hook that edits z in place
     from mhalab.hooks import hooks_attached
 
-    def hook(z, name):
+    def hook(z, point):
         z[..., head, :] = 0
-    with hooks_attached(model, [(f"blocks.{layer}.attn.z", hook)]), torch.no_grad():
+    with hooks_attached(model, [(f"blocks.{layer}.attn.hook_z", hook)]), torch.no_grad():
         return model(tokens)
 
 
 def ablate_leaky(model, tokens, layer, head):
-    model.blocks[layer].attn.z.register_forward_hook(lambda mod, inp, out: out.index_fill(2, torch.tensor([head]), 0.0))
+    model.blocks[layer].attn.hook_z.register_forward_hook(lambda mod, inp, out: out.index_fill(2, torch.tensor([head]), 0.0))
     return model(tokens)
 
 
 def ablate_with_mhalab(model, tokens, layer, head):
     from mhalab.hooks import ablate_heads, run_with_hooks
 
-    return run_with_hooks(model, tokens, hooks=[(f"blocks.{layer}.attn.z", ablate_heads([head]))])
+    return run_with_hooks(model, tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate_heads([head]))])
 
 
 def ablate_with_ablation_module(model, tokens, layer, head):

@@ -11,7 +11,7 @@ from mhalab.tasks import Batch
 
 def no_hooks(model):
     """Nothing left attached: no hook point is active."""
-    return not any(point.active for point in hook_points(model).values())
+    return not any(point.is_hooked for point in hook_points(model).values())
 
 
 # ------------------------------------------------------------------------------ ablation
@@ -38,7 +38,7 @@ def test_zero_ablation_is_a_zero_gate_and_is_undone_exactly(model, batch):
         ablated = model(batch.inputs).detach()
     gates = torch.ones(2, 4)
     gates[0, 1] = gates[1, 3] = 0.0
-    gated = run_with_hooks(model, batch.inputs, hooks=[(f"blocks.{i}.attn.z", gate_heads(gates[i])) for i in range(2)])
+    gated = run_with_hooks(model, batch.inputs, fwd_hooks=[(f"blocks.{i}.attn.hook_z", gate_heads(gates[i])) for i in range(2)])
     torch.testing.assert_close(ablated, gated.detach())
     assert not torch.allclose(ablated, intact)
     assert torch.equal(model(batch.inputs), intact) and no_hooks(model)
@@ -81,7 +81,7 @@ def test_ablate_each_head(model, task, batch):
 # ---------------------------------------------------------------------------- importance
 def gated(model, inputs, gates):
     """The model with every head's output multiplied by ``gates[layer, head]``."""
-    return run_with_hooks(model, inputs, hooks=[(f"blocks.{i}.attn.z", gate_heads(g)) for i, g in enumerate(gates)])
+    return run_with_hooks(model, inputs, fwd_hooks=[(f"blocks.{i}.attn.hook_z", gate_heads(g)) for i, g in enumerate(gates)])
 
 
 def test_importance_is_the_gate_gradient(model, task):

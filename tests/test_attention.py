@@ -20,12 +20,12 @@ from mhalab.attention import (
     HeadProjections,
     KVCache,
     MultiHeadAttention,
-    causal_mask,
     check_head_count,
     scaled_dot_product_attention,
     valid_head_counts,
 )
 from mhalab.counting import count_parameters
+from mhalab.masks import causal_allowed_mask, causal_forbidden_mask
 
 TOL = 1e-5  # float32: max abs difference allowed against torch and between our two paths
 B, L, S, D, H = 2, 5, 7, 16, 4  # batch, query length, key length, d_model, heads (small: fast)
@@ -63,7 +63,7 @@ def rand(*shape, device="cpu"):
 
 def forbidden_causal(L_, S_=None, device="cpu"):
     """torch.nn.MultiheadAttention's causal bool mask: True where attention is forbidden."""
-    return ~causal_mask(L_, S_, device=device)
+    return causal_forbidden_mask(L_, S_, device=device)
 
 
 # --------------------------------------------------------------- basic maths
@@ -90,7 +90,7 @@ class TestScaledDotProductAttention:
 
     def test_rows_sum_to_one(self):
         q, k, v = rand(3, L, 8), rand(3, S, 8), rand(3, S, 8)
-        _, weights = scaled_dot_product_attention(q, k, v, mask=causal_mask(L, S))
+        _, weights = scaled_dot_product_attention(q, k, v, mask=causal_allowed_mask(L, S))
         assert_close(weights.sum(-1), torch.ones(3, L), what="row sums")
         assert (weights >= 0).all()
 
@@ -102,10 +102,11 @@ class TestScaledDotProductAttention:
         assert max_diff(out0, out1) > 1e-3, "dropout_p=0.5 left the output unchanged"
 
 
-def test_causal_mask_is_bottom_right_aligned():
-    assert torch.equal(causal_mask(3), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool))
+def test_causal_masks_are_bottom_right_aligned():
+    assert torch.equal(causal_allowed_mask(3), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool))
     # 2 new queries after 3 cached keys: they sit at positions 3 and 4
-    assert torch.equal(causal_mask(2, 5), torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool))
+    assert torch.equal(causal_allowed_mask(2, 5), torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool))
+    assert torch.equal(causal_forbidden_mask(2, 5), ~causal_allowed_mask(2, 5))
 
 
 def test_valid_head_counts():
@@ -154,7 +155,7 @@ class TestMatchesTorch:
             assert_close(out, ref, what=f"output with {sorted(kwargs)}")
             if need_weights:
                 assert_close(w, ref_w, what=f"weights with {sorted(kwargs)}")
-                assert (w[:, ~causal_mask(L, device=device)] == 0).all(), "a query attended to a later key"
+                assert (w[:, ~causal_allowed_mask(L, device=device)] == 0).all(), "a query attended to a later key"
 
     @pytest.mark.parametrize("kind", ["bool", "float"])
     @pytest.mark.parametrize("need_weights", [True, False])
@@ -277,6 +278,109 @@ def test_round_trip_through_torch():
     assert without_bias.in_proj_bias is None
 
 
+# ------------------------------------------- a drop-in for torch.nn.MultiheadAttention
+class TestDropIn:
+    """The same call as torch's module gives the same answer: defaults, positions, masks, dropout, layout."""
+
+    def test_the_defaults_are_torchs(self):
+        import inspect
+
+        ours = inspect.signature(MultiHeadAttention.forward).parameters
+        theirs = inspect.signature(nn.MultiheadAttention.forward).parameters
+        for name, p in theirs.items():
+            if name in ("key", "value"):  # required in torch; ours may omit both for self-attention
+                assert ours[name].default is None
+                continue
+            assert name in ours and ours[name].default == p.default, f"{name}: ours {ours[name]}, torch {p}"
+        assert list(ours)[: len(theirs)] == list(theirs), "the positional order differs from torch's"
+
+    def test_default_call_returns_averaged_weights_as_torch(self):
+        theirs, ours = pair()
+        x = rand(B, L, D)
+        (out, w), (ref, ref_w) = ours(x, x, x), theirs(x, x, x)
+        assert w is not None and w.shape == ref_w.shape == (B, L, L)
+        assert_close(out, ref)
+        assert_close(w, ref_w, what="weights")
+        assert_close(ours(x)[0], ref, what="self-attention with key and value omitted")
+
+    def test_every_argument_by_position(self):
+        theirs, ours = pair()
+        q, kv = rand(B, L, D), rand(B, S, D)
+        padding = torch.zeros(B, S, dtype=torch.bool)
+        padding[1, -2:] = True
+        forbidden = torch.rand(L, S) > 0.7
+        forbidden[:, 0] = False
+        for args in [(padding,), (padding, False), (None, True, forbidden), (padding, True, forbidden, False),
+                     (None, True, None, True, False)]:
+            out, w = ours(q, kv, kv, *args)
+            ref, ref_w = theirs(q, kv, kv, *args)
+            assert_close(out, ref, what=f"output for positional {len(args)} extra arguments")
+            assert (w is None) == (ref_w is None) and (w is None or w.shape == ref_w.shape)
+            if w is not None:
+                assert_close(w, ref_w, what=f"weights for positional {len(args)} extra arguments")
+
+    @pytest.mark.parametrize("need_weights", [True, False])
+    @pytest.mark.parametrize("mask", ["key_padding bool", "key_padding float", "attn bool", "attn float",
+                                      "attn 3-D bool", "causal"])
+    def test_each_mask_kind(self, mask, need_weights):
+        theirs, ours = pair()
+        x = rand(B, L, D)
+        padding = torch.zeros(B, L, dtype=torch.bool)
+        padding[0, -1] = True
+        forbidden = torch.rand(B * H, L, L) > 0.6
+        forbidden[..., 0] = False
+        kwargs = {
+            "key_padding bool": dict(key_padding_mask=padding),
+            "key_padding float": dict(key_padding_mask=torch.zeros(B, L).masked_fill(padding, float("-inf"))),
+            "attn bool": dict(attn_mask=forbidden[0]),
+            "attn float": dict(attn_mask=rand(L, L)),
+            "attn 3-D bool": dict(attn_mask=forbidden),
+            "causal": dict(attn_mask=forbidden_causal(L), is_causal=True),  # torch needs the mask beside the hint
+        }[mask]
+        out, w = ours(x, x, x, need_weights=need_weights, **kwargs)
+        ref, ref_w = theirs(x, x, x, need_weights=need_weights, **kwargs)
+        assert_close(out, ref)
+        if need_weights:
+            assert_close(w, ref_w, what="weights")
+
+    @pytest.mark.parametrize("need_weights", [True, False])
+    def test_dropout_in_training_mode_draws_as_torch_does(self, need_weights):
+        """Same seed, same dropout mask: torch drops the weights [B*H, L, S] in the same order as ours
+        [B, H, L, S], and returns them after dropout; with need_weights=False both hand dropout to the kernel."""
+        theirs, ours = pair(dropout=0.4)
+        theirs.train(), ours.train()
+        x = rand(B, L, D)
+        torch.manual_seed(3)
+        ref, ref_w = theirs(x, x, x, need_weights=need_weights, average_attn_weights=False)
+        torch.manual_seed(3)
+        out, w = ours(x, x, x, need_weights=need_weights, average_attn_weights=False)
+        assert_close(out, ref, what="training-mode output")
+        if need_weights:
+            assert_close(w, ref_w, what="weights after dropout")
+            assert (w == 0).float().mean() > 0.2, "the weights returned are not the dropped-out ones"
+            assert not torch.allclose(w.sum(-1), torch.ones(B, H, L)), "rows of dropped-out weights do not sum to 1"
+
+    def test_sequence_first_from_torch(self):
+        """batch_first=False: [T, B, D] in and out, weights still [B, L, S], as torch."""
+        theirs = nn.MultiheadAttention(D, H).eval()  # torch's default: sequence first
+        ours = MultiHeadAttention.from_torch(theirs).eval()
+        assert not ours.batch_first and "batch_first=False" in repr(ours)
+        q, kv = rand(L, B, D), rand(S, B, D)
+        padding = torch.zeros(B, S, dtype=torch.bool)
+        padding[1, -3:] = True
+        for args in [(q, kv, kv), (q, kv, kv, padding)]:
+            (out, w), (ref, ref_w) = ours(*args), theirs(*args)
+            assert out.shape == (L, B, D) and w.shape == (B, L, S)
+            assert_close(out, ref)
+            assert_close(w, ref_w, what="weights")
+        x = rand(L, B, D)
+        assert_close(ours(x, is_causal=True, need_weights=False)[0],
+                     theirs(x, x, x, attn_mask=forbidden_causal(L), is_causal=True)[0], what="causal, sequence first")
+        assert ours.to_torch().batch_first is False
+        with pytest.raises(ValueError, match=r"\[seq, batch, d_model\] \(batch_first=False\).*unsqueeze\(1\)"):
+            ours(rand(L, D))
+
+
 # ---------------------------------------------------- our two paths agree
 class TestPathsAgree:
     def test_every_option(self, device):
@@ -300,7 +404,7 @@ class TestPathsAgree:
     def test_self_attention_causal(self, device):
         _, ours = pair(device=device)
         x = rand(B, L, D, device=device)
-        assert_close(ours(x, is_causal=True)[0], ours(x, is_causal=True, need_weights=True)[0])
+        assert_close(ours(x, is_causal=True, need_weights=False)[0], ours(x, is_causal=True, need_weights=True)[0])
 
 
 # ------------------------------------------------------------- KV cache
@@ -358,7 +462,7 @@ class TestKVCache:
         ours(rand(B, 2, D), kv_cache=cache, is_causal=True)
         with pytest.raises(ValueError, match="is_causal=True"):
             ours(rand(B, 2, D), kv_cache=cache)  # two new tokens without causality
-        with pytest.raises(ValueError, match="batch, heads and d_k must match"):
+        with pytest.raises(ValueError, match="batch, heads and d_head must match"):
             ours(rand(B + 1, 1, D), kv_cache=cache)
         with pytest.raises(ValueError, match="self-attention"):
             ours(rand(B, 1, D), rand(B, S, D), rand(B, S, D), kv_cache=cache)
@@ -430,11 +534,11 @@ def test_every_valid_head_count(d_model, bias, data):
     x = torch.randn(batch, length, d_model)
     for n_heads in valid_head_counts(d_model):
         m = MultiHeadAttention(d_model, n_heads, bias=bias).eval()
-        assert m.d_k * n_heads == d_model
+        assert m.d_head * n_heads == d_model
         assert count_parameters(m) == 4 * d_model**2 + (4 * d_model if bias else 0)
         out, w = m(x, need_weights=True, average_attn_weights=False)
         assert out.shape == (batch, length, d_model) and w.shape == (batch, n_heads, length, length)
-        assert_close(m(x)[0], out, what=f"paths at d_model={d_model}, n_heads={n_heads}")
+        assert_close(m(x, need_weights=False)[0], out, what=f"paths at d_model={d_model}, n_heads={n_heads}")
     theirs = m.to_torch().eval()
     assert_close(out, theirs(x, x, x)[0], what=f"torch at d_model={d_model}, n_heads={n_heads}")
 
@@ -689,7 +793,7 @@ class TestHeadSize:
 
     def test_head_size_need_not_divide_anything(self):
         m = MultiHeadAttention(10, 3, d_head=7)
-        assert m.d_k == 7 and m(rand(1, 2, 10))[0].shape == (1, 2, 10)
+        assert m.d_head == 7 and m(rand(1, 2, 10))[0].shape == (1, 2, 10)
 
     def test_bad_head_size(self):
         with pytest.raises(ValueError, match="d_head must be at least 1"):
@@ -737,19 +841,23 @@ def test_cache_decoding_equals_the_full_causal_forward(options, need_weights):
     parts = [m(x[:, :3], kv_cache=cache, is_causal=True, need_weights=need_weights)[0]]
     parts += [m(x[:, t : t + 1], kv_cache=cache, need_weights=need_weights)[0] for t in range(3, 7)]
     assert_close(torch.cat(parts, dim=1), full)
-    assert cache.k.shape == (2, m.n_kv_heads, 7, m.d_k)
+    assert cache.k.shape == (2, m.n_kv_heads, 7, m.d_head)
 
 
 # ----------------------------------------------------------- edge cases, errors
-@pytest.mark.parametrize("bool_mask", [True, False])
-def test_a_query_that_sees_no_key_gets_zeros_on_both_paths(bool_mask):
+@pytest.mark.parametrize("how", ["float attn_mask", "key padding and attn_mask"])
+def test_a_query_that_sees_no_key_gets_zeros_on_both_paths(how):
     m = randomised(MultiHeadAttention(D, H, bias=False))
     x = rand(1, 3, D)
     forbidden = torch.zeros(3, 3, dtype=torch.bool)
     forbidden[1] = True  # query 1 may see nothing
-    mask = forbidden if bool_mask else torch.zeros(3, 3).masked_fill(forbidden, float("-inf"))
-    fused, _ = m(x, attn_mask=mask)
-    explicit, weights = m(x, attn_mask=mask, need_weights=True, average_attn_weights=False)
+    if how == "float attn_mask":  # (a bool mask forbidding a whole row is refused: it looks like True = may attend)
+        mask = dict(attn_mask=torch.zeros(3, 3).masked_fill(forbidden, float("-inf")))
+    else:  # key 2 is padding, query 1 is forbidden keys 0 and 1: together, all of them
+        mask = dict(key_padding_mask=torch.tensor([[False, False, True]]),
+                    attn_mask=torch.tensor([[False, False, False], [True, True, False], [False, False, False]]))
+    fused, _ = m(x, need_weights=False, **mask)
+    explicit, weights = m(x, need_weights=True, average_attn_weights=False, **mask)
     assert not explicit.isnan().any() and not fused.isnan().any()
     assert_close(explicit, fused)
     assert weights[0, :, 1].abs().max() == 0 and torch.allclose(weights[0, :, 0].sum(-1), torch.ones(H))
@@ -768,3 +876,39 @@ def test_float64_input_to_a_float32_module_says_what_to_do():
     m = MultiHeadAttention(D, H)
     with pytest.raises(TypeError, match=r"query is torch.float64 but this module's weights are torch.float32: convert the input with .to\(torch.float32\)"):
         m(rand(1, 3, D).double())
+
+
+# ------------------------------------------- the KV cache grows without copying everything
+def test_the_kv_cache_copies_each_token_once_and_reallocates_rarely():
+    """Decoding 200 tokens one at a time: storage doubles (a handful of reallocations), not 200 concatenations."""
+    cache, capacities = KVCache(), []
+    k = torch.randn(1, 2, 200, 4)
+    for t in range(200):
+        got_k, got_v = cache.append(k[:, :, t : t + 1], -k[:, :, t : t + 1])
+        capacities.append(cache.capacity)
+    assert torch.equal(got_k, k) and torch.equal(got_v, -k) and len(cache) == 200
+    assert len(set(capacities)) <= 6, f"reallocated {len(set(capacities))} times: {sorted(set(capacities))}"
+    assert cache.values_per_token == 2 * 2 * 4 and cache.bytes_per_token == 2 * 2 * 4 * 4
+
+
+def test_a_kv_cache_with_max_len_allocates_once_and_refuses_more():
+    cache = KVCache(max_len=5)
+    cache.append(torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4))
+    assert cache.capacity == 5 and cache.k.shape == (1, 1, 2, 4)
+    cache.append(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4))
+    with pytest.raises(ValueError, match="at most max_len=5 positions"):
+        cache.append(torch.randn(1, 1, 1, 4), torch.randn(1, 1, 1, 4))
+    assert len(cache) == 5
+    with pytest.raises(ValueError, match="max_len must be at least 1"):
+        KVCache(max_len=0)
+
+
+def test_rotary_tables_are_made_once_and_grown_on_demand():
+    from mhalab.positions import apply_rotary, rotary_tables
+
+    first = rotary_tables(10, 8, 1234.5, "cpu")
+    assert rotary_tables(7, 8, 1234.5, "cpu")[0] is first[0], "a shorter request recomputed the table"
+    longer = rotary_tables(first[0].size(0) + 1, 8, 1234.5, "cpu")
+    assert longer[0].size(0) >= 2 * first[0].size(0) and torch.equal(longer[0][:10], first[0][:10])
+    x = rand(2, 3, 6, 8)
+    assert torch.equal(apply_rotary(x, 4, 1234.5), apply_rotary(x, torch.arange(4, 10), 1234.5))

@@ -35,7 +35,7 @@ def table():
 
 def test_every_row_is_the_same_at_d_model_512(table):
     assert [row.heads for row in table] == [1, 8, 32, 64]
-    assert [row.d_k for row in table] == [512, 64, 16, 8]
+    assert [row.d_head for row in table] == [512, 64, 16, 8]
     for row in table:
         assert row.parameters == row.parameters_formula == 1_048_576 == 4 * 512**2
         assert row.kv_cache == row.kv_cache_formula == 1_024 == 2 * 512
@@ -66,7 +66,7 @@ def test_formula_matches_a_real_module(d_model, n_heads, bias):
     formula = attention_parameters(d_model, n_heads, bias=bias)
     module = MultiHeadAttention(d_model, n_heads, bias=bias)
     assert formula.total == count_parameters(module) == count_parameters(module.to_torch())
-    assert formula.d_k * n_heads == d_model
+    assert formula.d_head * n_heads == d_model
     # per projection: Q, K, V are the three thirds of qkv_proj, O is out_proj
     assert formula.qkv == count_parameters(module.qkv_proj)
     assert formula.o == count_parameters(module.out_proj)

@@ -34,7 +34,7 @@ def test_mechanism_shapes_are_read_off_a_forward(n_kv_heads):
         "Q heads": (2, 4, 5, 6), "K heads": (2, G, 5, 6), "V heads": (2, G, 5, 6),
         "pattern": (2, 4, 5, 5), "z": (2, 5, 4, 6), "concat": (2, 5, 24), "out": (2, 5, 16),
     }
-    assert not any(p.active for p in hook_points(m).values())   # every hook removed afterwards
+    assert not any(p.is_hooked for p in hook_points(m).values())   # every hook removed afterwards
     fig = plot_mechanism(shapes)
     texts = _texts(fig)
     assert "[2, 4, 5, 5]" in texts and f"[2, {G}, 5, 6]" in texts and "[2, 5, 24]" in texts
@@ -52,6 +52,6 @@ def test_plot_block_reads_the_models_shapes():
     for name in ("blocks.0.attn", "blocks.1.attn", "blocks.1.mlp", "learned positions", "block 1"):
         assert name in texts, name
     assert "[3, 6, 11]" in texts and "[6, 8]" in texts      # logits [B, T, V]; the position table [T, D]
-    assert not any(p.active for p in hook_points(model).values())
+    assert not any(p.is_hooked for p in hook_points(model).values())
     with pytest.raises(TypeError, match="Transformer"):
         plot_block(MultiHeadAttention(8, 2), torch.zeros(1, 2, dtype=torch.long))

@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from mhalab.attention import MultiHeadAttention
+from mhalab.attention import KVCache, MultiHeadAttention
 from mhalab.hooks import (
-    ablate_heads, attention_modules, gate_heads, hook_points, hooks_attached, run_with_cache, run_with_hooks,
+    ActivationCache, ablate_heads, attention_modules, gate_heads, get_act_name, hook_points, hooks_attached, patch_heads,
+    run_with_cache, run_with_hooks,
 )
 
 D, H = 16, 4
@@ -25,7 +26,7 @@ class TwoLayers(nn.Module):
 
     def forward(self, x, is_causal=False):
         for block in self.blocks:
-            x = x + block.attn(x, is_causal=is_causal)[0]
+            x = x + block.attn(x, is_causal=is_causal, need_weights=False)[0]
         return x
 
 
@@ -35,10 +36,14 @@ def model():
     return TwoLayers().eval()
 
 
+ATTN_POINTS = ["hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z"]
+
+
 def test_names_follow_the_model(model):
-    assert list(hook_points(model)) == [
-        "blocks.0.attn.pattern", "blocks.0.attn.z", "blocks.1.attn.pattern", "blocks.1.attn.z"
-    ]
+    points = hook_points(model)
+    assert list(points) == [f"blocks.{i}.attn.{p}" for i in range(2) for p in ATTN_POINTS]
+    assert all(point.name == name for name, point in points.items())  # each point knows its full name
+    assert points["blocks.1.attn.hook_q"].layer() == 1
     assert list(attention_modules(model)) == ["blocks.0.attn", "blocks.1.attn"]
 
 
@@ -49,35 +54,37 @@ def test_cache_holds_what_need_weights_returns(model, is_causal):
     torch.testing.assert_close(out, model(x, is_causal=is_causal))  # caching changes nothing (explicit path = fused, to rounding)
     attn = model.blocks[0].attn
     _, weights = attn(x, is_causal=is_causal, need_weights=True, average_attn_weights=False)
-    torch.testing.assert_close(cache["blocks.0.attn.pattern"], weights)
-    assert cache["blocks.0.attn.z"].shape == (2, 5, H, D // H)  # [B, L, H, dk]
+    torch.testing.assert_close(cache["blocks.0.attn.hook_pattern"], weights)
+    assert cache["blocks.0.attn.hook_z"].shape == (2, 5, H, D // H)  # [B, L, H, dk]
     if is_causal:
-        assert cache["blocks.0.attn.pattern"].triu(1).abs().max() == 0  # no weight on later keys
+        assert cache["blocks.0.attn.hook_pattern"].triu(1).abs().max() == 0  # no weight on later keys
 
 
 def test_z_is_the_input_of_w_o(model):
     x = torch.randn(2, 5, D)
-    _, cache = run_with_cache(model, x, names="blocks.0.attn.z")
-    assert list(cache) == ["blocks.0.attn.z"]
+    _, cache = run_with_cache(model, x, names_filter="blocks.0.attn.hook_z")
+    assert list(cache) == ["blocks.0.attn.hook_z"]
     attn = model.blocks[0].attn
-    z = cache["blocks.0.attn.z"]
+    z = cache["blocks.0.attn.hook_z"]
     torch.testing.assert_close(attn.out_proj(z.flatten(2)), attn(x)[0])
 
 
 def test_glob_and_predicate_pick_names(model):
     x = torch.randn(1, 3, D)
-    assert list(run_with_cache(model, x, names="*.pattern")[1]) == ["blocks.0.attn.pattern", "blocks.1.attn.pattern"]
-    assert list(run_with_cache(model, x, names=lambda n: n.startswith("blocks.1"))[1]) == ["blocks.1.attn.pattern", "blocks.1.attn.z"]
+    assert list(run_with_cache(model, x, names_filter="*.hook_pattern")[1]) == ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
+    assert list(run_with_cache(model, x, names_filter=lambda n: n.startswith("blocks.1"))[1]) == [f"blocks.1.attn.{p}" for p in ATTN_POINTS]
+    assert list(run_with_cache(model, x, names_filter=["blocks.1.attn.hook_z", "blocks.0.attn.hook_k"])[1]) == [
+        "blocks.1.attn.hook_z", "blocks.0.attn.hook_k"]  # in the order asked
 
 
 def test_unknown_name_is_refused_with_the_names_there_are(model):
-    with pytest.raises(KeyError, match="blocks.0.attn.pattern"):
-        run_with_cache(model, torch.randn(1, 3, D), names="blocks.0.attention.pattern")
+    with pytest.raises(KeyError, match=r"blocks.\{i\}.attn.hook_pattern \(i = 0..1\)"):
+        run_with_cache(model, torch.randn(1, 3, D), names_filter="blocks.0.attention.hook_pattern")
 
 
 def test_ablating_a_head_equals_removing_its_w_o_slice(model):
     x = torch.randn(2, 5, D)
-    ablated = run_with_hooks(model, x, hooks=[("blocks.1.attn.z", ablate_heads([3]))])
+    ablated = run_with_hooks(model, x, fwd_hooks=[("blocks.1.attn.hook_z", ablate_heads([3]))])
     dk = D // H
     with torch.no_grad():
         model.blocks[1].attn.out_proj.weight[:, 3 * dk : 4 * dk] = 0
@@ -87,8 +94,8 @@ def test_ablating_a_head_equals_removing_its_w_o_slice(model):
 def test_mean_ablation_writes_the_means(model):
     x = torch.randn(2, 5, D)
     means = torch.randn(H, D // H)
-    _, cache = run_with_cache(model, x, names="blocks.0.attn.z", hooks=[("blocks.0.attn.z", ablate_heads([0, 2], means))])
-    z = cache["blocks.0.attn.z"]
+    _, cache = run_with_cache(model, x, names_filter="blocks.0.attn.hook_z", fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads([0, 2], means))])
+    z = cache["blocks.0.attn.hook_z"]
     assert torch.equal(z[:, :, 0], means[0].expand(2, 5, -1)) and torch.equal(z[:, :, 2], means[2].expand(2, 5, -1))
 
 
@@ -96,8 +103,8 @@ def test_a_hook_can_replace_the_pattern(model):
     """Uniform attention over the keys: the output is then the mean of the values."""
     x = torch.randn(1, 4, D)
     attn = model.blocks[0].attn
-    uniform = lambda pattern, name: torch.full_like(pattern, 1 / pattern.size(-1))  # noqa: E731
-    with hooks_attached(attn, [("pattern", uniform)]):
+    uniform = lambda pattern, hook: torch.full_like(pattern, 1 / pattern.size(-1))  # noqa: E731
+    with hooks_attached(attn, [("hook_pattern", uniform)]):
         out, _ = attn(x)
     v = torch.nn.functional.linear(x, *[p.split(D)[2] for p in (attn.qkv_proj.weight, attn.qkv_proj.bias)])
     expected = attn.out_proj(v.mean(dim=1, keepdim=True).expand(-1, 4, -1))
@@ -105,43 +112,58 @@ def test_a_hook_can_replace_the_pattern(model):
 
 
 def test_hooks_are_removed_after_an_error(model):
-    def broken(activation, name):
+    def broken(activation, hook):
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
-        run_with_hooks(model, torch.randn(1, 3, D), hooks=[("*.z", broken)])
-    assert not any(point.active for point in hook_points(model).values())
+        run_with_hooks(model, torch.randn(1, 3, D), fwd_hooks=[("*.hook_z", broken)])
+    assert not any(point.is_hooked for point in hook_points(model).values())
 
 
 def test_a_hook_must_keep_the_shape(model):
     with pytest.raises(ValueError, match="returned shape"):
-        run_with_hooks(model, torch.randn(1, 3, D), hooks=[("blocks.0.attn.z", lambda z, n: z[:, :1])])
+        run_with_hooks(model, torch.randn(1, 3, D), fwd_hooks=[("blocks.0.attn.hook_z", lambda z, hook: z[:, :1])])
 
 
 def test_ablating_a_head_that_does_not_exist(model):
     with pytest.raises(IndexError, match="heads 0..3"):
-        run_with_hooks(model, torch.randn(1, 3, D), hooks=[("blocks.0.attn.z", ablate_heads([4]))])
+        run_with_hooks(model, torch.randn(1, 3, D), fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads([4]))])
 
 
-def test_without_hooks_the_fused_path_runs(model, monkeypatch):
-    """No hook and no need_weights: the explicit path (attention_weights) is never called."""
+def count_fused_calls(monkeypatch):
+    """Count calls of F.scaled_dot_product_attention (the fused kernel) as mhalab.attention makes them."""
     import mhalab.attention as attention
 
     calls = []
-    original = attention.attention_weights
-    monkeypatch.setattr(attention, "attention_weights", lambda *a, **k: calls.append(1) or original(*a, **k))
-    model(torch.randn(1, 3, D))
-    assert calls == []
-    run_with_cache(model, torch.randn(1, 3, D), names="*.pattern")
+    original = attention.F.scaled_dot_product_attention
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or original(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("options", [{}, {"n_kv_heads": 2, "rope_base": 100.0}])
+def test_the_fused_path_runs_unless_scores_or_pattern_are_wanted(model, monkeypatch, options):
+    """No hook, or hooks on q/k/v/z only: the fused kernel. A hook on the scores or pattern: the explicit maths."""
+    torch.manual_seed(0)
+    model = TwoLayers(**options).eval()
+    calls = count_fused_calls(monkeypatch)
+    x = torch.randn(1, 3, D)
+    plain = model(x)
     assert len(calls) == 2
+    qkvz = [p for p in hook_points(model) if p.rsplit(".", 1)[1] in ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_z")]
+    _, cache = run_with_cache(model, x, names_filter=qkvz)
+    assert len(calls) == 4 and list(cache) == qkvz
+    for point in ("*.hook_pattern", "*.hook_attn_scores"):
+        out, _ = run_with_cache(model, x, names_filter=point)
+        assert len(calls) == 4, f"caching {point} must take the explicit path"
+        torch.testing.assert_close(out, plain)
 
 
 def test_gqa_pattern_has_one_map_per_query_head():
     torch.manual_seed(0)
     model = TwoLayers(n_kv_heads=2, rope_base=10000.0).eval()
     _, cache = run_with_cache(model, torch.randn(1, 6, D), is_causal=True)
-    assert cache["blocks.0.attn.pattern"].shape == (1, H, 6, 6)
-    assert cache["blocks.0.attn.z"].shape == (1, 6, H, D // H)
+    assert cache["blocks.0.attn.hook_pattern"].shape == (1, H, 6, 6)
+    assert cache["blocks.0.attn.hook_z"].shape == (1, 6, H, D // H)
 
 
 @pytest.mark.parametrize("need_weights", [False, True])
@@ -151,26 +173,26 @@ def test_per_example_gates_switch_a_head_off_in_one_sequence_only(model, need_we
     x = torch.randn(2, 5, D)
     gates = torch.ones(2, H)
     gates[0, 0] = gates[1, 3] = 0.0
-    with hooks_attached(attn, [("z", gate_heads(gates))]):
+    with hooks_attached(attn, [("hook_z", gate_heads(gates))]):
         gated, _ = attn(x, need_weights=need_weights)
     for b, head in ((0, 0), (1, 3)):
-        expected = run_with_hooks(attn, x, hooks=[("z", ablate_heads([head]))])[0]
+        expected = run_with_hooks(attn, x, fwd_hooks=[("hook_z", ablate_heads([head]))])[0]
         torch.testing.assert_close(gated[b], expected[b])
 
 
 def test_gates_scale_heads_and_check_their_shape(model):
     attn = MultiHeadAttention(D, H, bias=False)
     x = torch.randn(2, 3, D)
-    doubled = run_with_hooks(attn, x, hooks=[("z", gate_heads(torch.full((H,), 2.0)))])[0]
+    doubled = run_with_hooks(attn, x, fwd_hooks=[("hook_z", gate_heads(torch.full((H,), 2.0)))])[0]
     torch.testing.assert_close(doubled, 2 * attn(x)[0])
-    with pytest.raises(ValueError, match=r"gates for z must be \[n_heads\] = \[4\] or \[batch, n_heads\] = \[2, 4\]"):
-        run_with_hooks(attn, x, hooks=[("z", gate_heads(torch.ones(3, H)))])
+    with pytest.raises(ValueError, match=r"gates for hook_z must be \[n_heads\] = \[4\] or \[batch, n_heads\] = \[2, 4\]"):
+        run_with_hooks(attn, x, fwd_hooks=[("hook_z", gate_heads(torch.ones(3, H)))])
 
 
 def test_gate_gradients_reach_the_gates(model):
     """What head importance needs: dL/d gate through the hook, one number per head."""
     gates = torch.ones(H, requires_grad=True)
-    out = run_with_hooks(model, torch.randn(2, 5, D), hooks=[("blocks.1.attn.z", gate_heads(gates))])
+    out = run_with_hooks(model, torch.randn(2, 5, D), fwd_hooks=[("blocks.1.attn.hook_z", gate_heads(gates))])
     (grad,) = torch.autograd.grad(out.square().sum(), gates)
     assert grad.shape == (H,) and (grad != 0).all()
 
@@ -178,10 +200,10 @@ def test_gate_gradients_reach_the_gates(model):
 def test_per_position_means(model):
     x = torch.randn(2, 5, D)
     means = torch.randn(5, H, D // H)  # [L, H, dk]
-    _, cache = run_with_cache(model, x, names="blocks.0.attn.z", hooks=[("blocks.0.attn.z", ablate_heads([1], means))])
-    assert torch.equal(cache["blocks.0.attn.z"][:, :, 1], means[:, 1].expand(2, -1, -1))
+    _, cache = run_with_cache(model, x, names_filter="blocks.0.attn.hook_z", fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads([1], means))])
+    assert torch.equal(cache["blocks.0.attn.hook_z"][:, :, 1], means[:, 1].expand(2, -1, -1))
     with pytest.raises(ValueError, match="same length"):
-        run_with_hooks(model, torch.randn(2, 4, D), hooks=[("blocks.0.attn.z", ablate_heads([1], means))])
+        run_with_hooks(model, torch.randn(2, 4, D), fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads([1], means))])
 
 
 def test_pattern_hooks_fire_once_per_attention_call_in_order():
@@ -192,18 +214,181 @@ def test_pattern_hooks_fire_once_per_attention_call_in_order():
     model = EncoderDecoder(ModelConfig(vocab_size=10, d_model=16, n_heads=4, n_layers=2)).eval()
     src, tgt = torch.randint(0, 10, (2, 7)), torch.randint(0, 10, (2, 5))
     calls = []
-    with hooks_attached(model, [("*.pattern", lambda pattern, name: calls.append((name, tuple(pattern.shape))))]):
+    with hooks_attached(model, [("*.hook_pattern", lambda pattern, hook: calls.append((hook.name, tuple(pattern.shape))))]):
         model(src, tgt)
         assert calls == [
-            ("encoder.0.attn.pattern", (2, H, 7, 7)), ("encoder.1.attn.pattern", (2, H, 7, 7)),
-            ("decoder.0.self_attn.pattern", (2, H, 5, 5)), ("decoder.0.cross_attn.pattern", (2, H, 5, 7)),
-            ("decoder.1.self_attn.pattern", (2, H, 5, 5)), ("decoder.1.cross_attn.pattern", (2, H, 5, 7)),
+            ("encoder.0.attn.hook_pattern", (2, H, 7, 7)), ("encoder.1.attn.hook_pattern", (2, H, 7, 7)),
+            ("decoder.0.self_attn.hook_pattern", (2, H, 5, 5)), ("decoder.0.cross_attn.hook_pattern", (2, H, 5, 7)),
+            ("decoder.1.self_attn.hook_pattern", (2, H, 5, 5)), ("decoder.1.cross_attn.hook_pattern", (2, H, 5, 7)),
         ]
         calls.clear()
         model.generate(src[:1], 3, bos_id=0)  # the encoder once, then the decoder once per new token
-    assert [name for name, _ in calls[:2]] == ["encoder.0.attn.pattern", "encoder.1.attn.pattern"]
+    assert [name for name, _ in calls[:2]] == ["encoder.0.attn.hook_pattern", "encoder.1.attn.hook_pattern"]
     decoder = calls[2:]
     assert len(decoder) == 3 * 4 and all(shape[2] == 1 for _, shape in decoder)  # one query per step
-    assert [shape[3] for name, shape in decoder if name == "decoder.0.self_attn.pattern"] == [1, 2, 3]  # the cache grows
+    assert [shape[3] for name, shape in decoder if name == "decoder.0.self_attn.hook_pattern"] == [1, 2, 3]  # the cache grows
     model(src, tgt)
     assert len(calls) == 14  # the hooks are gone after the with block
+
+
+# ------------------------------------------------------------- every attention point's shape
+def shapes_of(module, *args, **kwargs):
+    _, cache = run_with_cache(module, *args, **kwargs)
+    return {name: tuple(t.shape) for name, t in cache.items()}
+
+
+@pytest.mark.parametrize("options, G, dk", [
+    ({}, H, D // H),  # the paper's multi-head attention
+    ({"n_kv_heads": 2}, 2, D // H),  # grouped-query: hook_k/hook_v carry only the K/V heads
+    ({"n_kv_heads": 1, "d_head": 6}, 1, 6),  # multi-query, d_head != d_model / n_heads
+    ({"rope_base": 100.0, "n_kv_heads": 2}, 2, D // H),  # rotary: hook_rot_q/hook_rot_k too
+])
+def test_each_attention_point_has_its_documented_shape(options, G, dk):
+    B, L = 2, 5
+    attn = MultiHeadAttention(D, H, **options).eval()
+    expected = {"hook_q": (B, L, H, dk), "hook_k": (B, L, G, dk), "hook_v": (B, L, G, dk),
+                "hook_attn_scores": (B, H, L, L), "hook_pattern": (B, H, L, L), "hook_z": (B, L, H, dk)}
+    if "rope_base" in options:
+        expected.update(hook_rot_q=(B, L, H, dk), hook_rot_k=(B, L, G, dk))
+    got = shapes_of(attn, torch.randn(B, L, D), is_causal=True, need_weights=False)
+    assert got == {name: expected[name] for name in got} and set(got) == set(expected)
+
+
+def test_cross_attention_points_have_key_positions_of_the_memory():
+    B, L, S = 2, 3, 7
+    attn = MultiHeadAttention(D, H, n_kv_heads=2).eval()
+    memory = torch.randn(B, S, D)
+    got = shapes_of(attn, torch.randn(B, L, D), memory, memory, need_weights=False)
+    assert got == {"hook_q": (B, L, H, 4), "hook_k": (B, S, 2, 4), "hook_v": (B, S, 2, 4),
+                   "hook_attn_scores": (B, H, L, S), "hook_pattern": (B, H, L, S), "hook_z": (B, L, H, 4)}
+
+
+def test_with_a_kv_cache_qkv_are_the_new_positions_and_the_pattern_covers_every_key():
+    attn = MultiHeadAttention(D, H, n_kv_heads=2, rope_base=100.0).eval()
+    cache, x = KVCache(), torch.randn(1, 6, D)
+    attn(x[:, :4], kv_cache=cache, is_causal=True, need_weights=False)
+    got = shapes_of(attn, x[:, 4:5], kv_cache=cache, need_weights=False)
+    assert got == {"hook_q": (1, 1, H, 4), "hook_k": (1, 1, 2, 4), "hook_v": (1, 1, 2, 4), "hook_rot_q": (1, 1, H, 4),
+                   "hook_rot_k": (1, 1, 2, 4), "hook_attn_scores": (1, H, 1, 5), "hook_pattern": (1, H, 1, 5),
+                   "hook_z": (1, 1, H, 4)}
+
+
+def test_points_hold_what_their_names_say():
+    """q, k, v are the projections; rotary acts between hook_k and hook_rot_k; the scores are QKᵀ/√dk with
+    -inf where masked; the pattern is their softmax; z times W_O is the output."""
+    from mhalab.positions import apply_rotary
+
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(D, H, n_kv_heads=2, rope_base=100.0).eval()
+    x = torch.randn(2, 5, D)
+    (out, _), cache = run_with_cache(attn, x, is_causal=True, need_weights=False)
+    q, k, v = attn.qkv_proj(x).split((H * 4, 2 * 4, 2 * 4), dim=-1)
+    torch.testing.assert_close(cache["hook_q"], q.view(2, 5, H, 4))
+    torch.testing.assert_close(cache["hook_v"], v.view(2, 5, 2, 4))
+    rot_k = apply_rotary(cache["hook_k"].transpose(1, 2), 0, 100.0).transpose(1, 2)  # rotary on [B, G, T, dk]
+    torch.testing.assert_close(cache["hook_rot_k"], rot_k)
+    q_heads, k_heads = cache["hook_rot_q"].transpose(1, 2), cache["hook_rot_k"].transpose(1, 2).repeat_interleave(2, dim=1)
+    scores = q_heads @ k_heads.transpose(-2, -1) / 2.0  # sqrt(d_head) = 2
+    future = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    assert torch.isneginf(cache["hook_attn_scores"][..., future]).all()
+    torch.testing.assert_close(cache["hook_attn_scores"][..., ~future], scores[..., ~future])
+    torch.testing.assert_close(cache["hook_pattern"], cache["hook_attn_scores"].softmax(-1))
+    torch.testing.assert_close(attn.out_proj(cache["hook_z"].flatten(2)), out)
+
+
+def test_a_hook_on_the_scores_changes_the_pattern():
+    attn = MultiHeadAttention(D, H).eval()
+    flat = lambda scores, hook: torch.zeros_like(scores)  # noqa: E731
+    _, cache = run_with_cache(attn, torch.randn(1, 4, D), names_filter="hook_pattern", fwd_hooks=[("hook_attn_scores", flat)])
+    torch.testing.assert_close(cache["hook_pattern"], torch.full((1, H, 4, 4), 0.25))
+
+
+# ------------------------------------------------------------------------ the cache's keys
+@pytest.fixture
+def toy():
+    from mhalab.models import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(vocab_size=11, d_model=D, n_heads=H, n_layers=2, causal=True)).eval()
+
+
+def test_cache_reads_by_full_name_and_by_short_name_and_layer(toy):
+    tokens = torch.randint(0, 11, (2, 6))
+    _, cache = run_with_cache(toy, tokens)
+    assert isinstance(cache, ActivationCache)
+    for short, layer, full in [("pattern", 0, "blocks.0.attn.hook_pattern"), ("q", 1, "blocks.1.attn.hook_q"),
+                               ("attn_scores", 1, "blocks.1.attn.hook_attn_scores"), ("z", -1, "blocks.1.attn.hook_z"),
+                               ("k", -2, "blocks.0.attn.hook_k")]:
+        assert cache[short, layer] is cache[full]
+        assert (short, layer) in cache
+    assert get_act_name("resid_pre", 3) == "blocks.3.hook_resid_pre" and get_act_name("embed") == "hook_embed"
+    assert get_act_name("attn_out", 0) == "blocks.0.hook_attn_out" and get_act_name("pattern2") == "blocks.2.attn.hook_pattern"
+    assert get_act_name("blocks.0.attn.hook_v") == "blocks.0.attn.hook_v"
+
+
+def test_unknown_names_are_refused_with_what_exists(toy):
+    tokens = torch.randint(0, 11, (1, 4))
+    _, cache = run_with_cache(toy, tokens, names_filter="*.hook_pattern")
+    with pytest.raises(KeyError, match=r"blocks.0.attn.hook_q.*holds 2: blocks.\{i\}.attn.hook_pattern \(i = 0..1\)"):
+        cache["q", 0]
+    with pytest.raises(KeyError, match=r"no hook point of Transformer matches 'blocks.0.attn.pattern'.*blocks.\{i\}.attn.hook_pattern"):
+        run_with_cache(toy, tokens, names_filter="blocks.0.attn.pattern")
+    with pytest.raises(KeyError, match="blocks.3.attn.hook_z"):
+        run_with_hooks(toy, tokens, fwd_hooks=[("blocks.3.attn.hook_z", ablate_heads([0]))])
+    with pytest.raises(TypeError, match=r"\('pattern', 0\)"):
+        cache[0]
+
+
+def test_an_encoder_decoder_refuses_short_keys_and_names_its_points():
+    """cache["pattern", 0] means blocks.0.attn.hook_pattern; an EncoderDecoder has three layer-0 attentions."""
+    from mhalab.models import EncoderDecoder, ModelConfig
+
+    model = EncoderDecoder(ModelConfig(vocab_size=10, d_model=D, n_heads=H, n_layers=2)).eval()
+    _, cache = run_with_cache(model, torch.randint(0, 10, (1, 5)), torch.randint(0, 10, (1, 3)), names_filter="*.hook_pattern")
+    with pytest.raises(KeyError, match=r"hook_pattern points at that layer are encoder.0.attn.hook_pattern, "
+                                       r"decoder.0.self_attn.hook_pattern, decoder.0.cross_attn.hook_pattern"):
+        cache["pattern", 0]
+
+
+# ---------------------------------------------------------------------------- patching
+def test_patching_one_heads_keys_changes_the_pattern_of_that_head_only(toy):
+    """The field's basic experiment: copy head 2's keys in layer 1 from a clean run into a corrupted one."""
+    clean, corrupted = torch.randint(0, 11, (2, 8)), torch.randint(0, 11, (2, 8))
+    _, clean_cache = run_with_cache(toy, clean)
+    _, corrupt_cache = run_with_cache(toy, corrupted, names_filter="*.hook_pattern")
+    _, patched = run_with_cache(toy, corrupted, names_filter="*.hook_pattern",
+                                fwd_hooks=[("blocks.1.attn.hook_k", patch_heads(clean_cache, [2]))])
+    before, after = corrupt_cache["pattern", 1], patched["pattern", 1]
+    for head in range(H):
+        changed = (after[:, head] - before[:, head]).abs().max().item()
+        assert (changed > 1e-3) if head == 2 else (changed == 0.0), f"head {head} changed by {changed:.3g}"
+    assert torch.equal(patched["pattern", 0], corrupt_cache["pattern", 0])  # an earlier layer: untouched
+
+
+def test_patching_z_copies_the_clean_heads_and_only_them(toy):
+    clean, corrupted = torch.randint(0, 11, (2, 8)), torch.randint(0, 11, (2, 8))
+    _, clean_cache = run_with_cache(toy, clean, names_filter="*.hook_z")
+    _, corrupt_cache = run_with_cache(toy, corrupted, names_filter="*.hook_z")
+    _, patched = run_with_cache(toy, corrupted, names_filter="*.hook_z",
+                                fwd_hooks=[("blocks.1.attn.hook_z", patch_heads(clean_cache, [0, 3]))])
+    z = patched["z", 1]
+    assert torch.equal(z[:, :, [0, 3]], clean_cache["z", 1][:, :, [0, 3]])
+    assert torch.equal(z[:, :, [1, 2]], corrupt_cache["z", 1][:, :, [1, 2]])
+    assert not torch.equal(z, corrupt_cache["z", 1])
+
+
+def test_patch_heads_on_a_pattern_tensor_and_its_errors():
+    attn = MultiHeadAttention(D, H, n_kv_heads=2).eval()
+    x, y = torch.randn(1, 4, D), torch.randn(1, 4, D)
+    _, clean = run_with_cache(attn, x, names_filter=["hook_pattern", "hook_k"])
+    _, patched = run_with_cache(attn, y, names_filter="hook_pattern", fwd_hooks=[("hook_pattern", patch_heads(clean["hook_pattern"], [1]))])
+    assert torch.equal(patched["hook_pattern"][:, 1], clean["hook_pattern"][:, 1])
+    # GQA: hook_k has 2 K/V heads; K/V head 1 serves query heads 2 and 3.
+    _, plain = run_with_cache(attn, y, names_filter="hook_pattern")
+    _, patched = run_with_cache(attn, y, names_filter="hook_pattern", fwd_hooks=[("hook_k", patch_heads(clean, [1]))])
+    changed = (patched["hook_pattern"] - plain["hook_pattern"]).abs().amax(dim=(0, 2, 3))
+    assert changed[:2].max() == 0 and changed[2:].min() > 1e-4
+    with pytest.raises(IndexError, match="hook_k has heads 0..1"):
+        run_with_hooks(attn, y, fwd_hooks=[("hook_k", patch_heads(clean, [2]))])
+    with pytest.raises(ValueError, match="same shape"):
+        run_with_hooks(attn, torch.randn(1, 5, D), fwd_hooks=[("hook_k", patch_heads(clean, [0]))])

@@ -192,14 +192,14 @@ def test_an_exercise_may_permit_running_some_mhalab_code_but_not_the_part_it_ask
     q1 = labs.exercise("05", 1)
 
     def mine(model, tokens, layer, head):
-        def off(z, name):
+        def off(z, hook):
             z = z.clone()
             z[:, :, head] = 0
             return z
-        return run_with_hooks(model, tokens, hooks=[(f"blocks.{layer}.attn.z", off)])
+        return run_with_hooks(model, tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", off)])
 
     def theirs_inside_mine(model, tokens, layer, head):
-        return run_with_hooks(model, tokens, hooks=[(f"blocks.{layer}.attn.z", lambda z, name: ablate_heads([head])(z, name))])
+        return run_with_hooks(model, tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", lambda z, hook: ablate_heads([head])(z, hook))])
 
     assert q1.verdict(mine) == (core.PASSED, "correct.")
     status, message = q1.verdict(theirs_inside_mine)

@@ -100,7 +100,7 @@ def test_hook_names_follow_the_blocks():
 def test_ablating_a_head_equals_zeroing_its_slice_of_w_o(layer, head):
     model = Transformer(small()).eval()
     x = tokens()
-    ablated = run_with_hooks(model, x, hooks=[(f"blocks.{layer}.attn.z", ablate_heads([head]))])
+    ablated = run_with_hooks(model, x, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate_heads([head]))])
 
     surgery = copy.deepcopy(model)
     dk = surgery.config.d_k
@@ -114,10 +114,10 @@ def test_ablating_a_head_equals_zeroing_its_slice_of_w_o(layer, head):
 def test_cached_patterns(causal):
     model = Transformer(small(causal=causal, n_heads=2))
     with eval_mode(model):
-        logits, cache = run_with_cache(model, tokens(), names="*.pattern")
+        logits, cache = run_with_cache(model, tokens(), names_filter="*.hook_pattern")
         assert torch.allclose(logits, model(tokens()), atol=1e-5)  # looking changes nothing
     assert model.training  # mode restored
-    assert list(cache) == ["blocks.0.attn.pattern", "blocks.1.attn.pattern"]
+    assert list(cache) == ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
     future = torch.ones(T, T).triu(1).bool()
     for pattern in cache.values():
         assert pattern.shape == (B, 2, T, T)  # [batch, head, query, key]
@@ -127,10 +127,10 @@ def test_cached_patterns(causal):
 
 def test_an_ablated_head_still_has_its_pattern_but_later_layers_change():
     model = Transformer(small()).eval()
-    _, plain = run_with_cache(model, tokens(), names="*.pattern")
-    _, ablated = run_with_cache(model, tokens(), names="*.pattern", hooks=[("blocks.0.attn.z", ablate_heads([1]))])
-    assert torch.allclose(plain["blocks.0.attn.pattern"], ablated["blocks.0.attn.pattern"])  # its own pattern: the same
-    assert not torch.allclose(plain["blocks.1.attn.pattern"], ablated["blocks.1.attn.pattern"])  # layer 1 sees another input
+    _, plain = run_with_cache(model, tokens(), names_filter="*.hook_pattern")
+    _, ablated = run_with_cache(model, tokens(), names_filter="*.hook_pattern", fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads([1]))])
+    assert torch.allclose(plain["blocks.0.attn.hook_pattern"], ablated["blocks.0.attn.hook_pattern"])  # its own pattern: the same
+    assert not torch.allclose(plain["blocks.1.attn.hook_pattern"], ablated["blocks.1.attn.hook_pattern"])  # layer 1 sees another input
 
 
 # ------------------------------------------------------------- generation
@@ -175,13 +175,13 @@ def test_tokens_must_be_2d_integers():
 def test_encoder_decoder_shapes_and_attention():
     model = EncoderDecoder(small()).eval()
     src, tgt = tokens(length=7), tokens(length=5, seed=1)
-    logits, cache = run_with_cache(model, src, tgt, names="*.pattern")
+    logits, cache = run_with_cache(model, src, tgt, names_filter="*.hook_pattern")
     assert logits.shape == (B, 5, V)
     shapes = {name: tuple(w.shape) for name, w in cache.items()}
     assert shapes == {
-        "encoder.0.attn.pattern": (B, 4, 7, 7), "encoder.1.attn.pattern": (B, 4, 7, 7),
-        "decoder.0.self_attn.pattern": (B, 4, 5, 5), "decoder.0.cross_attn.pattern": (B, 4, 5, 7),
-        "decoder.1.self_attn.pattern": (B, 4, 5, 5), "decoder.1.cross_attn.pattern": (B, 4, 5, 7),
+        "encoder.0.attn.hook_pattern": (B, 4, 7, 7), "encoder.1.attn.hook_pattern": (B, 4, 7, 7),
+        "decoder.0.self_attn.hook_pattern": (B, 4, 5, 5), "decoder.0.cross_attn.hook_pattern": (B, 4, 5, 7),
+        "decoder.1.self_attn.hook_pattern": (B, 4, 5, 5), "decoder.1.cross_attn.hook_pattern": (B, 4, 5, 7),
     }
     for w in cache.values():
         assert torch.allclose(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-5)
@@ -203,8 +203,8 @@ def test_encoder_decoder_ablation_and_generation():
     model = EncoderDecoder(small()).eval()
     src, tgt = tokens(length=7), tokens(length=5, seed=1)
     base = model(src, tgt)
-    for point in ("encoder.1.attn.z", "decoder.1.self_attn.z", "decoder.1.cross_attn.z"):
-        assert not torch.allclose(run_with_hooks(model, src, tgt, hooks=[(point, ablate_heads([0]))]), base, atol=1e-5), point
+    for point in ("encoder.1.attn.hook_z", "decoder.1.self_attn.hook_z", "decoder.1.cross_attn.hook_z"):
+        assert not torch.allclose(run_with_hooks(model, src, tgt, fwd_hooks=[(point, ablate_heads([0]))]), base, atol=1e-5), point
 
     fast = model.generate(src, 5, bos_id=0)
     slow = torch.zeros(B, 1, dtype=torch.long)

@@ -73,7 +73,7 @@ def test_batched_heads_matches_multi_head_attention_module():
 def test_time_heads_returns_one_row_per_head_count(part):
     threads = torch.get_num_threads()
     rows = time_heads((1, 4), part=part, d_model=32, seq_len=8, repeats=2, warmup=0)
-    assert [r.heads for r in rows] == [1, 4] and [r.d_k for r in rows] == [32, 8]
+    assert [r.heads for r in rows] == [1, 4] and [r.d_head for r in rows] == [32, 8]
     assert all(r.batched_s > 0 and r.looped_s > 0 and r.ratio == r.looped_s / r.batched_s for r in rows)
     assert torch.get_num_threads() == threads  # restored
 

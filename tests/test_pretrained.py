@@ -105,11 +105,11 @@ def test_minilm_similarity_is_meaningful(minilm):
 @needs_wheels
 def test_minilm_hook_points(minilm):
     batch = minilm.tokenizer(["The cat sat on the mat."])
-    _, cache = run_with_cache(minilm, batch.tokens, batch.padding, names="*.pattern")
-    assert list(cache) == [f"blocks.{i}.attn.pattern" for i in range(6)]
+    _, cache = run_with_cache(minilm, batch.tokens, batch.padding, names_filter="*.hook_pattern")
+    assert list(cache) == [f"blocks.{i}.attn.hook_pattern" for i in range(6)]
     T = batch.tokens.shape[1]
-    assert cache["blocks.0.attn.pattern"].shape == (1, 12, T, T)
-    torch.testing.assert_close(cache["blocks.3.attn.pattern"].sum(-1), torch.ones(1, 12, T))
+    assert cache["blocks.0.attn.hook_pattern"].shape == (1, 12, T, T)
+    torch.testing.assert_close(cache["blocks.3.attn.hook_pattern"].sum(-1), torch.ones(1, 12, T))
 
 
 def test_bad_input_says_what_to_pass():
@@ -236,11 +236,11 @@ def test_smollm2_kv_cache_decoding_equals_the_full_forward(smollm2):
 def test_smollm2_hook_points_and_grouped_heads(smollm2):
     ids = smollm2.tokenizer("The cat sat on the mat.")
     T = ids.shape[1]
-    logits, cache = run_with_cache(smollm2, ids, names=["blocks.0.attn.pattern", "blocks.29.attn.z"])
-    assert cache["blocks.0.attn.pattern"].shape == (1, 9, T, T)
-    assert cache["blocks.29.attn.z"].shape == (1, T, 9, 64)
-    assert torch.triu(cache["blocks.0.attn.pattern"][0], diagonal=1).abs().max() == 0  # causal
+    logits, cache = run_with_cache(smollm2, ids, names_filter=["blocks.0.attn.hook_pattern", "blocks.29.attn.hook_z"])
+    assert cache["blocks.0.attn.hook_pattern"].shape == (1, 9, T, T)
+    assert cache["blocks.29.attn.hook_z"].shape == (1, T, 9, 64)
+    assert torch.triu(cache["blocks.0.attn.hook_pattern"][0], diagonal=1).abs().max() == 0  # causal
     with torch.no_grad():
         torch.testing.assert_close(logits, smollm2(ids), atol=1e-4, rtol=1e-4)  # explicit path = fused path
-        ablated = run_with_hooks(smollm2, ids, hooks=[("blocks.0.attn.z", ablate_heads(list(range(9))))])
+        ablated = run_with_hooks(smollm2, ids, fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads(list(range(9))))])
     assert not torch.allclose(ablated, logits)

@@ -11,7 +11,7 @@ from mhalab.hooks import run_with_cache
 
 def patterns(model, batch):
     """Every layer's pattern for the batch, as the notebooks get it."""
-    return run_with_cache(model.eval(), batch.inputs, names="*.pattern")[1]
+    return run_with_cache(model.eval(), batch.inputs, names_filter="*.hook_pattern")[1]
 
 
 def test_stack_takes_a_cache_a_list_or_a_stack(model, batch):

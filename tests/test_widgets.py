@@ -13,7 +13,7 @@ from mhalab.scores import GENERIC_SCORES, stack_attention
 def test_explorer_precomputes_everything(explorer_setup):
     task, model, batch, ex = explorer_setup
     assert ex.attention.shape == (2, 3, 4, 8, 8)  # [layer, example, head, query, key]
-    stacked = stack_attention(run_with_cache(model.eval(), batch.inputs, names="*.pattern")[1])
+    stacked = stack_attention(run_with_cache(model.eval(), batch.inputs, names_filter="*.hook_pattern")[1])
     np.testing.assert_allclose(ex.attention, stacked[:, :3].numpy())
     assert set(ex.scores) == {"left1", "right2", *GENERIC_SCORES}
     assert ex.ablation is not None and ex.ablation.ablated["accuracy"].shape == (2, 4)

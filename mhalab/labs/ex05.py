@@ -50,7 +50,7 @@ def _models():
 
 def _with_hook(model, tokens, layer, hook):
     with torch.no_grad():
-        return run_with_hooks(model, tokens, hooks=[(f"blocks.{layer}.attn.z", lambda z, name: hook(z.clone()))])
+        return run_with_hooks(model, tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", lambda z, point: hook(z.clone()))])
 
 
 def _zeroed(heads):
@@ -62,7 +62,7 @@ def _zeroed(heads):
 
 def _ablate_reference(model, tokens, layer, head):
     with torch.no_grad():
-        return run_with_hooks(model, tokens, hooks=[(f"blocks.{layer}.attn.z", ablate_heads([head]))])
+        return run_with_hooks(model, tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate_heads([head]))])
 
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -81,7 +81,7 @@ def _check_ablate(ablate_head) -> None:
             others = [h for h in range(H) if h != head]
             judge(got, _ablate_reference(model, tokens, layer, head), f"ablate_head({label})", lambda: {
                 "nothing changed: the result is the intact model's. Does your hook return the new z (or change it in "
-                f"place), and is it on blocks.{layer}.attn.z?": clean,
+                f"place), and is it on blocks.{layer}.attn.hook_z?": clean,
                 "you zeroed a query position, not a head: z is [batch, query, head, d_head]":
                     _with_hook(model, tokens, layer, lambda z: (z.__setitem__((slice(None), head), 0.0), z)[1]),
                 "that switches off every head of the layer, not one": _with_hook(model, tokens, layer, _zeroed(list(range(H)))),
@@ -94,19 +94,19 @@ def _check_ablate(ablate_head) -> None:
 register(Exercise(
     "05", 1, "switch one head off",
     _check_ablate,
-    hint=["Every attention layer has a hook point `blocks.{layer}.attn.z` holding each head's output "
+    hint=["Every attention layer has a hook point `blocks.{layer}.attn.hook_z` holding each head's output "
           "[batch, query, head, d_head], before W_O mixes the heads.",
-          "Write a hook `hook(z, name)` that returns a copy of z with that head's slice set to zero, and run the "
-          "model with `run_with_hooks(model, tokens, hooks=[(point, hook)])`: the hook is gone afterwards."],
+          "Write a hook `fn(z, hook)` that returns a copy of z with that head's slice set to zero, and run the "
+          "model with `run_with_hooks(model, tokens, fwd_hooks=[(point, hook)])`: the hook is gone afterwards."],
     solution=(
         "def ablate_head(model, tokens, layer, head):\n"
         "    from mhalab.hooks import run_with_hooks\n"
-        "    def switch_off(z, name):                # z: [batch, query, head, d_head]\n"
+        "    def switch_off(z, hook):                # z: [batch, query, head, d_head]\n"
         "        z = z.clone()\n"
         "        z[:, :, head] = 0.0                 # this head now adds nothing through W_O\n"
         "        return z\n"
         "    with torch.no_grad():\n"
-        "        return run_with_hooks(model, tokens, hooks=[(f'blocks.{layer}.attn.z', switch_off)])"
+        "        return run_with_hooks(model, tokens, fwd_hooks=[(f'blocks.{layer}.attn.hook_z', switch_off)])"
     ),
     reference=_ablate_reference,
 ))
@@ -173,7 +173,7 @@ register(Exercise(
         "        V = logits.size(-1)\n"
         "        return torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1)).item()\n"
         "    def switch_off(head):                          # (your ablate_head from exercise 1 does the same)\n"
-        "        def hook(z, name):                         # z: [batch, query, head, d_head]\n"
+        "        def hook(z, point):                        # z: [batch, query, head, d_head]\n"
         "            z = z.clone()\n"
         "            z[:, :, head] = 0.0\n"
         "            return z\n"
@@ -181,7 +181,7 @@ register(Exercise(
         "    N, H = model.config.n_layers, model.config.n_heads\n"
         "    with torch.no_grad():\n"
         "        intact = loss(model(tokens))\n"
-        "        return torch.tensor([[loss(run_with_hooks(model, tokens, hooks=[(f'blocks.{l}.attn.z', switch_off(h))]))\n"
+        "        return torch.tensor([[loss(run_with_hooks(model, tokens, fwd_hooks=[(f'blocks.{l}.attn.hook_z', switch_off(h))]))\n"
         "                              - intact for h in range(H)] for l in range(N)])   # [N, H]"
     ),
     reference=_effects_reference,

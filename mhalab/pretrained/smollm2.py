@@ -128,7 +128,7 @@ class LlamaBlock(nn.Module):
         self.down = nn.Linear(config.d_ff, config.d_model, bias=False)
 
     def forward(self, x: Tensor, kv_cache: KVCache | None = None) -> Tensor:
-        attended, _ = self.attn(self.ln_attn(x), is_causal=True, kv_cache=kv_cache)  # [B, T, D]
+        attended, _ = self.attn(self.ln_attn(x), is_causal=True, kv_cache=kv_cache, need_weights=False)  # [B, T, D]
         x = x + attended
         h = self.ln_mlp(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))  # SwiGLU: a gated MLP [B, T, d_ff] -> [B, T, D]
