@@ -214,6 +214,53 @@ def test_smollm2_greedy_completion(smollm2, smollm2_reference):
     assert "Jupiter" in smollm2.complete("The largest planet in the solar system is", 4)
 
 
+def test_smollm2_special_ids_come_from_the_gguf_file():
+    """bos/eos are read from the file (tokenizer.ggml.bos_token_id, eos_token_id); they were not read at all,
+    and the start token was looked up as a fixed string. A made-up file with other ids shows they follow it."""
+    pytest.importorskip("tokenizers")
+    from mhalab.pretrained.gguf_file import GGUFContents
+    from mhalab.pretrained.smollm2 import SmolLM2Tokenizer
+
+    tokens = ["a", "b", "<|im_start|>", "<|endoftext|>", "<|im_end|>"]
+    metadata = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": [], "tokenizer.ggml.token_type": [1, 1, 3, 3, 3],
+                "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 4}
+    tok = SmolLM2Tokenizer(GGUFContents(metadata, {}))
+    assert (tok.bos_id, tok.eos_id, tok.start_id, tok.stop_ids) == (2, 4, 3, (4, 3))
+    assert tok.encode("ab") == [3, 0, 1]
+    with pytest.raises(ValueError, match="no '<\\|endoftext\\|>' token"):
+        SmolLM2Tokenizer(GGUFContents({**metadata, "tokenizer.ggml.tokens": ["a", "b", "x", "y", "z"]}, {}))
+
+
+@needs_wheels
+def test_smollm2_text_starts_after_the_document_separator(smollm2):
+    """Why plain text starts after <|endoftext|> (what separated SmolLM2's training documents) and not after the
+    file's bos, <|im_start|>, which opens a chat turn (the file also says add_bos_token = False): the same
+    paragraph is better predicted after the separator (measured: perplexity 17.3 against 20.4)."""
+    tok = smollm2.tokenizer
+    assert tok.vocab_size > tok.bos_id != tok.start_id
+    text = tok.encode(paragraph(), start=False)
+    losses = {}
+    with torch.no_grad():
+        for name, first in (("separator", tok.start_id), ("bos", tok.bos_id)):
+            ids = torch.tensor([[first, *text]])
+            losses[name] = torch.nn.functional.cross_entropy(smollm2(ids)[0, :-1], ids[0, 1:]).item()
+    print({name: round(math.exp(loss), 2) for name, loss in losses.items()})
+    assert losses["separator"] < losses["bos"] - 0.05
+
+
+@needs_wheels
+def test_smollm2_complete_stops_at_the_end_of_its_turn(smollm2):
+    """complete ran to new_tokens, past <|im_end|>, into a made-up next turn ('user ...'). It stops there now."""
+    chat = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    answer = smollm2.complete(chat, 40)
+    print(repr(answer))
+    assert "Paris" in answer and "user" not in answer and not answer.endswith("\n")
+    prompt = smollm2.tokenizer(chat)
+    out = smollm2.generate(prompt, 40, stop=smollm2.tokenizer.stop_ids)[0, prompt.shape[1]:]
+    assert len(out) < 40 and int(out[-1]) == smollm2.tokenizer.eos_id  # ended by <|im_end|>
+    assert smollm2.tokenizer.decode(out[-1:]) == "<|im_end|>"
+
+
 @needs_wheels
 def test_smollm2_kv_cache_decoding_equals_the_full_forward(smollm2):
     ids = smollm2.tokenizer("Grouped-query attention shares keys and values between heads.")
