@@ -6,7 +6,8 @@ import contextlib
 
 import torch
 
-__all__ = ["pick_device", "describe_device", "autocast_dtype", "resolve_precision", "autocast", "synchronize", "PRECISIONS"]
+__all__ = ["pick_device", "describe_device", "autocast_dtype", "resolve_precision", "autocast", "synchronize",
+           "foreach_supported", "PRECISIONS"]
 
 _CHOICES = ("auto", "cpu", "cuda", "mps")
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
@@ -87,3 +88,13 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+def foreach_supported(device: torch.device) -> bool:
+    """Whether torch runs its multi-tensor ("foreach") kernels on ``device``: CPU and CUDA yes, MPS no (there
+    ``clip_grad_norm_(foreach=True)`` raises). Asked of torch itself: the very check ``clip_grad_norm_`` makes."""
+    try:
+        from torch.utils._foreach_utils import _device_has_foreach_support
+    except ImportError:  # a private helper; should it move, fall back to what it answered when this was written
+        return device.type in ("cpu", "cuda")
+    return bool(_device_has_foreach_support(device))
