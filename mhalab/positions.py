@@ -19,10 +19,11 @@ def apply_rotary(x: Tensor, positions: Tensor, base: float) -> Tensor:
     ``(i, i + dk/2)``; GGUF files store Q and K rows permuted for adjacent pairs, as here.)
     """
     dk = x.size(-1)
-    inv_freq = base ** (-torch.arange(0, dk, 2, device=x.device, dtype=torch.float32) / dk)  # [dk/2]
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, dk/2]
+    dtype = torch.promote_types(x.dtype, torch.float32)  # half precision turns in float32; float64 stays exact
+    inv_freq = base ** (-torch.arange(0, dk, 2, device=x.device, dtype=dtype) / dk)  # [dk/2]
+    angles = positions.to(dtype)[:, None] * inv_freq[None, :]  # [T, dk/2]
     cos, sin = angles.cos(), angles.sin()
-    x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()  # [..., T, dk/2] each: the two halves of every pair
+    x1, x2 = x[..., 0::2].to(dtype), x[..., 1::2].to(dtype)  # [..., T, dk/2] each: the two halves of every pair
     rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # [..., T, dk/2, 2]
     return rotated.flatten(-2).to(x.dtype)  # [..., T, dk]: pairs back in place
 

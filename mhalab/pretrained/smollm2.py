@@ -110,7 +110,7 @@ class SmolLM2Tokenizer:
 
 
 class RMSNorm(nn.Module):
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis (no centring, no bias), in float32."""
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis (no centring, no bias), in float32 or wider."""
 
     def __init__(self, d_model: int, eps: float) -> None:
         super().__init__()
@@ -118,7 +118,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))  # half precision in float32; float64 stays
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
 
