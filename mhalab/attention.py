@@ -16,13 +16,12 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from torch.torch_version import TorchVersion
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_head_count, check_head_shape, check_index, valid_head_counts
+from .device import sdpa_shares_kv_heads
 from .kv_cache import KVCache
 from .hook_points import HookPoint
 from .masks import check_forbidden_mask, combine_forbidden_masks
@@ -34,8 +33,6 @@ __all__ = [
     "apply_rotary",
 ]
 
-# F.scaled_dot_product_attention shares K/V heads between query heads itself from torch 2.5 on.
-_SDPA_HAS_GQA = TorchVersion(torch.__version__) >= (2, 5)
 
 
 def attention_scores(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Tensor:
@@ -262,7 +259,7 @@ class MultiHeadAttention(nn.Module):
             k, v = kv_cache.append(k, v)  # [B, G, past + L, dk]: the new keys/values join the old ones
 
         dropout_p = self.dropout if self.training else 0.0
-        if G != H and (want_scores or not _SDPA_HAS_GQA):  # each query head gets its group's K/V head
+        if G != H and (want_scores or not sdpa_shares_kv_heads(q.device)):  # each query head gets its group's K/V head
             k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # [B, H, S, dk]
         if want_scores:
             scores = self.hook_attn_scores(attention_scores(q, k, mask=mask))  # [B, H, L, S]; a hook may replace it

@@ -1,7 +1,8 @@
 """Checkpoints: one ``torch.save`` dict holding everything a run needs to resume exactly (as in nanoGPT).
 
 Keys: ``model``, ``optimizer``, ``step``, ``config`` (ModelConfig), ``train_config``, ``scheduler``,
-``scaler``, ``history``, ``task``, ``precision``, ``rng`` (CPU, GPU and ``data`` generator states).
+``scaler``, ``history``, ``task``, ``precision``, ``rng`` (CPU, GPU and ``data`` generator states, and
+``device``: the kind of device they belong to; another kind of device cannot continue them).
 Plain values only, so ``torch.load(weights_only=True)`` reads it; writing is atomic.
 """
 
@@ -53,13 +54,17 @@ def snapshot(parts: dict[str, Any], generator: torch.Generator, device: torch.de
     the random states, the ModelConfig; ``extra`` (step, train_config, history, ...) goes in as is."""
     config = getattr(parts["model"], "config", None)
     return {"format": FORMAT, **{name: part.state_dict() for name, part in parts.items()},
-            "rng": {**capture_rng(device), "data": generator.get_state()},
+            "rng": {**capture_rng(device), "data": generator.get_state(), "device": device.type},
             "config": config.to_dict() if hasattr(config, "to_dict") else None, **extra}
 
 
 def restore(state: dict[str, Any], parts: dict[str, Any], generator: torch.Generator, device: torch.device, *,
-            path: str | os.PathLike = "the checkpoint") -> None:
-    """Put a :func:`snapshot` back into ``parts`` and the random states, after checking its ModelConfig."""
+            path: str | os.PathLike = "the checkpoint") -> bool:
+    """Put a :func:`snapshot` back into ``parts`` and the random states, after checking its ModelConfig.
+
+    Returns False when the random states were written on another kind of device (a run saved on
+    ``cuda``, resumed on ``cpu``): a CPU generator cannot continue a CUDA one, so they are left alone and
+    the caller reseeds; everything else (weights, optimizer, schedule) is restored either way."""
     config, saved = getattr(parts["model"], "config", None), state.get("config")
     if saved is not None and hasattr(config, "to_dict") and config.to_dict() != saved:
         diff = {k: (saved.get(k), v) for k, v in config.to_dict().items() if saved.get(k) != v}
@@ -73,8 +78,15 @@ def restore(state: dict[str, Any], parts: dict[str, Any], generator: torch.Gener
             part.load_state_dict(state[name])
     except RuntimeError as e:
         raise ValueError(f"checkpoint {str(path)!r} does not fit this model: {e}") from None
+    saved_on = state["rng"].get("device")  # (None in checkpoints older than this key: then try)
+    if saved_on not in (None, device.type):
+        return False
+    try:
+        generator.set_state(state["rng"]["data"])
+    except RuntimeError:  # a state of another device's generator: its size differs
+        return False
     restore_rng(state["rng"], device)
-    generator.set_state(state["rng"]["data"])
+    return True
 
 
 def capture_rng(device: torch.device) -> dict[str, torch.Tensor]:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
-__all__ = ["pick_device", "describe_device", "autocast_dtype", "resolve_precision", "autocast", "synchronize", "PRECISIONS"]
+__all__ = ["pick_device", "describe_device", "autocast_dtype", "resolve_precision", "autocast", "synchronize",
+           "foreach_supported", "sdpa_shares_kv_heads", "PRECISIONS"]
 
 _CHOICES = ("auto", "cpu", "cuda", "mps")
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
@@ -87,3 +89,28 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+def foreach_supported(device: torch.device) -> bool:
+    """Whether torch runs its multi-tensor ("foreach") kernels on ``device``: CPU and CUDA yes, MPS no (there
+    ``clip_grad_norm_(foreach=True)`` raises). Asked of torch itself: the very check ``clip_grad_norm_`` makes."""
+    try:
+        from torch.utils._foreach_utils import _device_has_foreach_support
+    except ImportError:  # a private helper; should it move, fall back to what it answered when this was written
+        return device.type in ("cpu", "cuda")
+    return bool(_device_has_foreach_support(device))
+
+
+def sdpa_shares_kv_heads(device: torch.device, version: str | None = None) -> bool:
+    """Whether ``F.scaled_dot_product_attention(..., enable_gqa=True)`` can be used on ``device`` with this
+    torch (or ``version``): from 2.5 on, but on MPS only from 2.7; MPS's kernel of torch 2.5 and 2.6 aborts
+    the whole process on grouped K/V heads ("incompatible dimensions", pytorch/pytorch#149132)."""
+    return _sdpa_gqa(device.type, version or torch.__version__)
+
+
+@functools.lru_cache(maxsize=None)  # asked on every attention call: parse the version once per device kind
+def _sdpa_gqa(kind: str, version: str) -> bool:
+    from torch.torch_version import TorchVersion
+
+    release = TorchVersion(version)
+    return release >= (2, 5) and (kind != "mps" or release >= (2, 7))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -109,24 +109,37 @@ def check_token_ids(tokens: Any, hint: str = "add a batch axis with .unsqueeze(0
     if not isinstance(tokens, Tensor) or tokens.dim() != 2:
         shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
         raise ValueError(f"tokens must be a [batch, seq] tensor of token ids, got {shape}; {hint}")
-    if tokens.dtype not in (torch.long, torch.int, torch.int16, torch.uint8, torch.int8):
-        raise TypeError(f"tokens must hold integer token ids, got dtype {tokens.dtype}")
+    if tokens.dtype not in (torch.int64, torch.int32):  # the index dtypes nn.Embedding accepts
+        integer = not (tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool)
+        raise TypeError(f"tokens must hold integer token ids as int64 (torch.long) or int32, the index dtypes "
+                        f"nn.Embedding takes; got dtype {tokens.dtype}" + ("; convert with tokens.long()" if integer else ""))
 
 
 @torch.no_grad()
 def generate_tokens(
-    step: Callable[[Tensor], Tensor], prompt: Tensor, new_tokens: int, *, cached: bool = True
+    step: Callable[[Tensor], Tensor], prompt: Tensor, new_tokens: int, *, cached: bool = True,
+    stop: Sequence[int] = (),
 ) -> Tensor:
     """Greedy decoding: ``prompt [B, T0]`` -> ``[B, T0 + new_tokens]``.
 
     ``step(ids)`` returns logits ``[B, t, V]``; with ``cached`` it is fed only the newest token (the
     model keeps the others' keys and values in its KV caches), else the whole sequence so far.
+    ``stop``: token ids that end a row (an end-of-turn token); a row that has emitted one repeats it, and
+    decoding ends as soon as every row has, so the result can be shorter: ``[B, T0 + n]``, ``n <= new_tokens``.
     """
     check_int("new_tokens", new_tokens, 0)
+    stop = [check_int("a stop token id", t, 0) for t in ([stop] if isinstance(stop, int) else stop)]
+    stop_ids = torch.tensor(stop, dtype=prompt.dtype, device=prompt.device) if stop else None  # [S]
+    done = torch.zeros(prompt.size(0), 1, dtype=torch.bool, device=prompt.device)  # [B, 1]: row has stopped
     tokens = step_input = prompt
     for _ in range(new_tokens):
         next_token = step(step_input)[:, -1].argmax(-1, keepdim=True)  # [B, 1]: the most likely next token
+        if stop_ids is not None:
+            next_token = torch.where(done, tokens[:, -1:], next_token)  # a stopped row repeats its stop token
+            done = done | (next_token == stop_ids).any(-1, keepdim=True)  # [B, 1] == [S] -> [B, S] -> [B, 1]
         tokens = torch.cat([tokens, next_token], dim=1)  # [B, t + 1]
+        if stop_ids is not None and bool(done.all()):  # (one host sync per step, only with stop tokens)
+            break
         step_input = next_token if cached else tokens
     return tokens
 

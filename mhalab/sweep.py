@@ -17,7 +17,7 @@ from .counting import count_parameters
 from .device import pick_device
 from .models import ModelConfig, Transformer
 from .plotting import plot_sweep
-from .train import TrainConfig, make_config, train
+from .train import TrainConfig, make_config, stream_seed, train
 
 __all__ = ["SweepRow", "SweepResults", "sweep_heads"]
 
@@ -136,7 +136,8 @@ def sweep_heads(task: Any, *, d_model: int, heads: Sequence[int], seeds: Sequenc
                 progress: bool = True, config: TrainConfig | None = None, **settings: Any) -> SweepResults:
     """Train one :class:`~mhalab.models.Transformer` per (head count, seed) at fixed ``d_model``.
 
-    Every head count of a seed starts from ``torch.manual_seed(seed)`` and trains on the same batches.
+    Every head count of a seed starts from ``torch.manual_seed(stream_seed(seed, "init"))`` (a stream of its
+    own, not the training batches' or dropout's) and trains on the same batches.
     ``model``: extra ModelConfig fields; ``keep_models``: keep them in ``results.models`` (eval mode);
     ``threads``: torch's CPU threads meanwhile (on a busy 2-core machine 100 steps at ``d_model=64`` took
     5 s on one, 20-30 s on two); ``config``/``settings``: as for :func:`mhalab.train.train` (without config,
@@ -170,7 +171,7 @@ def sweep_heads(task: Any, *, d_model: int, heads: Sequence[int], seeds: Sequenc
             for seed in seeds:
                 bar.set_postfix(heads=h, seed=seed, refresh=True)
                 with torch.random.fork_rng(devices=[]):  # seed the initialisation without touching the caller's RNG
-                    torch.manual_seed(seed)
+                    torch.manual_seed(stream_seed(seed, "init"))
                     net = Transformer(configs[h])
                 history = train(net, task, base, seed=seed)
                 final = history.final

@@ -6,6 +6,7 @@ groups (no sync per step), where a NaN stops the run without overwriting the las
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
@@ -19,13 +20,13 @@ from torch import Tensor, nn
 
 from ._checks import check_float, check_int, check_model_fits_task, check_task
 from .checkpoint import load_checkpoint, restore, save_checkpoint, snapshot
-from .device import autocast, pick_device, resolve_precision
+from .device import autocast, foreach_supported, pick_device, resolve_precision
 from .history import History
 from .models import batch_logits, eval_mode
 
-__all__ = ["train", "evaluate", "TrainConfig", "make_config", "History", "TrainingDiverged", "EVAL_SEED"]
+__all__ = ["train", "evaluate", "TrainConfig", "make_config", "History", "TrainingDiverged", "EVAL_SEED", "stream_seed"]
 
-EVAL_SEED = 987_654_321  # held-out batches come from this stream; training uses `seed`, a different one
+EVAL_SEED = 987_654_321  # evaluate's default seed: the held-out batches are the same in every call
 _FLUSH_EVERY = 16  # read losses back from the device (and check them) at most this many steps apart
 # Settings a resumed run must share with the run that wrote the checkpoint (steps may grow: the schedule stretches).
 _RESUME_MUST_MATCH = ("batch_size", "lr", "weight_decay", "warmup_steps", "final_lr_fraction", "seed", "grad_clip")
@@ -51,7 +52,7 @@ class TrainConfig:
     warmup_steps: int | None = None  # linear warm-up to lr, then cosine to final_lr_fraction * lr
     final_lr_fraction: float = 0.1
     grad_clip: float | None = 1.0  # global gradient-norm clip; None: off
-    seed: int = 0  # training batches and dropout (the caller's RNG is left alone; seed the init yourself)
+    seed: int = 0  # training batches and dropout, each its own stream (the caller's RNG is left alone; seed the init yourself)
     device: str = "auto"  # "auto" (cuda, mps, cpu), "cpu", "cuda", "cuda:1", "mps"
     precision: str = "fp32"  # or, on CUDA, "bf16"/"fp16" autocast, or "auto" (the fastest there)
     eval_every: int | None = None  # held-out evaluation every this many steps (and always at the end)
@@ -69,8 +70,6 @@ class TrainConfig:
                 check_int(name, getattr(self, name), low)
         if self.warmup_steps is not None and self.warmup_steps > self.steps:
             raise ValueError(f"warmup_steps={self.warmup_steps} is longer than the whole run (steps={self.steps})")
-        if self.seed == EVAL_SEED:
-            raise ValueError(f"seed={EVAL_SEED} is the held-out evaluation stream's seed; train with another seed")
         check_float("lr", self.lr, positive=True)
         check_float("weight_decay", self.weight_decay)
         check_float("final_lr_fraction", self.final_lr_fraction, high=1.0)
@@ -101,6 +100,18 @@ class TrainConfig:
         return {**asdict(self), "checkpoint": None if self.checkpoint is None else str(self.checkpoint)}
 
 
+def stream_seed(seed: int, purpose: str) -> int:
+    """The seed of one random stream of a run: ``purpose`` is ``"data"`` (training batches), ``"dropout"``,
+    ``"init"`` (:func:`mhalab.sweep.sweep_heads`' initial weights) or ``"eval"`` (held-out batches).
+
+    ``torch.manual_seed(s)`` and ``torch.Generator().manual_seed(s)`` produce the same numbers, so seeding
+    every stream with ``seed`` itself would give the batches, the dropout masks and the initial weights the
+    same bits. Each stream gets a hash of ``(seed, purpose)`` instead: distinct, and the same on every run."""
+    check_int("seed", seed, 0)
+    digest = hashlib.sha256(f"mhalab {purpose} stream, seed {seed}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # 63 bits: a valid seed for every torch generator
+
+
 def make_config(config: TrainConfig | None = None, /, **overrides: Any) -> TrainConfig:
     """``config`` with some fields replaced (``overrides``: TrainConfig field names), or a new TrainConfig."""
     names = [f.name for f in fields(TrainConfig)]
@@ -120,14 +131,14 @@ def make_config(config: TrainConfig | None = None, /, **overrides: Any) -> Train
 def evaluate(model: nn.Module, task: Any, *, batches: int = 8, batch_size: int = 256, seed: int = EVAL_SEED,
              device: str | torch.device | None = None, precision: str = "fp32") -> dict[str, float]:
     """The task's metrics averaged over ``batches`` held-out batches, the same ones every call (drawn from
-    ``seed``, a stream training never uses), in eval mode; ``device=None`` uses the model's device."""
+    ``stream_seed(seed, "eval")``, a stream training never uses), in eval mode; ``device=None`` uses the model's device."""
     check_task(task)
     check_int("batches", batches, 1)
     check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
     device = next(model.parameters(), torch.empty(0)).device if device is None else pick_device(device)
     _, dtype = resolve_precision(precision, device)
-    generator = torch.Generator(device=device).manual_seed(seed)
+    generator = torch.Generator(device=device).manual_seed(stream_seed(seed, "eval"))
     results = []
     with eval_mode(model):
         for _ in range(batches):
@@ -161,9 +172,10 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]  # biases, LayerNorm gains
     if not decay and not no_decay:
         raise ValueError("the model has no trainable parameters")
+    foreach = foreach_supported(device)  # one multi-tensor kernel per update where torch has them (not MPS)
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, 0.98), foreach=True,
+        lr=cfg.lr, betas=(0.9, 0.98), foreach=foreach,
     )
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # passes through unless fp16
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cfg.lr_factor(step))
@@ -173,13 +185,21 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
     start, save_every = 0, cfg.checkpoint_every or max(1, cfg.steps // 10)
     # torch.manual_seed below reseeds the CPU and `device`: put the caller's random states back afterwards
     with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], device_type=device.type):
-        torch.manual_seed(cfg.seed)  # dropout's stream
-        generator.manual_seed(cfg.seed)  # the training batches
+        torch.manual_seed(stream_seed(cfg.seed, "dropout"))  # the global stream: dropout's
+        generator.manual_seed(stream_seed(cfg.seed, "data"))  # the training batches
         if path is not None and path.exists():
             state = load_checkpoint(path)
             _check_resume(state, cfg, run, path)
-            restore(state, parts, generator, device, path=path)
             history, start = History(**state["history"]), int(state["step"])
+            if not restore(state, parts, generator, device, path=path):
+                saved_on = state["rng"].get("device", "another kind of device")
+                warnings.warn(
+                    f"checkpoint {str(path)!r} was written on {saved_on} and is resumed on {device.type}: the weights, "
+                    "optimizer and schedule continue, but one kind of device's random streams cannot continue on "
+                    f"another, so the batches and dropout after step {start} are drawn from new streams (seeded by "
+                    "seed and step). The run stays deterministic, but differs from one that never moved.", stacklevel=2)
+                torch.manual_seed(stream_seed(cfg.seed, f"dropout after step {start}"))
+                generator.manual_seed(stream_seed(cfg.seed, f"data after step {start}"))
         last_saved = start if path is not None and path.exists() else None
         pending: list[Tensor] = []  # losses not yet read back from the device
         model.train()
@@ -200,7 +220,7 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
                 scaler.scale(loss).backward()
                 if cfg.grad_clip is not None:
                     scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-                    torch.nn.utils.clip_grad_norm_(decay + no_decay, cfg.grad_clip, foreach=True)
+                    torch.nn.utils.clip_grad_norm_(decay + no_decay, cfg.grad_clip, foreach=foreach)
                 scaler.step(optimizer)
                 scaler.update()
                 scheduler.step()

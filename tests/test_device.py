@@ -89,3 +89,15 @@ def test_importing_mhalab_does_not_initialise_cuda():
     count, initialised = result.stdout.split()
     assert int(count) >= 3
     assert initialised == "False", "importing mhalab initialised CUDA"
+
+
+def test_grouped_kv_heads_in_the_fused_kernel_only_where_torch_has_them():
+    """MPS's scaled_dot_product_attention aborts the process on enable_gqa in torch 2.5 and 2.6
+    (pytorch/pytorch#149132): there MultiHeadAttention repeats the K/V heads itself."""
+    from mhalab.device import sdpa_shares_kv_heads
+
+    cpu, cuda, mps = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
+    assert sdpa_shares_kv_heads(cpu, "2.5.1") and sdpa_shares_kv_heads(cuda, "2.5.1")
+    assert not sdpa_shares_kv_heads(mps, "2.5.1") and not sdpa_shares_kv_heads(mps, "2.6.0")
+    assert sdpa_shares_kv_heads(mps, "2.7.0") and not sdpa_shares_kv_heads(cpu, "2.4.1")
+    assert sdpa_shares_kv_heads(cpu)  # this torch, at or above the declared floor

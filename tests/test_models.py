@@ -171,6 +171,35 @@ def test_tokens_must_be_2d_integers():
         model(tokens().float())
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8, torch.bool])
+def test_token_ids_of_a_dtype_embedding_rejects_get_a_clear_error(dtype):
+    """nn.Embedding takes int64 and int32 ids only; int8/int16/uint8 used to pass the check and fail
+    inside the embedding with 'Expected tensor for argument #1 indices ... Long, Int'."""
+    model = Transformer(small())
+    with pytest.raises(TypeError, match=r"int64 \(torch.long\) or int32.*got dtype " + str(dtype).replace(".", r"\.")):
+        model(tokens().to(dtype))
+    assert model(tokens().int()).shape == model(tokens()).shape  # int32 works
+
+
+def test_generation_stops_at_a_stop_token():
+    from mhalab.models import generate_tokens
+
+    def step(ids):  # logits that make row 0 say 5, 6, 2, 7, ... and row 1 say 3, 3, 3, ...
+        script = torch.tensor([[5, 6, 2, 7, 7, 7, 7], [3, 3, 3, 3, 3, 3, 3]])
+        return torch.nn.functional.one_hot(script[:, ids.size(1) - 1 : ids.size(1)], V).float()  # [B, 1, V]
+
+    prompt = torch.zeros(2, 1, dtype=torch.long)
+    full = generate_tokens(step, prompt, 6, cached=False)
+    assert full[0].tolist() == [0, 5, 6, 2, 7, 7, 7]
+    stopped = generate_tokens(step, prompt, 6, cached=False, stop=[2])
+    assert stopped[0].tolist() == [0, 5, 6, 2, 2, 2, 2]  # row 0 is done: it repeats its stop token
+    assert stopped[1].tolist() == full[1].tolist()  # row 1 never stops, so all 6 steps run
+    both = generate_tokens(step, prompt, 6, cached=False, stop=(2, 3))
+    assert both.tolist() == [[0, 5, 6, 2], [0, 3, 3, 3]]  # row 1 stopped first and repeats its stop token
+    with pytest.raises(TypeError, match="stop token id must be an int"):
+        generate_tokens(step, prompt, 2, stop=[2.0])
+
+
 # --------------------------------------------------------- encoder-decoder
 def test_encoder_decoder_shapes_and_attention():
     model = EncoderDecoder(small()).eval()

