@@ -52,9 +52,10 @@ def softmax_over_keys(scores: Tensor) -> Tensor:
     """``scores [..., L, S]`` -> weights ``[..., L, S]``; a row of all ``-inf`` (a query that may see no key)
     gets all zeros, not NaN."""
     weights = scores.softmax(dim=-1)  # [..., L, S]: one weighting over the keys per query
-    # softmax of an all -inf row is 0/0: a query that sees nothing gets nothing.
-    blind = torch.isneginf(scores).all(dim=-1, keepdim=True)  # [..., L, 1]
-    return weights.masked_fill(blind, 0.0)
+    # softmax of an all -inf row is 0/0: a query that sees nothing gets nothing. Found from the row maxima
+    # ([..., L, 1]), and fixed only where such a row exists, so an unmasked call makes no second [L, S] tensor.
+    blind = scores.amax(dim=-1, keepdim=True) == float("-inf")  # [..., L, 1]
+    return weights.masked_fill(blind, 0.0) if bool(blind.any()) else weights
 
 
 def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Tensor:
