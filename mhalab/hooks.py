@@ -21,7 +21,7 @@ d_head head size, D d_model)::
 With grouped-query attention ``hook_k``/``hook_v`` hold only the G K/V heads, as stored (query head j reads
 K/V head ``j // (H // G)``). With a KV cache, ``hook_q/k/v`` hold the new positions only; the scores and
 pattern cover every key. Masked scores are ``-inf``. An :class:`~mhalab.models.EncoderDecoder` names its
-stacks by place (``encoder.{i}.attn``, ``decoder.{i}.self_attn``, ``decoder.{i}.cross_attn``; see
+stacks by place (``encoder.{i}.attn``, ``decoder.{i}.attn``, ``decoder.{i}.cross_attn``; see
 :mod:`mhalab.models`), so short keys such as ``cache["pattern", 0]`` (which mean ``blocks.0.attn.hook_pattern``,
 as in TransformerLens) are refused there with the full names that exist::
 

@@ -218,15 +218,15 @@ def test_pattern_hooks_fire_once_per_attention_call_in_order():
         model(src, tgt)
         assert calls == [
             ("encoder.0.attn.hook_pattern", (2, H, 7, 7)), ("encoder.1.attn.hook_pattern", (2, H, 7, 7)),
-            ("decoder.0.self_attn.hook_pattern", (2, H, 5, 5)), ("decoder.0.cross_attn.hook_pattern", (2, H, 5, 7)),
-            ("decoder.1.self_attn.hook_pattern", (2, H, 5, 5)), ("decoder.1.cross_attn.hook_pattern", (2, H, 5, 7)),
+            ("decoder.0.attn.hook_pattern", (2, H, 5, 5)), ("decoder.0.cross_attn.hook_pattern", (2, H, 5, 7)),
+            ("decoder.1.attn.hook_pattern", (2, H, 5, 5)), ("decoder.1.cross_attn.hook_pattern", (2, H, 5, 7)),
         ]
         calls.clear()
         model.generate(src[:1], 3, bos_id=0)  # the encoder once, then the decoder once per new token
     assert [name for name, _ in calls[:2]] == ["encoder.0.attn.hook_pattern", "encoder.1.attn.hook_pattern"]
     decoder = calls[2:]
     assert len(decoder) == 3 * 4 and all(shape[2] == 1 for _, shape in decoder)  # one query per step
-    assert [shape[3] for name, shape in decoder if name == "decoder.0.self_attn.hook_pattern"] == [1, 2, 3]  # the cache grows
+    assert [shape[3] for name, shape in decoder if name == "decoder.0.attn.hook_pattern"] == [1, 2, 3]  # the cache grows
     model(src, tgt)
     assert len(calls) == 14  # the hooks are gone after the with block
 
@@ -346,7 +346,7 @@ def test_an_encoder_decoder_refuses_short_keys_and_names_its_points():
     model = EncoderDecoder(ModelConfig(vocab_size=10, d_model=D, n_heads=H, n_layers=2)).eval()
     _, cache = run_with_cache(model, torch.randint(0, 10, (1, 5)), torch.randint(0, 10, (1, 3)), names_filter="*.hook_pattern")
     with pytest.raises(KeyError, match=r"hook_pattern points at that layer are encoder.0.attn.hook_pattern, "
-                                       r"decoder.0.self_attn.hook_pattern, decoder.0.cross_attn.hook_pattern"):
+                                       r"decoder.0.attn.hook_pattern, decoder.0.cross_attn.hook_pattern"):
         cache["pattern", 0]
 
 

@@ -92,7 +92,7 @@ def test_hook_names_follow_the_blocks():
     enc_dec = EncoderDecoder(small())
     assert list(attention_modules(enc_dec)) == [
         "encoder.0.attn", "encoder.1.attn",
-        "decoder.0.self_attn", "decoder.0.cross_attn", "decoder.1.self_attn", "decoder.1.cross_attn",
+        "decoder.0.attn", "decoder.0.cross_attn", "decoder.1.attn", "decoder.1.cross_attn",
     ]
 
 
@@ -209,8 +209,8 @@ def test_encoder_decoder_shapes_and_attention():
     shapes = {name: tuple(w.shape) for name, w in cache.items()}
     assert shapes == {
         "encoder.0.attn.hook_pattern": (B, 4, 7, 7), "encoder.1.attn.hook_pattern": (B, 4, 7, 7),
-        "decoder.0.self_attn.hook_pattern": (B, 4, 5, 5), "decoder.0.cross_attn.hook_pattern": (B, 4, 5, 7),
-        "decoder.1.self_attn.hook_pattern": (B, 4, 5, 5), "decoder.1.cross_attn.hook_pattern": (B, 4, 5, 7),
+        "decoder.0.attn.hook_pattern": (B, 4, 5, 5), "decoder.0.cross_attn.hook_pattern": (B, 4, 5, 7),
+        "decoder.1.attn.hook_pattern": (B, 4, 5, 5), "decoder.1.cross_attn.hook_pattern": (B, 4, 5, 7),
     }
     for w in cache.values():
         assert torch.allclose(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-5)
@@ -232,7 +232,7 @@ def test_encoder_decoder_ablation_and_generation():
     model = EncoderDecoder(small()).eval()
     src, tgt = tokens(length=7), tokens(length=5, seed=1)
     base = model(src, tgt)
-    for point in ("encoder.1.attn.hook_z", "decoder.1.self_attn.hook_z", "decoder.1.cross_attn.hook_z"):
+    for point in ("encoder.1.attn.hook_z", "decoder.1.attn.hook_z", "decoder.1.cross_attn.hook_z"):
         assert not torch.allclose(run_with_hooks(model, src, tgt, fwd_hooks=[(point, ablate_heads([0]))]), base, atol=1e-5), point
 
     fast = model.generate(src, 5, bos_id=0)
