@@ -252,12 +252,12 @@ class Block(nn.Module):
     @classmethod
     def from_config(cls, config: ModelConfig, *, cross: bool = False) -> "Block":
         """The toy models' pre-norm block (LayerNorm, GELU MLP unless ``attn_only``); ``cross``: a decoder block."""
+        # Built in the order they run, so a seed gives the same weights as before the blocks were shared.
+        attn = config.attention()
         # No rotation in cross-attention: a decoder position and an encoder position share no axis.
-        return cls(
-            config.attention(), None if config.attn_only else MLP(config.d_model, config.d_ff, config.dropout),
-            lambda: nn.LayerNorm(config.d_model), cross_attn=config.attention(rotary=False) if cross else None,
-            dropout=config.dropout,
-        )
+        cross_attn = config.attention(rotary=False) if cross else None
+        mlp = None if config.attn_only else MLP(config.d_model, config.d_ff, config.dropout)
+        return cls(attn, mlp, lambda: nn.LayerNorm(config.d_model), cross_attn=cross_attn, dropout=config.dropout)
 
     def _add(self, x: Tensor, added: Tensor, norm: nn.Module, out_hook: HookPoint, resid_hook: HookPoint) -> Tensor:
         """The end of one residual branch: ``x + added``, then the norm if post-norm."""
