@@ -266,9 +266,10 @@ class Block(nn.Module):
 
     def forward(
         self, x: Tensor, *, causal: bool, key_padding_mask: Tensor | None = None, kv_cache: KVCache | None = None,
-        memory: Tensor | None = None, memory_padding_mask: Tensor | None = None,
+        memory: Tensor | None = None, memory_padding_mask: Tensor | None = None, cross_kv_cache: KVCache | None = None,
     ) -> Tensor:
-        """``x [B, T, D]`` -> ``[B, T, D]``; a decoder block also reads the encoder's output ``memory [B, S, D]``."""
+        """``x [B, T, D]`` -> ``[B, T, D]``; a decoder block also reads the encoder's output ``memory [B, S, D]``,
+        whose projected keys/values ``cross_kv_cache`` keeps after the first call (see MultiHeadAttention)."""
         post = self.post_norm
         resid = iter(self._resid_points)  # the residual points after each branch, in order
         x = self.hook_resid_pre(x)
@@ -280,7 +281,8 @@ class Block(nn.Module):
                 raise ValueError("a decoder block (with cross-attention) needs memory=, the encoder's output [B, S, D]")
             # Queries come from the decoder, keys and values from the encoder's output.
             attended, _ = self.cross_attn(x if post else self.ln_cross(x), memory, memory,
-                                          key_padding_mask=memory_padding_mask, need_weights=False)
+                                          key_padding_mask=memory_padding_mask, kv_cache=cross_kv_cache,
+                                          need_weights=False)
             x = self._add(x, attended, self.ln_cross, self.hook_cross_attn_out, next(resid))
         if self.has_mlp:
             x = self._add(x, self.mlp(x if post else self.ln_mlp(x)), self.ln_mlp, self.hook_mlp_out, next(resid))
@@ -405,13 +407,21 @@ class EncoderDecoder(nn.Module):
 
     def decode(
         self, tgt: Tensor, memory: Tensor, *, src_padding_mask: Tensor | None = None,
-        kv_caches: list[KVCache] | None = None,
+        kv_caches: list[KVCache] | None = None, cross_kv_caches: list[KVCache] | None = None,
     ) -> Tensor:
-        """``tgt [B, T]`` and ``memory [B, S, D]`` -> logits ``[B, T, V]``."""
+        """``tgt [B, T]`` and ``memory [B, S, D]`` -> logits ``[B, T, V]``.
+
+        ``kv_caches``: one :class:`KVCache` per decoder layer for its self-attention (``tgt`` are then the new
+        tokens); ``cross_kv_caches``: one per layer for its cross-attention, which projects ``memory`` on the
+        first call and reuses those keys and values on every later one (the memory does not change while
+        decoding; pass fresh caches for a new memory).
+        """
         past, caches = layer_caches(kv_caches, len(self.decoder))
+        _, cross_caches = layer_caches(cross_kv_caches, len(self.decoder))
         x = self.embed(tgt, past, self.hook_decoder_embed, self.hook_decoder_pos_embed)  # [B, T, D]
-        for block, cache in zip(self.decoder, caches):
-            x = block(x, causal=True, kv_cache=cache, memory=memory, memory_padding_mask=src_padding_mask)
+        for block, cache, cross_cache in zip(self.decoder, caches, cross_caches):
+            x = block(x, causal=True, kv_cache=cache, memory=memory, memory_padding_mask=src_padding_mask,
+                      cross_kv_cache=cross_cache)
         return _output_logits(self.head, self.ln_final(x), self.config)
 
     def forward(self, src: Tensor, tgt: Tensor, *, src_padding_mask: Tensor | None = None) -> Tensor:
@@ -429,9 +439,12 @@ class EncoderDecoder(nn.Module):
 
     @torch.no_grad()
     def generate(self, src: Tensor, new_tokens: int, *, bos_id: int) -> Tensor:
-        """Greedy decoding: ``src [B, S]`` -> ``[B, 1 + new_tokens]`` starting with ``bos_id``; encodes once."""
+        """Greedy decoding: ``src [B, S]`` -> ``[B, 1 + new_tokens]`` starting with ``bos_id``; encodes once and
+        projects the encoder's output to each cross-attention's keys and values once."""
         with eval_mode(self):
             memory = self.encode(src)  # [B, S, D]
             caches = [KVCache() for _ in self.decoder]
+            cross = [KVCache() for _ in self.decoder]  # the memory's keys/values, projected once per layer
             bos = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)  # [B, 1]
-            return generate_tokens(lambda ids: self.decode(ids, memory, kv_caches=caches), bos, new_tokens)
+            step = lambda ids: self.decode(ids, memory, kv_caches=caches, cross_kv_caches=cross)  # noqa: E731
+            return generate_tokens(step, bos, new_tokens)

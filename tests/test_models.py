@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mhalab.attention import check_head_count
-from mhalab.hooks import ablate_heads, attention_modules, run_with_cache, run_with_hooks
+from mhalab.hooks import ablate_heads, attention_modules, hooks_attached, run_with_cache, run_with_hooks
 from mhalab.models import EncoderDecoder, ModelConfig, Transformer, eval_mode
 from mhalab.positions import sinusoidal_positions
 
@@ -241,6 +241,36 @@ def test_encoder_decoder_ablation_and_generation():
         for _ in range(5):
             slow = torch.cat([slow, model(src, slow)[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(fast, slow)
+
+
+def test_cross_attention_projects_the_memory_once_and_gives_the_same_logits():
+    """Decoding token by token with cached cross-attention K/V gives exactly the logits of the uncached path,
+    where every step re-projects the encoder's output (the same matmul on the same memory: bit for bit);
+    the cached path projects it once per layer."""
+    from mhalab.attention import KVCache
+
+    model = EncoderDecoder(small(n_kv_heads=2)).eval()
+    src, tgt = tokens(length=7), tokens(length=6, seed=1)
+    with torch.no_grad():
+        memory = model.encode(src)
+        projections = []
+        count = [("decoder.*.cross_attn.hook_k", lambda k, hook: projections.append(hook.name))]
+        logits = {}
+        for cross in (True, False):
+            self_caches, cross_caches = [KVCache() for _ in model.decoder], [KVCache() for _ in model.decoder]
+            logits[cross] = torch.cat([model.decode(tgt[:, t : t + 1], memory, kv_caches=self_caches,
+                                                    cross_kv_caches=cross_caches if cross else None)
+                                       for t in range(tgt.size(1))], dim=1)  # [B, T, V]
+        assert torch.equal(logits[True], logits[False])
+        self_caches, cross_caches = [KVCache() for _ in model.decoder], [KVCache() for _ in model.decoder]
+        with hooks_attached(model, count):
+            for t in range(tgt.size(1)):
+                model.decode(tgt[:, t : t + 1], memory, kv_caches=self_caches, cross_kv_caches=cross_caches)
+    assert projections == ["decoder.0.cross_attn.hook_k", "decoder.1.cross_attn.hook_k"]  # once per layer, not per token
+    assert [len(c) for c in cross_caches] == [7, 7] and cross_caches[0].k.shape == (B, 2, 7, 4)
+    with pytest.raises(ValueError, match="holds the keys of a memory .batch 3, length 7.*fresh KVCache"):
+        model.decode(tgt[:, :1], model.encode(tokens(length=5)), kv_caches=[KVCache() for _ in model.decoder],
+                     cross_kv_caches=cross_caches)
 
 
 def test_encoder_decoder_forward_batch_needs_decoder_inputs():
