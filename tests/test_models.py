@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mhalab.attention import check_head_count
-from mhalab.hooks import ablate_heads, attention_modules, run_with_cache, run_with_hooks
+from mhalab.hooks import ablate_heads, attention_modules, hooks_attached, run_with_cache, run_with_hooks
 from mhalab.models import EncoderDecoder, ModelConfig, Transformer, eval_mode
 from mhalab.positions import sinusoidal_positions
 
@@ -92,7 +92,7 @@ def test_hook_names_follow_the_blocks():
     enc_dec = EncoderDecoder(small())
     assert list(attention_modules(enc_dec)) == [
         "encoder.0.attn", "encoder.1.attn",
-        "decoder.0.self_attn", "decoder.0.cross_attn", "decoder.1.self_attn", "decoder.1.cross_attn",
+        "decoder.0.attn", "decoder.0.cross_attn", "decoder.1.attn", "decoder.1.cross_attn",
     ]
 
 
@@ -209,8 +209,8 @@ def test_encoder_decoder_shapes_and_attention():
     shapes = {name: tuple(w.shape) for name, w in cache.items()}
     assert shapes == {
         "encoder.0.attn.hook_pattern": (B, 4, 7, 7), "encoder.1.attn.hook_pattern": (B, 4, 7, 7),
-        "decoder.0.self_attn.hook_pattern": (B, 4, 5, 5), "decoder.0.cross_attn.hook_pattern": (B, 4, 5, 7),
-        "decoder.1.self_attn.hook_pattern": (B, 4, 5, 5), "decoder.1.cross_attn.hook_pattern": (B, 4, 5, 7),
+        "decoder.0.attn.hook_pattern": (B, 4, 5, 5), "decoder.0.cross_attn.hook_pattern": (B, 4, 5, 7),
+        "decoder.1.attn.hook_pattern": (B, 4, 5, 5), "decoder.1.cross_attn.hook_pattern": (B, 4, 5, 7),
     }
     for w in cache.values():
         assert torch.allclose(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-5)
@@ -232,7 +232,7 @@ def test_encoder_decoder_ablation_and_generation():
     model = EncoderDecoder(small()).eval()
     src, tgt = tokens(length=7), tokens(length=5, seed=1)
     base = model(src, tgt)
-    for point in ("encoder.1.attn.hook_z", "decoder.1.self_attn.hook_z", "decoder.1.cross_attn.hook_z"):
+    for point in ("encoder.1.attn.hook_z", "decoder.1.attn.hook_z", "decoder.1.cross_attn.hook_z"):
         assert not torch.allclose(run_with_hooks(model, src, tgt, fwd_hooks=[(point, ablate_heads([0]))]), base, atol=1e-5), point
 
     fast = model.generate(src, 5, bos_id=0)
@@ -241,6 +241,36 @@ def test_encoder_decoder_ablation_and_generation():
         for _ in range(5):
             slow = torch.cat([slow, model(src, slow)[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(fast, slow)
+
+
+def test_cross_attention_projects_the_memory_once_and_gives_the_same_logits():
+    """Decoding token by token with cached cross-attention K/V gives exactly the logits of the uncached path,
+    where every step re-projects the encoder's output (the same matmul on the same memory: bit for bit);
+    the cached path projects it once per layer."""
+    from mhalab.attention import KVCache
+
+    model = EncoderDecoder(small(n_kv_heads=2)).eval()
+    src, tgt = tokens(length=7), tokens(length=6, seed=1)
+    with torch.no_grad():
+        memory = model.encode(src)
+        projections = []
+        count = [("decoder.*.cross_attn.hook_k", lambda k, hook: projections.append(hook.name))]
+        logits = {}
+        for cross in (True, False):
+            self_caches, cross_caches = [KVCache() for _ in model.decoder], [KVCache() for _ in model.decoder]
+            logits[cross] = torch.cat([model.decode(tgt[:, t : t + 1], memory, kv_caches=self_caches,
+                                                    cross_kv_caches=cross_caches if cross else None)
+                                       for t in range(tgt.size(1))], dim=1)  # [B, T, V]
+        assert torch.equal(logits[True], logits[False])
+        self_caches, cross_caches = [KVCache() for _ in model.decoder], [KVCache() for _ in model.decoder]
+        with hooks_attached(model, count):
+            for t in range(tgt.size(1)):
+                model.decode(tgt[:, t : t + 1], memory, kv_caches=self_caches, cross_kv_caches=cross_caches)
+    assert projections == ["decoder.0.cross_attn.hook_k", "decoder.1.cross_attn.hook_k"]  # once per layer, not per token
+    assert [len(c) for c in cross_caches] == [7, 7] and cross_caches[0].k.shape == (B, 2, 7, 4)
+    with pytest.raises(ValueError, match="holds the keys of a memory .batch 3, length 7.*fresh KVCache"):
+        model.decode(tgt[:, :1], model.encode(tokens(length=5)), kv_caches=[KVCache() for _ in model.decoder],
+                     cross_kv_caches=cross_caches)
 
 
 def test_encoder_decoder_forward_batch_needs_decoder_inputs():
