@@ -118,5 +118,6 @@ def test_reuses_a_precomputed_ablation_and_skips_it_when_asked(explorer_setup):
     again = widgets.HeadExplorer(model, batch, task, ablation=ex.ablation)
     assert again.ablation is ex.ablation and "head off" in again.ablation_text(0, 0)
     bare = widgets.HeadExplorer(model, batch.inputs, ablation=False)
-    assert bare.relations == [] and bare.ablation is None and "pass task=" in bare.ablation_text(0, 0)
+    assert bare.relations == [] and bare.ablation is None and bare.ablation_text(0, 0) == ""
+    assert "on the first token" in bare.footer_text(0, 0) and "task=" not in bare.footer_text(0, 0)
     assert bare.labels[0] == [str(int(t)) for t in batch.inputs[0]]
