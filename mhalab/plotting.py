@@ -54,7 +54,8 @@ def fit_tick_labels(ax, axis: str, labels: Sequence[str], *, fontsize: float = 7
     Measured with the figure's renderer: x labels lie flat when the widest fits its tick's share of the
     axis, else stand upright (rotated 90 degrees); if even the text height does not fit (x upright, or y),
     only every ``step``-th tick keeps its label. ``gap``: the room a label needs, as a multiple of its own
-    size. Returns ``(rotation, step)``.
+    size. Call it once the axes have their final size (no layout engine that shrinks them later).
+    Returns ``(rotation, step)``.
     """
     if axis not in ("x", "y"):
         raise ValueError(f"axis must be 'x' or 'y', got {axis!r}")
