@@ -148,7 +148,7 @@ class HeadExplorer:
         self.text = text
         self._compute(tokens, self.tokenizer, 1, False)
         self.example = 0
-        self._build_figure(self._figsize)
+        self._reshape()
         self.update()
         for listener in self._listeners:
             listener()
@@ -175,13 +175,9 @@ class HeadExplorer:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
-        # A pyplot-free Figure: it never pops up or gets shown twice by the inline backend. New text
-        # (another length) rebuilds the axes in the same Figure.
-        if getattr(self, "figure", None) is None:
-            self.figure = Figure(figsize=figsize, dpi=1.5 * DPI)
-            FigureCanvasAgg(self.figure)
-        else:
-            self.figure.clear()
+        # A pyplot-free Figure: it never pops up or gets shown twice by the inline backend.
+        self.figure = Figure(figsize=figsize, dpi=1.5 * DPI)
+        FigureCanvasAgg(self.figure)
         self._css_width = round(figsize[0] * DPI)  # shown at this width whatever the pixel density
         self.figure.subplots_adjust(left=0.1, right=0.97, top=0.88, bottom=0.3, wspace=0.55)
         self.ax_map, self.ax_bar = self.figure.subplots(1, 2, width_ratios=[1.25, 1])
@@ -215,6 +211,16 @@ class HeadExplorer:
         self._dynamic = [self.image, self.markers, self.map_title, *self.bars, *self.bar_text, self.bar_title, self.footer]
         for artist in self._dynamic:
             artist.set_animated(True)
+
+    def _reshape(self) -> None:
+        """Fit the map to a new length in the same axes (new tick labels at the next update): far cheaper
+        than new axes, whose ticks matplotlib would build again one by one."""
+        T, S = self.T, self.S
+        self.image.set_data(np.zeros((T, S)))
+        self.image.set_extent((-0.5, S - 0.5, T - 0.5, -0.5))
+        self.ax_map.set_xlim(-0.5, S - 0.5)
+        self.ax_map.set_ylim(T - 0.5, -0.5)
+        self._labelled_example = -1
 
     def _render(self, *, full: bool) -> bytes:
         """Draw the dynamic artists over the cached background (redrawn when ``full``); return PNG bytes."""
