@@ -663,7 +663,7 @@ CORPUS = {
             (lambda h, e, d: ((e + d + (d if e else 0)) * h, 1), "cannot all run at once"),
         ],
     },
-    "07.1": {
+    "07.3": {
         "right": [prev_scores_by_layer_number, prev_scores_loop],
         "wrong": [
             (lambda cache: torch.stack([cache[k].diagonal(-1, -2, -1).mean(dim=(0, 2)) for k in sorted(cache)]), "blocks.10 before blocks.2"),
@@ -683,7 +683,7 @@ CORPUS = {
             (lambda p: (lambda s: torch.nan_to_num(s / s.sum(-1, keepdim=True)))(p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 1)])), "[SEP] is the last key"),
         ],
     },
-    "07.3": {
+    "07.1": {
         "right": [gap_masks, gap_numpy],
         "wrong": [
             (lambda S: (S.diagonal().mean() - S.mean()).item(), "includes the true pairs"),

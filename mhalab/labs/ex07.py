@@ -1,5 +1,6 @@
-"""Exercises of notebook 07 (a real encoder): a previous-token score read from a cache of every layer,
-attention with [CLS] and [SEP] hidden and renormalised (the explorer's toggle), and the paraphrase gap.
+"""Exercises of notebook 07 (a real encoder), in the notebook's order: the paraphrase gap, attention with
+[CLS] and [SEP] hidden and renormalised (the explorer's toggle), and a previous-token score read from a
+cache of every layer.
 
 All three run on hidden inputs: caches of random attention patterns (one with 11 layers, where sorting the
 hook names puts ``blocks.10`` before ``blocks.2``), patterns with rows that put everything on [CLS], and
@@ -62,7 +63,7 @@ def _check_prev_from_cache(previous_token_scores) -> None:
 
 
 register(Exercise(
-    "07", 1, "a previous-token score for every head, from a cache",
+    "07", 3, "a previous-token score for every head, from a cache",
     _check_prev_from_cache,
     hint=["cache[f'blocks.{i}.attn.hook_pattern'] is layer i's attention [batch, head, query, key]. The previous "
           "token of query q is key q - 1 (queries 1 .. T-1).",
@@ -190,7 +191,7 @@ def _check_gap(paraphrase_gap) -> None:
 
 
 register(Exercise(
-    "07", 3, "the paraphrase gap",
+    "07", 1, "the paraphrase gap",
     _check_gap,
     hint="similarity[i, j] compares the first sentence of pair i with the second of pair j. The true pairs are "
          "the diagonal; every other entry (n*n - n of them) is a mismatched pair. Return one number.",
