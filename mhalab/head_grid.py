@@ -34,7 +34,8 @@ def head_grid(model: nn.Module | HeadExplorer, batch: Any = None, layer: int = 0
     example = check_index("example", example, explorer.n_examples)
     columns = columns or min(H, 8)
     rows = -(-H // columns)
-    fig, axes = figure(columns, rows, width=size, height=size + 0.3 + 0.4 / rows)  # 0.4 inches for the title
+    fig, axes = figure(columns, rows, width=size, height=size + 0.45 + 0.4 / rows)  # two title lines, the suptitle
+    titles = []
     for head, ax in enumerate(axes.flat):
         ax.set(xticks=[], yticks=[])
         if head >= H:
@@ -42,10 +43,25 @@ def head_grid(model: nn.Module | HeadExplorer, batch: Any = None, layer: int = 0
             continue
         role = explorer.role_name(layer, head)
         cmap, colour = relation_style(role, explorer.relations)
-        title = role if role == NO_ROLE else f"{role} {float(explorer.scores[role][layer, head]):.2f}"
+        score = "" if role == NO_ROLE else f" {float(explorer.scores[role][layer, head]):.2f}"
         ax.imshow(explorer.attention[layer, example, head], vmin=0, vmax=1, cmap=cmap, interpolation="nearest")
-        ax.set_title(f"H{head}: {title}", fontsize=10, color=colour)
+        titles.append(ax.set_title(f"H{head}{score}\n{role}", fontsize=10, color=colour))  # two short lines
         ax.spines[:].set_edgecolor(colour)
         ax.spines[:].set_linewidth(2 if role in explorer.relations else 0.8)
+    _fit_titles(fig, titles, width_px=size * fig.dpi)
     fig.suptitle(f"layer {layer}: every head (rows = queries, columns = keys), example {example}", fontsize=11)
     return fig
+
+
+def _fit_titles(fig, titles, width_px: float, smallest: float = 6.0) -> None:
+    """Shrink the titles' font (one size for all) until the widest fits its panel; cut what still does not."""
+    renderer = fig.canvas.get_renderer()
+    widest = max((t.get_window_extent(renderer).width for t in titles), default=0.0)
+    room = 0.92 * width_px  # a little space between neighbours
+    size = max(smallest, min(10.0, 10.0 * room / widest)) if widest else 10.0
+    for t in titles:
+        t.set_fontsize(size)
+        first, role = t.get_text().split("\n")
+        while t.get_window_extent(renderer).width > room and len(role) > 2:  # too wide even so: cut the role
+            role = role[:-1]
+            t.set_text(f"{first}\n{role}…")

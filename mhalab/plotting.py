@@ -5,6 +5,7 @@ Figures are made at :data:`DPI` (a point of text is a point on screen); matplotl
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -13,7 +14,8 @@ from torch import Tensor
 
 __all__ = [
     "DPI", "relation_style", "figure", "heatmap", "attention_maps", "show_memory_layout", "LAYOUTS",
-    "plot_costs", "notebook_style", "score_and_weight_maps", "plot_history", "plot_sweep",
+    "plot_costs", "notebook_style", "score_and_weight_maps", "plot_history", "plot_sweep", "fit_tick_labels",
+    "short_label",
 ]
 
 DPI = 96  # figure dots per inch = CSS pixels per inch: text of n points shows n points tall
@@ -37,6 +39,54 @@ def figure(ncols: int = 1, nrows: int = 1, *, width: float = 3.2, height: float 
 
     figsize = (width * ncols, height * nrows)
     return plt.subplots(nrows, ncols, figsize=figsize, dpi=DPI, squeeze=False, layout="tight")
+
+
+def short_label(label: str, width: int = 10) -> str:
+    """``label`` on one line, at most ``width`` characters (an ellipsis marks a cut); blanks shown as ``␣``."""
+    text = str(label).replace("\n", "\\n").replace("\t", "\\t")
+    text = text if text.strip() else "␣" * max(1, min(len(text), 3))
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def fit_tick_labels(ax, axis: str, labels: Sequence[str], *, fontsize: float = 7, gap: float = 1.15) -> tuple[int, int]:
+    """Put ``labels`` on ticks 0..n-1 of ``ax``'s ``axis`` ("x" or "y") so that no two drawn labels overlap.
+
+    Measured with the figure's renderer: x labels lie flat when the widest fits its tick's share of the
+    axis, else stand upright (rotated 90 degrees); if even the text height does not fit (x upright, or y),
+    only every ``step``-th tick keeps its label. ``gap``: the room a label needs, as a multiple of its own
+    size. Call it once the axes have their final size (no layout engine that shrinks them later).
+    Returns ``(rotation, step)``.
+    """
+    if axis not in ("x", "y"):
+        raise ValueError(f"axis must be 'x' or 'y', got {axis!r}")
+    labels = [str(label) for label in labels]
+    n = len(labels)
+    figure = ax.figure
+    renderer = figure.canvas.get_renderer()
+    box = ax.get_window_extent(renderer)  # display pixels
+    length = box.width if axis == "x" else box.height
+    spacing = length / max(n, 1)  # pixels between neighbouring ticks
+    widths, heights = [], []
+    for label in labels or [""]:
+        text = figure.text(0, 0, label or " ", fontsize=fontsize)
+        extent = text.get_window_extent(renderer)
+        widths.append(extent.width)
+        heights.append(extent.height)
+        text.remove()
+    widest, tallest = max(widths), max(heights)
+    rotation, step = 0, 1
+    if axis == "x":
+        if widest * gap > spacing:
+            rotation = 90
+            step = max(1, math.ceil(tallest * gap / spacing))
+    else:
+        step = max(1, math.ceil(tallest * gap / spacing))
+    shown = [label if i % step == 0 else "" for i, label in enumerate(labels)]
+    if axis == "x":
+        ax.set_xticks(range(n), shown, rotation=rotation, fontsize=fontsize)
+    else:
+        ax.set_yticks(range(n), shown, fontsize=fontsize)
+    return rotation, step
 
 
 def heatmap(weights, *, ax=None, x_labels: Sequence[str] | None = None, y_labels: Sequence[str] | None = None,

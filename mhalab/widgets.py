@@ -1,5 +1,8 @@
 """Look at every head with sliders: an attention heat map, the head's scores and what removing it costs.
 
+``head_explorer(model, "any text")`` runs a pretrained model (``model.tokenizer``: MiniLM, SmolLM2) on the
+learner's own text, at most :data:`MAX_TOKENS` tokens; its text box re-runs the model when Enter is pressed.
+
 A slider move only looks up arrays computed once when the explorer is built, changes the data of one
 off-screen matplotlib figure and re-renders it to the PNG an ``ipywidgets.Image`` shows: core ipywidgets
 (7.7 and 8), no JavaScript of our own. Viewers that cannot draw widgets show a still picture instead.
@@ -8,6 +11,7 @@ off-screen matplotlib figure and re-renders it to the PNG an ``ipywidgets.Image`
 
 from __future__ import annotations
 
+import html
 import io
 from typing import Any
 
@@ -19,10 +23,27 @@ from ._checks import check_index
 from .ablation import AblationTable, ablate_each_head
 from .hooks import run_with_cache
 from .models import eval_mode
-from .plotting import DPI, relation_style
+from .plotting import DPI, fit_tick_labels, relation_style, short_label
 from .scores import FRACTION_SCORES, NO_ROLE, fraction_keys, head_scores, role_of, stack_attention
 
-__all__ = ["HeadExplorer", "head_explorer", "widgets_available"]
+__all__ = ["HeadExplorer", "head_explorer", "widgets_available", "MAX_TOKENS", "SPECIAL_LABELS", "hide_keys"]
+
+#: The most tokens the explorer takes from typed text (special tokens included): the maps stay readable
+#: and a re-run answers within a second on two CPU cores (``benchmarks/explorer.py``).
+MAX_TOKENS = 32
+#: Token labels that are bookkeeping rather than text; with the first token they can be hidden.
+SPECIAL_LABELS = ("[CLS]", "[SEP]", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
+#: How many characters of a token label an axis shows.
+LABEL_CHARS = 10
+
+
+def hide_keys(attention: np.ndarray, keys) -> np.ndarray:
+    """``attention [..., T, S]`` without the weight on key positions ``keys``, each row renormalised to sum
+    to 1 over the keys left (a row with nothing left, e.g. a causal query 0 that only sees token 0, is 0)."""
+    shown = np.array(attention, dtype=np.float64, copy=True)
+    shown[..., list(keys)] = 0.0
+    total = shown.sum(-1, keepdims=True)
+    return np.divide(shown, total, out=np.zeros_like(shown), where=total > 0)
 
 
 def widgets_available() -> bool:
@@ -52,12 +73,51 @@ class HeadExplorer:
     def __init__(self, model: nn.Module, batch: Any, task: Any = None, *, examples: int = 8,
                  ablation: bool | AblationTable = True, figsize: tuple[float, float] = (9.0, 3.8),
                  layer: int = 0, head: int = 0) -> None:
+        self.model = model
+        self.tokenizer = getattr(model, "tokenizer", None) if isinstance(batch, str) else None
+        attn = next((m for m in model.modules() if hasattr(m, "n_kv_heads") and hasattr(m, "hook_pattern")), None)
+        self.n_kv_heads = getattr(attn, "n_kv_heads", None)
+        self.hide_special = False
+        self._listeners: list = []  # called after set_text (the model view redraws)
+        self._widget = None
+        self._figsize = figsize
+        if isinstance(batch, str):
+            if self.tokenizer is None:
+                raise TypeError(f"{type(model).__name__} has no .tokenizer to turn text into tokens: pass token ids "
+                                "or a task Batch, or a pretrained model (mhalab.pretrained.load_minilm/load_smollm2)")
+            self.text = batch
+            batch, task, ablation = self._encode(batch), self.tokenizer, False
+        else:
+            self.text = None
+        self._compute(batch, task, examples, ablation)
+        self.layer, self.head, self.example = 0, 0, 0
+        self.highlight = NO_ROLE
+        self._build_figure(figsize)
+        self.update(layer=layer, head=head)
+
+    def _encode(self, text: str) -> torch.Tensor:
+        """``text`` as ``[1, T]`` ids; ValueError (shown in the widget) when empty or over :data:`MAX_TOKENS`."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        if not text.strip():
+            raise ValueError("the text box is empty: type a sentence and press Enter")
+        encoded = self.tokenizer(text)
+        tokens = getattr(encoded, "tokens", encoded)  # MiniLM: an Encoding; SmolLM2: a [1, T] tensor
+        n = tokens.size(1)
+        if n > MAX_TOKENS:
+            raise ValueError(f"that text is {n} tokens; the explorer takes at most {MAX_TOKENS} (special tokens "
+                             f"such as {self.tokenizer.token_labels(tokens[0, :1])[0]!r} included): shorten it and press Enter")
+        return tokens
+
+    def _compute(self, batch: Any, task: Any, examples: int, ablation: bool | AblationTable) -> None:
+        """Everything the sliders look up: attention, scores, labels, ablation (the expensive part)."""
+        model = self.model
         tokens = getattr(batch, "inputs", batch)  # [B, T]
         if not isinstance(tokens, torch.Tensor):
-            raise TypeError(f"expected a task Batch or a [batch, seq] tensor of token ids, got {type(batch).__name__}")
-        # All the expensive work happens here, once.
+            raise TypeError(f"expected text, a task Batch or a [batch, seq] tensor of token ids, got {type(batch).__name__}")
+        device = next(model.parameters()).device
         with eval_mode(model):
-            _, cache = run_with_cache(model, tokens, names_filter="*.hook_pattern")
+            _, cache = run_with_cache(model, tokens.to(device), names_filter="*.hook_pattern")
         attention = stack_attention(cache)  # [N, B, H, T, S]
         self.n_layers, B, self.n_heads, self.T, self.S = attention.shape
         self.n_examples = max(1, min(int(examples), B))
@@ -78,11 +138,37 @@ class HeadExplorer:
         if not isinstance(ablation, AblationTable):  # else computed already (e.g. by the notebook): reuse it
             ablation = ablate_each_head(model, task, batch) if ablation and task is not None else None
         self.ablation = ablation
-        self.layer, self.head, self.example = 0, 0, 0
-        self.highlight = NO_ROLE
-        self._widget = None
-        self._build_figure(figsize)
-        self.update(layer=layer, head=head)
+
+    def set_text(self, text: str) -> None:
+        """Run the model on new ``text`` (explorers built from text only) and redraw, keeping layer and head."""
+        if self.tokenizer is None:
+            raise TypeError("this explorer was built from token ids, not text: head_explorer(model, 'some text') "
+                            "takes text (with a pretrained model)")
+        tokens = self._encode(text)  # raises before anything changes
+        self.text = text
+        self._compute(tokens, self.tokenizer, 1, False)
+        self.example = 0
+        self._reshape()
+        self.update()
+        for listener in self._listeners:
+            listener()
+
+    def special_keys(self, example: int = 0) -> list[int]:
+        """Key positions :attr:`hide_special` hides: the first token, and any [CLS]/[SEP]-like token."""
+        labels = self.labels[example]
+        return sorted({0, *(i for i, label in enumerate(labels) if label in SPECIAL_LABELS)})
+
+    def shown_map(self, layer: int, head: int, example: int = 0) -> np.ndarray:
+        """The ``[T, S]`` map drawn for a head: as computed, or with :meth:`special_keys` hidden."""
+        weights = self.attention[layer, example, head]
+        return hide_keys(weights, self.special_keys(example)) if self.hide_special else weights
+
+    def kv_group(self, head: int) -> list[int]:
+        """The query heads that share ``head``'s K/V head (grouped-query attention); ``[head]`` without it."""
+        if not self.n_kv_heads or self.n_kv_heads == self.n_heads:
+            return [head]
+        size = self.n_heads // self.n_kv_heads
+        return list(range(head // size * size, (head // size + 1) * size))
 
     # ------------------------------------------------------------------ figure
     def _build_figure(self, figsize: tuple[float, float]) -> None:
@@ -91,17 +177,18 @@ class HeadExplorer:
 
         # A pyplot-free Figure: it never pops up or gets shown twice by the inline backend.
         self.figure = Figure(figsize=figsize, dpi=1.5 * DPI)
-        self._css_width = round(figsize[0] * DPI)  # shown at this width whatever the pixel density
         FigureCanvasAgg(self.figure)
-        self.figure.subplots_adjust(left=0.08, right=0.97, top=0.88, bottom=0.24, wspace=0.55)
+        self._css_width = round(figsize[0] * DPI)  # shown at this width whatever the pixel density
+        self.figure.subplots_adjust(left=0.1, right=0.97, top=0.88, bottom=0.3, wspace=0.55)
         self.ax_map, self.ax_bar = self.figure.subplots(1, 2, width_ratios=[1.25, 1])
 
         T, S = self.T, self.S
         self.image = self.ax_map.imshow(np.zeros((T, S)), vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto", interpolation="nearest")
-        self.figure.colorbar(self.image, ax=self.ax_map, fraction=0.046, pad=0.02).set_label("attention weight", fontsize=8)
+        bar = self.figure.colorbar(self.image, ax=self.ax_map, fraction=0.046, pad=0.02)
+        bar.set_label("attention weight", fontsize=8)
+        bar.ax.tick_params(labelsize=7)
         self.ax_map.set_xlabel("key (attended to)", fontsize=8)
         self.ax_map.set_ylabel("query", fontsize=8)
-        self.ax_map.set(xticks=range(S), yticks=range(T))
         self.ax_map.tick_params(labelsize=7, length=0)
         self.markers = self.ax_map.scatter([], [], s=40, facecolors="none", edgecolors="red", linewidths=1.2)
         self.map_title = self.ax_map.set_title("", fontsize=9)
@@ -112,7 +199,7 @@ class HeadExplorer:
         self.ax_bar.invert_yaxis()
         self.ax_bar.set_xlim(0, 1)
         self.ax_bar.axvline(self.threshold, color="k", lw=0.6, ls=":")
-        self.ax_bar.set_xlabel("fraction of attention (whole batch)", fontsize=8)
+        self.ax_bar.set_xlabel("fraction of attention" + (" (whole text)" if self.text is not None else " (whole batch)"), fontsize=8)
         self.ax_bar.tick_params(axis="x", labelsize=7)
         self.bar_text = [self.ax_bar.text(0.0, i, "", va="center", fontsize=7) for i in y]
         self.bar_title = self.ax_bar.set_title("", fontsize=9)
@@ -124,6 +211,16 @@ class HeadExplorer:
         self._dynamic = [self.image, self.markers, self.map_title, *self.bars, *self.bar_text, self.bar_title, self.footer]
         for artist in self._dynamic:
             artist.set_animated(True)
+
+    def _reshape(self) -> None:
+        """Fit the map to a new length in the same axes (new tick labels at the next update): far cheaper
+        than new axes, whose ticks matplotlib would build again one by one."""
+        T, S = self.T, self.S
+        self.image.set_data(np.zeros((T, S)))
+        self.image.set_extent((-0.5, S - 0.5, T - 0.5, -0.5))
+        self.ax_map.set_xlim(-0.5, S - 0.5)
+        self.ax_map.set_ylim(T - 0.5, -0.5)
+        self._labelled_example = -1
 
     def _render(self, *, full: bool) -> bytes:
         """Draw the dynamic artists over the cached background (redrawn when ``full``); return PNG bytes."""
@@ -160,8 +257,12 @@ class HeadExplorer:
         return f"{NO_ROLE} ({'spread out' if spread else 'no single position'})"
 
     def update(self, layer: int | None = None, head: int | None = None, example: int | None = None,
-               highlight: str | None = None) -> None:
-        """Show another head/example/highlight: array lookups, the artists' data, one PNG render."""
+               highlight: str | None = None, hide_special: bool | None = None) -> None:
+        """Show another head/example/highlight: array lookups, the artists' data, one PNG render.
+        ``hide_special``: draw the map without the first token and [CLS]/[SEP] (:meth:`special_keys`), rows
+        renormalised over the keys left; the scores always count all keys."""
+        if hide_special is not None:
+            self.hide_special = bool(hide_special)
         for name, value in (("layer", layer), ("head", head), ("example", example)):
             if value is not None:
                 setattr(self, name, check_index(name, value, self.sizes[name]))
@@ -172,16 +273,19 @@ class HeadExplorer:
             self.highlight = highlight
         l, h, e = self.layer, self.head, self.example
 
-        self.image.set_data(self.attention[l, e, h])  # [T, S]
+        self.image.set_data(self.shown_map(l, h, e))  # [T, S]
         relabel = e != self._labelled_example
         if relabel:  # tick labels change only with the example; they live in the cached background
-            self.ax_map.set_xticklabels(self.labels[e], rotation=0)
-            self.ax_map.set_yticklabels(self.labels[e][-self.T :])
+            labels = [short_label(t, LABEL_CHARS) for t in self.labels[e]]
+            fit_tick_labels(self.ax_map, "x", labels)  # flat, upright, or every k-th: never overlapping
+            fit_tick_labels(self.ax_map, "y", labels[-self.T :])
             self._labelled_example = e
         keys = self.keys[self.highlight][e]  # [T]
         queries = np.flatnonzero(keys >= 0)
         self.markers.set_offsets(np.stack([keys[queries], queries], axis=1))  # [P, 2] (key, query) points
-        self.map_title.set_text(f"layer {l}, head {h}, example {e}: {self.role(l, h)}")
+        where = f"layer {l}, head {h}" + (f", example {e}" if self.n_examples > 1 else "")
+        hidden = " (first token/[CLS]/[SEP] hidden)" if self.hide_special else ""
+        self.map_title.set_text(f"{where}: {self.role(l, h)}{hidden}")
 
         for i, name in enumerate(self.bar_names):
             value = float(self.scores[name][l, h])
@@ -191,7 +295,7 @@ class HeadExplorer:
             self.bar_text[i].set_text(f"{value:.2f}")
         entropy, distance = float(self.scores["entropy"][l, h]), float(self.scores["distance"][l, h])
         self.bar_title.set_text(f"scores: entropy {entropy:.2f} nats, distance {distance:.1f}")
-        self.footer.set_text(self.ablation_text(l, h))
+        self.footer.set_text(self.footer_text(l, h))
 
         self.png = self._render(full=relabel)
         if self._widget is not None:
@@ -208,10 +312,24 @@ class HeadExplorer:
     def highlight_options(self) -> list[str]:
         return [NO_ROLE] + self.bar_names
 
+    def footer_text(self, layer: int, head: int) -> str:
+        """The line under the picture: the ablation's effect when there is one, else which heads share this
+        head's keys and values (grouped-query attention) and its share of attention on the first token."""
+        if self.ablation is not None:
+            return self.ablation_text(layer, head)
+        parts = []
+        group = self.kv_group(head)
+        if len(group) > 1:
+            others = ", ".join(str(g) for g in group if g != head)
+            parts.append(f"K/V head {head // len(group)} of {self.n_kv_heads}, shared with heads {others}")
+        first = float(self.scores["first-token"][layer, head])
+        parts.append(f"{first:.0%} of its attention on the first token (queries 1..{self.T - 1})")
+        return "   |  ".join(parts)
+
     def ablation_text(self, layer: int, head: int) -> str:
-        """One line: what switching this head off does to accuracy (overall and per relation)."""
+        """One line: what switching this head off does to accuracy (overall and per relation); "" without one."""
         if self.ablation is None:
-            return "ablation: pass task= (and ablation=True) to see what switching this head off costs"
+            return ""
         base, after = self.ablation.baseline, self.ablation.ablated
         after_accuracy = float(after["accuracy"][layer, head])
         text = f"head off (zero): accuracy {base['accuracy']:.3f} -> {after_accuracy:.3f}"
@@ -233,23 +351,49 @@ class HeadExplorer:
             }
             self._controls["highlight"] = W.Dropdown(options=self.highlight_options, value=self.highlight,
                                                      description="highlight", style=style)
+            self._controls["hide_special"] = W.Checkbox(value=self.hide_special, indent=False,
+                                                        description="hide the first token, [CLS], [SEP]")
             width = W.Layout(width=f"{self._css_width}px")
             self._image_widget = W.Image(value=self.png, format="png", layout=width)
             self._image_widget.add_class("mhalab-head-map")
             for control in self._controls.values():
                 control.observe(self._on_change, names="value")
             sliders = W.HBox([self._controls[name] for name in ("layer", "head", "example")])
-            self._widget = W.VBox([sliders, self._controls["highlight"], self._image_widget])
+            rows = [sliders, W.HBox([self._controls["highlight"], self._controls["hide_special"],
+                                     W.Label("(rows renormalised over the keys left)")])]
+            if self.tokenizer is not None:  # built from text: a box to type new text in
+                # continuous_update=False: the value changes on Enter (or leaving the box), not per key.
+                box = W.Text(value=self.text, description="text", continuous_update=False, style=style,
+                             layout=W.Layout(width=f"{min(self._css_width, 760)}px"))
+                box.add_class("mhalab-text")
+                box.observe(self._on_text, names="value")
+                self._message = W.HTML(value=self._message_html(""))
+                self._message.add_class("mhalab-message")
+                rows = [W.HBox([box]), self._message, *rows]
+            self._widget = W.VBox([*rows, self._image_widget])
             self._widget.add_class("mhalab-head-explorer")
         return self._widget
 
+    def _message_html(self, error: str) -> str:
+        if error:
+            return f"<span style='color:#b00'>{html.escape(error)}</span>"
+        return html.escape(f"{self.T} tokens (at most {MAX_TOKENS}); edit the text and press Enter to re-run the model")
+
+    def _on_text(self, change) -> None:
+        try:
+            self.set_text(change["new"])
+        except ValueError as error:  # empty or too long: say so, keep the last picture
+            self._message.value = self._message_html(str(error))
+            return
+        self._message.value = self._message_html("")
+
     def _on_change(self, change) -> None:
-        name = change["owner"].description
+        name = next(n for n, control in self._controls.items() if control is change["owner"])
         if change["new"] != getattr(self, name):  # not update() moving the control to where it already is
             self.update(**{name: change["new"]})
 
     #: The line under the still picture, for viewers that cannot run the sliders.
-    STATIC_NOTE = "A still of the head explorer: run this notebook (Jupyter or Colab) to move its sliders."
+    STATIC_NOTE = "A still of the head explorer: run this notebook (Jupyter or Colab) to move its sliders and type text."
 
     def static_png(self) -> bytes:
         """The current picture with :attr:`STATIC_NOTE` written under it, as PNG bytes."""
@@ -286,5 +430,8 @@ class HeadExplorer:
 
 
 def head_explorer(model: nn.Module, batch: Any, task: Any = None, **options: Any) -> HeadExplorer:
-    """Build a :class:`HeadExplorer`; display it (e.g. as a cell's last line) to get the sliders."""
+    """Build a :class:`HeadExplorer`; display it (e.g. as a cell's last line) to get the sliders.
+
+    ``batch``: text (a str, for a model with a ``.tokenizer``: MiniLM, SmolLM2; at most :data:`MAX_TOKENS`
+    tokens, and a text box to change it), a task ``Batch``, or ``[B, T]`` token ids."""
     return HeadExplorer(model, batch, task, **options)

@@ -69,3 +69,34 @@ def explorer_setup():
     batch = task.sample(5, generator=torch.Generator().manual_seed(3))
     explorer = widgets.head_explorer(model, batch, task, examples=3, figsize=(6, 3))
     return task, model, batch, explorer
+
+
+class CharTokenizer:
+    """Text -> one id per character, after a start token: a stand-in for a pretrained model's tokenizer."""
+
+    START = "<|endoftext|>"
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def __call__(self, text: str):
+        return torch.tensor([[0, *(1 + (ord(c) - 32) % (self.vocab_size - 1) for c in text)]])
+
+    def token_labels(self, ids):
+        return [self.START if int(i) == 0 else chr(int(i) - 1 + 32) for i in ids]
+
+
+# A text explorer over a tiny random grouped-query model (SmolLM2's code: 4 query heads share 2 K/V heads).
+@pytest.fixture
+def text_explorer():
+    """``(model, explorer)`` built from text; shared by tests/test_widgets.py and tests/test_model_view.py."""
+    from mhalab import widgets
+    from mhalab.pretrained.smollm2 import SmolLM2, SmolLM2Config
+
+    torch.manual_seed(0)
+    config = SmolLM2Config(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_head=8, d_ff=32, max_len=64)
+    model = SmolLM2(config).eval()
+    for p in model.parameters():  # larger weights than at initialisation, so the heads differ
+        p.data.normal_(0.0, 0.5)
+    model.tokenizer = CharTokenizer(config.vocab_size)
+    return model, widgets.head_explorer(model, "attend to this", figsize=(6, 3))

@@ -356,6 +356,118 @@ def effects_by_mhalab(model, tokens, targets):
         rows.append(row)
     return rows
 
+
+# ------------------------------------------------------------------------------------ 07
+def prev_scores_by_layer_number(cache):  # names built from the layer number, NumPy out
+    n = len(cache)
+    return np.stack([np.diagonal(cache[f"blocks.{i}.attn.hook_pattern"].numpy(), offset=-1, axis1=-2, axis2=-1).mean(axis=(0, 2))
+                     for i in range(n)])
+
+
+def prev_scores_loop(c):  # loops, sorted by the number in the name
+    names = sorted(c, key=lambda name: int(name.split(".")[1]))
+    out = torch.zeros(len(names), next(iter(c.values())).shape[1], dtype=torch.float64)
+    for i, name in enumerate(names):
+        p = c[name].double()
+        T = p.shape[-1]
+        out[i] = sum(p[:, :, q, q - 1] for q in range(1, T)).mean(0) / (T - 1)
+    return out
+
+
+def hide_by_mask(pattern):  # a boolean key mask, nan_to_num for the empty rows
+    keep = torch.ones(pattern.shape[-1], dtype=torch.bool)
+    keep[[0, -1]] = False
+    shown = pattern * keep
+    return torch.nan_to_num(shown / shown.sum(-1, keepdim=True), nan=0.0)
+
+
+def hide_numpy(p):
+    a = p.numpy().astype(np.float64)
+    a[..., 0] = 0.0
+    a[..., -1] = 0.0
+    total = a.sum(-1, keepdims=True)
+    return np.divide(a, total, out=np.zeros_like(a), where=total > 0)
+
+
+def gap_masks(similarity):
+    n = similarity.shape[0]
+    eye = torch.eye(n, dtype=torch.bool)
+    return (similarity[eye].mean() - similarity[~eye].mean()).item()
+
+
+def gap_numpy(S):
+    S = np.asarray(S, dtype=np.float64)
+    n = len(S)
+    return np.trace(S) / n - (S.sum() - np.trace(S)) / (n * (n - 1))
+
+
+# ------------------------------------------------------------------------------------ 08
+def kv_bytes_dict_style(config, bytes_per_value):  # the pieces named, float arithmetic
+    keys_and_values = 2.0
+    return keys_and_values * config.n_layers * config.n_kv_heads * config.d_head * bytes_per_value
+
+
+def induction_loop(cache, L):
+    rows = []
+    for i in range(len(cache)):
+        p = cache[f"blocks.{i}.attn.hook_pattern"]
+        rows.append(torch.stack([p[:, :, q, q - L + 1] for q in range(L + 1, 2 * L + 1)], dim=-1).mean(dim=(0, 2)))
+    return torch.stack(rows)
+
+
+def induction_diagonal(cache, L):  # the induction stripe is the diagonal at offset -(L - 1), second copy only
+    return np.stack([p.diagonal(-(L - 1), -2, -1)[..., -L:].mean(dim=(0, 2)).numpy() for p in cache.values()])
+
+
+def _second_copy(model, tokens, heads, L, *, positions=None, axis=2, keep_hooks=False, layers=None):
+    from mhalab.hooks import run_with_hooks
+
+    def hook(z, point):
+        layer = int(point.name.split(".")[1])
+        chosen = [h for l, h in heads if l == layer and (layers is None or l in layers)]
+        if chosen:
+            z = z.clone()
+            index = [slice(None)] * z.dim()
+            index[axis] = chosen
+            z[tuple(index)] = 0.0
+        return z
+    if keep_hooks:
+        for block in model.blocks:
+            block.attn.hook_z.register_forward_hook(lambda mod, inp, out: out * 0.5)
+    with torch.no_grad():
+        logits = run_with_hooks(model, tokens, fwd_hooks=[("*.attn.hook_z", hook)])
+    nll = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(), reduction="none").view(tokens.shape[0], -1)
+    return nll[:, L:].mean().item() if positions is None else nll[:, positions].mean().item()
+
+
+def second_copy_one_glob_hook(model, tokens, heads, L):  # one hook on every layer reading hook.name
+    return _second_copy(model, tokens, heads, L)
+
+
+def second_copy_forward_hooks(net, ids, which, n):  # plain torch forward hooks, removed in finally; log_softmax by hand
+    handles = []
+    for layer in {l for l, _ in which}:
+        hs = [h for l, h in which if l == layer]
+        handles.append(net.blocks[layer].attn.hook_z.register_forward_hook(
+            lambda mod, inp, out, hs=hs: out.index_fill(2, torch.tensor(hs), 0.0)))
+    try:
+        with torch.no_grad():
+            logp = net(ids).log_softmax(-1)
+    finally:
+        for handle in handles:
+            handle.remove()
+    picked = logp[:, n:-1].gather(-1, ids[:, n + 1:, None])[..., 0]
+    return torch.tensor(-picked.mean().item(), dtype=torch.float64)
+
+
+def second_copy_with_ablate(model, tokens, heads, L):
+    from mhalab.ablation import ablate
+
+    with torch.no_grad(), ablate(model, heads):
+        logits = model(tokens)
+    return torch.nn.functional.cross_entropy(logits[:, L:-1].flatten(0, 1), tokens[:, L + 1:].flatten()).item()
+
+
 CORPUS = {
     "01.1": {
         "right": [attention_einsum, attention_float64, attention_numpy],
@@ -549,6 +661,73 @@ CORPUS = {
             (lambda h, e, d: ((e + 2 * d) * h, e + 2 * d), "a decoder-only model has none"),
             (lambda h, e, d: ((e + d + (d if e else 0)) * h, (e + d + (d if e else 0)) * h), "run side by side"),
             (lambda h, e, d: ((e + d + (d if e else 0)) * h, 1), "cannot all run at once"),
+        ],
+    },
+    "07.3": {
+        "right": [prev_scores_by_layer_number, prev_scores_loop],
+        "wrong": [
+            (lambda cache: torch.stack([cache[k].diagonal(-1, -2, -1).mean(dim=(0, 2)) for k in sorted(cache)]), "blocks.10 before blocks.2"),
+            (lambda cache: torch.stack([p.diagonal(0, -2, -1).mean(dim=(0, 2)) for p in cache.values()]), "the token itself"),
+            (lambda cache: torch.stack([p.diagonal(1, -2, -1).mean(dim=(0, 2)) for p in cache.values()]), "the *next* token"),
+            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).sum(-1).mean(0) / p.shape[-1] for p in cache.values()]), "only the T - 1 queries"),
+            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).mean(dim=(0, 2)) for p in cache.values()]).T, "layers are the rows"),
+        ],
+    },
+    "07.2": {
+        "right": [hide_by_mask, hide_numpy],
+        "wrong": [
+            (lambda p: p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 2), torch.zeros(1)]), "divide each row by what is left"),
+            (lambda p: torch.nan_to_num(p[..., 1:-1] / p[..., 1:-1].sum(-1, keepdim=True)), "keep every key"),
+            (lambda p: (lambda s: s / s.sum(-1, keepdim=True))(p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 2), torch.zeros(1)])), "NaNs"),
+            (lambda p: (lambda s: torch.nan_to_num(s / s.sum(-2, keepdim=True)))(p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 2), torch.zeros(1)])), "renormalises each column"),
+            (lambda p: (lambda s: torch.nan_to_num(s / s.sum(-1, keepdim=True)))(p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 1)])), "[SEP] is the last key"),
+        ],
+    },
+    "07.1": {
+        "right": [gap_masks, gap_numpy],
+        "wrong": [
+            (lambda S: (S.diagonal().mean() - S.mean()).item(), "includes the true pairs"),
+            (lambda S: -gap_masks(S), "sign is flipped"),
+            (lambda S: (S.diagonal().mean() - S.triu(1).sum() / (S.shape[0] * (S.shape[0] - 1) / 2)).item(), "not symmetric"),
+            (lambda S: S.diagonal().mean().item(), "the true pairs alone"),
+        ],
+    },
+    "08.1": {
+        "right": [kv_bytes_dict_style, lambda cfg, b: torch.tensor(2 * cfg.n_kv_heads * cfg.d_head * cfg.n_layers * b)],
+        "wrong": [
+            (lambda c, b: 2 * c.n_layers * c.n_heads * c.d_head * b, "full multi-head attention"),
+            (lambda c, b: c.n_layers * c.n_kv_heads * c.d_head * b, "both the keys and the values"),
+            (lambda c, b: 2 * c.n_kv_heads * c.d_head * b, "multiply by n_layers"),
+            (lambda c, b: 2 * c.n_layers * c.n_kv_heads * (c.d_model // c.n_heads) * b, "need not be d_model / n_heads"),
+            (lambda c, b: 2 * c.n_layers * c.n_kv_heads * c.d_head, "multiply by bytes_per_value"),
+            (lambda c, b: 2 * c.n_layers * c.d_model * b, "a key and a value per query head"),
+            (lambda c, b: c.n_layers * c.n_kv_heads * c.d_head * b / 7, "whole number"),
+            (lambda c, b: 3 * c.n_layers * c.n_kv_heads * c.d_head * b, "count the numbers a token leaves"),
+        ],
+    },
+    "08.2": {
+        "right": [induction_loop, induction_diagonal],
+        "wrong": [
+            (lambda cache, L: torch.stack([p[:, :, torch.arange(L + 1, 2 * L + 1), torch.arange(1, L + 1)].mean(dim=(0, 2)) for p in cache.values()]), "duplicate-token"),
+            (lambda cache, L: torch.stack([p[:, :, torch.arange(L + 1, 2 * L + 1), torch.arange(3, L + 3)].mean(dim=(0, 2)) for p in cache.values()]), "q - L + 2"),
+            (lambda cache, L: torch.stack([p[:, :, torch.arange(1, 2 * L + 1), torch.arange(1, 2 * L + 1) - L + 1].mean(dim=(0, 2)) for p in cache.values()]), "the second copy only"),
+            (lambda cache, L: torch.stack([p[:, :, torch.arange(L, 2 * L), torch.arange(L, 2 * L) - L + 1].mean(dim=(0, 2)) for p in cache.values()]), "starts at position L + 1"),
+            (lambda cache, L: induction_loop(cache, L).T, "[n_layers, n_heads]"),
+        ],
+    },
+    "08.3": {
+        "right": [second_copy_one_glob_hook, second_copy_forward_hooks],
+        "wrong": [
+            (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(None)), "stage 1 of 3 (no head off)"),
+            (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(None)), "over the whole sequence"),
+            (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(L + 1, None)), "off by one"),
+            (lambda m, t, heads, L: _second_copy(m, t, [], L), "stage 2 of 3 (one head off)"),
+            (lambda m, t, heads, L: _second_copy(m, t, heads, L, axis=1), "query positions, not heads"),
+            (lambda m, t, heads, L: _second_copy(m, t, heads, L, layers=[heads[-1][0]] if heads else None), "stage 3 of 3"),
+            (lambda m, t, heads, L: _second_copy(m, t, heads, L, layers=[heads[-1][0]] if heads else None), "only the heads of one layer"),
+            (lambda m, t, heads, L: _second_copy(m, t, heads, L, keep_hooks=True), "still runs with heads off"),
+            (second_copy_with_ablate, "mhalab.ablation"),
+            (lambda m, t, heads: 0.0, "keep the given parameters"),
         ],
     },
 }

@@ -13,6 +13,7 @@ from mhalab import MultiHeadAttention
 from mhalab.counting import cost_table
 from mhalab.plotting import (
     DPI,
+    figure,
     attention_maps,
     heatmap,
     notebook_style,
@@ -74,3 +75,36 @@ def test_score_and_weight_maps_label_their_colour_bars():
     fig = score_and_weight_maps(s, {"a": s.softmax(-1), "b": (2 * s).softmax(-1)}, labels=list("wxyz"))
     labels = [ax.get_ylabel() for ax in fig.axes]
     assert labels.count("attention weight") == 2 and "score q·k" in labels
+
+
+@pytest.mark.parametrize("n, word", [(8, "cat"), (8, "quickest"), (20, "brown"), (32, "<|endofte…")])
+def test_fit_tick_labels_never_overlaps(n, word):
+    from mhalab.plotting import fit_tick_labels
+
+    fig, axes = figure(width=3.5, height=2.5)
+    fig.set_layout_engine("none")  # the axes keep the size they were measured at (as in the head explorer)
+    fig.subplots_adjust(left=0.3, bottom=0.35)
+    ax = axes[0, 0]
+    ax.imshow(torch.rand(n, n).numpy(), aspect="auto")
+    labels = [f"{word}{i}" for i in range(n)]
+    rotation, step = fit_tick_labels(ax, "x", labels)
+    _, y_step = fit_tick_labels(ax, "y", labels)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ticks, every in ((ax.get_xticklabels(), step), (ax.get_yticklabels(), y_step)):
+        shown = [t for t in ticks if t.get_text()]
+        assert [t.get_text() for t in shown] == labels[::every]  # every step-th label, in order
+        boxes = [t.get_window_extent(renderer) for t in shown]
+        assert not any(a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1 for a, b in zip(boxes, boxes[1:]))
+    if (n, word) == (8, "cat"):
+        assert (rotation, step) == (0, 1)  # short labels that fit lie flat, all of them
+    if n == 32:
+        assert rotation == 90 and step > 1  # too many to stand even upright: thinned
+    plt.close(fig)
+
+
+def test_short_label():
+    from mhalab.plotting import short_label
+
+    assert short_label("<|endoftext|>") == "<|endofte…" and len(short_label("x" * 40)) == 10
+    assert short_label(" ") == "␣" and short_label("\n") == "\\n" and short_label(" cat") == " cat"

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 from mhalab import widgets
 from mhalab.hooks import run_with_cache
@@ -118,5 +119,89 @@ def test_reuses_a_precomputed_ablation_and_skips_it_when_asked(explorer_setup):
     again = widgets.HeadExplorer(model, batch, task, ablation=ex.ablation)
     assert again.ablation is ex.ablation and "head off" in again.ablation_text(0, 0)
     bare = widgets.HeadExplorer(model, batch.inputs, ablation=False)
-    assert bare.relations == [] and bare.ablation is None and "pass task=" in bare.ablation_text(0, 0)
+    assert bare.relations == [] and bare.ablation is None and bare.ablation_text(0, 0) == ""
+    assert "on the first token" in bare.footer_text(0, 0) and "task=" not in bare.footer_text(0, 0)
     assert bare.labels[0] == [str(int(t)) for t in batch.inputs[0]]
+
+
+# ------------------------------------------------------------------------------------ text in, maps out
+def test_an_explorer_on_text_reruns_the_model_on_new_text(text_explorer):
+    model, ex = text_explorer
+    assert (ex.T, ex.n_heads) == (len("attend to this") + 1, 4)
+    assert ex.labels[0][:3] == ["<|endoftext|>", "a", "t"]
+    ex.update(layer=1, head=3)
+    before = ex.png
+    ex.set_text("a much longer sentence.")
+    assert ex.T == len("a much longer sentence.") + 1 and (ex.layer, ex.head) == (1, 3)
+    stacked = stack_attention(run_with_cache(model, model.tokenizer("a much longer sentence."), names_filter="*.hook_pattern")[1])
+    np.testing.assert_allclose(ex.attention[:, 0], stacked[:, 0].numpy())
+    assert ex.png != before and "layer 1, head 3" in ex.map_title.get_text()
+
+
+def test_text_limits_are_stated_and_leave_the_explorer_as_it_was(text_explorer):
+    _, ex = text_explorer
+    T, png = ex.T, ex.png
+    with pytest.raises(ValueError, match="empty"):
+        ex.set_text("   ")
+    with pytest.raises(ValueError, match=rf"40 tokens; the explorer takes at most {widgets.MAX_TOKENS}"):
+        ex.set_text("x" * 39)
+    assert (ex.T, ex.png) == (T, png)
+    ex.set_text("x" * (widgets.MAX_TOKENS - 1))  # exactly the cap
+    assert ex.T == widgets.MAX_TOKENS
+    with pytest.raises(TypeError, match="takes text"):
+        widgets.HeadExplorer(text_explorer[0], torch.tensor([[0, 1, 2]]), ablation=False).set_text("hi")
+
+
+def test_the_text_box_redraws_on_enter_and_says_what_is_wrong(text_explorer):
+    _, ex = text_explorer
+    ui = ex.widget
+    box = ui.children[0].children[0]
+    message, image = ui.children[1], ui.children[-1]
+    assert type(box).__name__ == "Text" and box.continuous_update is False  # a new value on Enter, not per key
+    shown = image.value
+    box.value = "new words here"
+    assert ex.T == len("new words here") + 1 and image.value == ex.png != shown
+    assert f"{ex.T} tokens" in message.value
+    box.value = ""
+    assert "empty" in message.value and image.value == ex.png and ex.T == len("new words here") + 1
+    box.value = "y" * 50
+    assert "at most 32" in message.value
+
+
+def test_hide_keys_renormalises_what_is_left():
+    weights = np.array([[1.0, 0.0, 0.0], [0.5, 0.25, 0.25], [0.2, 0.2, 0.6]])
+    shown = widgets.hide_keys(weights, [0])
+    np.testing.assert_allclose(shown, [[0.0, 0.0, 0.0], [0.0, 0.5, 0.5], [0.0, 0.25, 0.75]])  # row 0 had only key 0
+
+
+def test_the_toggle_hides_the_first_token_and_special_tokens(text_explorer):
+    _, ex = text_explorer
+    ex.set_text("ab")
+    assert ex.special_keys() == [0]
+    ex.update(layer=0, head=1, hide_special=True)
+    shown = np.array(ex.image.get_array())
+    np.testing.assert_allclose(shown, widgets.hide_keys(ex.attention[0, 0, 1], [0]))
+    assert (shown[:, 0] == 0).all() and np.allclose(shown[1:].sum(-1), 1.0)
+    assert "hidden" in ex.map_title.get_text()
+    ex.update(hide_special=False)
+    np.testing.assert_allclose(ex.image.get_array(), ex.attention[0, 0, 1])
+
+
+def test_the_line_under_the_map_names_the_heads_sharing_keys_and_values(text_explorer):
+    _, ex = text_explorer
+    assert ex.kv_group(3) == [2, 3] and ex.kv_group(0) == [0, 1]
+    assert "K/V head 1 of 2, shared with heads 2" in ex.footer_text(0, 3)
+    first = float(ex.scores["first-token"][0, 3])
+    assert f"{first:.0%} of its attention on the first token" in ex.footer_text(0, 3)
+
+
+@pytest.mark.parametrize("n", [8, 20, 32])
+def test_key_and_query_labels_never_overlap(text_explorer, n):
+    _, ex = text_explorer
+    ex.set_text(("abcdefgh" * 4)[: n - 1])
+    renderer = ex.figure.canvas.get_renderer()
+    for labels in (ex.ax_map.get_xticklabels(), ex.ax_map.get_yticklabels()):
+        boxes = [t.get_window_extent(renderer) for t in labels if t.get_text()]
+        assert len(boxes) >= min(n, 8)
+        assert not any(a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+                       for i, a in enumerate(boxes) for b in boxes[i + 1:])
