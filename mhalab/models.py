@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_head_count, check_int
+from ._checks import check_head_shape, check_int
 from .attention import KVCache, MultiHeadAttention
 from .kv_cache import layer_caches
 from .positions import sinusoidal_positions
@@ -26,6 +26,11 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------------------- config
+#: Where a model's positions come from: a trained table, the fixed sinusoids, rotary embedding of queries and
+#: keys (Su et al. 2021), or nowhere (a causal mask alone still gives order away).
+POSITIONS = ("learned", "sinusoidal", "rotary", "none")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Every size of a model in one place; invalid combinations fail here, before any training.
@@ -35,36 +40,49 @@ class ModelConfig:
 
     vocab_size: int  # distinct tokens (input and output)
     d_model: int = 64  # width of the residual stream
-    n_heads: int = 4  # must divide d_model
+    n_heads: int = 4  # query heads; must divide d_model unless d_head is given
     n_layers: int = 2  # blocks (EncoderDecoder: in each of encoder and decoder)
     d_ff: int | None = None  # MLP width; None: 4 * d_model
-    max_len: int = 64  # longest sequence the position table covers
+    max_len: int = 64  # longest sequence the model takes
     dropout: float = 0.0  # on embeddings, attention weights and residual branches
     causal: bool = False  # decoder-only; EncoderDecoder ignores it
-    positions: str = "learned"  # or "sinusoidal" (fixed, as in the 2017 paper)
+    positions: str = "learned"  # "learned" table, "sinusoidal" (fixed, 2017 paper), "rotary" (RoPE on q, k), "none"
     n_targets: int = 1  # predictions per position: logits [B, T, V], or [B, T, n_targets, V]
     bias: bool = True  # biases in the attention projections
+    attn_only: bool = False  # blocks without an MLP (attention-only, as in Elhage et al. 2021)
+    n_kv_heads: int | None = None  # K/V heads, grouped-query attention; None: n_heads (must divide n_heads)
+    d_head: int | None = None  # width of one head; None: d_model // n_heads (d_k in the paper)
+    rope_base: float = 10000.0  # rotary base (positions="rotary" only)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layers", "max_len", "n_targets"):
             check_int(name, getattr(self, name), 1)
-        # The same message MultiHeadAttention would give, but before any module is built.
-        check_head_count(self.d_model, self.n_heads)
+        # The same messages MultiHeadAttention would give, but before any module is built. n_kv_heads and
+        # d_head stay None when not given, so dataclasses.replace(config, n_heads=8) derives them again.
+        _, d_head = check_head_shape(self.d_model, self.n_heads, n_kv_heads=self.n_kv_heads, d_head=self.d_head)
         if self.d_ff is None:
             object.__setattr__(self, "d_ff", 4 * self.d_model)  # frozen: the one place a field is filled in
         check_int("d_ff", self.d_ff, 1)
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
-        if self.positions not in ("learned", "sinusoidal"):
-            raise ValueError(f"positions must be one of ('learned', 'sinusoidal'), got {self.positions!r}")
-        for name in ("causal", "bias"):
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
+        for name in ("causal", "bias", "attn_only"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, (int, float)) or not self.rope_base > 1:
+            raise ValueError(f"rope_base must be a number above 1 (e.g. 10000), got {self.rope_base!r}")
+        if self.positions == "rotary" and d_head % 2:
+            raise ValueError(f"positions='rotary' rotates pairs of features, so the head width must be even, got "
+                             f"d_head={d_head}; choose an even d_head (or n_heads with an even d_model // n_heads)")
 
-    @property
-    def d_k(self) -> int:
-        """Width of one head: ``d_model // n_heads``."""
-        return self.d_model // self.n_heads
+    def attention(self, *, rotary: bool | None = None) -> MultiHeadAttention:
+        """A :class:`MultiHeadAttention` of this config's shape (rotary if ``positions="rotary"``, or as ``rotary`` says)."""
+        rotary = self.positions == "rotary" if rotary is None else rotary
+        return MultiHeadAttention(
+            self.d_model, self.n_heads, n_kv_heads=self.n_kv_heads, d_head=self.d_head, bias=self.bias,
+            dropout=self.dropout, rope_base=self.rope_base if rotary else None,
+        )
 
     @classmethod
     def for_task(cls, task: Any, **overrides: Any) -> "ModelConfig":
@@ -159,14 +177,16 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm block (GPT-2): ``x + attn(LN(x))``, then ``x + mlp(LN(x))``; stable without warm-up."""
+    """One pre-norm block (GPT-2): ``x + attn(LN(x))``, then ``x + mlp(LN(x))`` (no MLP if ``attn_only``); stable without warm-up."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.ln_attn = nn.LayerNorm(config.d_model)
-        self.attn = MultiHeadAttention(config.d_model, config.n_heads, bias=config.bias, dropout=config.dropout)
-        self.ln_mlp = nn.LayerNorm(config.d_model)
-        self.mlp = MLP(config.d_model, config.d_ff, config.dropout)
+        self.attn = config.attention()
+        if not config.attn_only:
+            self.ln_mlp = nn.LayerNorm(config.d_model)
+            self.mlp = MLP(config.d_model, config.d_ff, config.dropout)
+        self.attn_only = config.attn_only
         self.dropout = config.dropout
 
     def forward(
@@ -175,7 +195,7 @@ class Block(nn.Module):
         """``x`` ``[B, T, D]`` -> ``[B, T, D]``."""
         attended, _ = self.attn(self.ln_attn(x), is_causal=causal, key_padding_mask=key_padding_mask, kv_cache=kv_cache, need_weights=False)
         x = x + F.dropout(attended, self.dropout, self.training)
-        return x + self.mlp(self.ln_mlp(x))
+        return x if self.attn_only else x + self.mlp(self.ln_mlp(x))
 
 
 class DecoderBlock(nn.Module):
@@ -185,11 +205,14 @@ class DecoderBlock(nn.Module):
         super().__init__()
         D, H = config.d_model, config.n_heads
         self.ln_self = nn.LayerNorm(D)
-        self.self_attn = MultiHeadAttention(D, H, bias=config.bias, dropout=config.dropout)
+        self.self_attn = config.attention()
         self.ln_cross = nn.LayerNorm(D)
-        self.cross_attn = MultiHeadAttention(D, H, bias=config.bias, dropout=config.dropout)
-        self.ln_mlp = nn.LayerNorm(D)
-        self.mlp = MLP(D, config.d_ff, config.dropout)
+        # No rotation across two sequences: a decoder position and an encoder position share no axis.
+        self.cross_attn = config.attention(rotary=False)
+        if not config.attn_only:
+            self.ln_mlp = nn.LayerNorm(D)
+            self.mlp = MLP(D, config.d_ff, config.dropout)
+        self.attn_only = config.attn_only
         self.dropout = config.dropout
 
     def forward(
@@ -201,7 +224,7 @@ class DecoderBlock(nn.Module):
         # Queries come from the decoder, keys and values from the encoder's output.
         attended, _ = self.cross_attn(self.ln_cross(x), memory, memory, key_padding_mask=memory_padding_mask, need_weights=False)
         x = x + F.dropout(attended, self.dropout, self.training)
-        return x + self.mlp(self.ln_mlp(x))
+        return x if self.attn_only else x + self.mlp(self.ln_mlp(x))
 
 
 class _Embedding(nn.Module):
@@ -214,7 +237,7 @@ class _Embedding(nn.Module):
         self.learned = config.positions == "learned"
         if self.learned:
             self.positions = nn.Embedding(config.max_len, config.d_model)
-        else:
+        elif config.positions == "sinusoidal":
             # A buffer, not a parameter: it moves with .to(device) but is never trained
             # (and, not being persistent, is rebuilt rather than stored in checkpoints).
             self.register_buffer("positions_table", sinusoidal_positions(config.max_len, config.d_model), persistent=False)
@@ -226,8 +249,10 @@ class _Embedding(nn.Module):
         if offset + T > self.max_len:
             raise ValueError(f"sequence of length {offset + T} is longer than max_len={self.max_len}; "
                              f"build the model with ModelConfig(max_len>={offset + T})")
-        table = self.positions.weight if self.learned else self.positions_table  # [max_len, D]
-        x = self.tokens(tokens) + table[offset : offset + T]  # [B, T, D] + [T, D] broadcasts over the batch
+        x = self.tokens(tokens)  # [B, T, D]
+        table = self.positions.weight if self.learned else getattr(self, "positions_table", None)  # [max_len, D]
+        if table is not None:  # (rotary positions act inside attention; "none" has none)
+            x = x + table[offset : offset + T]  # [B, T, D] + [T, D] broadcasts over the batch
         return F.dropout(x, self.dropout, self.training)
 
 

@@ -176,7 +176,7 @@ def sweep_heads(task: Any, *, d_model: int, heads: Sequence[int], seeds: Sequenc
                 history = train(net, task, base, seed=seed)
                 final = history.final
                 rows.append(SweepRow(
-                    heads=h, d_k=configs[h].d_k, seed=seed, parameters=count_parameters(net),
+                    heads=h, d_k=net.blocks[0].attn.d_head, seed=seed, parameters=count_parameters(net),
                     loss=float(final.get("loss", math.nan)), accuracy=float(final.get("accuracy", math.nan)),
                     relations={k.removeprefix("accuracy/"): float(v) for k, v in final.items() if k.startswith("accuracy/")},
                     seconds=history.elapsed,
