@@ -166,22 +166,33 @@ class KeyValueRecall(Task):
     query is the value stored under it. Relations at query positions: ``key`` (where the key was stored,
     found only by matching contents) and ``value`` (right after it: the answer). Token ids: keys
     ``0..n_keys-1``, values ``n_keys..n_keys+n_values-1``.
+
+    ``slots=True``: only the keys are stored, ``k1 k2 ... k_P``, and the value of a key is its slot: the
+    target at a query asking pair j is token ``n_keys + j`` (so ``n_values`` is ``n_pairs``). One attention
+    layer can then answer by matching contents alone (``key`` and ``value`` both point at slot j); with the
+    two-token pairs a model first needs a layer that moves each key onto its value.
     """
 
     name = "key-value recall"
     target_relation = "value"
-    _repr_fields = ("n_pairs", "n_keys", "n_values", "n_queries", "causal")
+    _repr_fields = ("n_pairs", "n_keys", "n_values", "n_queries", "causal", "slots")
 
-    def __init__(self, n_pairs: int = 8, *, n_keys: int = 16, n_values: int = 16, n_queries: int = 4,
-                 causal: bool = True) -> None:
+    def __init__(self, n_pairs: int = 8, *, n_keys: int = 16, n_values: int | None = None, n_queries: int = 4,
+                 causal: bool = True, slots: bool = False) -> None:
         self.n_pairs = check_int("n_pairs", n_pairs, 1)
         self.n_keys = check_int("n_keys", n_keys, n_pairs,
                                 why=f" (the {n_pairs} keys in one sequence are distinct, so n_keys >= n_pairs)")
-        self.n_values = check_int("n_values", n_values, 2)
+        if not isinstance(slots, bool):
+            raise TypeError(f"slots must be True or False, got {slots!r}")
+        if slots and n_values not in (None, n_pairs):
+            raise ValueError(f"with slots=True the values are the {n_pairs} slots, so n_values is n_pairs; "
+                             f"got n_values={n_values} (leave it out)")
+        self.slots = slots
+        self.n_values = check_int("n_values", n_pairs if slots else 16 if n_values is None else n_values, 1 if slots else 2)
         self.n_queries = check_int("n_queries", n_queries, 1)
         self.causal = bool(causal)
-        self.vocab_size = n_keys + n_values
-        self.seq_len = 2 * n_pairs + n_queries
+        self.vocab_size = self.n_keys + self.n_values
+        self.seq_len = (1 if slots else 2) * n_pairs + n_queries
         self.relations = ("key", "value")
 
     def _generate(self, batch_size: int, generator: torch.Generator, device: torch.device) -> Batch:
@@ -190,17 +201,23 @@ class KeyValueRecall(Task):
         keys = torch.rand(B, self.n_keys, generator=generator, device=device).argsort(dim=-1)[:, :P]  # [B, P]
         values = torch.randint(0, self.n_values, (B, P), generator=generator, device=device) + self.n_keys  # [B, P]
         asked = torch.randint(0, P, (B, Q), generator=generator, device=device)  # [B, Q]: which pair each query asks
-        pairs = torch.stack([keys, values], dim=-1).reshape(B, 2 * P)  # [B, P, 2] -> [B, 2P]: k1 v1 k2 v2 ...
-        inputs = torch.cat([pairs, keys.gather(1, asked)], dim=1)  # [B, T]
+        if self.slots:  # only the keys are stored; the value of pair j is j itself
+            values = torch.arange(P, device=device).expand(B, P) + self.n_keys
+            stored = keys  # [B, P]
+        else:
+            stored = torch.stack([keys, values], dim=-1).reshape(B, 2 * P)  # [B, P, 2] -> [B, 2P]: k1 v1 k2 v2 ...
+        first = stored.shape[1]  # where the queries start
+        inputs = torch.cat([stored, keys.gather(1, asked)], dim=1)  # [B, T]
         targets = torch.full((B, T), IGNORE, dtype=torch.long, device=device)
-        targets[:, 2 * P :] = values.gather(1, asked)  # [B, Q]: the value stored under each asked key
+        targets[:, first:] = values.gather(1, asked)  # [B, Q]: the value stored under each asked key
         key_pos = torch.full((B, T), -1, dtype=torch.long, device=device)
-        key_pos[:, 2 * P :] = 2 * asked  # pair j's key sits at 2j
-        value_pos = torch.where(key_pos >= 0, key_pos + 1, key_pos)  # and its value right after
+        key_pos[:, first:] = asked if self.slots else 2 * asked  # pair j's key sits at j (slots) or 2j
+        value_pos = key_pos if self.slots else torch.where(key_pos >= 0, key_pos + 1, key_pos)  # its value: right after
         return Batch(inputs, targets, {"key": key_pos, "value": value_pos})
 
     def token_labels(self, tokens_1d: Tensor) -> list[str]:
-        return [f"K{t}" if t < self.n_keys else f"v{t - self.n_keys}" for t in map(int, tokens_1d)]
+        value = "slot" if self.slots else "v"
+        return [f"K{t}" if t < self.n_keys else f"{value}{t - self.n_keys}" for t in map(int, tokens_1d)]
 
 
 class RepeatedSegments(Task):

@@ -70,6 +70,22 @@ def test_key_value_recall_answers_are_the_stored_values():
     assert task.token_labels(x[0])[:2] == [f"K{int(x[0, 0])}", f"v{int(x[0, 1]) - 9}"]
 
 
+def test_key_value_recall_with_slots_stores_only_the_keys_and_answers_their_slot():
+    task = KeyValueRecall(n_pairs=4, n_keys=10, n_queries=5, causal=False, slots=True)
+    assert (task.seq_len, task.n_values, task.vocab_size) == (9, 4, 14)
+    batch = _sample(task, n=32)
+    x, y = batch.inputs, batch.targets
+    assert (x < 10).all() and all(len(set(row.tolist())) == 4 for row in x[:, :4])
+    assert (y[:, :4] == IGNORE).all()
+    for b in range(32):
+        for i in range(4, 9):
+            slot = int(y[b, i]) - 10
+            assert int(x[b, slot]) == int(x[b, i])  # the query's key stands in the slot the target names
+            assert int(batch.sources["key"][b, i]) == int(batch.sources["value"][b, i]) == slot
+    assert task.token_labels(torch.tensor([3, 12])) == ["K3", "slot2"]
+    assert "slots=True" in repr(task)
+
+
 # ---------------------------------------------------------------- loss and metrics
 def test_metrics_score_perfect_and_wrong_logits():
     task = MultiRelationTask((-1, 1), vocab_size=5, seq_len=6)
@@ -142,6 +158,10 @@ def test_key_value_recall_bad_arguments():
         KeyValueRecall(n_pairs=8, n_keys=4)
     with pytest.raises(ValueError, match="n_queries must be at least 1"):
         KeyValueRecall(n_queries=0)
+    with pytest.raises(ValueError, match="n_values is n_pairs"):
+        KeyValueRecall(n_pairs=4, n_values=8, slots=True)
+    with pytest.raises(TypeError, match="slots must be True or False"):
+        KeyValueRecall(slots=1)
     with pytest.raises(ValueError, match="batch_size must be at least 1"):
         KeyValueRecall().sample(0, generator=torch.Generator())
 
