@@ -1,4 +1,4 @@
-"""The explorer's sliders work for a person: JupyterLab + notebook 05 in headless Chromium.
+"""The explorers' sliders work for a person: JupyterLab + notebooks 05 and 09 in headless Chromium.
 
 Starts JupyterLab on a free localhost port in a temporary root holding a copy of notebook 05 (and no
 checkpoints, so the notebook trains its models from scratch), opens it in headless Chromium through
@@ -38,6 +38,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "05_what_heads_do.ipynb"
 NOTEBOOK_07 = ROOT / "notebooks" / "07_a_real_encoder.ipynb"
+FORMATION_NOTEBOOK = ROOT / "notebooks" / "09_heads_form.ipynb"  # the formation explorer's training-step slider
 TARGET_S = 0.5  # what a slider move should take (reported next to the measurement, not asserted)
 RUN_ALL_TIMEOUT_S = 900  # notebook 05 takes < 2 min alone; a shared CI machine may be much slower
 
@@ -117,17 +118,17 @@ def jupyterlab(tmp_path):
 
 # In-page helpers: record when keys go down and when the explorer's image changes, and hash image data.
 _INSTRUMENT = """
-() => {
+(explorer) => {
   window.__mhalab = {keys: [], changes: []};
   document.addEventListener('keydown', () => window.__mhalab.keys.push(performance.now()), true);
-  const img = document.querySelector('.mhalab-head-explorer img');
+  const img = document.querySelector(explorer + ' img');
   new MutationObserver(() => window.__mhalab.changes.push({t: performance.now(), src: img.src}))
     .observe(img, {attributes: true, attributeFilter: ['src']});
 }
 """
 _IMAGE_HASH = """
-async () => {
-  const img = document.querySelector('.mhalab-head-explorer img');
+async (explorer) => {
+  const img = document.querySelector(explorer + ' img');
   const bytes = await (await fetch(img.src)).arrayBuffer();
   const digest = await crypto.subtle.digest('SHA-256', bytes);
   return {src: img.src, size: bytes.byteLength,
@@ -172,18 +173,18 @@ def _run_all_and_wait(page, n_code_cells: int, timeout_s: float) -> None:
         raise AssertionError(f"a cell of the notebook failed in JupyterLab:\n{page.locator(_ERROR_OUTPUT).first.text_content()[-3000:]}")
 
 
-def _move(page, slider_index: int, key: str) -> dict:
+def _move(page, slider_index: int, key: str, explorer: str = ".mhalab-head-explorer") -> dict:
     """Press ``key`` on the explorer's slider handle number ``slider_index``; wait for the new image."""
-    before = page.evaluate(_IMAGE_HASH)
+    before = page.evaluate(_IMAGE_HASH, explorer)
     n_changes = page.evaluate("() => window.__mhalab.changes.length")
-    handle = page.locator(".mhalab-head-explorer .noUi-handle").nth(slider_index)
+    handle = page.locator(f"{explorer} .noUi-handle").nth(slider_index)
     handle.focus()
     n_keys = page.evaluate("() => window.__mhalab.keys.length")
     page.keyboard.press(key)
     page.wait_for_function(f"() => window.__mhalab.changes.length > {n_changes}", timeout=10_000)
     pressed = page.evaluate(f"() => window.__mhalab.keys[{n_keys}]")
     changed = page.evaluate(f"() => window.__mhalab.changes[{n_changes}].t")
-    after = page.evaluate(_IMAGE_HASH)
+    after = page.evaluate(_IMAGE_HASH, explorer)
     return {"before": before, "after": after, "latency_s": (changed - pressed) / 1000}
 
 
@@ -202,7 +203,7 @@ def test_sliders_redraw_the_heat_map(jupyterlab, record_property):
             _run_all_and_wait(page, n_code, RUN_ALL_TIMEOUT_S)
             page.wait_for_selector(".mhalab-head-explorer img", timeout=60_000)
             page.locator(".mhalab-head-explorer").scroll_into_view_if_needed()
-            page.evaluate(_INSTRUMENT)
+            page.evaluate(_INSTRUMENT, ".mhalab-head-explorer")
 
             # noUiSlider handles in order: layer, head, example.
             moves = [("layer", _move(page, 0, "ArrowRight"))]
@@ -315,3 +316,38 @@ def test_picking_in_the_model_view_opens_the_head_in_the_explorer(notebook_07_pa
     toggle.check()
     page.wait_for_function(f"async () => ({_IMAGE_OF})('{_VIEW_IMG}').then(h => h !== '{before}')", timeout=30_000)
     _no_errors(page, errors)
+
+
+@pytest.fixture
+def formation_lab(tmp_path):
+    with _jupyterlab(tmp_path, FORMATION_NOTEBOOK) as server:
+        yield server
+
+
+def test_the_training_step_slider_redraws_the_pattern(formation_lab):
+    """Notebook 09's formation explorer: moving the step slider (and the head slider) shows another picture."""
+    from playwright.sync_api import sync_playwright
+
+    base, token, root = formation_lab
+    explorer = ".mhalab-formation-explorer"
+    errors: list[str] = []
+    with sync_playwright() as p:
+        with chromium_page(p, width=1400, height=1000) as page:
+            page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
+            page.goto(f"{base}/lab/tree/{FORMATION_NOTEBOOK.name}?token={token}", timeout=120_000)
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
+            n_code = sum(c.cell_type == "code" for c in nbformat.read(FORMATION_NOTEBOOK, as_version=4).cells)
+            _run_all_and_wait(page, n_code, RUN_ALL_TIMEOUT_S)
+            page.wait_for_selector(f"{explorer} img", timeout=60_000)
+            page.locator(explorer).scroll_into_view_if_needed()
+            page.evaluate(_INSTRUMENT, explorer)
+
+            # noUiSlider handles in order: step, layer, head. The explorer opens at the formation step.
+            moves = [("step", _move(page, 0, "ArrowLeft", explorer)), ("step", _move(page, 0, "End", explorer)),
+                     ("step", _move(page, 0, "Home", explorer)), ("head", _move(page, 2, "ArrowRight", explorer))]
+            for what, move in moves:
+                assert move["after"]["hash"] != move["before"]["hash"], f"moving the {what} slider left the picture unchanged"
+                assert move["after"]["size"] > 1000, "the explorer's image is (nearly) empty"
+            assert page.locator(_ERROR_OUTPUT).count() == 0, page.locator(_ERROR_OUTPUT).first.text_content()
+            assert page.get_by_text("Error displaying widget").count() == 0
+            assert not errors, errors
