@@ -408,4 +408,5 @@ def serve(fd_in: int, fd_out: int) -> None:
 
 
 if __name__ == "__main__":
+    sys.modules["_mhalab_grading"] = sys.modules[__name__]  # the stub mhalab.labs hands answers to ANSWERS here
     serve(int(sys.argv[1]), int(sys.argv[2]))
