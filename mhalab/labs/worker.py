@@ -395,6 +395,8 @@ def serve(fd_in: int, fd_out: int) -> None:
                 out = []
                 if kind == "returned":
                     send(fd_out, {"returned": encode(value, out), "facts": facts}, out)
+                elif kind == "unbound":
+                    send(fd_out, {"unbound": [str(p) for p in value]})
                 else:
                     send(fd_out, {"raised": [type(value).__name__, str(value)[:500], where(value, skip)], "facts": facts})
             elif op == "stop":
