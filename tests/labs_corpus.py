@@ -257,7 +257,7 @@ def gqa_float64(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
     return out.numpy()
 
 
-def gqa_with_mhalab_attention_pooled(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):  # hands the work to mhalab's module
+def gqa_with_mhalab_attention_pooled(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):  # mhalab's module: fair, the prompt forbids nothing
     from mhalab import MultiHeadAttention
 
     B, T, D = x.shape
@@ -557,14 +557,13 @@ CORPUS = {
         ],
     },
     "03.3": {
-        "right": [gqa_decoded, gqa_expand_einsum, gqa_float64],
+        "right": [gqa_decoded, gqa_expand_einsum, gqa_float64, gqa_with_mhalab_attention_pooled],
         "wrong": [
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, causal=False), "mask the future"),
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, interleave=False), "repeat cycles"),
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, scale=False), "not scaled"),
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, merge=False), "merged in the wrong order"),
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, out=False), "W_O is missing"),
-            (gqa_with_mhalab_attention_pooled, "mhalab"),
         ],
     },
     "04.1": {
@@ -611,13 +610,13 @@ CORPUS = {
         ],
     },
     "05.2": {
-        "right": [effects_loop_numpy, effects_with_ablate_by_pattern],
+        "right": [effects_loop_numpy, effects_with_ablate_by_pattern, effects_by_mhalab,  # the prompt forbids no helper
+                  lambda m, t, y: effects_loop_numpy(m, t, y).tolist()],                  # nested lists, as elsewhere
         "wrong": [
             (lambda m, t, y: -effects_loop_numpy(m, t, y), "signs are flipped"),
             (lambda m, t, y: effects_loop_numpy(m, t, y, intact=False), "the loss with each head off"),
             (lambda m, t, y: effects_loop_numpy(m, t, y).T, "([n_layers, n_heads])"),
             (lambda m, t, y: effects_loop_numpy(m, t, y.clamp(min=0)), "-100"),
-            (effects_by_mhalab, "mhalab.ablation"),
         ],
     },
     "05.3": {
