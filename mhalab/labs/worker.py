@@ -69,7 +69,8 @@ class Opaque:
 
 def encode(value: Any, arrays: list, depth: int = 0) -> Any:
     """``value`` as JSON-able data; tensors and arrays go to ``arrays`` (numbered). Models of ``mhalab.models``
-    travel as their class, config and weights; anything else unknown as its description."""
+    travel as their class, config and weights, mhalab's dataclasses (configs) as their class and fields;
+    anything else unknown as its description."""
     if isinstance(value, np.generic):  # np.float64 and np.str_ are a float and a str
         value = value.item()
     if value is None or isinstance(value, (bool, int, str)):
@@ -93,6 +94,10 @@ def encode(value: Any, arrays: list, depth: int = 0) -> Any:
         if all(isinstance(k, str) and not k.startswith("__") for k in value):
             return {k: encode(v, arrays, depth + 1) for k, v in value.items()}
         return {"__dict__": [[encode(k, arrays, depth + 1), encode(v, arrays, depth + 1)] for k, v in value.items()]}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and _travels(type(value).__module__):
+        # a config of mhalab's (a model's sizes): its class and its fields, rebuilt in the grading kernel
+        return {"__config__": f"{type(value).__module__}:{type(value).__qualname__}",
+                "fields": encode({f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}, arrays, depth + 1)}
     config = getattr(value, "config", None)
     if isinstance(value, torch.nn.Module) and type(value).__module__.startswith("mhalab.") and dataclasses.is_dataclass(config):
         return {"__model__": f"{type(value).__module__}:{type(value).__qualname__}",
@@ -100,6 +105,10 @@ def encode(value: Any, arrays: list, depth: int = 0) -> Any:
                 "config": encode(dataclasses.asdict(config), arrays, depth + 1),
                 "state": encode(dict(value.state_dict()), arrays, depth + 1), "training": value.training}
     return {"__opaque__": describe(value)}
+
+
+def _travels(module: str) -> bool:
+    return module.startswith("mhalab.") and not module.startswith("mhalab.labs")
 
 
 def _mhalab_class(path: str):
@@ -114,7 +123,7 @@ def _mhalab_class(path: str):
 
 def decode(value: Any, arrays: Any, *, models: bool = False) -> Any:
     """The inverse of :func:`encode`. Tensors come back as tensors, arrays as arrays, other objects as
-    :class:`Opaque`; a model is rebuilt only with ``models=True`` (the grading kernel, from the grader)."""
+    :class:`Opaque`; a model or config is rebuilt only with ``models=True`` (the grading kernel, from the grader)."""
     if isinstance(value, list):
         return [decode(v, arrays, models=models) for v in value]
     if not isinstance(value, dict):
@@ -135,6 +144,10 @@ def decode(value: Any, arrays: Any, *, models: bool = False) -> Any:
         return float(value["__float__"])
     if "__opaque__" in value:
         return Opaque(value["__opaque__"])
+    if "__config__" in value:
+        if not models:
+            return Opaque("a config")
+        return _mhalab_class(value["__config__"])(**decode(value["fields"], arrays))
     if "__model__" in value:
         if not models:
             return Opaque("a model")
