@@ -257,7 +257,7 @@ def gqa_float64(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
     return out.numpy()
 
 
-def gqa_with_mhalab_attention_pooled(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):  # hands the work to mhalab's module
+def gqa_with_mhalab_attention_pooled(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):  # mhalab's module: fair, the prompt forbids nothing
     from mhalab import MultiHeadAttention
 
     B, T, D = x.shape
@@ -402,6 +402,12 @@ def gap_numpy(S):
 
 
 # ------------------------------------------------------------------------------------ 08
+def prev_scores_by_mhalab(cache):  # the course's own score: fair, the prompt forbids nothing (dicts keep layer order)
+    from mhalab.scores import previous_token_score
+
+    return previous_token_score(cache)
+
+
 def kv_bytes_dict_style(config, bytes_per_value):  # the pieces named, float arithmetic
     keys_and_values = 2.0
     return keys_and_values * config.n_layers * config.n_kv_heads * config.d_head * bytes_per_value
@@ -413,6 +419,21 @@ def induction_loop(cache, L):
         p = cache[f"blocks.{i}.attn.hook_pattern"]
         rows.append(torch.stack([p[:, :, q, q - L + 1] for q in range(L + 1, 2 * L + 1)], dim=-1).mean(dim=(0, 2)))
     return torch.stack(rows)
+
+
+def kv_bytes_by_mhalab(config, bytes_per_value):  # mhalab's counter: fair, the prompt forbids nothing
+    from mhalab.counting import kv_cache_per_token
+
+    c = config
+    return kv_cache_per_token(c.d_model, c.n_heads, n_kv_heads=c.n_kv_heads, d_head=c.d_head, n_layers=c.n_layers).elements * bytes_per_value
+
+
+def induction_by_mhalab(cache, L):  # mhalab's induction score on stand-in tokens [start, 1..L, 1..L]: fair too
+    from mhalab.scores import induction_score
+
+    B = next(iter(cache.values())).shape[0]
+    copy = torch.arange(1, L + 1)
+    return induction_score(cache, torch.cat([torch.zeros(1, dtype=torch.long), copy, copy]).expand(B, -1))
 
 
 def induction_diagonal(cache, L):  # the induction stripe is the diagonal at offset -(L - 1), second copy only
@@ -557,14 +578,13 @@ CORPUS = {
         ],
     },
     "03.3": {
-        "right": [gqa_decoded, gqa_expand_einsum, gqa_float64],
+        "right": [gqa_decoded, gqa_expand_einsum, gqa_float64, gqa_with_mhalab_attention_pooled],
         "wrong": [
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, causal=False), "mask the future"),
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, interleave=False), "repeat cycles"),
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, scale=False), "not scaled"),
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, merge=False), "merged in the wrong order"),
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, out=False), "W_O is missing"),
-            (gqa_with_mhalab_attention_pooled, "mhalab"),
         ],
     },
     "04.1": {
@@ -611,13 +631,13 @@ CORPUS = {
         ],
     },
     "05.2": {
-        "right": [effects_loop_numpy, effects_with_ablate_by_pattern],
+        "right": [effects_loop_numpy, effects_with_ablate_by_pattern, effects_by_mhalab,  # the prompt forbids no helper
+                  lambda m, t, y: effects_loop_numpy(m, t, y).tolist()],                  # nested lists, as elsewhere
         "wrong": [
             (lambda m, t, y: -effects_loop_numpy(m, t, y), "signs are flipped"),
             (lambda m, t, y: effects_loop_numpy(m, t, y, intact=False), "the loss with each head off"),
             (lambda m, t, y: effects_loop_numpy(m, t, y).T, "([n_layers, n_heads])"),
             (lambda m, t, y: effects_loop_numpy(m, t, y.clamp(min=0)), "-100"),
-            (effects_by_mhalab, "mhalab.ablation"),
         ],
     },
     "05.3": {
@@ -664,7 +684,7 @@ CORPUS = {
         ],
     },
     "07.3": {
-        "right": [prev_scores_by_layer_number, prev_scores_loop],
+        "right": [prev_scores_by_layer_number, prev_scores_loop, prev_scores_by_mhalab],
         "wrong": [
             (lambda cache: torch.stack([cache[k].diagonal(-1, -2, -1).mean(dim=(0, 2)) for k in sorted(cache)]), "blocks.10 before blocks.2"),
             (lambda cache: torch.stack([p.diagonal(0, -2, -1).mean(dim=(0, 2)) for p in cache.values()]), "the token itself"),
@@ -693,7 +713,7 @@ CORPUS = {
         ],
     },
     "08.1": {
-        "right": [kv_bytes_dict_style, lambda cfg, b: torch.tensor(2 * cfg.n_kv_heads * cfg.d_head * cfg.n_layers * b)],
+        "right": [kv_bytes_dict_style, kv_bytes_by_mhalab, lambda cfg, b: torch.tensor(2 * cfg.n_kv_heads * cfg.d_head * cfg.n_layers * b)],
         "wrong": [
             (lambda c, b: 2 * c.n_layers * c.n_heads * c.d_head * b, "full multi-head attention"),
             (lambda c, b: c.n_layers * c.n_kv_heads * c.d_head * b, "both the keys and the values"),
@@ -706,7 +726,7 @@ CORPUS = {
         ],
     },
     "08.2": {
-        "right": [induction_loop, induction_diagonal],
+        "right": [induction_loop, induction_diagonal, induction_by_mhalab],
         "wrong": [
             (lambda cache, L: torch.stack([p[:, :, torch.arange(L + 1, 2 * L + 1), torch.arange(1, L + 1)].mean(dim=(0, 2)) for p in cache.values()]), "duplicate-token"),
             (lambda cache, L: torch.stack([p[:, :, torch.arange(L + 1, 2 * L + 1), torch.arange(3, L + 3)].mean(dim=(0, 2)) for p in cache.values()]), "q - L + 2"),

@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import torch
 
-from mhalab.labs.checks import check_calls, expect_equal
+from mhalab.labs.checks import check_calls, expect_equal, grading, rng
 from mhalab.labs.core import Exercise, register
 
 
@@ -22,8 +22,13 @@ def _causal(n):
     return torch.ones(n, n, dtype=torch.bool).tril()
 
 
+def _double_cases():
+    """Fixed cases, and when grading one drawn fresh (as the course's exercises do)."""
+    return [(3,), (-7,), (0.5,)] + ([(round(rng(1).uniform(-100, 100), 3),)] if grading() else [])
+
+
 register(Exercise(
-    "99", 1, "double a number", lambda answer: check_calls(answer, [(3,), (-7,), (0.5,)], _double),
+    "99", 1, "double a number", lambda answer: check_calls(answer, _double_cases(), _double),
     hint="Multiply by two.", solution="def double(x):\n    return 2 * x", reference=_double,
 ))
 register(Exercise(
@@ -64,7 +69,9 @@ def synthetic_notebook(*, answers: dict[str, str] | None = None, extra: dict[int
         v4.new_markdown_cell("# Notebook 99: a fixture"),
         v4.new_code_cell("import torch\nx = 21\nprint('twice x is', 2 * x)"),
         v4.new_markdown_cell("## Exercises"),
-        v4.new_code_cell(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport labs_fixture\nfrom mhalab import labs\n\nq1, q2, q3 = labs.load(\"99\")"),
+        v4.new_code_cell(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\ntry:\n    import labs_fixture  # registers notebook 99's exercises\n"
+                         "except ImportError:  # a grading kernel refuses it (the grader judges there)\n    pass\n"
+                         "from mhalab import labs\n\nq1, q2, q3 = labs.load(\"99\")"),
         v4.new_code_cell(f"def double(x):\n    \"\"\"Twice x.\"\"\"\n    ### BEGIN SOLUTION\n    {answers['double']}\n    ### END SOLUTION\n\nq1.check(double)"),
         v4.new_code_cell(f"### BEGIN SOLUTION\n{answers['n_heads']}\n### END SOLUTION\nq2.check(n_heads)"),
         v4.new_markdown_cell("Why is that a good choice?\n\n### BEGIN SOLUTION\nBecause the width divides evenly.\n### END SOLUTION"),

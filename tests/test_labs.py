@@ -3,13 +3,12 @@
 Every exercise (discovered when the tests are collected, every ``mhalab/labs/exNN.py``) must have
 entries in tests/labs_corpus.py: alternative right answers that pass, and wrong answers that fail with
 the message the corpus names. The course's own reference passes when trusted and scores 0 when handed in.
-What the grader records in the learner's kernel and judges in its own process gives the same verdict.
+Judged through a grading kernel, every answer gets the same verdict as in the learner's: test_labs_grade.py.
 Student release and grading with kernels: test_labs_release.py and test_labs_grade.py.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import re
 import sys
@@ -32,14 +31,6 @@ IDS = [ex.key for ex in EXERCISES]
 @pytest.fixture(autouse=True)
 def _not_strict(monkeypatch):
     monkeypatch.delenv(core.STRICT_ENV, raising=False)
-
-
-def _roundtrip(recorded: dict) -> dict:
-    """What the grader reads back from the learner's kernel: plain data, loaded without running code."""
-    buffer = io.BytesIO()
-    torch.save(recorded, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
 
 
 # --------------------------------------------------------------------------- every exercise
@@ -73,21 +64,6 @@ def test_wrong_answers_get_the_message_for_their_mistake(ex):
         status, message = ex.verdict(answer)
         assert status in (core.FAILED, core.ERROR), (i, status, message)
         assert expected in message, f"wrong answer {i} of {ex.key}: expected {expected!r} in {message!r}"
-
-
-@pytest.mark.parametrize("ex", EXERCISES, ids=IDS)
-def test_grading_records_in_the_kernel_and_judges_elsewhere_alike(ex):
-    answers = CORPUS[ex.key]["right"] + [a for a, _ in CORPUS[ex.key]["wrong"]] + [None]
-    for answer in answers:
-        recorded = _roundtrip(ex.record(answer))
-        assert ex.replay(recorded) == ex.verdict(answer), answer
-
-
-def test_numpy_scalars_are_recorded_as_plain_numbers():
-    """np.float64 is a float, but torch.load(weights_only=True) refuses it: the grader crashed."""
-    double, n_heads = labs.exercise("99", 1), labs.exercise("99", 2)
-    for ex, answer in ((double, lambda x: np.float64(2 * x)), (n_heads, np.float64(4.0))):
-        assert ex.replay(_roundtrip(ex.record(answer))) == ex.verdict(answer), answer
 
 
 @pytest.mark.parametrize("ex", EXERCISES, ids=IDS)
@@ -166,13 +142,13 @@ def test_missing_and_crashing_answers():
     assert status == core.ERROR and message.startswith("double(3) raised AttributeError") and "of crashes" in message
 
 
-def test_answers_that_are_or_call_the_course_code_score_zero():
+def test_calling_the_reference_scores_zero_but_every_other_helper_is_fair():
     q1 = labs.exercise("01", 1)
-    assert "mhalab's own" in q1.verdict(mhalab.scaled_dot_product_attention)[1]
     status, message = q1.verdict(lambda Q, K, V: q1.reference(Q, K, V))
-    assert status == core.FAILED and "course's own `mhalab.labs.ex01._attention_reference`" in message
-    status, message = labs.exercise("05", 3).verdict(lambda a: mhalab.scores.previous_token_score(a[None])[0])
-    assert status == core.FAILED and "previous_token_score" in message
+    assert status == core.FAILED and "course's own reference or checker (`mhalab.labs.ex01._attention_reference`)" in message
+    # the course's library and torch are fair wherever the prompt forbids nothing (issue 22's eight refusals)
+    assert q1.verdict(lambda Q, K, V: mhalab.scaled_dot_product_attention(Q, K, V)[0]) == (core.PASSED, "correct.")
+    assert labs.exercise("05", 3).verdict(lambda a: mhalab.scores.previous_token_score(a[None])[0]) == (core.PASSED, "correct.")
 
 
 def test_importing_an_mhalab_module_is_not_calling_the_course_code(monkeypatch):
@@ -203,10 +179,14 @@ def test_an_exercise_may_permit_running_some_mhalab_code_but_not_the_part_it_ask
 
     assert q1.verdict(mine) == (core.PASSED, "correct.")
     status, message = q1.verdict(theirs_inside_mine)
-    assert status == core.FAILED and "mhalab.hooks.ablate_heads" in message
-    # elsewhere nothing of mhalab may run: 01.1 refuses a model's forward pass as well
-    status, message = labs.exercise("01", 1).verdict(lambda Q, K, V: mhalab.MultiHeadAttention(Q.size(-1), 1)(Q[None])[0][0])
-    assert status == core.FAILED and "mhalab.attention.MultiHeadAttention" in message
+    assert status == core.FAILED and "mhalab.hooks.ablate_heads" in message and "asks you not to use" in message
+
+    def switched_off_watch(model, tokens, layer, head):  # issue 22: sys.setprofile(None) switched the watch off
+        sys.setprofile(None)
+        return theirs_inside_mine(model, tokens, layer, head)
+
+    status, message = q1.verdict(switched_off_watch)
+    assert status == core.FAILED and "sys.setprofile" in message
 
 
 def test_a_checker_bug_is_not_the_learners_error(caplog):

@@ -1,20 +1,30 @@
-"""Tests for grading (``python -m mhalab.labs grade``) on the synthetic notebook of tests/labs_fixture.py:
-the solution, the student version, wrong and missing answers, a slow cell, a dead kernel, and the two
-forgeries (outcomes written from a cell; the course's reference handed in). Each starts a kernel (slow).
+"""Tests for grading (``python -m mhalab.labs grade``) on the synthetic notebook of tests/labs_fixture.py: the
+solution, the student version, wrong and missing answers, a slow cell, a dead kernel, and every attack of
+issue 22 (each scores 0 or is flagged). Judged through a grading kernel, every corpus answer gets the verdict
+it gets in the learner's kernel. Each test starts grading kernels (slow).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import nbformat
 import pytest
+import torch
 
-from labs_fixture import synthetic_notebook  # also registers notebook "99"'s exercises
+import labs_fixture
+import mhalab.labs as labs
+from labs_corpus import CORPUS
+from labs_fixture import TESTS, answer_meta, synthetic_notebook  # also registers notebook "99"'s exercises
+from mhalab.labs import core
 from mhalab.labs.__main__ import main as labs_main
-from mhalab.labs.grade import NOT_CHECKED, grade, student_version
+from mhalab.labs.grade import MISSING, NOT_CHECKED, GradingKernel, _Handed, grade, similarity, student_version
+
+pytestmark = pytest.mark.slow
 
 
 def test_command_line_entry_point():
@@ -22,75 +32,238 @@ def test_command_line_entry_point():
     assert run.returncode == 0 and "release" in run.stdout and "grade" in run.stdout
 
 
-def _grade(tmp_path, nb, name="99_fixture.ipynb", **kwargs):
+@pytest.fixture
+def instructor(tmp_path):
+    """The instructor's copy of notebook 99 (the solution notebook)."""
+    path = tmp_path / "source" / "99_fixture.ipynb"
+    path.parent.mkdir()
+    nbformat.write(synthetic_notebook(), path)
+    return path
+
+
+def _grade(tmp_path, instructor, nb, name="99_submission.ipynb", **kwargs):
     path = tmp_path / name
     nbformat.write(nb, path)
-    return grade(path, timeout=kwargs.pop("timeout", 120), **kwargs)
+    return grade(path, source=instructor, timeout=kwargs.pop("timeout", 60), **kwargs)
 
 
-@pytest.mark.slow
-def test_grade_command_gives_the_solution_full_marks_and_the_student_version_zero(tmp_path, capsys):
+def _student(answers: dict[str, str] | None = None) -> nbformat.NotebookNode:
+    """The student version with some answer cells filled in ({"double": source of the whole cell})."""
+    nb = student_version(synthetic_notebook())
+    for name, text in (answers or {}).items():
+        index = {"double": 4, "n_heads": 5, "mask": 7}[name]
+        nb.cells[index].source = text
+    return nb
+
+
+def test_grade_command_gives_the_solution_full_marks_and_the_student_version_zero(tmp_path, instructor, capsys):
     solution, student = tmp_path / "99_fixture.ipynb", tmp_path / "99_student.ipynb"
     nbformat.write(synthetic_notebook(), solution)
     nbformat.write(student_version(synthetic_notebook()), student)
     out_json = tmp_path / "grades.json"
-    assert labs_main(["grade", str(solution), str(student), "--json", str(out_json), "--timeout", "120"]) == 0
+    assert labs_main(["grade", str(solution), str(student), "--source", str(instructor.parent), "--json", str(out_json),
+                      "--timeout", "60"]) == 0
     full, zero = json.loads(out_json.read_text())
     assert [e["status"] for e in full["exercises"]] == ["passed"] * 3
-    assert full["score"] == full["max_score"] == 3 and full["errors"] == []
+    assert full["score"] == full["max_score"] == 3 and full["errors"] == [] and full["flags"] == []
     assert zero["score"] == 0 and zero["max_score"] == 3 and not zero["kernel_died"]
     assert [e["status"] for e in zero["exercises"]] == ["unanswered"] * 3
     out = capsys.readouterr().out
     assert "3/3" in out and "0/3" in out
 
 
-@pytest.mark.slow
-def test_grading_wrong_and_missing_answers(tmp_path):
+def test_grading_wrong_and_missing_answers(tmp_path, instructor):
     nb = synthetic_notebook(answers={"double": "return x + 2"})
     nb.cells[7].source = nb.cells[7].source.replace("q3.check(mask)", "")  # the learner deleted the check
-    report = _grade(tmp_path, nb)
+    report = _grade(tmp_path, instructor, nb)
     assert {e.key: e.status for e in report.exercises} == {"99.1": "failed", "99.2": "passed", "99.3": NOT_CHECKED}
     assert report.score == 1 and report.max_score == 3
     assert "double(3)" in report.exercises[0].message
 
+    del nb.cells[5]  # no answer cell for 99.2 at all: 0 points, and the report says it is missing
+    report = _grade(tmp_path, instructor, nb)
+    assert report.exercises[1].status == MISSING and report.missing == ["99.2"] and "No answer cell for 99.2" in report.format()
 
-@pytest.mark.slow
-def test_grading_survives_a_slow_cell_and_a_dead_kernel(tmp_path):
-    slow = synthetic_notebook(extra={5: "import time\ntime.sleep(600)"})
-    report = _grade(tmp_path, slow, timeout=30)  # generous: imports are slow on a loaded machine
-    assert report.score == 3, report.format()
-    assert any("KeyboardInterrupt" in e for e in report.errors)
 
-    dies = synthetic_notebook(extra={5: "import os\nos._exit(1)"})
-    report = _grade(tmp_path, dies)
+def test_grading_survives_a_slow_cell_and_a_dead_kernel(tmp_path, instructor):
+    slow = _student({"n_heads": "import time\ntime.sleep(600)\nn_heads = 4\nq2.check(n_heads)"})
+    slow.cells[4].source = synthetic_notebook().cells[4].source
+    report = _grade(tmp_path, instructor, slow, timeout=15)
+    assert report.exercises[0].status == "passed" and report.exercises[1].status == NOT_CHECKED, report.format()
+    assert any("stopped after 15 s" in e for e in report.errors)
+
+    endless = _student({"double": "def double(x):\n    while True:\n        pass\nq1.check(double)"})
+    report = _grade(tmp_path, instructor, endless, timeout=15)  # an endless answer: stopped, and the rest graded
+    assert report.exercises[0].status == core.ERROR and "ran past 15 s" in report.exercises[0].message, report.format()
+
+    dies = _student({"double": "import os\nos._exit(1)"})
+    report = _grade(tmp_path, instructor, dies)
     assert report.kernel_died and report.score == 0
     assert {e.status for e in report.exercises} == {NOT_CHECKED} and "kernel died" in report.format()
+
+
+# --------------------------------------------------------------------------- issue 22's attacks
 
 
 FORGE_OUTCOMES = """\
 # a learner's cell that claims every exercise passed, in every way the kernel can
 from mhalab.labs import core
 core.Exercise.verdict = lambda self, *a, **k: ("passed", "correct.")
-core.Exercise.check = lambda self, *a, **k: print(f"✓ Exercise {self.key} ({self.title}): correct.")
 for ex in labs.load("99"):
     ex.last_status, ex.last_message = "passed", "correct."
-    ex.check(None)
 """
 
 
-@pytest.mark.slow
-def test_a_cell_that_writes_passed_outcomes_scores_zero(tmp_path):
+def test_cells_that_forge_outcomes_or_replace_the_recorder_score_zero(tmp_path, instructor):
     nb = student_version(synthetic_notebook())
-    nb.cells.insert(4, nbformat.v4.new_code_cell(FORGE_OUTCOMES))
-    report = _grade(tmp_path, nb)
+    nb.cells.insert(4, nbformat.v4.new_code_cell(FORGE_OUTCOMES))  # not an answer cell: it is never run
+    assert _grade(tmp_path, instructor, nb).score == 0
+    # in an answer cell: replace what q.check does with one that hands in the reference's outputs
+    recorder = ("import labs_fixture\nimport mhalab.labs as L\nL.Exercise.check = lambda self, a: None\n"
+                "import _mhalab_grading\n_mhalab_grading.ANSWERS['99.1'] = labs_fixture._double\n"
+                "_mhalab_grading.ANSWERS['99.3'] = labs_fixture._causal(5)\n")
+    report = _grade(tmp_path, instructor, _student({"double": recorder + "q1.check(None)"}))
     assert report.score == 0, report.format()
+    assert any("ModuleNotFoundError" in e or "ImportError" in e for e in report.errors)
 
 
-@pytest.mark.slow
-def test_handing_in_the_reference_scores_zero(tmp_path):
-    nb = synthetic_notebook(answers={"double": "return q1.reference(x)", "n_heads": "n_heads = q2.reference",
-                                     "mask": "mask = q3.reference"})
+def test_the_course_code_cannot_be_reached_from_an_answer(tmp_path, instructor):
+    """Handing in the reference, importing it (setprofile(None) first), reading the solution text (directly or
+    through a helper an earlier, non-answer cell defined) or the exercise module's file: 0 points."""
+    nb = synthetic_notebook(answers={"double": "import sys\n    sys.setprofile(None)\n    from mhalab.labs.ex01 import _attention_reference\n    return 2 * x",
+                                     "n_heads": "n_heads = q2.reference",
+                                     "mask": "exec(peek(q3))"})
     nb.cells[4].source += "\nq1.check(q1.reference)"
-    report = _grade(tmp_path, nb)
+    nb.cells.insert(3, nbformat.v4.new_code_cell("def peek(q):\n    return q.solution_text"))  # dropped by the rebuild
+    report = _grade(tmp_path, instructor, nb)
     assert report.score == 0, report.format()
-    assert all("reference" in e.message for e in report.exercises), report.format()
+
+    files = ("import os, mhalab.labs as L\nhere = os.path.dirname(L.__file__)\n"
+             "text = ''.join(open(os.path.join(here, f)).read() for f in os.listdir(here) if f != '__init__.py')\n"
+             "exec(q1.solution_text + text)\nq1.check(double)")
+    report = _grade(tmp_path, instructor, _student({"double": files}))
+    assert report.exercises[0].score == 0, report.format()
+
+
+LOOKUP = """\
+import json
+def double(x):
+    table = {json.dumps(k): v for k, v in TABLE}
+    return table[json.dumps(x)]
+q1.check(double)
+"""
+
+
+def test_a_lookup_table_learned_from_a_failing_run_scores_zero(tmp_path, instructor):
+    seen = tmp_path / "seen.jsonl"
+    spy = (f"import json\ndef double(x):\n    open({str(seen)!r}, 'a').write(json.dumps(x) + '\\n')\n    return 0\n"
+           "q1.check(double)")
+    first = _grade(tmp_path, instructor, _student({"double": spy}))
+    assert first.exercises[0].status == core.FAILED
+    inputs = [json.loads(line) for line in seen.read_text().splitlines()]
+    table = [(x, labs_fixture._double(x)) for x in inputs]  # the reference's outputs on every input seen so far
+    again = _grade(tmp_path, instructor, _student({"double": f"TABLE = {table!r}\n" + LOOKUP}))
+    assert again.exercises[0].status == core.ERROR and "KeyError" in again.exercises[0].message, again.format()
+    assert again.score == 0
+
+
+def test_the_grade_is_written_after_every_process_the_submission_started_is_gone(tmp_path, instructor):
+    out_json = tmp_path / "grade.json"
+    forge = f"import time; time.sleep(4); open({json.dumps(str(out_json))}, 'w').write('forged')"
+    forger = (f"import subprocess, sys, os\nforge = {forge!r}\n"
+              "subprocess.Popen([sys.executable, '-c', forge], start_new_session=True)   # its own session\n"
+              "if os.fork() == 0:                                                         # a double fork, setsid\n"
+              "    os.setsid()\n"
+              "    if os.fork() == 0:\n"
+              "        subprocess.run([sys.executable, '-c', forge])\n"
+              "    os._exit(0)\n"
+              "def double(x):\n    return 2 * x\nq1.check(double)")
+    path = tmp_path / "99_forger.ipynb"
+    nbformat.write(_student({"double": forger}), path)
+    assert labs_main(["grade", str(path), "--source", str(instructor.parent), "--json", str(out_json), "--timeout", "60"]) == 0
+    time.sleep(6)
+    report = json.loads(out_json.read_text())
+    assert report["score"] == 1, report
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).count("forged")]
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_the_assignment_comes_from_the_name_not_the_metadata(tmp_path, instructor):
+    nb = synthetic_notebook()
+    for cell in nb.cells:  # a notebook 99 whose answer cells carry notebook 01's ids
+        meta = cell.metadata.get("nbgrader")
+        if meta:
+            meta["grade_id"] = meta["grade_id"].replace("ex99", "ex01")
+    report = _grade(tmp_path, instructor, nb)
+    assert report.notebooks == ["99"] and report.score == 0 and report.missing == ["99.1", "99.2", "99.3"]
+    assert any("labelled for notebook 01" in flag for flag in report.flags)
+    report = _grade(tmp_path, instructor, synthetic_notebook(), name="submission.ipynb", assignment="99")
+    assert report.score == 3
+    with pytest.raises(ValueError, match="--assignment"):
+        _grade(tmp_path, instructor, synthetic_notebook(), name="submission.ipynb")
+
+
+def test_copying_the_published_code_is_flagged():
+    q1 = labs.exercise("01", 1)
+    assert similarity(q1.solution_text + "\n\nq1.check(attention)", q1) > 0.99
+    own = "def attention(Q, K, V):\n    w = torch.einsum('...ld,...sd->...ls', Q, K).div(Q.shape[-1] ** 0.5).softmax(-1)\n" \
+          "    return torch.einsum('...ls,...sd->...ld', w, V)\nq1.check(attention)"
+    assert similarity(own, q1) < 0.9
+
+
+# --------------------------------------------------------------------------- the grading kernel, directly
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    spec = {nb: [[ex.number, ex.title] for ex in labs.load(nb)] for nb in labs.available_notebooks()}
+    k = GradingKernel(spec, cwd=tmp_path_factory.mktemp("kernel"), timeout=120)
+    assert k.run_cell(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport labs_corpus, _mhalab_grading") is None
+    yield k
+    k.close()
+
+
+def _hand_in(kernel, key: str, expression: str):
+    assert kernel.run_cell(f"_mhalab_grading.ANSWERS[{key!r}] = {expression}") is None
+    is_callable, _ = kernel.handed_in()[key]
+    return _Handed("answer") if is_callable else kernel.value(key)
+
+
+@pytest.mark.parametrize("key", sorted(k for k in CORPUS if k[:2] in labs.available_notebooks()))
+def test_judged_through_the_grading_kernel_every_answer_gets_the_same_verdict(kernel, key):
+    ex = labs.exercise(*key.split("."))
+    entries = [("right", i, a) for i, a in enumerate(CORPUS[key]["right"])] + \
+              [("wrong", i, a) for i, (a, _) in enumerate(CORPUS[key]["wrong"])]
+    for kind, i, answer in entries:
+        index = i if kind == "right" else f"{i}][0"
+        remote = _hand_in(kernel, key, f"labs_corpus.CORPUS[{key!r}][{kind!r}][{index}]")
+        assert ex.verdict(remote, remote=kernel) == ex.verdict(answer), (kind, i)
+
+
+def test_switching_off_the_watch_in_the_grading_kernel_is_flagged(kernel):
+    q1 = labs.exercise("05", 1)
+    kernel.run_cell("import sys, torch\nfrom mhalab.hooks import ablate_heads, run_with_hooks\n"
+                    "def sneaky(model, tokens, layer, head):\n    sys.setprofile(None)\n"
+                    "    return run_with_hooks(model, tokens, fwd_hooks=[(f'blocks.{layer}.attn.hook_z', ablate_heads([head]))])")
+    status, message = q1.verdict(_hand_in(kernel, "05.1", "sneaky"), remote=kernel, seed=7)
+    assert status == core.FAILED and "sys.setprofile" in message
+
+
+def test_fresh_inputs_differ_between_grading_runs_but_not_between_checks():
+    from mhalab.labs.checks import generator
+
+    def draw(seed):
+        core._push(core._Session(seed=seed))
+        try:
+            return torch.randn(3, generator=generator(1))
+        finally:
+            core._LOCAL.stack.pop()
+
+    assert torch.equal(draw(None), draw(None)) and not torch.equal(draw(11), draw(12))

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 from .core import available_notebooks, load
 from .grade import grade, release
+from .gradebook import Submission, find_submissions, grade_class, gradescope_results, write_outputs
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -20,23 +22,42 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
-    if args.executed and len(args.notebooks) > 1:
-        sys.exit("mhalab.labs grade: --executed saves one notebook; grade one submission at a time with it")
+    timeout = args.timeout if args.timeout > 0 else None
+    folders = [p for p in args.notebooks if Path(p).is_dir()]
+    if folders:  # a class in nbgrader's layout
+        if len(args.notebooks) > 1:
+            sys.exit("mhalab.labs grade: give one folder (nbgrader's submitted/) or notebooks, not both")
+        start = time.perf_counter()
+        results = grade_class(find_submissions(folders[0], args.assignment), source=args.source, timeout=timeout, jobs=args.jobs)
+        out = Path(args.out or "graded")
+        write_outputs(results, out, gradescope=args.gradescope is not None)
+        print(f"graded {len(results)} submission(s) in {time.perf_counter() - start:.0f} s with -j {args.jobs}; wrote "
+              f"{out / 'gradebook.csv'} and {out / 'feedback'}/" + (f" and {out / 'gradescope'}/" if args.gradescope is not None else ""))
+        if args.json:
+            Path(args.json).write_text(json.dumps([asdict(r) for _, r in results], indent=2, ensure_ascii=False) + "\n")
+        return 0
     reports, failed = [], 0
     for notebook in args.notebooks:
         try:
-            report = grade(notebook, timeout=args.timeout if args.timeout > 0 else None,
-                           kernel_name=args.kernel, executed_path=args.executed)
+            report = grade(notebook, assignment=args.assignment, source=args.source, timeout=timeout)
         except (ValueError, FileNotFoundError) as error:
             print(f"mhalab.labs grade: {notebook}: {error}", file=sys.stderr)
             failed += 1
             continue
         print(report.format())
-        reports.append(asdict(report))
+        reports.append(report)
+    # written only now: grade() returns once every process a submission started is gone
     if args.json and reports:
-        data = reports[0] if len(args.notebooks) == 1 else reports
-        Path(args.json).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+        data = [asdict(r) for r in reports]
+        Path(args.json).write_text(json.dumps(data[0] if len(args.notebooks) == 1 else data, indent=2, ensure_ascii=False) + "\n")
         print(f"wrote {args.json}")
+    if args.gradescope and reports:
+        if len(reports) > 1:
+            sys.exit("mhalab.labs grade: --gradescope FILE takes one submission (a class folder writes one per learner)")
+        Path(args.gradescope).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.gradescope).write_text(json.dumps(gradescope_results(reports[0]), indent=2) + "\n")
+    if args.out and reports:
+        write_outputs([(Submission(Path(r.notebook).stem, r.notebooks[0], Path(r.notebook)), r) for r in reports], args.out)
     return 1 if failed else 0
 
 
@@ -58,14 +79,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out_dir", nargs="?", help="where the student versions go (must not be the source folder)")
     p.add_argument("--check", "--dry-run", action="store_true", help="only list the answer cells; write nothing")
 
-    p = sub.add_parser("grade", help="run a learner's notebook and score its exercises", description=(
-        "Execute the notebook in a fresh kernel (continuing past errors), collect the answers, and judge them in "
-        "this process: passed = the exercise's points, anything else = 0."))
-    p.add_argument("notebooks", nargs="+", metavar="notebook", help="the submitted .ipynb (several: graded one after the other)")
+    p = sub.add_parser("grade", help="score learners' notebooks, one or a whole class", description=(
+        "Rebuild each notebook from the instructor's copy with only the submission's answer cells, run it in a "
+        "grading kernel where the exercise modules cannot be imported, call the answers there on hidden inputs "
+        "drawn fresh, and judge what they return in this process: passed = the exercise's points, anything else = 0. "
+        "The notebook graded as comes from --assignment or the file (or folder) name, never from its contents."))
+    p.add_argument("notebooks", nargs="+", metavar="notebook",
+                   help="submitted .ipynb files, or one folder in nbgrader's layout (submitted/<student>/<assignment>/*.ipynb)")
+    p.add_argument("--assignment", metavar="NN", help="the notebook number to grade as (default: from the file or folder name)")
+    p.add_argument("--source", metavar="DIR", help="the instructor's solution notebooks (default: the course's notebooks/)")
+    p.add_argument("-j", "--jobs", type=int, default=1, metavar="N", help="grade N submissions at once (a class folder)")
+    p.add_argument("--out", metavar="DIR", help="write gradebook.csv and feedback/<student>/<assignment>.html here (a class: default graded/)")
+    p.add_argument("--gradescope", nargs="?", const="", metavar="FILE",
+                   help="also write Gradescope's results.json: to FILE for one submission; per learner under --out for a class")
     p.add_argument("--json", metavar="OUT", help="also write the grade as JSON to OUT (a list when several notebooks are graded)")
-    p.add_argument("--timeout", type=float, default=600, metavar="S", help="seconds one cell may run (default 600; 0 = no limit)")
-    p.add_argument("--kernel", default="python3", help="Jupyter kernel to run it with (default python3)")
-    p.add_argument("--executed", metavar="OUT.ipynb", help="also save the executed notebook (feedback for the learner)")
+    p.add_argument("--timeout", type=float, default=600, metavar="S", help="seconds one cell or one call of an answer may run (default 600; 0 = no limit)")
 
     p = sub.add_parser("list", help="list the exercises of each notebook")
     p.add_argument("notebooks", nargs="*", help="notebook numbers (default: all)")

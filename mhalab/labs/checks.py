@@ -8,20 +8,42 @@ from __future__ import annotations
 
 import copy
 import math
+import random
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from .calls import call_answer, describe, largest_tensor, observe
+from .calls import call_answer, describe, observe
 from .core import Wrong, session
 
 __all__ = [
     "ATOL", "RTOL", "as_float64", "call_answer", "check_calls", "describe", "expect_close", "expect_equal",
-    "expect_shape", "expect_whole", "first_match", "judge", "largest_tensor", "name_miss", "observe",
+    "expect_shape", "expect_whole", "first_match", "generator", "grading", "judge", "name_miss", "observe", "rng",
 ]
 
 RTOL, ATOL = 1e-4, 1e-5
+
+
+def _stream(n: int) -> int:
+    seed = session().seed
+    return n if seed is None else (seed * 1_000_003 + n) % (2**63 - 1)
+
+
+def generator(n: int) -> torch.Generator:
+    """A torch.Generator for hidden inputs: seeded with ``n`` in ``q.check`` (the same cases every time), and
+    when grading with ``n`` mixed with the run's secret seed, so every grading run draws fresh inputs."""
+    return torch.Generator().manual_seed(_stream(n))
+
+
+def rng(n: int) -> random.Random:
+    """Like :func:`generator`, a ``random.Random`` for hidden sizes and counts."""
+    return random.Random(_stream(n))
+
+
+def grading() -> bool:
+    """Whether the hidden inputs are drawn fresh (a grading run) rather than fixed (``q.check``)."""
+    return session().seed is not None
 
 
 def _magnitude(x: float) -> str:

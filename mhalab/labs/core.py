@@ -13,7 +13,8 @@ import logging
 import os
 import pkgutil
 import re
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 __all__ = ["Wrong", "Exercise", "register", "exercise", "load", "available_notebooks"]
@@ -36,32 +37,29 @@ class AnswerRaised(Wrong):
 
 @dataclass
 class _Session:
-    """What one check knows while it runs: the template, and the calls it records or replays."""
+    """What one check knows while it runs: the template, where the answer runs, and what its last call measured."""
 
     template: tuple[str, tuple[str, ...]] | None = None
-    tape: list | None = None      # recording: each call of the learner's function is appended
-    replay: list | None = None    # grading: the calls recorded in the learner's kernel, in order
-    trusted: bool = False         # the course's own answers (tests): mhalab code may run
+    remote: Any = None            # grading: the kernel the answer runs in (mhalab.labs.grade.GradingKernel)
+    key: str = ""                 # the exercise ("03.1")
+    trusted: bool = False         # the course's own answers (tests): the reference may be handed in
+    seed: int | None = None       # grading: hidden inputs drawn fresh from it (None: the fixed cases of q.check)
     last_call: tuple[str, str] = ("your answer", "")
-    largest_tensor: int = 0
-
-    def record(self, entry: tuple) -> None:
-        if self.tape is not None:
-            self.tape.append(entry)
-
-    def replayed(self, *kinds: str) -> tuple[str, list]:
-        """(kind, payload) of the next recorded entry; Wrong unless its kind is one of ``kinds``."""
-        kind, *payload = self.replay.pop(0) if self.replay else ("missing",)
-        if kind not in kinds:
-            raise Wrong("what the notebook's kernel recorded does not match this check")
-        return kind, payload
+    facts: dict = field(default_factory=dict)
 
 
-_SESSIONS = [_Session()]
+_LOCAL = threading.local()  # one stack of sessions per thread: a class is graded in parallel
 
 
 def session() -> _Session:
-    return _SESSIONS[-1]
+    stack = getattr(_LOCAL, "stack", None)
+    return stack[-1] if stack else _Session()
+
+
+def _push(state: _Session) -> None:
+    if not hasattr(_LOCAL, "stack"):
+        _LOCAL.stack = []
+    _LOCAL.stack.append(state)
 
 
 class Exercise:
@@ -86,20 +84,19 @@ class Exercise:
     def _borrowed(self, answer: Any) -> str | None:
         if answer is self.reference and (callable(answer) or not isinstance(answer, (bool, int, float, str, tuple, bytes))):
             return "your answer is the course's own reference (q.reference); write the answer yourself"
-        if callable(answer) and str(getattr(answer, "__module__", "") or "").startswith("mhalab"):
-            return f"your answer is mhalab's own `{answer.__module__}.{getattr(answer, '__qualname__', '?')}`; write it yourself"
         return None
 
-    def verdict(self, answer: Any, *, tape: list | None = None, replay: list | None = None,
+    def verdict(self, answer: Any, *, remote: Any = None, seed: int | None = None,
                 trusted: bool = False) -> tuple[str, str]:
-        """(status, message) for ``answer``; never raises for anything the learner did. ``trusted`` (the tests
-        only) lets the answer be or run the course's own code."""
+        """(status, message) for ``answer``; never raises for anything the learner did. ``remote``: the grading
+        kernel the answer runs in (``answer`` is then what stands for it here); ``seed``: draw the hidden inputs
+        from it; ``trusted`` (the tests only) lets the answer be the course's reference."""
         if answer is None or answer is Ellipsis or answer is NotImplemented:
             return UNANSWERED, "no answer yet: replace the placeholder with your answer, then run the cell again."
-        borrowed = self._borrowed(answer) if replay is None and not trusted else None
+        borrowed = self._borrowed(answer) if not trusted else None
         if borrowed:
             return FAILED, borrowed
-        _SESSIONS.append(_Session(self.template, tape, replay, trusted))
+        _push(_Session(self.template, remote, self.key, trusted, seed))
         try:
             self.checker(answer)
         except NotImplementedError:
@@ -109,13 +106,13 @@ class Exercise:
         except Wrong as wrong:
             return FAILED, str(wrong)
         except Exception:
-            label, returned = _SESSIONS[-1].last_call
+            label, returned = session().last_call
             log.exception("checker of exercise %s failed", self.key)
             detail = f" on {label}, which returned {returned}" if returned else ""
             return BROKEN, (f"the checker could not judge your answer{detail}. That is a bug in the exercise, not "
                             "necessarily in your answer: please tell your instructor.")
         finally:
-            _SESSIONS.pop()
+            _LOCAL.stack.pop()
         return PASSED, "correct."
 
     def check(self, answer: Any) -> None:
@@ -125,25 +122,6 @@ class Exercise:
         print(f"{'✓' if status == PASSED else '✗'} Exercise {self.key} ({self.title}): {message}")
         if status != PASSED and os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes"):
             raise AssertionError(f"exercise {self.key} ({self.title}): {message}")
-
-    def record(self, answer: Any) -> dict:
-        """Check ``answer`` in the learner's kernel; return as plain data what :meth:`replay` judges."""
-        from .calls import encode
-
-        tape: list = []
-        borrowed = self._borrowed(answer)
-        if not borrowed:
-            self.verdict(answer, tape=tape)
-        encoded = {"__function__": getattr(answer, "__name__", "answer")} if callable(answer) else encode(answer)
-        return {"answer": encoded, "calls": tape, "problem": borrowed}
-
-    def replay(self, recorded: dict) -> tuple[str, str]:
-        """(status, message) judged here from what :meth:`record` wrote in the learner's kernel."""
-        from .calls import decode
-
-        if recorded.get("problem"):
-            return FAILED, recorded["problem"]
-        return self.verdict(decode(recorded.get("answer")), replay=list(recorded.get("calls", [])))
 
     def hint(self) -> None:
         """Print the next hint (all of them once every one has been shown)."""

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from .checks import as_float64, call_answer, expect_shape, first_match
+from .checks import as_float64, call_answer, expect_shape, first_match, generator
 from .core import Exercise, Wrong, register
 
 
@@ -19,7 +19,7 @@ def _attention_reference(Q, K, V):
 
 
 def _attention_cases():
-    g = torch.Generator().manual_seed(1)
+    g = generator(1)
     shapes = [((3, 4), (5, 4), (5, 2)), ((6, 16), (6, 16), (6, 16)), ((2, 4, 8), (2, 7, 8), (2, 7, 3)), ((1, 9), (4, 9), (4, 6))]
     return [tuple(torch.randn(s, generator=g) * 1.5 for s in shape) for shape in shapes]
 
@@ -72,7 +72,7 @@ _AIM_CASES = [(5, 8, 2, 0.9), (10, 16, 0, 0.5), (3, 3, 1, 0.6), (5, 8, 3, 0.1), 
 
 
 def _orthonormal_keys(n_keys: int, d_k: int, seed: int) -> Tensor:
-    g = torch.Generator().manual_seed(seed)
+    g = generator(100 + seed)
     q, _ = torch.linalg.qr(torch.randn(d_k, d_k, generator=g, dtype=torch.float64))
     return q[:n_keys].float()  # [S, d_k]: orthonormal rows
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import call_answer, expect_whole, judge, name_miss
+from .checks import call_answer, expect_whole, generator, grading, judge, name_miss, rng
 from .core import Exercise, Wrong, register
 
 
@@ -35,8 +35,15 @@ def _cost_mistakes(d_model: int, n_heads: int) -> dict[str, list[tuple[int, str]
     }
 
 
+def _cost_cases() -> list[tuple[int, int]]:
+    """The fixed cases, and when grading two drawn fresh."""
+    r = rng(30)
+    fresh = [(h * r.randint(2, 96), h) for h in (r.randint(2, 40), r.randint(2, 40))]
+    return list(_COST_CASES) + (fresh if grading() else [])
+
+
 def _check_costs(attention_costs) -> None:
-    for d_model, n_heads in _COST_CASES:
+    for d_model, n_heads in _cost_cases():
         label = f"d_model={d_model}, n_heads={n_heads}"
         got = call_answer(attention_costs, d_model, n_heads, label=label)
         if not isinstance(got, (tuple, list)) or len(got) != 3:
@@ -109,9 +116,21 @@ def _batch_mistakes(c: dict, seq_len: int, memory: int, nbytes: int) -> list[tup
     ]
 
 
+def _batch_cases() -> list[tuple[str, dict, int, int, int]]:
+    """(name, config, seq_len, memory_bytes, bytes_per_value): the fixed cases, and when grading two drawn fresh."""
+    cases = [(name, dict(_CONFIGS[name]), *rest) for name, *rest in _BATCH_CASES]
+    if grading():
+        r = rng(31)
+        for _ in range(2):
+            kv = r.choice([1, 2, 4, 8])
+            heads, d_head = kv * r.choice([1, 2, 4]), r.choice([32, 64, 80, 128])
+            config = dict(n_layers=r.randint(2, 60), d_model=heads * d_head, n_heads=heads, n_kv_heads=kv, d_head=d_head)
+            cases.append(("drawn", config, r.randint(64, 16384), r.randint(10**8, 8 * 10**10), r.choice([1, 2, 4])))
+    return cases
+
+
 def _check_batch(largest_batch) -> None:
-    for name, seq_len, memory, nbytes in _BATCH_CASES:
-        config = dict(_CONFIGS[name])
+    for name, config, seq_len, memory, nbytes in _batch_cases():
         label = f"the {name} config {config}, seq_len={seq_len}, memory_bytes={memory:,}, bytes_per_value={nbytes}"
         got = call_answer(largest_batch, config, seq_len, memory, nbytes, label=f"{name} config, seq_len={seq_len}, memory_bytes={memory:,}, bytes_per_value={nbytes}")
         got = expect_whole(got, f"the batch size for {label}")
@@ -164,7 +183,7 @@ def _gqa_forward(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads, *, causal=True, int
 
 
 def _gqa_cases() -> list:
-    g = torch.Generator().manual_seed(3)
+    g = generator(3)
     cases = []
     for B, T, D, H, G in _GQA_SHAPES:
         d_k = D // H
@@ -181,7 +200,7 @@ def _check_gqa(gqa_attention) -> None:
     for case in _gqa_cases():
         x, W_Q, W_K, W_V, W_O, H, G = case
         label = f"x {list(x.shape)}, n_heads={H}, n_kv_heads={G}"
-        got = call_answer(gqa_attention, *case, label=label, uses=("mhalab.attention.scaled_dot_product_attention",))
+        got = call_answer(gqa_attention, *case, label=label)
         judge(got, _gqa_reference(*case), f"gqa_attention({label})", lambda: {
             "a query sees keys after it: token-by-token decoding only ever has the past in its cache (mask the future)":
                 _gqa_forward(*case, causal=False),

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from .checks import as_float64, call_answer, describe, expect_shape, expect_whole, largest_tensor, observe
+from .checks import as_float64, call_answer, describe, expect_shape, expect_whole, generator, grading, observe, rng
 from .core import Exercise, Wrong, register
 
 
@@ -28,8 +28,15 @@ def _look_back_reference(seq_len: int, offset: int) -> tuple[torch.Tensor, torch
     return Q, K
 
 
+def _look_back_cases() -> list[tuple[int, int]]:
+    """The fixed cases, and when grading two drawn fresh."""
+    r = rng(40)
+    fresh = [(T, r.randint(1, min(8, T - 1))) for T in (r.randint(20, 200), r.randint(20, 200))]
+    return list(_LOOK_BACK_CASES) + (fresh if grading() else [])
+
+
 def _check_look_back(look_back_qk) -> None:
-    for T, offset in _LOOK_BACK_CASES:
+    for T, offset in _look_back_cases():
         case = f"seq_len={T}, offset={offset}"
         got = call_answer(look_back_qk, T, offset, label=case)
         if hasattr(got, "shape") and tuple(got.shape)[:1] == (2,):  # torch.stack([Q, K]) is a pair too
@@ -90,10 +97,13 @@ def _favourite_reference(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return torch.where(q > 0, k.argmax(), k.argmin())
 
 
+_WATCHED = (3000, 4000)  # the case whose allocations are watched: its L x S matrix takes 12 MB even as booleans
+
+
 def _favourite_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(4)
+    g = generator(4)
     cases = []
-    for L, S in [(50, 70), (12, 12), (1, 30), (40, 3)]:
+    for L, S in [(50, 70), (12, 12), (1, 30), (40, 3), _WATCHED]:
         q = torch.randn(L, generator=g)
         q[q.abs() < 0.05] = 0.5  # no query near zero (a zero query weighs every key equally)
         cases.append((q, torch.randn(S, generator=g) * 3))
@@ -106,8 +116,10 @@ def _check_favourite(favourite_keys) -> None:
     for q, k in _favourite_cases():
         L, S = len(q), len(k)
         case = f"q of {L} queries ({int((q < 0).sum())} negative), k of {S} keys"
-        got = as_float64(call_answer(favourite_keys, q, k, label=case), f"what favourite_keys({case}) returned")
-        largest = observe(largest_tensor)
+        watched = (L, S) == _WATCHED
+        got = call_answer(favourite_keys, q, k, label=case, facts=("largest_bytes",) if watched else ())
+        largest = observe("largest_bytes") if watched else 0
+        got = as_float64(got, f"what favourite_keys({case}) returned")
         if got.shape != (L,):
             raise Wrong(f"return one key position per query, a tensor of shape [{L}], got shape {list(got.shape)} for {case}")
         if not torch.equal(got, got.round()):
@@ -119,9 +131,9 @@ def _check_favourite(favourite_keys) -> None:
             sign = "negative" if q[i] < 0 else "positive"
             raise Wrong(f"for {case}, query {i} (its q is {sign}) gets the wrong key: for a fixed query the score "
                         "q*k_j is a straight line in k_j; which end of the keys does its slope favour?")
-        if L * S > 2 * max(L, S) and largest >= L * S:
-            raise Wrong(f"right positions, but for {case} your function built a tensor of {largest:,} entries, as many "
-                        f"as the {L} x {S} score matrix; the exercise asks for an answer that never builds it")
+        if largest >= L * S:  # an L x S matrix takes a byte an entry at least, whatever its dtype or library
+            raise Wrong(f"right positions, but for {case} your function built an array of {largest:,} bytes, as large "
+                        f"as the {L} x {S} score matrix (torch or NumPy); the exercise asks for an answer that never builds it")
 
 
 register(Exercise(
@@ -153,8 +165,24 @@ _CHOOSE_CASES = [(64, 4, 2), (64, 3, 2), (96, 5, 8), (48, 7, 4), (512, 8, 64), (
 _IMPOSSIBLE = [(8, 4, 4), (64, 3, 32), (10, 3, 3)]
 
 
+def _choose_cases() -> tuple[list, list]:
+    """(possible, impossible) cases: the fixed ones, and when grading three drawn fresh."""
+    possible, impossible = list(_CHOOSE_CASES), list(_IMPOSSIBLE)
+    if grading():
+        r = rng(43)
+        for _ in range(3):
+            case = (r.choice([24, 36, 48, 60, 64, 72, 96, 120, 128, 192, 256, 384]), r.randint(1, 12), r.choice([2, 4, 8, 16, 32]))
+            try:
+                _choose_reference(*case)
+                possible.append(case)
+            except ValueError:
+                impossible.append(case)
+    return possible, impossible
+
+
 def _check_choose(choose_heads) -> None:
-    for d_model, n_relations, min_d_k in _CHOOSE_CASES:
+    possible, impossible = _choose_cases()
+    for d_model, n_relations, min_d_k in possible:
         case = f"d_model={d_model}, n_relations={n_relations}, min_d_k={min_d_k}"
         h = expect_whole(call_answer(choose_heads, d_model, n_relations, min_d_k, label=case), f"the head count for {case}")
         if h < 1 or d_model % h:
@@ -166,7 +194,7 @@ def _check_choose(choose_heads) -> None:
         if h != _choose_reference(d_model, n_relations, min_d_k):
             raise Wrong(f"for {case} a head count with fewer, wider heads also gives every relation its own head: "
                         "take the smallest head count that works")
-    for d_model, n_relations, min_d_k in _IMPOSSIBLE:
+    for d_model, n_relations, min_d_k in impossible:
         case = f"d_model={d_model}, n_relations={n_relations}, min_d_k={min_d_k}"
         try:
             h = call_answer(choose_heads, d_model, n_relations, min_d_k, label=case, allow=(ValueError,))

@@ -3,8 +3,9 @@ switching off each head costs, and compute a previous-token score yourself.
 
 Exercises 1 and 2 run the learner's function on small hidden models (other sizes, a causal one, one with
 several targets per position) and compare with :mod:`mhalab.hooks`/:mod:`mhalab.ablation`. The answer may
-run a model and attach hooks (``run_with_hooks``, ``hooks_attached``, ``register_forward_hook``), but an
-answer that calls the course's own ablation (``ablate_heads``, ``gate_heads``, ``mhalab.ablation``) scores 0.
+run a model and attach hooks (``run_with_hooks``, ``hooks_attached``, ``register_forward_hook``); in exercise 1,
+as its prompt says, an answer that calls the course's own ablation (``ablate_heads``, ``gate_heads``,
+``mhalab.ablation``) scores 0. Exercise 2 may use anything, ``ablate`` included.
 Heads' roles are named as everywhere in the course (:func:`mhalab.scores.role_of`).
 """
 
@@ -16,12 +17,10 @@ import torch.nn.functional as F
 from ..hooks import ablate_heads, run_with_hooks
 from ..models import ModelConfig, Transformer
 from ..scores import previous_token_score
-from .checks import call_answer, expect_shape, judge, observe
+from .checks import as_float64, call_answer, expect_shape, generator, judge, observe
 from .core import Exercise, Wrong, register
 
-#: mhalab code an answer may run (a model's forward pass, the hook machinery) and what it may not.
-_USES = ("mhalab.models", "mhalab.attention", "mhalab.hooks.run_with_hooks", "mhalab.hooks.run_with_cache",
-         "mhalab.hooks.hooks_attached", "mhalab.hooks.hook_points", "mhalab.hooks.attention_modules")
+#: What exercise 1's prompt forbids (the course's own ablation); everything else of mhalab may run.
 _FORBID = ("mhalab.hooks.ablate_heads", "mhalab.hooks.gate_heads", "mhalab.ablation")
 
 _MODELS = [  # (config, seed, batch, seq_len): a bidirectional model, a causal one with two targets per position
@@ -35,11 +34,11 @@ def _models():
     out = []
     for config, seed, B, T in _MODELS:
         with torch.random.fork_rng():
-            torch.manual_seed(seed)
+            torch.manual_seed(generator(seed).initial_seed())
             model = Transformer(ModelConfig(**config)).eval()
             for p in model.parameters():  # larger weights than at initialisation, so every head matters
                 p.data.mul_(3.0)
-        g = torch.Generator().manual_seed(seed + 10)
+        g = generator(seed + 10)
         tokens = torch.randint(0, config["vocab_size"], (B, T), generator=g)
         shape = (B, T) + ((config["n_targets"],) if config.get("n_targets", 1) > 1 else ())
         targets = torch.randint(0, config["vocab_size"], shape, generator=g)
@@ -73,8 +72,9 @@ def _check_ablate(ablate_head) -> None:
             clean = model(tokens)
         for layer, head in [(0, 1), (N - 1, H - 1), (1, 0)]:
             label = f"a {N}-layer model with {H} heads, tokens {list(tokens.shape)}, layer={layer}, head={head}"
-            got = call_answer(ablate_head, model, tokens, layer, head, label=label, copy_args=False, uses=_USES, forbid=_FORBID)
-            leaked = observe(lambda: not torch.equal(model(tokens).detach(), clean))
+            got = call_answer(ablate_head, model, tokens, layer, head, label=label, copy_args=False, forbid=_FORBID,
+                              facts=("model_changed",))
+            leaked = observe("model_changed")
             if leaked:
                 raise Wrong(f"ablate_head({label}): after your function returned, the model still runs with a head off. "
                             "Remove the hook when you are done (run_with_hooks and hooks_attached do it for you)")
@@ -129,9 +129,10 @@ def _check_effects(ablation_effects) -> None:
     for model, tokens, targets in _models():
         N, H = model.config.n_layers, model.config.n_heads
         label = f"a {N}-layer model with {H} heads, tokens {list(tokens.shape)}, targets {list(targets.shape)}"
-        got = call_answer(ablation_effects, model, tokens, targets, label=label, copy_args=False, uses=_USES, forbid=_FORBID)
+        got = call_answer(ablation_effects, model, tokens, targets, label=label, copy_args=False)
         want = _effects_reference(model, tokens, targets)
         try:
+            got = as_float64(got, "the result")  # a tensor, an array or nested lists, as everywhere
             expect_shape(got, (N, H), "the result")
         except Wrong as wrong:
             raise Wrong(f"ablation_effects({label}): {wrong} ([n_layers, n_heads])") from None
@@ -194,7 +195,7 @@ def _prev_reference(attention: torch.Tensor) -> torch.Tensor:
 
 
 def _pattern_cases() -> list:
-    g = torch.Generator().manual_seed(5)
+    g = generator(5)
     cases = []
     for B, H, T, causal in [(2, 3, 5, False), (1, 4, 9, True), (3, 1, 2, False), (2, 2, 7, True)]:
         scores = torch.randn(B, H, T, T, generator=g) * 3

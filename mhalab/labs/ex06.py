@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import call_answer, check_calls, expect_equal, expect_whole, name_miss
+from .checks import call_answer, check_calls, expect_equal, expect_whole, grading, name_miss, rng
 from .core import Exercise, Wrong, register
 
 
@@ -18,7 +18,8 @@ def _causal_reference(n_queries: int, n_keys: int) -> torch.Tensor:
 def _check_causal(causal_allowed) -> None:
     # Square first (a whole sequence), then the queries as the last few positions (decoding with a cache).
     check_calls(causal_allowed, [(5, 5), (1, 1), (9, 9)], _causal_reference, compare=expect_equal)
-    for L, S in [(3, 7), (1, 6)]:
+    r = rng(60)
+    for L, S in [(3, 7), (1, 6)] + ([(r.randint(1, 5), r.randint(6, 12)) for _ in range(2)] if grading() else []):
         label = f"n_queries={L}, n_keys={S} ({S - L} tokens already cached)"
         got = call_answer(causal_allowed, L, S, label=label)
         if isinstance(got, torch.Tensor) and got.shape == (L, S) and torch.equal(got.bool(), torch.ones(L, S, dtype=torch.bool).tril()):
@@ -83,7 +84,9 @@ def _shape_miss(use: str, shape: tuple, want: tuple, src_len: int, tgt_len: int)
 
 
 def _check_layout(attention_layout) -> None:
-    for batch, n_heads, src_len, tgt_len in [(2, 8, 11, 5), (3, 4, 6, 9), (1, 1, 7, 7)]:
+    r = rng(61)
+    fresh = [(r.randint(1, 8), r.randint(1, 16), r.randint(2, 30), r.randint(2, 30)) for _ in range(2)] if grading() else []
+    for batch, n_heads, src_len, tgt_len in [(2, 8, 11, 5), (3, 4, 6, 9), (1, 1, 7, 7)] + fresh:
         text = f"batch={batch}, n_heads={n_heads}, src_len={src_len}, tgt_len={tgt_len}"
         got = call_answer(attention_layout, batch, n_heads, src_len, tgt_len, label=text)
         want = _layout_reference(batch, n_heads, src_len, tgt_len)
@@ -146,7 +149,10 @@ _COUNT_LABELS = ["n_heads=32, encoder_layers=0, decoder_layers=32 (decoder-only)
 
 
 def _check_count(attention_operations) -> None:
-    for (n_heads, enc, dec), label in zip(_COUNT_CASES, _COUNT_LABELS):
+    r = rng(62)
+    fresh = [(h, e, d) for h, e, d in ((r.randint(1, 32), r.randint(1, 24), r.randint(1, 24)) for _ in range(2))]
+    labels = [f"n_heads={h}, encoder_layers={e}, decoder_layers={d} (encoder-decoder)" for h, e, d in fresh]
+    for (n_heads, enc, dec), label in zip(_COUNT_CASES + (fresh if grading() else []), _COUNT_LABELS + labels):
         got = call_answer(attention_operations, n_heads, enc, dec, label=label)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise Wrong(f"return a pair (operations, sequential_steps), got {got!r} for {label}"[:300])

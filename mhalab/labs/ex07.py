@@ -5,13 +5,15 @@ cache of every layer.
 All three run on hidden inputs: caches of random attention patterns (one with 11 layers, where sorting the
 hook names puts ``blocks.10`` before ``blocks.2``), patterns with rows that put everything on [CLS], and
 similarity matrices that are not symmetric (row i: the first sentence of pair i, column j: the second of j).
+When grading, the values are drawn fresh and two more cases of other sizes are added. The prompts forbid
+nothing: any helper of mhalab or torch may run.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .checks import call_answer, expect_shape, judge
+from .checks import call_answer, expect_shape, generator, grading, judge, rng
 from .core import Exercise, Wrong, register
 
 
@@ -25,9 +27,14 @@ def _patterns(shape, generator, causal=False, sharp=3.0) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------ exercise 1
 def _cache_cases() -> list:
-    g = torch.Generator().manual_seed(7)
+    """The fixed sizes, and when grading two drawn fresh (one deep enough that sorted names are out of order)."""
+    g, r = generator(7), rng(70)
+    sizes = [(3, 2, 4, 6), (11, 1, 2, 5), (1, 3, 3, 9)]
+    if grading():
+        sizes += [(r.randint(2, 6), r.randint(1, 3), r.randint(1, 6), r.randint(3, 12)),
+                  (r.randint(11, 16), r.randint(1, 2), r.randint(1, 4), r.randint(3, 8))]
     cases = []
-    for N, B, H, T in [(3, 2, 4, 6), (11, 1, 2, 5), (1, 3, 3, 9)]:
+    for N, B, H, T in sizes:
         cases.append({f"blocks.{i}.attn.hook_pattern": _patterns((B, H, T, T), g) for i in range(N)})
     return cases
 
@@ -93,9 +100,13 @@ def _hide_reference(pattern: torch.Tensor) -> torch.Tensor:
 
 
 def _hide_cases() -> list:
-    g = torch.Generator().manual_seed(8)
+    """The fixed sizes, and when grading two drawn fresh."""
+    g, r = generator(8), rng(71)
+    sizes = [(2, 3, 6), (1, 2, 4), (1, 1, 7)]
+    if grading():
+        sizes += [(r.randint(1, 3), r.randint(1, 4), r.randint(4, 12)) for _ in range(2)]
     cases = []
-    for B, H, T in [(2, 3, 6), (1, 2, 4), (1, 1, 7)]:
+    for B, H, T in sizes:
         pattern = _patterns((B, H, T, T), g)
         pattern[0, 0, 1] = 0.0  # a query that puts everything on [CLS] and [SEP]: nothing left to show
         pattern[0, 0, 1, 0], pattern[0, 0, 1, -1] = 0.75, 0.25
@@ -162,9 +173,10 @@ def _gap_reference(similarity: torch.Tensor) -> float:
 
 
 def _gap_cases() -> list:
-    g = torch.Generator().manual_seed(9)
+    """The fixed sizes, and when grading two drawn fresh."""
+    g, r = generator(9), rng(72)
     cases = []
-    for n in (4, 7, 2):
+    for n in [4, 7, 2] + ([r.randint(2, 12) for _ in range(2)] if grading() else []):
         a, b = torch.randn(n, 16, generator=g), torch.randn(n, 16, generator=g)
         b = b + 2 * a  # paraphrase-like: row i is close to column i
         a, b = torch.nn.functional.normalize(a, dim=-1), torch.nn.functional.normalize(b, dim=-1)

@@ -2,48 +2,58 @@
 score read from a cache, and the in-context loss with chosen heads switched off by a hook.
 
 Exercise 1 runs on hidden configs (SmolLM2's, one whose d_head is not d_model / n_heads, one without grouped
-K/V heads); exercise 2 on caches of random patterns over ``[start, copy, copy]`` sequences; exercise 3 on small
-hidden causal models (mhalab's toy ``Transformer``), staged: no head off, one head, heads in two layers. The
-answer to exercise 3 may run a model and attach hooks, but one that calls the course's own ablation
-(``ablate``, ``ablate_heads``, ``gate_heads``) scores 0.
+K/V heads), each a :class:`~mhalab.pretrained.smollm2.SmolLM2Config` as ``model.config`` is; exercise 2 on
+caches of random patterns over ``[start, copy, copy]`` sequences; exercise 3 on small hidden causal models
+(mhalab's toy ``Transformer``), staged: no head off, one head, heads in two layers. When grading, the values
+are drawn fresh and more cases added (configs, sizes, the heads switched off). The answer to exercise 3 may
+run a model and attach hooks (``run_with_hooks``, ``hooks_attached``, ``register_forward_hook``), but, as its
+prompt says, one that calls the course's own ablation (``ablate``, ``ablate_heads``, ``gate_heads``,
+``mhalab.ablation``) scores 0. Exercises 1 and 2 may use anything.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ..hooks import run_with_hooks
 from ..models import ModelConfig, Transformer
-from .checks import call_answer, expect_shape, expect_whole, judge, name_miss, observe
+from ..pretrained.smollm2 import SmolLM2Config
+from .checks import call_answer, expect_shape, expect_whole, generator, grading, judge, name_miss, observe, rng
 from .core import Exercise, Wrong, register
 
 
 # ------------------------------------------------------------------------------------ exercise 1
-@dataclass(frozen=True)
-class _Config:
-    """The fields of a model config that the KV cache depends on (and some it does not)."""
-
-    d_model: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    d_head: int
-    vocab_size: int = 49152
-
-    def __repr__(self) -> str:
-        return (f"Config(d_model={self.d_model}, n_layers={self.n_layers}, n_heads={self.n_heads}, "
-                f"n_kv_heads={self.n_kv_heads}, d_head={self.d_head})")
+def _config(d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, d_head: int) -> SmolLM2Config:
+    # The config class of the notebook's model (model.config), with the sizes the KV cache depends on (and some it does not).
+    return SmolLM2Config(d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
 
 
 _CONFIGS = [
-    (_Config(576, 30, 9, 3, 64), 4, "SmolLM2-135M in float32, as loaded here"),
-    (_Config(2048, 16, 32, 8, 64), 2, "a grouped-query model in 16-bit floats"),
-    (_Config(3072, 28, 24, 8, 96), 2, "d_head 96, not d_model / n_heads = 128"),
-    (_Config(512, 6, 8, 8, 80), 1, "full multi-head attention (n_kv_heads = n_heads), d_head 80 != 512 / 8, 1-byte values"),
+    (_config(576, 30, 9, 3, 64), 4, "SmolLM2-135M in float32, as loaded here"),
+    (_config(2048, 16, 32, 8, 64), 2, "a grouped-query model in 16-bit floats"),
+    (_config(3072, 28, 24, 8, 96), 2, "d_head 96, not d_model / n_heads = 128"),
+    (_config(512, 6, 8, 8, 80), 1, "full multi-head attention (n_kv_heads = n_heads), d_head 80 != 512 / 8, 1-byte values"),
 ]
+
+
+def _kv_cases() -> list:
+    """The fixed configs, and when grading two drawn fresh (grouped K/V heads, d_head of its own)."""
+    cases = list(_CONFIGS)
+    if grading():
+        r = rng(80)
+        for _ in range(2):
+            n_kv = r.choice([1, 2, 4, 8])
+            n_heads = n_kv * r.choice([2, 3, 4])
+            d_head = r.choice([48, 64, 80, 96, 128])
+            config = _config(n_heads * r.choice([32, 64, 128]), r.randint(4, 48), n_heads, n_kv, d_head)
+            cases.append((config, r.choice([1, 2, 4]), "a model drawn for this grading"))
+    return cases
+
+
+def _describe_config(c: SmolLM2Config) -> str:
+    return (f"config(d_model={c.d_model}, n_layers={c.n_layers}, n_heads={c.n_heads}, "
+            f"n_kv_heads={c.n_kv_heads}, d_head={c.d_head})")
 
 
 def _kv_reference(config, bytes_per_value: int) -> int:
@@ -51,8 +61,8 @@ def _kv_reference(config, bytes_per_value: int) -> int:
 
 
 def _check_kv(kv_cache_bytes_per_token) -> None:
-    for config, b, what in _CONFIGS:
-        label = f"{config!r}, bytes_per_value={b} ({what})"
+    for config, b, what in _kv_cases():
+        label = f"{_describe_config(config)}, bytes_per_value={b} ({what})"
         got = expect_whole(call_answer(kv_cache_bytes_per_token, config, b, label=label), "the result")
         want = _kv_reference(config, b)
         if got != want:
@@ -87,9 +97,13 @@ def _induction_reference(cache, L: int) -> torch.Tensor:
 
 
 def _induction_cases() -> list:
-    g = torch.Generator().manual_seed(11)
+    """The fixed sizes, and when grading two drawn fresh."""
+    g, r = generator(11), rng(81)
+    sizes = [(2, 2, 3, 5), (3, 1, 4, 7), (1, 2, 2, 3)]
+    if grading():
+        sizes += [(r.randint(1, 6), r.randint(1, 3), r.randint(1, 6), r.randint(3, 12)) for _ in range(2)]
     cases = []
-    for N, B, H, L in [(2, 2, 3, 5), (3, 1, 4, 7), (1, 2, 2, 3)]:
+    for N, B, H, L in sizes:
         T = 1 + 2 * L
         scores = torch.randn(N, B, H, T, T, generator=g) * 3
         scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
@@ -147,8 +161,7 @@ register(Exercise(
 
 
 # ------------------------------------------------------------------------------------ exercise 3
-_USES = ("mhalab.models", "mhalab.attention", "mhalab.hooks.run_with_hooks", "mhalab.hooks.run_with_cache",
-         "mhalab.hooks.hooks_attached", "mhalab.hooks.hook_points", "mhalab.hooks.attention_modules")
+#: What exercise 3's prompt forbids (the course's own ablation); everything else of mhalab may run.
 _FORBID = ("mhalab.hooks.ablate_heads", "mhalab.hooks.gate_heads", "mhalab.ablation")
 
 _MODELS = [(dict(vocab_size=17, d_model=24, n_heads=3, n_layers=2, max_len=32, causal=True), 3, 2, 6),
@@ -159,11 +172,11 @@ def _models():
     out = []
     for config, seed, B, L in _MODELS:
         with torch.random.fork_rng():
-            torch.manual_seed(seed)
+            torch.manual_seed(generator(seed).initial_seed())
             model = Transformer(ModelConfig(**config)).eval()
             for p in model.parameters():  # larger weights than at initialisation, so every head matters
                 p.data.mul_(3.0)
-        g = torch.Generator().manual_seed(seed + 10)
+        g = generator(seed + 10)
         copy = torch.randint(1, config["vocab_size"], (B, L), generator=g)
         tokens = torch.cat([torch.zeros(B, 1, dtype=torch.long), copy, copy], dim=1)  # [B, 1 + 2L]
         out.append((model, tokens, L))
@@ -195,18 +208,27 @@ def _second_copy_reference(model, tokens, heads, L) -> float:
     return _loss_with(model, tokens, heads, L)
 
 
+def _stages(N: int, H: int, n: int) -> list:
+    """(stage, heads switched off): none, one, then heads in two layers (two of them in one layer); when
+    grading, which heads is drawn fresh."""
+    if not grading():
+        return [("stage 1 of 3 (no head off)", []), ("stage 2 of 3 (one head off)", [(0, H - 1)]),
+                ("stage 3 of 3 (heads in two layers off)", [(0, 0), (N - 1, 1), (N - 1, 2)])]
+    r = rng(n)
+    first, second = sorted(r.sample(range(N), 2))
+    h1, h2 = r.sample(range(H), 2)
+    return [("stage 1 of 3 (no head off)", []), ("stage 2 of 3 (one head off)", [(r.randrange(N), r.randrange(H))]),
+            ("stage 3 of 3 (heads in two layers off)", [(first, r.randrange(H)), (second, h1), (second, h2)])]
+
+
 def _check_second_copy(second_copy_loss) -> None:
-    for model, tokens, L in _models():
+    for n, (model, tokens, L) in enumerate(_models()):
         N, H = model.config.n_layers, model.config.n_heads
-        with torch.no_grad():
-            clean = model(tokens)
-        stages = [("stage 1 of 3 (no head off)", []), ("stage 2 of 3 (one head off)", [(0, H - 1)]),
-                  ("stage 3 of 3 (heads in two layers off)", [(0, 0), (N - 1, 1), (N - 1, 2)])]
-        for stage, heads in stages:
+        for stage, heads in _stages(N, H, 82 + n):
             label = f"a {N}-layer model with {H} heads, tokens {list(tokens.shape)}, heads={heads}, L={L}"
             got = call_answer(second_copy_loss, model, tokens, list(heads), L, label=label, copy_args=False,
-                              uses=_USES, forbid=_FORBID)
-            if observe(lambda: not torch.equal(model(tokens).detach(), clean)):
+                              forbid=_FORBID, facts=("model_changed",))
+            if observe("model_changed"):
                 raise Wrong(f"{stage}, second_copy_loss({label}): after your function returned, the model still runs with "
                             "heads off. Remove the hooks when you are done (run_with_hooks and hooks_attached do it for you)")
             want = _second_copy_reference(model, tokens, heads, L)

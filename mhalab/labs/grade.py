@@ -2,30 +2,42 @@
 
 An answer cell has ``metadata.nbgrader.solution`` true, a ``grade_id`` naming its exercise (``ex03-1-answer``;
 a markdown answer ``ex03-1-written``), its solution between ``### BEGIN SOLUTION`` and ``### END SOLUTION``,
-and ends with its check, ``q1.check(answer)``, whose argument the grader calls in the learner's kernel. What
-it returned is judged here; the learner's code runs with your permissions: grade untrusted work in a container.
+and ends with its check, ``q1.check(answer)``.
+
+Grading (:func:`grade`) rebuilds the notebook from the instructor's copy, taking only the answer cells from the
+submission, and runs it in a grading kernel (:class:`GradingKernel`, a process of its own) where the exercise
+modules cannot be imported. The grader then calls each answer there on hidden inputs drawn fresh from a secret
+seed, gets back what it returned as plain data, and judges it here against references computed here. The grade
+is returned only once every process the submission started is gone. What this does not stop (the learner's
+code reads files with your permissions): README, "For instructors".
 """
 
 from __future__ import annotations
 
 import ast
 import copy
+import ctypes
+import difflib
+import inspect
+import json
 import os
 import re
 import secrets
+import shutil
+import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import nbformat
-import torch
-from nbclient import NotebookClient
-from nbclient.exceptions import DeadKernelError
 
-from .core import FAILED, PASSED, STRICT_ENV, exercise, load
+from . import worker
+from .core import PACKAGE, PASSED, STRICT_ENV, load
 
 BEGIN_LINE, END_LINE = "### BEGIN SOLUTION", "### END SOLUTION"
 _GRADE_ID = re.compile(r"^ex(?P<nb>\d\d)-(?P<num>\d+)-(?P<kind>answer|written)$")
@@ -174,7 +186,7 @@ def release(source: str | Path, out_dir: str | Path, *, dry_run: bool = False) -
     return found
 
 
-NOT_CHECKED = "not checked"
+NOT_CHECKED, MISSING = "not checked", "missing"
 
 
 @dataclass
@@ -183,20 +195,22 @@ class ExerciseGrade:
     title: str
     points: float
     score: float
-    status: str          # passed / failed / error / unanswered / checker error / not checked
+    status: str          # passed / failed / error / unanswered / checker error / not checked / missing
     message: str
 
 
 @dataclass
 class GradeReport:
-    notebook: str
-    notebooks: list[str]
+    notebook: str         # the submission's path
+    notebooks: list[str]  # the assignment ("05"), from the command line or the file name
     exercises: list[ExerciseGrade]
     score: float
     max_score: float
-    errors: list[str]     # "cell 5: ValueError", from the executed notebook
+    errors: list[str]     # "cell 5: ValueError", from the grading kernel
     kernel_died: bool
     elapsed_s: float
+    missing: list[str] = field(default_factory=list)  # exercises the submission has no answer cell for
+    flags: list[str] = field(default_factory=list)    # for the instructor to look at (copied source, tampering)
 
     def format(self) -> str:
         width = max([len(e.title) for e in self.exercises] + [10])
@@ -205,78 +219,436 @@ class GradeReport:
             detail = "" if e.status == PASSED else f"  {e.message}"
             lines.append(f"  {e.key:<6} {e.title:<{width}}  {e.score:g}/{e.points:g}  {e.status}{detail}")
         lines.append(f"  {'total':<6} {'':<{width}}  {self.score:g}/{self.max_score:g}")
+        if self.missing:
+            lines.append(f"  No answer cell for {', '.join(self.missing)} in the submission: 0 points for "
+                         f"{'it' if len(self.missing) == 1 else 'them'}.")
         if self.kernel_died:
-            lines.append("  The kernel died while running the notebook; exercises after that were not checked.")
+            lines.append("  The kernel died or ran past its time; exercises not handed in by then were not checked.")
         if self.errors:
             lines.append(f"  {len(self.errors)} cell(s) raised errors: " + "; ".join(self.errors[:5]))
+        lines += [f"  FLAG: {flag}" for flag in self.flags]
         return "\n".join(lines)
 
 
-def collect(spec: dict[str, str], namespace: dict, path: str) -> None:
-    """Run in the learner's kernel by the grader's last cell: record every answer to ``path``. ``spec`` maps
-    an exercise key to its check's argument as source ("attention")."""
-    recorded: dict[str, Any] = {}
-    for key, expression in spec.items():
-        step = f"`{expression}` could not be evaluated after the notebook ran"  # e.g. the cell stopped before it
-        try:
-            answer = eval(expression, namespace)  # noqa: S307  (the learner's own kernel)
-            step = "recording the answer failed"
-            recorded[key] = exercise(*key.split(".")).record(answer)
-        except Exception as error:
-            recorded[key] = {"problem": f"{step} ({type(error).__name__}: {error})"[:300]}
-    torch.save(recorded, path)
+# --------------------------------------------------------------------------- which notebook, and its instructor's copy
+
+NOTEBOOKS = Path(PACKAGE).parent / "notebooks"  # the course's own (instructor) notebooks, in a checkout
 
 
-def execute(nb: Any, *, cwd: str | Path, timeout: float | None = 600, kernel_name: str = "python3") -> tuple[Any, bool]:
-    """Run every cell of ``nb`` in place, continuing past errors; return (nb, kernel_died)."""
-    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, allow_errors=True, interrupt_on_timeout=True,
-                            record_timing=False, resources={"metadata": {"path": str(cwd)}})
-    env = {k: v for k, v in os.environ.items() if k != STRICT_ENV}  # grading never stops at a failed check
-    try:
-        client.execute(env=env, stderr=subprocess.DEVNULL)  # the kernel's start-up noise is not the learner's
-    except DeadKernelError:  # the cells run so far keep their outputs
-        return nb, True
-    return nb, False
-
-
-def grade(path: str | Path, *, timeout: float | None = 600, kernel_name: str = "python3",
-          executed_path: str | Path | None = None) -> GradeReport:
-    """Execute the notebook at ``path`` (in its folder) and grade its exercises. ``timeout``: seconds one cell
-    may run (None: no limit); ``executed_path``: also save the executed notebook there."""
+def assignment_of(path: str | Path) -> str:
+    """The notebook number a submission is graded as, from its file name (``05_what_heads_do.ipynb``) or, in
+    nbgrader's layout (``submitted/<student>/<assignment>/x.ipynb``), its folder; never from its contents."""
     path = Path(path)
-    nb = nbformat.read(path, as_version=4)
-    cells = [a for a in answers(nb, strict=False) if not a.written]
-    ids = sorted({a.key[:2] for a in cells})
-    if not ids:
-        raise ValueError(f"{path}: no answer cells (cells with nbgrader metadata, grade_id like ex03-1-answer)")
-    spec = {a.key: a.expression for a in cells}
-    borrowing = {a.key for a in cells if a.borrows}
-    with tempfile.TemporaryDirectory(prefix="mhalab-grade-") as tmp:
-        out = Path(tmp) / f"answers-{secrets.token_hex(8)}.pt"
-        run = nbformat.from_dict(nb)  # a copy: the submission itself is never modified
-        run.cells.append(nbformat.v4.new_code_cell(
-            "# added by `python -m mhalab.labs grade`: record the answers\n"
-            f"__import__('mhalab.labs.grade', fromlist=['collect']).collect({spec!r}, globals(), {str(out)!r})"))
-        start = time.perf_counter()
-        run, died = execute(run, cwd=path.parent, timeout=timeout, kernel_name=kernel_name)
-        elapsed = time.perf_counter() - start
-        recorded = torch.load(out, weights_only=True) if out.is_file() else {}
-    run.cells.pop()
-    grades = []
-    for ex in (ex for nb_id in ids for ex in load(nb_id)):  # what counts comes from the course, not the submission
-        if ex.key not in spec:
-            status, message = NOT_CHECKED, ("the submission has no answer cell for it ending in its check "
-                                            "(nbgrader grade_id ex{}-{}-answer)".format(*ex.key.split(".")))
-        elif ex.key in borrowing:
-            status, message = FAILED, "the answer cell reads the course's own answer (q.reference or q.solution_text)"
-        elif ex.key not in recorded:
-            status, message = NOT_CHECKED, "the notebook never got to the end, so its answer could not be collected"
+    for name in (path.name, path.parent.name):
+        m = re.match(r"(?:ex)?(\d\d)(?:\D|$)", name)
+        if m:
+            return m.group(1)
+    raise ValueError(f"{path}: cannot tell which notebook this is from its name; name the file (or its assignment "
+                     "folder) after the notebook, e.g. 05_what_heads_do.ipynb, or pass --assignment 05")
+
+
+def instructor_notebook(assignment: str, source: str | Path | None = None) -> Path:
+    """The instructor's copy of notebook ``assignment``: ``source`` (a notebook, or a folder holding NN_*.ipynb),
+    by default the course's notebooks/ folder."""
+    source = Path(source) if source is not None else NOTEBOOKS
+    if source.is_file():
+        return source
+    found = sorted(source.glob(f"{assignment}_*.ipynb")) if source.is_dir() else []
+    if not found:
+        raise FileNotFoundError(f"no instructor notebook {assignment}_*.ipynb in {source}: pass --source, the folder of "
+                                "the solution notebooks (the course's notebooks/)")
+    return found[0]
+
+
+# --------------------------------------------------------------------------- the grading kernel
+
+_STUB = '''"""mhalab.labs while a notebook is graded: ``q.check(answer)`` hands the answer to the grader, which
+judges it in its own process. Hints, solutions and references are not available here."""
+
+import json as _json
+import os as _os
+
+import _mhalab_grading as _grading
+
+_SPEC = _json.loads(_os.environ.get("MHALAB_GRADING_SPEC", "{}"))
+__all__ = ["Exercise", "Wrong", "available_notebooks", "exercise", "load"]
+
+
+class Wrong(Exception):
+    """(Only the grader judges answers.)"""
+
+
+class Exercise:
+    reference = None
+    solution_text = ""
+
+    def __init__(self, notebook, number, title):
+        self.notebook, self.number, self.title = notebook, number, title
+        self.key = f"{notebook}.{number}"
+        self.last_status, self.last_message = None, ""
+
+    def check(self, answer):
+        _grading.ANSWERS[self.key] = answer
+        print(f"Exercise {self.key} ({self.title}): handed in; the grader judges it.")
+
+    def hint(self):
+        print(f"(no hints while grading: exercise {self.key})")
+
+    def solution(self):
+        print(f"(no solutions while grading: exercise {self.key})")
+
+    def __repr__(self):
+        return f"<Exercise {self.key}: {self.title}>"
+
+
+_EXERCISES = {nb: tuple(Exercise(nb, n, t) for n, t in items) for nb, items in _SPEC.items()}
+
+
+def available_notebooks():
+    return sorted(_EXERCISES)
+
+
+def load(notebook):
+    text = str(notebook).strip().zfill(2)
+    if text not in _EXERCISES:
+        raise ValueError(f"there are no exercises for notebook {text!r} in this assignment")
+    return _EXERCISES[text]
+
+
+def exercise(notebook, number):
+    return next(ex for ex in load(notebook) if ex.number == int(number))
+'''
+
+_SANDBOX: dict[str, str] = {}
+_SANDBOX_LOCK = threading.Lock()
+
+
+def sandbox() -> str:
+    """A folder (made once per process) holding the grading kernel's code: a copy of mhalab without its exercise
+    modules and checkers (a stub ``mhalab.labs`` instead) and the worker."""
+    with _SANDBOX_LOCK:
+        if "path" in _SANDBOX and os.path.isdir(_SANDBOX["path"]):
+            return _SANDBOX["path"]
+        root = tempfile.mkdtemp(prefix="mhalab-sandbox-")
+        shutil.copytree(PACKAGE, os.path.join(root, "pkg", "mhalab"),
+                        ignore=lambda d, names: [n for n in names if n == "__pycache__" or (d == PACKAGE and n == "labs")])
+        os.makedirs(os.path.join(root, "pkg", "mhalab", "labs"))
+        Path(root, "pkg", "mhalab", "labs", "__init__.py").write_text(_STUB)
+        shutil.copy(worker.__file__, os.path.join(root, "_mhalab_grading.py"))
+        _SANDBOX["path"] = root
+        return root
+
+
+class KernelGone(Exception):
+    """The grading kernel died, or was stopped because it ran past its time."""
+
+
+_ACTIVE: set[int] = set()  # pids of the grading kernels running now (any thread)
+_ACTIVE_LOCK = threading.Lock()
+
+
+def _become_subreaper() -> None:
+    """Orphans of the submission's processes (double fork, setsid) are reparented to this process, so they can
+    be found and killed (Linux; elsewhere they escape to init: use a container)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        except (OSError, AttributeError):
+            pass
+
+
+def _strays() -> list[int]:
+    """Children of this process that no grading kernel is and that left this process's session: what a
+    submission started and abandoned (reparented here)."""
+    me, mine = os.getpid(), os.getsid(0)
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path("/proc", entry, "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        pid, ppid, sid = int(entry), int(fields[1]), int(fields[3])
+        with _ACTIVE_LOCK:
+            active = pid in _ACTIVE
+        if ppid == me and not active and sid != mine:
+            found.append(pid)
+    return found
+
+
+def _kill_strays() -> None:
+    for _ in range(50):  # a killed stray's own children are reparented here in turn
+        pids = _strays()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+        for pid in pids:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+class GradingKernel:
+    """A process that runs a notebook's cells and calls its answers on request (:mod:`mhalab.labs.worker`):
+    a session of its own, the sandbox's mhalab first on its path, the exercise modules refused on import."""
+
+    GRACE_S = 10.0  # after an interrupt, how long the kernel gets to report back before it is killed
+
+    def __init__(self, spec: dict, *, cwd: str | Path, timeout: float | None = 600):
+        _become_subreaper()
+        root = sandbox()
+        self.timeout, self.dead = timeout, False
+        self.home = tempfile.mkdtemp(prefix="mhalab-kernel-")
+        to_child, self._w = os.pipe()
+        self._r, from_child = os.pipe()
+        keep = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not os.path.isdir(os.path.join(p, "mhalab"))]
+        env = {k: v for k, v in os.environ.items() if k not in (STRICT_ENV, "PYTHONPATH")}
+        env.update(PYTHONPATH=os.pathsep.join([root, os.path.join(root, "pkg"), *keep]), MPLBACKEND="Agg",
+                   MHALAB_GRADING_SPEC=json.dumps(spec), IPYTHONDIR=self.home, PYTHONDONTWRITEBYTECODE="1")
+        self.log = open(os.path.join(self.home, "kernel.log"), "wb")
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.join(root, "_mhalab_grading.py"), str(to_child), str(from_child)],
+            pass_fds=(to_child, from_child), cwd=str(cwd), env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True)
+        with _ACTIVE_LOCK:
+            _ACTIVE.add(self.process.pid)
+        os.close(to_child)
+        os.close(from_child)
+        self._request(None, timeout=max(120.0, timeout or 0))  # its "ready"
+
+    def _request(self, message: dict | None, arrays: list | None = None, *, timeout: float | None) -> tuple[dict, Any]:
+        if self.dead:
+            raise KernelGone("the grading kernel is gone")
+        try:
+            if message is not None:
+                worker.send(self._w, message, arrays)
+            return worker.receive(self._r, timeout)
+        except TimeoutError:
+            self.interrupt()
+            try:
+                reply = worker.receive(self._r, self.GRACE_S)
+            except (TimeoutError, EOFError, OSError, ValueError):
+                self.kill()
+                raise KernelGone(f"it ran past {timeout:g} s and did not stop when interrupted") from None
+            return {**reply[0], "timed_out": True}, reply[1]
+        except (EOFError, OSError, ValueError) as error:
+            self.kill()
+            raise KernelGone(f"the grading kernel died ({type(error).__name__})") from None
+
+    def interrupt(self) -> None:
+        try:
+            os.kill(self.process.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+
+    def run_cell(self, source: str) -> str | None:
+        """Run one cell; the class name of what it raised, or None."""
+        reply, _ = self._request({"op": "run", "source": source}, timeout=self.timeout)
+        if reply.get("timed_out"):
+            return f"stopped after {self.timeout:g} s (KeyboardInterrupt)"
+        error = reply.get("error")
+        return error[:100] if isinstance(error, str) else None if error is None else "an error"
+
+    def handed_in(self) -> dict[str, tuple[bool, str]]:
+        """{exercise key: (callable, description)} of what the cells handed to ``q.check``."""
+        reply, _ = self._request({"op": "answers"}, timeout=60)
+        callables, descriptions = reply.get("callable", {}), reply.get("describe", {})
+        if not isinstance(callables, dict) or not isinstance(descriptions, dict):
+            return {}
+        return {str(k): (bool(callables.get(k)), str(descriptions.get(k, ""))[:200]) for k in reply.get("keys", [])}
+
+    def value(self, key: str) -> Any:
+        reply, arrays = self._request({"op": "value", "key": key}, timeout=60)
+        if "failed" in reply:
+            return worker.Opaque(f"something that could not be sent ({reply['failed']})")
+        return worker.decode(reply.get("value"), arrays)
+
+    def call(self, key: str, args: tuple, *, facts: tuple = (), forbid: tuple = ()) -> tuple[str, Any, dict]:
+        """Call answer ``key`` on ``args`` in the kernel: ("returned", value, facts) or ("raised", (class, message,
+        where), facts), or ("unbound", parameters, {}) when it cannot take them."""
+        out: list = []
+        request = {"op": "call", "key": key, "args": worker.encode(list(args), out), "facts": list(facts), "forbid": list(forbid)}
+        try:
+            reply, arrays = self._request(request, out, timeout=self.timeout)
+        except KernelGone as gone:
+            return "raised", ("TimeoutError" if "ran past" in str(gone) else "KernelGone", str(gone), ""), {}
+        found = reply.get("facts") if isinstance(reply.get("facts"), dict) else {}
+        if reply.get("timed_out"):
+            return "raised", ("TimeoutError", f"it ran past {self.timeout:g} s", ""), found
+        try:
+            if "returned" in reply:
+                return "returned", worker.decode(reply["returned"], arrays), found
+            if "unbound" in reply:
+                return "unbound", [str(p) for p in reply["unbound"]][:20], {}
+        except Exception as error:  # malformed data from the kernel: the learner's code wrote it
+            return "raised", ("RuntimeError", f"what came back could not be read ({type(error).__name__})", ""), {}
+        if isinstance(reply.get("raised"), list) and len(reply["raised"]) == 3:
+            return "raised", tuple(str(x)[:500] for x in reply["raised"]), found
+        return "raised", ("RuntimeError", str(reply.get("failed", "no usable reply from the grading kernel"))[:300], ""), found
+
+    def kill(self) -> None:
+        self.dead = True
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # the kernel and all it started in its session
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.process.wait()
+
+    def close(self) -> None:
+        """Stop the kernel and everything it started; only then is a grade final."""
+        if not self.dead:
+            try:
+                worker.send(self._w, {"op": "stop"})
+                self.process.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        with _ACTIVE_LOCK:
+            _ACTIVE.discard(self.process.pid)
+        _kill_strays()
+        for fd in (self._r, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.log.close()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+class _Handed:
+    """Stands in here for a function the learner handed in: calling it goes through the grading kernel."""
+
+    def __init__(self, name: str):
+        self.__name__ = name
+
+    def __call__(self, *args: Any) -> Any:
+        raise RuntimeError("an answer handed in is only called through call_answer")
+
+
+def _tokens(text: str) -> list[str]:
+    return re.findall(r"\w+|[^\s\w]", re.sub(r"#.*", "", text))
+
+
+def similarity(answer_source: str, ex: Any) -> float:
+    """How close (0..1, difflib on the code's tokens) an answer cell is to the course's published solution or
+    reference: copying public code cannot be prevented in an open course, only flagged."""
+    mine = _tokens(re.sub(r".*\.check\(.*\)\s*$", "", answer_source, flags=re.M))
+    theirs = [ex.solution_text]
+    try:
+        theirs.append(inspect.getsource(ex.reference))
+    except (TypeError, OSError):
+        pass
+    return max((difflib.SequenceMatcher(None, mine, _tokens(t), autojunk=False).ratio() for t in theirs), default=0.0)
+
+
+COPY_FLAG_RATIO, COPY_FLAG_TOKENS = 0.9, 60  # flag answers this close to the published code, when this long
+
+
+def grade(path: str | Path, *, assignment: str | None = None, source: str | Path | None = None,
+          timeout: float | None = 600, seed: int | None = None) -> GradeReport:
+    """Grade the submission at ``path`` as notebook ``assignment`` (default: from its file or folder name):
+    the instructor's copy (from ``source``, default notebooks/) with the submission's answer cells, run in a
+    :class:`GradingKernel`, each answer judged here. ``timeout``: seconds one cell or one call may run;
+    ``seed``: of the hidden inputs (default: a secret one per run)."""
+    path = Path(path)
+    nb_id = str(assignment).zfill(2) if assignment is not None else assignment_of(path)
+    exercises = load(nb_id)
+    instructor = nbformat.read(instructor_notebook(nb_id, source), as_version=4)
+    cells = {a.index: a for a in answers(instructor)}
+    start = time.perf_counter()
+    try:
+        submitted, problem = nbformat.read(path, as_version=4), None
+    except Exception as error:  # not a notebook: every exercise is missing
+        submitted, problem = nbformat.v4.new_notebook(), f"the submission could not be read as a notebook ({type(error).__name__})"
+    theirs: dict[str, Any] = {}
+    foreign = set()
+    for cell in submitted.cells:
+        grade_id = str(cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", ""))
+        m = _GRADE_ID.match(grade_id)
+        if m and m["nb"] != nb_id:
+            foreign.add(m["nb"])
+        if cell.cell_type == "code" and grade_id and grade_id not in theirs:
+            theirs[grade_id] = cell
+    student = student_version(instructor)
+    keys_of = {f"ex{a.key.replace('.', '-')}-answer": a.key for a in cells.values() if not a.written}
+    missing = sorted(k for g, k in keys_of.items() if g not in theirs)
+    run_sources, answer_sources = [], {}
+    for index, cell in enumerate(instructor.cells):
+        if cell.cell_type != "code":
+            continue
+        a = cells.get(index)
+        if a is not None and not a.written:
+            grade_id = f"ex{a.key.replace('.', '-')}-answer"
+            text = theirs[grade_id].source if grade_id in theirs else student.cells[index].source
+            answer_sources[a.key] = text
+            run_sources.append((index, text))
         else:
-            status, message = ex.replay(recorded[ex.key])
-        grades.append(ExerciseGrade(ex.key, ex.title, ex.points, ex.points if status == PASSED else 0, status, message))
-    if executed_path is not None:
-        nbformat.write(run, executed_path)
-    errors = [f"cell {i}: {o.get('ename')}" for i, c in enumerate(run.cells) for o in c.get("outputs", [])
-              if o.get("output_type") == "error" and o.get("ename") != "NotImplementedError"]
+            run_sources.append((index, cell.source))
+    spec = {nb_id: [[ex.number, ex.title] for ex in exercises]}
+    errors, died, handed, grades, flags = [], False, {}, [], []
+    seed = secrets.randbits(62) if seed is None else seed
+    with tempfile.TemporaryDirectory(prefix="mhalab-grade-") as cwd:
+        kernel = GradingKernel(spec, cwd=cwd, timeout=timeout)
+        try:
+            for index, text in run_sources:
+                try:
+                    error = kernel.run_cell(text)
+                except KernelGone as gone:
+                    errors.append(f"cell {index}: {gone}")
+                    died = True
+                    break
+                if error and error != "NotImplementedError":
+                    errors.append(f"cell {index}: {error}")
+            if not died:
+                try:
+                    handed = kernel.handed_in()
+                except KernelGone:
+                    died = True
+            for ex in exercises:
+                status, message = _judge(ex, kernel, handed, missing, died, seed, problem)
+                grades.append(ExerciseGrade(ex.key, ex.title, ex.points, ex.points if status == PASSED else 0, status, message))
+        finally:
+            kernel.close()  # the grade exists only once everything the submission started is gone
+    if foreign:
+        flags.append(f"the submission's answer cells are labelled for notebook {', '.join(sorted(foreign))}; it is graded "
+                     f"as notebook {nb_id} (from its {'name' if assignment is None else 'assignment'})")
+    for key, text in answer_sources.items():
+        ex = next(e for e in exercises if e.key == key)
+        if key not in missing and len(_tokens(text)) >= COPY_FLAG_TOKENS:
+            ratio = similarity(text, ex)
+            if ratio >= COPY_FLAG_RATIO:
+                flags.append(f"exercise {key}: the answer is {ratio:.0%} the same as the course's published solution or "
+                             "reference (copied?): look at it")
+    flags += [f"exercise {g.key}: {g.message}" for g in grades if "sys.setprofile" in g.message]
     total, points = sum(g.score for g in grades), sum(g.points for g in grades)
-    return GradeReport(str(path), ids, grades, total, points, errors, died, round(elapsed, 1))
+    return GradeReport(str(path), [nb_id], grades, total, points, errors, died, round(time.perf_counter() - start, 1),
+                       missing, flags)
+
+
+def _judge(ex: Any, kernel: GradingKernel, handed: dict, missing: list, died: bool, seed: int,
+           problem: str | None) -> tuple[str, str]:
+    if problem:
+        return MISSING, problem
+    if ex.key in missing:
+        return MISSING, f"the submission has no answer cell for it (nbgrader grade_id ex{ex.key.replace('.', '-')}-answer)"
+    if ex.key not in handed:
+        if died:
+            return NOT_CHECKED, "the notebook stopped (its kernel died or ran past its time) before this answer was handed in"
+        return NOT_CHECKED, "its check never ran: the answer cell stopped before `q.check(...)`, or the check was removed"
+    is_callable, _ = handed[ex.key]
+    if is_callable:
+        answer: Any = _Handed(ex.template[0] if ex.template else "answer")
+    else:
+        try:
+            answer = kernel.value(ex.key)
+        except KernelGone as gone:
+            return NOT_CHECKED, str(gone)
+    return ex.verdict(answer, remote=kernel, seed=seed)
