@@ -112,6 +112,18 @@ def mha_numpy(x, W_Q, W_K, W_V, W_O, n_heads):
     return z.transpose(0, 2, 1, 3).reshape(B, T, D) @ W_O.T
 
 
+def mha_masking(forbidden):  # a whole multi-head attention whose masked_fill gets forbidden(T)
+    def mha(x, W_Q, W_K, W_V, W_O, n_heads):
+        B, T, D = x.shape
+        dk = D // n_heads
+        def split(t):
+            return t.view(B, T, n_heads, dk).transpose(1, 2)
+        Q, K, V = split(x @ W_Q.T), split(x @ W_K.T), split(x @ W_V.T)
+        scores = (Q @ K.transpose(-2, -1) / dk**0.5).masked_fill(forbidden(T), float("-inf"))
+        return (scores.softmax(-1) @ V).transpose(1, 2).reshape(B, T, D) @ W_O.T
+    return mha
+
+
 # ------------------------------------------------------------------------------------ 03-06
 def gqa_one_line(dm, h, kv, layers):
     return 2 * kv * dm / h * layers  # a float that is a whole number
@@ -416,6 +428,8 @@ CORPUS = {
             (lambda x, W_Q, W_K, W_V, W_O, n_heads: x, "stage 2 of 6"),
             (lambda x, W_Q, W_K, W_V, W_O: x, "keep the given parameters"),
             (lambda x, W_Q, W_K, W_V, W_O, n_heads: (x @ W_Q.T @ W_K @ x.mT).softmax(-1) @ x @ W_V.T @ W_O.T, "stage 3 of 6"),
+            (mha_masking(lambda T: torch.ones(T, T, dtype=torch.bool).tril()), "Is your mask inverted?"),  # masked what is allowed
+            (mha_masking(lambda T: torch.ones(T, T).triu() == 0), "your mask is flipped"),              # masked the past
         ],
     },
     "03.1": {
@@ -463,6 +477,7 @@ CORPUS = {
             (lambda T, o: _circle(T, o, 6 * math.pi / T, 1e5), "different directions"),
             (lambda T, o: tuple(t.T for t in _circle(T, o, math.pi / T, 1e5)), "expected [16, 2]"),
             (lambda T, o: _circle(T, o, math.pi / T, 1e5)[0], "return a pair (Q, K)"),
+            (lambda T, o: tuple(reversed(look_back_numpy(T, o))), "Q and K are swapped"),
         ],
     },
     "04.2": {

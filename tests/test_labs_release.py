@@ -9,7 +9,6 @@ import copy
 
 import nbformat
 import pytest
-import torch
 
 from labs_fixture import answer_meta, lab_notebooks, synthetic_notebook  # also registers notebook "99"'s exercises
 import mhalab.labs as labs

@@ -639,6 +639,8 @@ def _judge(ex: Any, kernel: GradingKernel, handed: dict, missing: list, died: bo
         return MISSING, problem
     if ex.key in missing:
         return MISSING, f"the submission has no answer cell for it (nbgrader grade_id ex{ex.key.replace('.', '-')}-answer)"
+    if died:
+        return NOT_CHECKED, "the grading kernel died or was stopped (see the errors) before this answer could be checked"
     if ex.key not in handed:
         if died:
             return NOT_CHECKED, "the notebook stopped (its kernel died or ran past its time) before this answer was handed in"
