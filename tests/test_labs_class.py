@@ -34,7 +34,7 @@ def test_a_class_is_graded_row_by_row(tmp_path, capsys):
         assert float(row["max_total"]) == 3 and float(row["total"]) == sum(float(row[k]) for k in ("99.1", "99.2", "99.3"))
         assert ("labelled for notebook 01" in row["flags"]) == row["student"].startswith("relabelled"), row
         page = (out / "feedback" / row["student"] / "99.html").read_text()
-        assert f"{float(row['total']):g} of 3 points" in page and "FLAG" not in page and "labelled" not in page
+        assert f"{float(row['total']):g} of 3 points" in page and "FLAG" not in page and "labelled for notebook" not in page
         results = json.loads((out / "gradescope" / row["student"] / "99.json").read_text())
         assert results["score"] == expected[row["student"]]
         assert [t["max_score"] for t in results["tests"]] == [1, 1, 1]

@@ -98,17 +98,6 @@ def test_release_folder_and_check_mode(tmp_path, capsys):
     assert "cell 7" in capsys.readouterr().err and not (tmp_path / "again").exists()
 
 
-def test_nbgrader_accepts_the_notebooks_as_they_are():
-    """With nbgrader installed (it is not a dependency): its validator and ClearSolutions accept them."""
-    preprocessors = pytest.importorskip("nbgrader.preprocessors")
-    from nbgrader.nbgraderformat import MetadataValidator
-
-    for nb in [synthetic_notebook()] + [nbformat.read(p, as_version=4) for p in LAB_NOTEBOOKS]:
-        MetadataValidator().validate_nb(nb)
-        cleared, _ = preprocessors.ClearSolutions().preprocess(copy.deepcopy(nb), {"language": "python"})
-        assert "BEGIN SOLUTION" not in "\n".join(c.source for c in cleared.cells)
-
-
 # --------------------------------------------------------------------------- the course notebooks
 
 

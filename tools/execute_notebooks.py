@@ -6,6 +6,7 @@ Usage (through the course script, which sets up the environment first):
 This is the only way committed outputs are made: never edit an output by hand.
 """
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -35,10 +36,22 @@ def execute(path: Path) -> float:
     return elapsed
 
 
+TIMES = Path(__file__).resolve().parent.parent / "website" / "notebook_times.json"  # the instructors' page shows them
+
+
+def record_time(path: Path, seconds: float, times_file: Path = TIMES) -> None:
+    """Note ``path``'s execution time (seconds) in ``times_file``, keeping the other notebooks' times."""
+    times = json.loads(times_file.read_text()) if times_file.exists() else {}
+    times[path.name] = round(seconds, 1)
+    times_file.write_text(json.dumps(dict(sorted(times.items())), indent=2) + "\n")
+
+
 if __name__ == "__main__":
     paths = [Path(p) for p in sys.argv[1:]]
     if not paths:
         sys.exit("usage: execute_notebooks.py NOTEBOOK [NOTEBOOK ...]")
     for path in paths:
         print(f"executing {path} ...", flush=True)
-        print(f"  done in {execute(path):.1f} s", flush=True)
+        seconds = execute(path)
+        record_time(path, seconds)
+        print(f"  done in {seconds:.1f} s", flush=True)
