@@ -559,6 +559,7 @@ CORPUS = {
             (lambda q, k: torch.where(q > 0, k.argmin(), k.argmax()), "which end of the keys"),
             (lambda q, k: torch.arange(len(q)) % len(k), "wrong key"),
             (lambda q, k: (q[:, None] * k[None, :]).softmax(-1).argmax(-1), "never builds it"),
+            (lambda q, k: np.argmax(np.outer(q.numpy(), k.numpy()), axis=1), "never builds it"),  # the L x S matrix in NumPy
         ],
     },
     "04.3": {
