@@ -42,6 +42,7 @@ def nbgrader_python(tmp_path_factory) -> Path:
 
 def _nbgrader(python: Path, root: Path, *args: str, strict: bool = False) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "MHALAB_LABS_STRICT"}
+    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"  # nbgrader runs `alembic` from its venv
     if strict:
         env["MHALAB_LABS_STRICT"] = "1"  # a failed q.check raises, so nbgrader's autograded cell fails
     run = subprocess.run([str(python), "-m", "nbgrader", *args], cwd=root, env=env, capture_output=True, text=True,

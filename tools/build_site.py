@@ -59,7 +59,10 @@ def _answer_text(answer) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """``text`` as one table cell, shown as written: a message's *stress* and `code` are not markdown here."""
+    for char in "\\*_`|<[":
+        text = text.replace(char, "\\" + char)
+    return text.replace("\n", " ")
 
 
 def instructors_page() -> str:
@@ -93,7 +96,8 @@ def instructors_page() -> str:
             rows = []
             for answer, _ in CORPUS.get(ex.key, {}).get("wrong", []):
                 status, message = ex.verdict(answer)
-                rows.append(f"| `{_cell(_answer_text(answer))[:140]}` | {_cell(message)} |")
+                code = _answer_text(answer)[:140].replace("`", "'").replace("|", "\\|").replace("\n", " ")
+                rows.append(f"| `{code}` | {_cell(message)} |")
             if rows:
                 mistakes += [f"### {ex.key} {ex.title}", "", "| the answer | the message |", "|---|---|", *rows, ""]
     text = (SITE / "instructors.md").read_text()
