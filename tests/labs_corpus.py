@@ -112,6 +112,89 @@ def mha_numpy(x, W_Q, W_K, W_V, W_O, n_heads):
     return z.transpose(0, 2, 1, 3).reshape(B, T, D) @ W_O.T
 
 
+def mha_masking(forbidden):  # a whole multi-head attention whose masked_fill gets forbidden(T)
+    def mha(x, W_Q, W_K, W_V, W_O, n_heads):
+        B, T, D = x.shape
+        dk = D // n_heads
+        def split(t):
+            return t.view(B, T, n_heads, dk).transpose(1, 2)
+        Q, K, V = split(x @ W_Q.T), split(x @ W_K.T), split(x @ W_V.T)
+        scores = (Q @ K.transpose(-2, -1) / dk**0.5).masked_fill(forbidden(T), float("-inf"))
+        return (scores.softmax(-1) @ V).transpose(1, 2).reshape(B, T, D) @ W_O.T
+    return mha
+
+
+# Issue 22's refusals: the course's own helpers, which no prompt forbids, are fair.
+def causal_weights_with_mhalab_mask(scores):  # 02.3 with mhalab's mask, which notebook 02 itself uses
+    from mhalab.masks import causal_forbidden_mask
+
+    return scores.masked_fill(causal_forbidden_mask(scores.size(-1)), float("-inf")).softmax(-1)
+
+
+def mha_with_mhalab_module(x, W_Q, W_K, W_V, W_O, n_heads):  # 02.4 through mhalab.MultiHeadAttention
+    from mhalab import MultiHeadAttention
+
+    m = MultiHeadAttention(x.size(-1), n_heads, bias=False).to(x.dtype)
+    with torch.no_grad():
+        m.qkv_proj.weight.copy_(torch.cat([W_Q, W_K, W_V]))
+        m.out_proj.weight.copy_(W_O)
+        return m(x, is_causal=True)[0]
+
+
+def mha_with_mhalab_sdpa(x, W_Q, W_K, W_V, W_O, n_heads):  # 02.4 through mhalab.scaled_dot_product_attention
+    from mhalab import scaled_dot_product_attention
+    from mhalab.masks import causal_allowed_mask
+
+    B, T, D = x.shape
+    def split(t):
+        return t.view(B, T, n_heads, D // n_heads).transpose(1, 2)
+    z, _ = scaled_dot_product_attention(split(x @ W_Q.T), split(x @ W_K.T), split(x @ W_V.T), mask=causal_allowed_mask(T))
+    return z.transpose(1, 2).reshape(B, T, D) @ W_O.T
+
+
+def costs_measured(d_model, n_heads):  # 03.1 measured on a real module and mhalab's cache count
+    from mhalab import MultiHeadAttention
+    from mhalab.counting import count_parameters, kv_cache_per_token
+
+    return d_model // n_heads, count_parameters(MultiHeadAttention(d_model, n_heads, bias=False)), kv_cache_per_token(d_model, n_heads).elements
+
+
+def batch_with_kv_cache_per_token(config, seq_len, memory_bytes, bytes_per_value):  # 03.2 with mhalab's count
+    from mhalab.counting import kv_cache_per_token
+
+    per_token = kv_cache_per_token(config["d_model"], config["n_heads"], n_kv_heads=config["n_kv_heads"],
+                                   d_head=config["d_head"], n_layers=config["n_layers"]).elements
+    return memory_bytes // (per_token * seq_len * bytes_per_value)
+
+
+def choose_with_valid_head_counts(d_model, n_relations, min_d_k):  # 04.3 with mhalab's list of head counts
+    from mhalab._checks import valid_head_counts
+
+    for h in valid_head_counts(d_model):
+        if h >= n_relations:
+            if d_model // h >= min_d_k:
+                return h
+            break
+    raise ValueError("no head count fits")
+
+
+def layout_measured(batch, n_heads, src_len, tgt_len):  # 06.2 measured on a real EncoderDecoder, as notebook 06 suggests
+    from mhalab.models import EncoderDecoder, ModelConfig
+
+    model = EncoderDecoder(ModelConfig(vocab_size=4, d_model=2 * n_heads, n_heads=n_heads, n_layers=1,
+                                       max_len=max(src_len, tgt_len))).eval()
+    shapes = {}
+    points = {"encoder": "encoder.0.attn.hook_pattern", "decoder": "decoder.0.self_attn.hook_pattern",
+              "cross": "decoder.0.cross_attn.hook_pattern"}
+    handles = [model.get_submodule(p).register_forward_hook(lambda m, i, o, u=u: shapes.__setitem__(u, tuple(o.shape)))
+               for u, p in points.items()]
+    with torch.no_grad():
+        model(torch.zeros(batch, src_len, dtype=torch.long), torch.zeros(batch, tgt_len, dtype=torch.long))
+    for h in handles:
+        h.remove()
+    return {u: ("causal" if u == "decoder" else "none", shapes[u]) for u in points}
+
+
 # ------------------------------------------------------------------------------------ 03-06
 def gqa_one_line(dm, h, kv, layers):
     return 2 * kv * dm / h * layers  # a float that is a whole number
@@ -531,7 +614,7 @@ CORPUS = {
         ],
     },
     "02.3": {
-        "right": [causal_where, causal_renormalised, causal_triu],
+        "right": [causal_where, causal_renormalised, causal_triu, causal_weights_with_mhalab_mask],
         "wrong": [
             (lambda s: s.masked_fill(~_tril(s.size(-1), -1), float("-inf")).softmax(-1), "hides its own key"),
             (lambda s: s.masked_fill(~torch.ones(s.size(-1), s.size(-1)).triu().bool(), float("-inf")).softmax(-1), "transposed"),
@@ -543,16 +626,19 @@ CORPUS = {
         ],
     },
     "02.4": {
-        "right": [mha_einsum, mha_numpy],
+        "right": [mha_einsum, mha_numpy, mha_with_mhalab_module, mha_with_mhalab_sdpa],
         "wrong": [
             (lambda x, W_Q, W_K, W_V, W_O, n_heads: x @ W_V.T, "stage 2 of 6 (one head, one token): W_O is missing"),
             (lambda x, W_Q, W_K, W_V, W_O, n_heads: x, "stage 2 of 6"),
             (lambda x, W_Q, W_K, W_V, W_O: x, "keep the given parameters"),
             (lambda x, W_Q, W_K, W_V, W_O, n_heads: (x @ W_Q.T @ W_K @ x.mT).softmax(-1) @ x @ W_V.T @ W_O.T, "stage 3 of 6"),
+            (mha_masking(lambda T: torch.ones(T, T, dtype=torch.bool).tril()), "Is your mask inverted?"),  # masked what is allowed
+            (mha_masking(lambda T: torch.ones(T, T).triu() == 0), "your mask is flipped"),              # masked the past
         ],
     },
     "03.1": {
-        "right": [lambda d, h: (d / h, 4.0 * d * d, torch.tensor(2 * d)), lambda width, heads: [width // heads, 4 * width**2, 2 * width]],
+        "right": [lambda d, h: (d / h, 4.0 * d * d, torch.tensor(2 * d)), lambda width, heads: [width // heads, 4 * width**2, 2 * width],
+                  costs_measured],
         "wrong": [
             (lambda d_model, n_heads: (d_model, 4 * d_model**2, 2 * d_model), "the whole width"),
             (lambda d_model, n_heads: (d_model // n_heads, 3 * d_model**2, 2 * d_model), "but not the output matrix"),
@@ -565,7 +651,7 @@ CORPUS = {
     },
     "03.2": {
         "right": [lambda config, seq_len, memory_bytes, bytes_per_value: int(memory_bytes / (2 * config["n_layers"] * config["n_kv_heads"] * config["d_head"] * seq_len * bytes_per_value)),
-                  batch_by_loop, batch_numpy],
+                  batch_by_loop, batch_numpy, batch_with_kv_cache_per_token],
         "wrong": [
             (lambda c, t, m, b: m // (2 * c["n_layers"] * c["n_heads"] * c["d_head"] * t * b), "full multi-head attention"),
             (lambda c, t, m, b: m // (c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t * b), "both the keys and the values"),
@@ -596,6 +682,7 @@ CORPUS = {
             (lambda T, o: _circle(T, o, 6 * math.pi / T, 1e5), "different directions"),
             (lambda T, o: tuple(t.T for t in _circle(T, o, math.pi / T, 1e5)), "expected [16, 2]"),
             (lambda T, o: _circle(T, o, math.pi / T, 1e5)[0], "return a pair (Q, K)"),
+            (lambda T, o: tuple(reversed(look_back_numpy(T, o))), "Q and K are swapped"),
         ],
     },
     "04.2": {
@@ -605,10 +692,11 @@ CORPUS = {
             (lambda q, k: torch.where(q > 0, k.argmin(), k.argmax()), "which end of the keys"),
             (lambda q, k: torch.arange(len(q)) % len(k), "wrong key"),
             (lambda q, k: (q[:, None] * k[None, :]).softmax(-1).argmax(-1), "never builds it"),
+            (lambda q, k: np.argmax(np.outer(q.numpy(), k.numpy()), axis=1), "never builds it"),  # the L x S matrix in NumPy
         ],
     },
     "04.3": {
-        "right": [choose_loop, lambda width, relations, narrowest: _choose_float(width, relations, narrowest)],
+        "right": [choose_loop, lambda width, relations, narrowest: _choose_float(width, relations, narrowest), choose_with_valid_head_counts],
         "wrong": [
             (lambda d, r, m: r, "does not divide d_model"),
             (lambda d, r, m: d, "narrower than min_d_k"),
@@ -660,7 +748,7 @@ CORPUS = {
         ],
     },
     "06.2": {
-        "right": [layout_lists, layout_by_loop],
+        "right": [layout_lists, layout_by_loop, layout_measured],
         "wrong": [
             (lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("causal", (b, h, t, t)),
                                  "cross": ("none", (b, h, s, t))}, "queries and keys are swapped"),

@@ -84,3 +84,53 @@ def synthetic_notebook(*, answers: dict[str, str] | None = None, extra: dict[int
     nb = v4.new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     return nb
+
+
+# A class of submissions in nbgrader's layout, each kind with the total it must get (tests/test_labs_class.py,
+# benchmarks/grading.py). The first code cell of each answer is replaced; see synthetic_notebook for the rest.
+CRASH = "import os\nos._exit(3)"
+ENDLESS = "while True:\n    pass"
+STUBBORN = "import time\nwhile True:\n    try:\n        time.sleep(0.1)\n    except KeyboardInterrupt:\n        pass"
+FORGED = ("import mhalab.labs as L\nL.Exercise.check = lambda self, answer: None   # later checks hand in nothing\n"
+          "import _mhalab_grading\n_mhalab_grading.ANSWERS.update({'99.1': 'passed', '99.2': 'passed'})\n")
+CLASS_KINDS = {  # kind: (how the submission is made, the total it must get, how many of them)
+    "correct": (lambda: synthetic_notebook(), 3, 8),
+    "partly_wrong": (lambda: synthetic_notebook(answers={"double": "return x + 2"}), 2, 5),
+    "all_wrong": (lambda: synthetic_notebook(answers={"double": "return x", "n_heads": "n_heads = 3",
+                                                      "mask": "mask = torch.ones(5, 5, dtype=torch.bool)"}), 0, 3),
+    "raising": (lambda: synthetic_notebook(answers={"double": "return x.nope"}), 2, 2),
+    "crashing": (lambda: _prepend(synthetic_notebook(), 5, CRASH), 0, 3),     # the kernel dies: nothing can be called
+    "endless": (lambda: _prepend(synthetic_notebook(), 4, ENDLESS), 2, 3),    # interrupted: 99.1 never handed in
+    "stubborn": (lambda: _prepend(synthetic_notebook(), 7, STUBBORN), 0, 2),  # ignores the interrupt: killed
+    "forged": (lambda: _prepend(synthetic_notebook(), 4, FORGED), 0, 3),
+    "relabelled": (lambda: _relabel(synthetic_notebook(), "ex01"), 0, 3),
+    "not_a_notebook": (lambda: "this is not JSON", 0, 1),
+}
+
+
+def _prepend(nb, index, source):
+    """``source`` at the top of answer cell ``index`` (4: 99.1, 5: 99.2, 7: 99.3)."""
+    nb.cells[index].source = source + "\n" + nb.cells[index].source
+    return nb
+
+
+def _relabel(nb, prefix):
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader")
+        if meta:
+            meta["grade_id"] = meta["grade_id"].replace("ex99", prefix)
+    return nb
+
+
+def build_class(folder: Path, kinds: dict = CLASS_KINDS) -> dict[str, int]:
+    """Write ``folder/submitted/<student>/99/99_fixture.ipynb`` for every kind; {student: expected total}."""
+    expected = {}
+    for kind, (make, total, count) in kinds.items():
+        for i in range(count):
+            student = f"{kind}_{i}"
+            path = folder / "submitted" / student / "99" / "99_fixture.ipynb"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            nb = make()
+            path.write_text(nb) if isinstance(nb, str) else nbformat.write(nb, path)
+            expected[student] = total
+    return expected

@@ -15,6 +15,7 @@ import html.parser
 import http.server
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from chromium import chromium_page
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tests"))
 from nbtools import course_notebooks  # noqa: E402
 
 SCREENSHOT_PAGE = "notebooks/03_it_costs_nothing.html"  # equations, a table and figures
@@ -113,6 +115,27 @@ def test_every_notebook_has_its_page_and_figures(site, path):
     shown = {(page_path.parent / unquote(src)).resolve().read_bytes() for src in page.images if "_images/" in src}
     missing = [i for i, png in enumerate(_notebook_images(nb)) if png not in shown]
     assert not missing, f"{path.name}: figures {missing} (of {len(_notebook_images(nb))}) are not on its page"
+
+
+@pytest.mark.slow
+def test_the_instructors_guide_has_the_course_map_the_mistakes_and_the_ways_to_run_a_class(site):
+    import mhalab.labs as labs
+    from labs_corpus import CORPUS
+
+    page = site / "instructors.html"
+    assert page.exists(), "no instructors' page"
+    text = html.unescape(re.sub(r"<[^>]+>", " ", page.read_text(encoding="utf-8")))
+    text = " ".join(text.split()).translate(str.maketrans("‘’“”", "''\"\""))  # (Sphinx's smart quotes)
+    for path in course_notebooks():
+        assert path.stem[:2] in text
+    for nb in labs.available_notebooks():
+        for ex in labs.load(nb):
+            assert f"{ex.key} {ex.title} {ex.points:g}" in text, ex.key  # the exercise's row: key, title, points
+            answer, expected = CORPUS[ex.key]["wrong"][0]
+            assert " ".join(ex.verdict(answer)[1].split()) in text, ex.key  # a wrong answer's message, as the learner gets it
+    for words in ("repo2docker", "postBuild", "nbgrader generate_assignment", "MHALAB_LABS_STRICT=1 nbgrader autograde",
+                  "results.json", "gradebook.csv", "run time"):
+        assert words in text, words
 
 
 @pytest.mark.slow

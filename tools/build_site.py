@@ -11,6 +11,9 @@ rendered by a MathJax copied into the site, and search works from the site's own
 
 from __future__ import annotations
 
+import inspect
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +26,71 @@ import yaml
 from nbtools import ROOT, course_notebooks, repository_url
 
 SITE = ROOT / "website"
+TIMES = SITE / "notebook_times.json"  # seconds per notebook, written by tools/execute_notebooks.py
+
+
+def objectives(nb) -> list[str]:
+    """The numbered goals of a notebook's opening cell ("1. computes scaled dot-product attention ...")."""
+    text = next((c.source for c in nb.cells if c.cell_type == "markdown"), "")
+    items = re.findall(r"^\s*\d+\.\s+(.*(?:\n(?!\s*\d+\.\s|\s*$).*)*)", text, flags=re.M)
+    return [" ".join(line.strip() for line in item.split("\n")) for item in items]
+
+
+def _answer_text(answer) -> str:
+    """A wrong answer of the corpus as code a reader recognises: the lambda, or the function's name and comment."""
+    try:
+        source = inspect.getsource(answer)
+    except (TypeError, OSError):
+        return repr(answer)[:120]
+    if getattr(answer, "__name__", "") == "<lambda>":
+        found = re.search(r"lambda[^:]*:.*", source.strip())
+        text = found.group(0) if found else source.strip()
+        return re.sub(r',\s*"[^"]*"\)?,?\s*(#.*)?$', "", text).strip()
+    first = source.split("\n", 1)[0]
+    comment = first.split("#", 1)[1].strip() if "#" in first else ""
+    return f"{answer.__name__}" + (f" ({comment})" if comment else "")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def instructors_page() -> str:
+    """website/instructors.md with the course map (times, objectives, exercises, points) and the common
+    wrong answers with the message each gets (tests/labs_corpus.py, judged now)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import mhalab.labs as labs
+    from labs_corpus import CORPUS
+
+    times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+    lines = ["## The course map", "",
+             "Times are one run of the whole notebook on a 2-core CPU (`python3 course.py execute`); "
+             "the points are what `python -m mhalab.labs grade` gives for a passed exercise.", ""]
+    mistakes = ["## Common wrong answers and what the check says", "",
+                "Each row is a wrong answer the course's tests hand in, and the message the learner gets for it.", ""]
+    for path in course_notebooks():
+        nb = nbformat.read(path, as_version=4)
+        title = next((c.source.split("\n", 1)[0].lstrip("# ") for c in nb.cells if c.cell_type == "markdown"), path.stem)
+        seconds = times.get(path.stem)  # execute_notebooks.py keys them by stem
+        lines += [f"### {title}", "", f"[the notebook](notebooks/{path.stem}.ipynb) · run time "
+                  + (f"{seconds:.0f} s" if seconds else "not measured yet (`python3 course.py execute`)"), ""]
+        lines += [f"- {goal}" for goal in objectives(nb)] + [""]
+        number = path.name[:2]
+        exercises = labs.load(number) if number in labs.available_notebooks() else ()
+        if exercises:
+            lines += ["| exercise | | points |", "|---|---|---|"]
+            lines += [f"| {ex.key} | {_cell(ex.title)} | {ex.points:g} |" for ex in exercises]
+            lines.append(f"| | total | {sum(ex.points for ex in exercises):g} |")
+            lines.append("")
+        for ex in exercises:
+            rows = []
+            for answer, _ in CORPUS.get(ex.key, {}).get("wrong", []):
+                status, message = ex.verdict(answer)
+                rows.append(f"| `{_cell(_answer_text(answer))[:140]}` | {_cell(message)} |")
+            if rows:
+                mistakes += [f"### {ex.key} {ex.title}", "", "| the answer | the message |", "|---|---|", *rows, ""]
+    text = (SITE / "instructors.md").read_text()
+    return text.replace("<!-- course map -->", "\n".join(lines + mistakes))
 
 
 def stage(source: Path) -> list[str]:
@@ -33,6 +101,7 @@ def stage(source: Path) -> list[str]:
     config["repository"]["url"] = repository_url()
     (source / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     shutil.copy(SITE / "intro.md", source / "intro.md")
+    (source / "instructors.md").write_text(instructors_page())
     shutil.copytree(SITE / "_ext", source / "_ext", ignore=shutil.ignore_patterns("__pycache__"))
     pages = []
     for path in course_notebooks():
@@ -42,7 +111,7 @@ def stage(source: Path) -> list[str]:
         nb.metadata.pop("widgets", None)
         nbformat.write(nb, source / "notebooks" / path.name)
         pages.append(f"notebooks/{path.stem}")
-    toc = {"format": "jb-book", "root": "intro", "chapters": [{"file": page} for page in pages]}
+    toc = {"format": "jb-book", "root": "intro", "chapters": [{"file": page} for page in pages] + [{"file": "instructors"}]}
     (source / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False))
     return pages
 

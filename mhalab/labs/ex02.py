@@ -197,7 +197,7 @@ def _weights(D: int, seed: int) -> tuple[Tensor, ...]:
     return tuple(torch.randn(D, D, generator=g) / D**0.5 for _ in range(4))  # W_Q, W_K, W_V, W_O: [out, in]
 
 
-def _mha(x, W_Q, W_K, W_V, W_O, n_heads, *, split="right", merge="right", scale="d_k", causal=True):
+def _mha(x, W_Q, W_K, W_V, W_O, n_heads, *, split="right", merge="right", scale="d_k", causal=True, flipped=False):
     """Multi-head causal self-attention, with the plausible mistakes as options (float64)."""
     x, W_Q, W_K, W_V, W_O = (t.double() for t in (x, W_Q, W_K, W_V, W_O))
     B, T, D = x.shape
@@ -207,8 +207,9 @@ def _mha(x, W_Q, W_K, W_V, W_O, n_heads, *, split="right", merge="right", scale=
            "strided": lambda t: t.view(B, T, dk, H).permute(0, 3, 1, 2)}[split]
     q, k, v = cut(x @ W_Q.T), cut(x @ W_K.T), cut(x @ W_V.T)
     scores = q @ k.transpose(-2, -1) / {"d_k": dk**0.5, "none": 1.0, "d_model": D**0.5, "d_k^1": float(dk)}[scale]
-    if causal:
-        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    if causal:  # flipped: the mask of a learner who filled the past (j < i) instead of the future
+        forbidden = torch.ones(T, T, dtype=torch.bool).tril(-1) if flipped else ~torch.ones(T, T, dtype=torch.bool).tril()
+        scores = scores.masked_fill(forbidden, float("-inf"))
     z = scores.softmax(-1) @ v  # [B, H, T, dk]
     joined = {"right": lambda z: z.transpose(1, 2).reshape(B, T, D),
               "no-transpose": lambda z: z.reshape(B, T, D),
@@ -251,7 +252,8 @@ def _check_mha(multi_head_attention) -> None:
     got = _run(multi_head_attention, x1, W12, 1, "x [2, 1, 12], n_heads=1")
     if torch.isnan(got).any():
         raise _stage(2, "one head, one token", "NaN in the output: a lone token must be allowed to see its own key "
-                     "(the causal mask allows keys j <= i, the diagonal included)")
+                     "(the causal mask allows keys j <= i, the diagonal included). Is your mask inverted? masked_fill "
+                     "fills where its mask is True, so give it the forbidden keys, j > i")
     if first_match(got, {"": _mha(x1, *W12, 1)}, **_LOOSE) is None:
         mistake = first_match(got, {
             "W_O is missing: the heads' output goes through the output projection": x1.double() @ W12[2].double().T,
@@ -269,8 +271,13 @@ def _check_mha(multi_head_attention) -> None:
             "the scores are not scaled: divide Q Kᵀ by sqrt(d_k)": _mha(x6, *W12, 1, scale="none")[:, -1],
             "the scores are divided by d_k; the scale is 1 / sqrt(d_k)": _mha(x6, *W12, 1, scale="d_k^1")[:, -1],
         }, **_LOOSE)
-        raise _stage(3, "the scale", mistake or "the last token (which may see every token) gets the wrong output: "
-                     "check scores = Q Kᵀ / sqrt(d_k) and the softmax over the keys (the last axis)")
+        if mistake is None and first_match(got[:, -1], {"": _mha(x6, *W12, 1, flipped=True)[:, -1]}, **_LOOSE) is not None:
+            raise _stage(3, "the mask", "the last token sees only itself: your mask is flipped, so query i sees keys "
+                         "j >= i (itself and the future) instead of j <= i. masked_fill fills where its mask is True: "
+                         "give it the future, j > i (torch.ones(T, T).triu(1).bool())")
+        raise _stage(3, "the scale", mistake or "the last token (which may see every token) gets the wrong output, and "
+                     "this check cannot tell why: check scores = Q Kᵀ / sqrt(d_k), the softmax over the keys (the last "
+                     "axis), and that the mask lets the last token see every key")
     # stage 4: the mask: a future token must change nothing earlier
     changed = x6.clone()
     changed[:, -1] += torch.randn(2, 12, generator=g)

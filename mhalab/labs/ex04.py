@@ -57,7 +57,10 @@ def _check_look_back(look_back_qk) -> None:
             i = int(queries[wrong[0]])
             peak = int(peaks[wrong[0]])
             if (peaks == queries + offset).float().mean() > 0.5 or peak == min(i + offset, T - 1):
-                raise Wrong(f"for {case} the queries look forward (query {i} peaks at key {peak}): turn them the other way")
+                swapped = torch.equal(_look_back_weights(K, Q)[queries].argmax(-1), target)
+                raise Wrong(f"for {case} the queries look forward (query {i} peaks at key {peak}): turn them the other way"
+                            + ("; or, if you built them right, your Q and K are swapped: return (Q, K), the queries first "
+                               "(row i of (Q @ K.T).softmax(-1) is query i's weights)" if swapped else ""))
             if peak == i:
                 raise Wrong(f"for {case} query {i} peaks at its own key, not at key {i - offset}")
             raise Wrong(f"for {case} query {i} peaks at key {peak}, not at key {i - offset}: are all {T} keys in "

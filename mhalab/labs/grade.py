@@ -155,6 +155,19 @@ def student_version(nb: Any) -> Any:
     return student
 
 
+def for_nbgrader(nb: Any) -> Any:
+    """A copy of ``nb`` for an nbgrader course's ``source/<assignment>/``: every code answer cell becomes an
+    autograded answer (``grade`` true, the exercise's ``points``), so that ``nbgrader autograde`` run with
+    ``MHALAB_LABS_STRICT=1`` (a failed ``q.check`` raises) scores each exercise as ``mhalab.labs grade`` does."""
+    out = copy.deepcopy(nb)
+    for a in answers(out):
+        meta = out.cells[a.index].metadata["nbgrader"]
+        if not a.written:
+            ex = next(e for e in load(a.key[:2]) if e.key == a.key)
+            meta.update(grade=True, points=ex.points)
+    return out
+
+
 def release(source: str | Path, out_dir: str | Path, *, dry_run: bool = False) -> dict[str, list[Answer]]:
     """Write the student version of every notebook in ``source`` (a folder, or one notebook) to ``out_dir``,
     once all are checked. Returns {notebook name: its answer cells}."""
@@ -639,6 +652,8 @@ def _judge(ex: Any, kernel: GradingKernel, handed: dict, missing: list, died: bo
         return MISSING, problem
     if ex.key in missing:
         return MISSING, f"the submission has no answer cell for it (nbgrader grade_id ex{ex.key.replace('.', '-')}-answer)"
+    if died:
+        return NOT_CHECKED, "the grading kernel died or was stopped (see the errors) before this answer could be checked"
     if ex.key not in handed:
         if died:
             return NOT_CHECKED, "the notebook stopped (its kernel died or ran past its time) before this answer was handed in"
