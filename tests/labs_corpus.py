@@ -572,6 +572,20 @@ def second_copy_with_ablate(model, tokens, heads, L):
     return torch.nn.functional.cross_entropy(logits[:, L:-1].flatten(0, 1), tokens[:, L + 1:].flatten()).item()
 
 
+def second_copy_with_gate_heads(model, tokens, heads, L):  # the course's gating hook with zero gates: refused too
+    from mhalab.hooks import gate_heads, run_with_hooks
+
+    H = model.config.n_heads
+    hooks = []
+    for layer in sorted({l for l, _ in heads}):
+        gates = torch.ones(H)
+        gates[[h for l, h in heads if l == layer]] = 0.0
+        hooks.append((f"blocks.{layer}.attn.hook_z", gate_heads(gates)))
+    with torch.no_grad():
+        logits = run_with_hooks(model, tokens, fwd_hooks=hooks)
+    return torch.nn.functional.cross_entropy(logits[:, L:-1].flatten(0, 1), tokens[:, L + 1:].flatten()).item()
+
+
 CORPUS = {
     "01.1": {
         "right": [attention_einsum, attention_float64, attention_numpy],
@@ -835,6 +849,7 @@ CORPUS = {
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, layers=[heads[-1][0]] if heads else None), "only the heads of one layer"),
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, keep_hooks=True), "still runs with heads off"),
             (second_copy_with_ablate, "mhalab.ablation"),
+            (second_copy_with_gate_heads, "mhalab.hooks.gate_heads"),
             (lambda m, t, heads: 0.0, "keep the given parameters"),
         ],
     },

@@ -217,7 +217,9 @@ def _stages(N: int, H: int, n: int) -> list:
     r = rng(n)
     first, second = sorted(r.sample(range(N), 2))
     h1, h2 = r.sample(range(H), 2)
-    return [("stage 1 of 3 (no head off)", []), ("stage 2 of 3 (one head off)", [(r.randrange(N), r.randrange(H))]),
+    # stage 2's head is below the last layer: there, zeroing query positions instead of the head changes nothing
+    # on the second copy, and that mistake would read as "nothing was switched off"
+    return [("stage 1 of 3 (no head off)", []), ("stage 2 of 3 (one head off)", [(r.randrange(N - 1), r.randrange(H))]),
             ("stage 3 of 3 (heads in two layers off)", [(first, r.randrange(H)), (second, h1), (second, h2)])]
 
 
