@@ -52,9 +52,10 @@ def softmax_over_keys(scores: Tensor) -> Tensor:
     """``scores [..., L, S]`` -> weights ``[..., L, S]``; a row of all ``-inf`` (a query that may see no key)
     gets all zeros, not NaN."""
     weights = scores.softmax(dim=-1)  # [..., L, S]: one weighting over the keys per query
-    # softmax of an all -inf row is 0/0: a query that sees nothing gets nothing.
-    blind = torch.isneginf(scores).all(dim=-1, keepdim=True)  # [..., L, 1]
-    return weights.masked_fill(blind, 0.0)
+    # softmax of an all -inf row is 0/0: a query that sees nothing gets nothing. Found from the row maxima
+    # ([..., L, 1]), and fixed only where such a row exists, so an unmasked call makes no second [L, S] tensor.
+    blind = scores.amax(dim=-1, keepdim=True) == float("-inf")  # [..., L, 1]
+    return weights.masked_fill(blind, 0.0) if bool(blind.any()) else weights
 
 
 def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Tensor:
@@ -204,8 +205,10 @@ class MultiHeadAttention(nn.Module):
         attend is refused). ``is_causal`` needs no ``attn_mask``; with more keys than queries the queries
         are the *last* L positions. ``need_weights`` (default True, as torch) also returns the weights,
         after dropout: ``[B, L, S]`` averaged over heads, or ``[B, H, L, S]`` without ``average_attn_weights``;
-        pass ``need_weights=False`` for the fused kernel. ``kv_cache``: self-attention decoding, the new
-        keys/values join the cached ones (a multi-token prompt must be causal).
+        pass ``need_weights=False`` for the fused kernel. ``kv_cache``: in self-attention decoding the new
+        keys/values join the cached ones (a multi-token prompt must be causal); in cross-attention the first
+        call keeps the projected ``key``/``value`` (an encoder's output) and later calls reuse them, so
+        ``hook_k``/``hook_v`` fire only on that first call.
         Returns ``(out [B, L, D] (or [L, B, D]), weights or None)``.
         """
         self_attention = (key is None and value is None) or (key is query and value is query)
@@ -216,15 +219,19 @@ class MultiHeadAttention(nn.Module):
             key = value = query
         elif key is None or value is None:
             raise ValueError("pass both key and value for cross-attention, or neither for self-attention")
-        if kv_cache is not None and not self_attention:
-            raise ValueError("kv_cache is for self-attention decoding; cross-attention keys do not grow")
         self._check_inputs(query, key, value)
         B, L, D = query.shape
         H, G, dk = self.n_heads, self.n_kv_heads, self.d_head
-        past = 0 if kv_cache is None else len(kv_cache)  # tokens already in the cache
+        # Cross-attention with a cache: the first call projects the memory and keeps its K/V, later calls reuse them.
+        cross_cached = kv_cache is not None and not self_attention and len(kv_cache) > 0
+        if cross_cached and (key.size(1) != len(kv_cache) or key.size(0) != kv_cache.k.size(0)):
+            raise ValueError(f"this cross-attention kv_cache holds the keys of a memory [batch {kv_cache.k.size(0)}, "
+                             f"length {len(kv_cache)}], but key is [batch {key.size(0)}, length {key.size(1)}]: "
+                             "use a fresh KVCache for each new encoder output")
+        past = len(kv_cache) if kv_cache is not None and self_attention else 0  # tokens already in a self-attention cache
         S_new = key.size(1)
         S = past + S_new  # every key the queries will see
-        if kv_cache is not None and L > 1 and not is_causal:
+        if kv_cache is not None and self_attention and L > 1 and not is_causal:
             raise ValueError(f"{L} tokens at once into a kv_cache need is_causal=True: a cache holds a causal "
                              "decoder's keys, and without the causal mask earlier tokens would see later ones")
 
@@ -248,15 +255,20 @@ class MultiHeadAttention(nn.Module):
         else:
             w_q, w_k, w_v = self.qkv_proj.weight.split(sizes, dim=0)
             b_q, b_k, b_v = self.qkv_proj.bias.split(sizes) if self.bias else (None, None, None)
-            q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
+            q = F.linear(query, w_q, b_q)
+            k, v = (None, None) if cross_cached else (F.linear(key, w_k, b_k), F.linear(value, w_v, b_v))
         q = self.hook_q(q.view(B, L, H, dk)).transpose(1, 2)  # [B, L, H dk] -> [B, L, H, dk] -> [B, H, L, dk]
-        k = self.hook_k(k.view(B, S_new, G, dk)).transpose(1, 2)  # -> [B, G, S_new, dk]
-        v = self.hook_v(v.view(B, S_new, G, dk)).transpose(1, 2)  # -> [B, G, S_new, dk]
+        if not cross_cached:
+            k = self.hook_k(k.view(B, S_new, G, dk)).transpose(1, 2)  # -> [B, G, S_new, dk]
+            v = self.hook_v(v.view(B, S_new, G, dk)).transpose(1, 2)  # -> [B, G, S_new, dk]
         if self.rope_base is not None:  # the hooks see [B, T, heads, dk], the maths [B, heads, T, dk]
             q = self.hook_rot_q(apply_rotary(q, past, self.rope_base).transpose(1, 2)).transpose(1, 2)
-            k = self.hook_rot_k(apply_rotary(k, past, self.rope_base).transpose(1, 2)).transpose(1, 2)
-        if kv_cache is not None:
-            k, v = kv_cache.append(k, v)  # [B, G, past + L, dk]: the new keys/values join the old ones
+            if not cross_cached:
+                k = self.hook_rot_k(apply_rotary(k, past, self.rope_base).transpose(1, 2)).transpose(1, 2)
+        if cross_cached:
+            k, v = kv_cache.k, kv_cache.v  # [B, G, S, dk]: the memory's keys/values, projected on the first call
+        elif kv_cache is not None:
+            k, v = kv_cache.append(k, v)  # [B, G, past + L, dk]: the new keys/values join the old ones (or the memory's)
 
         dropout_p = self.dropout if self.training else 0.0
         if G != H and (want_scores or not sdpa_shares_kv_heads(q.device)):  # each query head gets its group's K/V head

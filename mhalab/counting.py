@@ -89,7 +89,7 @@ class CostRow(NamedTuple):
 
 
 class CostTable(list):
-    """A list of :class:`CostRow` that prints (and shows in a notebook) as the seed's table."""
+    """A list of :class:`CostRow` that prints (and shows in a notebook) as a table, one row per head count."""
 
     def __init__(self, rows, d_model: int, bias: bool):
         super().__init__(rows)

@@ -1,16 +1,18 @@
 """One way to look inside any model: named activations, read with a cache or changed by hooks, with
 TransformerLens's names and calls.
 
-Every activation that can be read has a :class:`~mhalab.hook_points.HookPoint`, named by its place. The axes,
-documented here once (B batch, pos / query_pos positions, key_pos key positions, H query heads, G K/V heads,
-d_head head size, D d_model)::
+Every activation that can be read has a :class:`~mhalab.hook_points.HookPoint`, named by its place, in every
+model of the course (the toy ``Transformer`` and ``EncoderDecoder``, MiniLM, SmolLM2: all built from
+:class:`mhalab.models.Block`). The axes, documented here once (B batch, pos / query_pos positions, key_pos key
+positions, H query heads, G K/V heads, d_head head size, D d_model)::
 
-    hook_embed, hook_pos_embed          token / position embedding       [B, pos, D]
+    hook_embed                          token embeddings                 [B, pos, D]
+    hook_pos_embed                      position-table rows (if a table) [B, pos, D]
     blocks.{i}.hook_resid_pre           residual stream into block i     [B, pos, D]
-    blocks.{i}.hook_resid_mid           ... after attention              [B, pos, D]
-    blocks.{i}.hook_resid_post          ... after the MLP                [B, pos, D]
     blocks.{i}.hook_attn_out            attention's output (after W_O)   [B, pos, D]
+    blocks.{i}.hook_resid_mid           ... plus the attention           [B, pos, D]
     blocks.{i}.hook_mlp_out             the MLP's output                 [B, pos, D]
+    blocks.{i}.hook_resid_post          ... plus the MLP: block's output [B, pos, D]
     blocks.{i}.attn.hook_q              queries (before rotary)          [B, pos, H, d_head]
     blocks.{i}.attn.hook_k, hook_v      keys, values (before rotary)     [B, pos, G, d_head]
     blocks.{i}.attn.hook_rot_q, _rot_k  after rotary (rotary models)     as hook_q, hook_k
@@ -18,12 +20,24 @@ d_head head size, D d_model)::
     blocks.{i}.attn.hook_pattern        attention weights (pre-dropout)  [B, H, query_pos, key_pos]
     blocks.{i}.attn.hook_z              each head's output before W_O    [B, pos, H, d_head]
 
+An attention-only block (``ModelConfig(attn_only=True)``) has no ``hook_resid_mid`` and no ``hook_mlp_out``;
+in a pre-norm block ``resid_mid = resid_pre + attn_out`` and ``resid_post = resid_mid + mlp_out`` exactly. In a
+post-norm block (MiniLM, BERT) the residual points are those sums *before* the norm that follows them, as in
+TransformerLens's BERT, so the next block's ``hook_resid_pre`` is the normed ``hook_resid_post``. Models without
+a position table (rotary SmolLM2, ``positions="rotary"`` or ``"none"``) have no ``hook_pos_embed``.
+
 With grouped-query attention ``hook_k``/``hook_v`` hold only the G K/V heads, as stored (query head j reads
 K/V head ``j // (H // G)``). With a KV cache, ``hook_q/k/v`` hold the new positions only; the scores and
-pattern cover every key. Masked scores are ``-inf``. An :class:`~mhalab.models.EncoderDecoder` names its
-stacks by place (``encoder.{i}.attn``, ``decoder.{i}.self_attn``, ``decoder.{i}.cross_attn``; see
-:mod:`mhalab.models`), so short keys such as ``cache["pattern", 0]`` (which mean ``blocks.0.attn.hook_pattern``,
-as in TransformerLens) are refused there with the full names that exist::
+pattern cover every key. Masked scores are ``-inf``.
+
+An :class:`~mhalab.models.EncoderDecoder` names its stacks T5-style, as TransformerLens's HookedEncoderDecoder:
+``encoder.{i}.*`` (attention ``encoder.{i}.attn``) and ``decoder.{i}.*`` with ``decoder.{i}.attn`` (causal
+self-attention), ``decoder.{i}.hook_cross_attn_out``, ``decoder.{i}.hook_resid_mid_cross`` (after the
+cross-attention) and ``decoder.{i}.cross_attn.*`` (queries ``[B, pos, H, d_head]`` from the decoder, keys and
+values ``[B, key_pos, H, d_head]`` from the encoder's output); the source's embeddings are ``hook_embed`` and
+``hook_pos_embed``, the target's ``hook_decoder_embed`` and ``hook_decoder_pos_embed``. Short keys such as
+``cache["pattern", 0]`` (which mean ``blocks.0.attn.hook_pattern``, as in TransformerLens) are refused there
+with the full names that exist::
 
     logits, cache = run_with_cache(model, tokens, names_filter=lambda name: name.endswith("hook_pattern"))
     cache["pattern", 0][0, 3]                    # = cache["blocks.0.attn.hook_pattern"][0, 3]: head 3's pattern

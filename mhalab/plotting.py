@@ -132,9 +132,10 @@ def attention_maps(maps: Sequence, *, titles: Sequence[str], x_labels: Sequence[
 LAYOUTS = ("B T D", "B T H dk", "B H T dk")
 
 
-def show_memory_layout(t: Tensor, layout: str, *, d_k: int, title: str):
+def show_memory_layout(t: Tensor, layout: str, *, d_head: int, title: str):
     """A batch-1 tensor of memory offsets (``torch.arange``) at one stage of the head split, ``layout`` one
-    of :data:`LAYOUTS`; each cell shows its offset, coloured by the head it belongs to. Returns the Figure."""
+    of :data:`LAYOUTS`; each cell shows its offset, coloured by the head it belongs to (``d_head``: the width of one
+    head, d_k in the prose). Returns the Figure."""
     import matplotlib.pyplot as plt
 
     if layout not in LAYOUTS:
@@ -151,12 +152,12 @@ def show_memory_layout(t: Tensor, layout: str, *, d_k: int, title: str):
     fig, axes = figure(len(blocks), width=0.42 * cols + 0.7, height=0.42 * rows + 1.4)
     colours = plt.get_cmap("tab10")
     for block, block_title, ax in zip(blocks, block_titles, axes[0]):
-        head_of = (block % d_model) // d_k  # which head's features the number came from
+        head_of = (block % d_model) // d_head  # which head's features the number came from
         ax.imshow(colours(head_of.numpy() % 10, alpha=0.5), aspect="equal")  # [rows, cols, 4] RGBA
         for (i, j), value in np.ndenumerate(block.numpy()):
             ax.text(j, i, str(value), ha="center", va="center", fontsize=8)
         if layout == "B T H dk":  # draw the cuts between heads
-            for j in range(d_k, cols, d_k):
+            for j in range(d_head, cols, d_head):
                 ax.axvline(j - 0.5, color="black", linewidth=2.5)
         ax.set(xticks=range(cols), yticks=range(rows))
         ax.tick_params(labelsize=8)
@@ -243,8 +244,8 @@ def plot_sweep(results, metric: str = "accuracy", *, relations: bool = True, ax=
     ax.errorbar(heads, mean, yerr=spread, fmt="o-", color="black", lw=2, capsize=4, zorder=4,
                 label=f"{metric} (mean; bars: min-max over {len(results.seeds)} seeds)")
     ax.set_xscale("log", base=2)
-    d_k = {r.heads: r.d_k for r in results.rows}
-    ax.set_xticks(heads, labels=[f"{h}\n{d_k[h]}" for h in heads])
+    d_head = {r.heads: r.d_head for r in results.rows}
+    ax.set_xticks(heads, labels=[f"{h}\n{d_head[h]}" for h in heads])
     ax.set(xlabel=f"heads h  /  d_k = {results.d_model}/h", ylabel=f"held-out {metric}",
            title=title or f"d_model = {results.d_model}: same parameters in every column")
     if metric == "accuracy":

@@ -14,7 +14,7 @@ from torch import Tensor
 
 __all__ = [
     "FRACTION_SCORES", "GENERIC_SCORES", "NO_ROLE", "stack_attention", "relation_score", "fraction_keys",
-    "previous_token_score", "self_score", "first_token_score", "attention_entropy", "attention_distance",
+    "previous_token_score", "induction_score", "self_score", "first_token_score", "attention_entropy", "attention_distance",
     "head_scores", "format_scores", "best_heads", "heads_matching", "role_of",
 ]
 
@@ -62,6 +62,33 @@ def _fraction_score(attention: Attention, name: str) -> Tensor:
 def previous_token_score(attention: Attention) -> Tensor:
     """``[N, H]``: mean attention from each query to the token just before it (queries 1..T-1)."""
     return _fraction_score(attention, "previous-token")
+
+
+def induction_score(attention: Attention, tokens: Tensor) -> Tensor:
+    """``[N, H]``: mean attention from each query to the tokens that *followed* earlier occurrences of its
+    own token (Olsson et al. 2022's prefix matching), over the queries whose token occurred before.
+
+    ``tokens`` ``[B, T]``: the ids the attention was computed on (self-attention, ``T`` queries and keys).
+    Key ``j`` counts for query ``i`` when ``tokens[j - 1] == tokens[i]`` and ``j < i`` (``j = i`` would be
+    the query itself). On a random sequence repeated twice, an induction head scores near 1.
+    """
+    A = stack_attention(attention)
+    N, B, H, T, S = A.shape
+    if not isinstance(tokens, Tensor) or tuple(tokens.shape) != (B, T) or T != S:
+        got = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ValueError(f"induction_score needs self-attention over the tokens it was computed on: tokens "
+                         f"[batch, pos] = [{B}, {T}] for attention of {T} queries and {S} keys, got tokens {got}")
+    tokens = tokens.to(A.device)
+    follows = torch.zeros(B, T, S, dtype=torch.bool, device=A.device)  # [B, query, key]
+    follows[:, :, 1:] = tokens[:, :, None] == tokens[:, None, :-1]  # key j's previous token is the query's token
+    follows &= torch.ones(T, S, dtype=torch.bool, device=A.device).tril(-1)  # earlier keys only: j < i
+    counted = follows.any(dim=-1)  # [B, T]: queries whose token occurred before (with a follower)
+    if not bool(counted.any()):
+        raise ValueError("no token in these sequences occurs twice, so there is nothing to induce; score "
+                         "induction on a sequence with repeats, e.g. random tokens followed by the same tokens")
+    on_followers = (A.float() * follows[None, :, None]).sum(dim=-1)  # [N, B, H, T]
+    weight = counted[None, :, None].float()  # [1, B, 1, T]
+    return (on_followers * weight).sum(dim=(1, 3)) / weight.sum()  # [N, H]
 
 
 def self_score(attention: Attention) -> Tensor:

@@ -27,7 +27,7 @@ class SweepRow:
     """One trained model: its head count, width per head, seed, size and held-out results."""
 
     heads: int
-    d_k: int
+    d_head: int  # d_k = d_model / heads in the prose
     seed: int
     parameters: int
     loss: float
@@ -66,7 +66,7 @@ class SweepResults:
         name = metric.removeprefix("accuracy/")
         if name in row.relations:
             return row.relations[name]
-        if metric in ("accuracy", "loss", "seconds", "parameters", "d_k"):
+        if metric in ("accuracy", "loss", "seconds", "parameters", "d_head"):
             return float(getattr(row, metric))
         raise KeyError(f"unknown metric {metric!r}: use 'accuracy', 'loss', 'seconds' or one of {self.relations}")
 
@@ -95,7 +95,7 @@ class SweepResults:
     def table(self, digits: int = 3) -> str:
         """Every run, one line each."""
         rel, nan = self.relations, math.nan
-        lines = [[str(r.heads), str(r.d_k), str(r.seed), f"{r.parameters:,}",
+        lines = [[str(r.heads), str(r.d_head), str(r.seed), f"{r.parameters:,}",
                   *(f"{v:.{digits}f}" for v in (r.loss, r.accuracy, *(r.relations.get(n, nan) for n in rel))),
                   f"{r.seconds:.1f}"] for r in self.rows]
         return _format_table(["heads", "d_k", "seed", "params", "loss", "accuracy", *rel, "seconds"], lines)
@@ -104,7 +104,7 @@ class SweepResults:
         """One line per head count: mean accuracy, its spread across seeds, per-relation means."""
         acc, first = self.by_heads(), {r.heads: r for r in reversed(self.rows)}
         relation_means = [self.mean(n) for n in self.relations]  # once per relation, not per head count
-        lines = [[str(h), str(first[h].d_k), f"{first[h].parameters:,}",
+        lines = [[str(h), str(first[h].d_head), f"{first[h].parameters:,}",
                   *(f"{v:.{digits}f}" for v in (sum(acc[h]) / len(acc[h]), min(acc[h]), max(acc[h]))),
                   *(f"{means[h]:.{digits}f}" for means in relation_means)] for h in self.heads]
         return _format_table(["heads", "d_k", "params", "accuracy (mean)", "min", "max", *self.relations], lines)
@@ -176,7 +176,7 @@ def sweep_heads(task: Any, *, d_model: int, heads: Sequence[int], seeds: Sequenc
                 history = train(net, task, base, seed=seed)
                 final = history.final
                 rows.append(SweepRow(
-                    heads=h, d_k=configs[h].d_k, seed=seed, parameters=count_parameters(net),
+                    heads=h, d_head=net.blocks[0].attn.d_head, seed=seed, parameters=count_parameters(net),
                     loss=float(final.get("loss", math.nan)), accuracy=float(final.get("accuracy", math.nan)),
                     relations={k.removeprefix("accuracy/"): float(v) for k, v in final.items() if k.startswith("accuracy/")},
                     seconds=history.elapsed,

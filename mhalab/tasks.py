@@ -16,7 +16,8 @@ from torch import Tensor
 
 from ._checks import check_distinct_ints, check_int
 
-__all__ = ["Batch", "Task", "MultiRelationTask", "KeyValueRecall", "Seq2SeqBatch", "Seq2SeqTask", "IGNORE"]
+__all__ = ["Batch", "Task", "MultiRelationTask", "KeyValueRecall", "RepeatedSegments", "Seq2SeqBatch", "Seq2SeqTask",
+           "IGNORE"]
 
 IGNORE = -100  # target value meaning "nothing to predict here" (cross_entropy's ignore_index)
 
@@ -165,22 +166,33 @@ class KeyValueRecall(Task):
     query is the value stored under it. Relations at query positions: ``key`` (where the key was stored,
     found only by matching contents) and ``value`` (right after it: the answer). Token ids: keys
     ``0..n_keys-1``, values ``n_keys..n_keys+n_values-1``.
+
+    ``slots=True``: only the keys are stored, ``k1 k2 ... k_P``, and the value of a key is its slot: the
+    target at a query asking pair j is token ``n_keys + j`` (so ``n_values`` is ``n_pairs``). One attention
+    layer can then answer by matching contents alone (``key`` and ``value`` both point at slot j); with the
+    two-token pairs a model first needs a layer that moves each key onto its value.
     """
 
     name = "key-value recall"
     target_relation = "value"
-    _repr_fields = ("n_pairs", "n_keys", "n_values", "n_queries", "causal")
+    _repr_fields = ("n_pairs", "n_keys", "n_values", "n_queries", "causal", "slots")
 
-    def __init__(self, n_pairs: int = 8, *, n_keys: int = 16, n_values: int = 16, n_queries: int = 4,
-                 causal: bool = True) -> None:
+    def __init__(self, n_pairs: int = 8, *, n_keys: int = 16, n_values: int | None = None, n_queries: int = 4,
+                 causal: bool = True, slots: bool = False) -> None:
         self.n_pairs = check_int("n_pairs", n_pairs, 1)
         self.n_keys = check_int("n_keys", n_keys, n_pairs,
                                 why=f" (the {n_pairs} keys in one sequence are distinct, so n_keys >= n_pairs)")
-        self.n_values = check_int("n_values", n_values, 2)
+        if not isinstance(slots, bool):
+            raise TypeError(f"slots must be True or False, got {slots!r}")
+        if slots and n_values not in (None, n_pairs):
+            raise ValueError(f"with slots=True the values are the {n_pairs} slots, so n_values is n_pairs; "
+                             f"got n_values={n_values} (leave it out)")
+        self.slots = slots
+        self.n_values = check_int("n_values", n_pairs if slots else 16 if n_values is None else n_values, 1 if slots else 2)
         self.n_queries = check_int("n_queries", n_queries, 1)
         self.causal = bool(causal)
-        self.vocab_size = n_keys + n_values
-        self.seq_len = 2 * n_pairs + n_queries
+        self.vocab_size = self.n_keys + self.n_values
+        self.seq_len = (1 if slots else 2) * n_pairs + n_queries
         self.relations = ("key", "value")
 
     def _generate(self, batch_size: int, generator: torch.Generator, device: torch.device) -> Batch:
@@ -189,17 +201,96 @@ class KeyValueRecall(Task):
         keys = torch.rand(B, self.n_keys, generator=generator, device=device).argsort(dim=-1)[:, :P]  # [B, P]
         values = torch.randint(0, self.n_values, (B, P), generator=generator, device=device) + self.n_keys  # [B, P]
         asked = torch.randint(0, P, (B, Q), generator=generator, device=device)  # [B, Q]: which pair each query asks
-        pairs = torch.stack([keys, values], dim=-1).reshape(B, 2 * P)  # [B, P, 2] -> [B, 2P]: k1 v1 k2 v2 ...
-        inputs = torch.cat([pairs, keys.gather(1, asked)], dim=1)  # [B, T]
+        if self.slots:  # only the keys are stored; the value of pair j is j itself
+            values = torch.arange(P, device=device).expand(B, P) + self.n_keys
+            stored = keys  # [B, P]
+        else:
+            stored = torch.stack([keys, values], dim=-1).reshape(B, 2 * P)  # [B, P, 2] -> [B, 2P]: k1 v1 k2 v2 ...
+        first = stored.shape[1]  # where the queries start
+        inputs = torch.cat([stored, keys.gather(1, asked)], dim=1)  # [B, T]
         targets = torch.full((B, T), IGNORE, dtype=torch.long, device=device)
-        targets[:, 2 * P :] = values.gather(1, asked)  # [B, Q]: the value stored under each asked key
+        targets[:, first:] = values.gather(1, asked)  # [B, Q]: the value stored under each asked key
         key_pos = torch.full((B, T), -1, dtype=torch.long, device=device)
-        key_pos[:, 2 * P :] = 2 * asked  # pair j's key sits at 2j
-        value_pos = torch.where(key_pos >= 0, key_pos + 1, key_pos)  # and its value right after
+        key_pos[:, first:] = asked if self.slots else 2 * asked  # pair j's key sits at j (slots) or 2j
+        value_pos = key_pos if self.slots else torch.where(key_pos >= 0, key_pos + 1, key_pos)  # its value: right after
         return Batch(inputs, targets, {"key": key_pos, "value": value_pos})
 
     def token_labels(self, tokens_1d: Tensor) -> list[str]:
-        return [f"K{t}" if t < self.n_keys else f"v{t - self.n_keys}" for t in map(int, tokens_1d)]
+        value = "slot" if self.slots else "v"
+        return [f"K{t}" if t < self.n_keys else f"{value}{t - self.n_keys}" for t in map(int, tokens_1d)]
+
+
+class RepeatedSegments(Task):
+    """Random tokens in which ``n_segments`` segments (each of a random length in ``segment_lengths``) are
+    repeated right after themselves, at random places: ``... a b c d a b c d ... e f g e f g ...``. Causal
+    next-token prediction: target at i is the token at i + 1 (none at the last position).
+
+    Only the repeats are predictable, and only by looking back: at a token of a second copy, find where it
+    occurred before and read the token that followed (an induction head, Olsson et al. 2022). Relation
+    ``induction`` points each query whose next token is a repeat at that earlier follower (-1 elsewhere);
+    :meth:`metrics` adds the loss on those targets (``loss/repeated``) and on all others (``loss/fresh``).
+    """
+
+    name = "repeated segments"
+    causal = True
+    relations = ("induction",)
+    _repr_fields = ("vocab_size", "seq_len", "n_segments", "segment_lengths")
+
+    def __init__(self, vocab_size: int = 64, seq_len: int = 48, *, n_segments: int = 2,
+                 segment_lengths: tuple[int, int] = (6, 12)) -> None:
+        self.vocab_size = check_int("vocab_size", vocab_size, 2)
+        self.seq_len = check_int("seq_len", seq_len, 4)
+        self.n_segments = check_int("n_segments", n_segments, 1)
+        if not (isinstance(segment_lengths, (tuple, list)) and len(segment_lengths) == 2):
+            raise TypeError(f"segment_lengths must be (shortest, longest), e.g. (6, 12), got {segment_lengths!r}")
+        low = check_int("the shortest segment length", segment_lengths[0], 2,
+                        why=" (a segment of one token repeated predicts nothing)")
+        high = check_int("the longest segment length", segment_lengths[1], low, why=f" (the shortest is {low})")
+        if 2 * n_segments * high > seq_len:
+            raise ValueError(f"{n_segments} segments of up to {high} tokens, each written twice, need "
+                             f"{2 * n_segments * high} positions but seq_len={seq_len}: use seq_len >= "
+                             f"{2 * n_segments * high}, fewer segments, or shorter ones")
+        self.segment_lengths = (low, high)
+
+    def _generate(self, batch_size: int, generator: torch.Generator, device: torch.device) -> Batch:
+        B, T, n = batch_size, self.seq_len, self.n_segments
+        low, high = self.segment_lengths
+        lengths = torch.randint(low, high + 1, (B, n), generator=generator, device=device)  # [B, n]
+        filler = T - 2 * lengths.sum(dim=1, keepdim=True)  # [B, 1]: fresh tokens around the segments
+        # n + 1 gaps that add up to the filler: cut [0, filler] at n sorted random points.
+        cuts = (torch.rand(B, n, generator=generator, device=device) * (filler + 1)).floor().long().sort(dim=1).values
+        edges = torch.cat([torch.zeros_like(filler), cuts, filler], dim=1)  # [B, n + 2]
+        gaps = edges.diff(dim=1)  # [B, n + 1]
+        # segment k's first copy starts after every earlier gap and segment (twice) and its own gap
+        starts = gaps[:, :n].cumsum(dim=1) + 2 * (lengths.cumsum(dim=1) - lengths)  # [B, n]
+        position = torch.arange(T, device=device)  # [T]
+        offset = torch.zeros(B, T, dtype=torch.long, device=device)  # [B, T]: how far back a copied token's original is
+        for k in range(n):
+            second = starts[:, k : k + 1] + lengths[:, k : k + 1]  # [B, 1]: where the second copy starts
+            inside = (position >= second) & (position < second + lengths[:, k : k + 1])  # [B, T]
+            offset += inside * lengths[:, k : k + 1]
+        tokens = torch.randint(0, self.vocab_size, (B, T), generator=generator, device=device)  # [B, T]
+        # originals are never copies themselves, so one gather writes every second copy
+        inputs = torch.where(offset > 0, tokens.gather(1, position - offset), tokens)  # [B, T]
+        targets = torch.cat([inputs[:, 1:], torch.full((B, 1), IGNORE, dtype=torch.long, device=device)], dim=1)
+        # the next token is a repeat when it and this one lie in the same second copy
+        repeat_next = torch.zeros(B, T, dtype=torch.bool, device=device)
+        repeat_next[:, :-1] = (offset[:, :-1] > 0) & (offset[:, 1:] > 0)
+        induction = torch.where(repeat_next, position - offset + 1, -1)  # [B, T]: the follower of the earlier copy
+        return Batch(inputs, targets, {"induction": induction})
+
+    @torch.no_grad()
+    def metrics(self, logits: Tensor, batch: Batch) -> dict[str, float]:
+        """The :class:`Task` metrics plus ``loss/repeated`` (targets only induction can predict) and
+        ``loss/fresh`` (every other target: random, so at best ``ln vocab_size``)."""
+        out = super().metrics(logits, batch)
+        losses = F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE,
+                                 reduction="none").view(batch.targets.shape)  # [B, T]
+        repeated = batch.sources["induction"] >= 0  # [B, T]
+        fresh = (batch.targets != IGNORE) & ~repeated
+        for name, where in (("repeated", repeated), ("fresh", fresh)):
+            out[f"loss/{name}"] = float(losses[where].mean()) if bool(where.any()) else float("nan")
+        return out
 
 
 @dataclass

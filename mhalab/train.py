@@ -13,7 +13,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -24,7 +24,8 @@ from .device import autocast, foreach_supported, pick_device, resolve_precision
 from .history import History
 from .models import batch_logits, eval_mode
 
-__all__ = ["train", "evaluate", "TrainConfig", "make_config", "History", "TrainingDiverged", "EVAL_SEED", "stream_seed"]
+__all__ = ["train", "evaluate", "TrainConfig", "make_config", "History", "TrainingDiverged", "CallbackFailed", "EVAL_SEED",
+           "stream_seed"]
 
 EVAL_SEED = 987_654_321  # evaluate's default seed: the held-out batches are the same in every call
 _FLUSH_EVERY = 16  # read losses back from the device (and check them) at most this many steps apart
@@ -38,6 +39,15 @@ class TrainingDiverged(FloatingPointError):
     def __init__(self, message: str, *, step: int, loss: float) -> None:
         super().__init__(message)
         self.step, self.loss = step, loss
+
+
+class CallbackFailed(RuntimeError):
+    """The ``callback`` of :func:`train` raised at ``step``. Nothing finished is lost: the model holds the
+    weights of that step, ``history`` the run up to it, and a checkpoint (if one was asked for) was written."""
+
+    def __init__(self, message: str, *, step: int, history: History) -> None:
+        super().__init__(message)
+        self.step, self.history = step, history
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,11 +159,19 @@ def evaluate(model: nn.Module, task: Any, *, batches: int = 8, batch_size: int =
     return {name: sum(float(r[name]) for r in results) / batches for name in results[0]}
 
 
-def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **settings: Any) -> History:
+def train(model: nn.Module, task: Any, config: TrainConfig | None = None, *,
+          callback: Callable[[int, nn.Module], Any] | None = None, callback_every: int | None = None,
+          **settings: Any) -> History:
     """Train ``model`` (moved to the device in place) on ``task``'s batches; return a :class:`History`.
 
     ``settings`` are :class:`TrainConfig` fields, e.g. ``train(model, task, steps=400, lr=1e-2)``; with
-    ``config`` they replace its fields. Raises :class:`TrainingDiverged` on a NaN/inf loss."""
+    ``config`` they replace its fields. Raises :class:`TrainingDiverged` on a NaN/inf loss.
+
+    ``callback(step, model)`` looks at the model during training (e.g. a
+    :class:`mhalab.formation.FormationRecorder`): at step 0 before the first update (unless resuming), then
+    after every ``callback_every``-th step (default: the callback's own ``every``, else ``steps // 10``) and
+    the last. It runs with its own random state, so a run with a callback trains exactly as one without.
+    If it raises, training stops with :class:`CallbackFailed`, which keeps everything finished."""
     from tqdm.auto import tqdm
 
     # ---- check everything before any work, so a bad setting fails in a second, not after training
@@ -166,6 +184,11 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
     precision, amp_dtype = resolve_precision(cfg.precision, device)
     path = None if cfg.checkpoint is None else Path(cfg.checkpoint)
     run = {"task": str(getattr(task, "name", type(task).__name__)), "precision": precision}
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be a function callback(step, model), got {type(callback).__name__}")
+    if callback_every is None:
+        callback_every = getattr(callback, "every", None) or max(1, cfg.steps // 10)
+    check_int("callback_every", callback_every, 1)
 
     model.to(device)
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]  # matrices and embeddings
@@ -210,7 +233,30 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
             bar.write(f"mhalab.train: {device}{gpu}, precision {precision}, {cfg.steps - start} steps to go")
         began = time.perf_counter() - history.elapsed  # resumed runs add up
         step = start
+
+        def call_back(step: int) -> None:
+            """Run the callback outside training's random streams and mode; if it fails, keep the work done."""
+            try:
+                with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], device_type=device.type):
+                    callback(step, model)
+            except Exception as error:
+                kept = ""
+                if path is not None and step > start and last_saved != step:
+                    save_checkpoint(snapshot(parts, generator, device, step=step, train_config=cfg.to_dict(),
+                                             history=asdict(history), **run), path)
+                if path is not None and step > start:
+                    kept = f", the checkpoint {str(path)!r} holds step {step} (train again with the same settings to resume)"
+                raise CallbackFailed(
+                    f"the callback {getattr(callback, '__name__', type(callback).__name__)} raised at step {step}: "
+                    f"{type(error).__name__}: {error}. Training stopped there; nothing finished is lost: the model "
+                    f"holds step {step}'s weights, this error's .history the run so far{kept}",
+                    step=step, history=history) from error
+            finally:
+                model.train()
+
         try:
+            if callback is not None and start == 0:
+                call_back(0)
             for step in range(start + 1, cfg.steps + 1):
                 batch = task.sample(cfg.batch_size, generator=generator, device=device)
                 with autocast(device, amp_dtype):
@@ -241,6 +287,10 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, **sett
                     save_checkpoint(snapshot(parts, generator, device, step=step, train_config=cfg.to_dict(),
                                              history=asdict(history), **run), path)
                     last_saved = step
+                if callback is not None and (step % callback_every == 0 or step == cfg.steps):
+                    if pending:  # a NaN stops the run here, before the callback looks at broken weights
+                        _record_losses(history, pending, step, cfg, last_saved)
+                    call_back(step)
                 bar.update(1)
         except KeyboardInterrupt:
             where = (f"; the last checkpoint (step {last_saved}) is at {str(cfg.checkpoint)!r}: call train again "

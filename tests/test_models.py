@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mhalab.attention import check_head_count
-from mhalab.hooks import ablate_heads, attention_modules, run_with_cache, run_with_hooks
+from mhalab.hooks import ablate_heads, attention_modules, hooks_attached, run_with_cache, run_with_hooks
 from mhalab.models import EncoderDecoder, ModelConfig, Transformer, eval_mode
 from mhalab.positions import sinusoidal_positions
 
@@ -92,7 +92,7 @@ def test_hook_names_follow_the_blocks():
     enc_dec = EncoderDecoder(small())
     assert list(attention_modules(enc_dec)) == [
         "encoder.0.attn", "encoder.1.attn",
-        "decoder.0.self_attn", "decoder.0.cross_attn", "decoder.1.self_attn", "decoder.1.cross_attn",
+        "decoder.0.attn", "decoder.0.cross_attn", "decoder.1.attn", "decoder.1.cross_attn",
     ]
 
 
@@ -103,7 +103,7 @@ def test_ablating_a_head_equals_zeroing_its_slice_of_w_o(layer, head):
     ablated = run_with_hooks(model, x, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate_heads([head]))])
 
     surgery = copy.deepcopy(model)
-    dk = surgery.config.d_k
+    dk = surgery.blocks[layer].attn.d_head
     with torch.no_grad():
         surgery.blocks[layer].attn.out_proj.weight[:, head * dk : (head + 1) * dk] = 0.0
     assert torch.allclose(ablated, surgery(x), atol=1e-6)
@@ -209,8 +209,8 @@ def test_encoder_decoder_shapes_and_attention():
     shapes = {name: tuple(w.shape) for name, w in cache.items()}
     assert shapes == {
         "encoder.0.attn.hook_pattern": (B, 4, 7, 7), "encoder.1.attn.hook_pattern": (B, 4, 7, 7),
-        "decoder.0.self_attn.hook_pattern": (B, 4, 5, 5), "decoder.0.cross_attn.hook_pattern": (B, 4, 5, 7),
-        "decoder.1.self_attn.hook_pattern": (B, 4, 5, 5), "decoder.1.cross_attn.hook_pattern": (B, 4, 5, 7),
+        "decoder.0.attn.hook_pattern": (B, 4, 5, 5), "decoder.0.cross_attn.hook_pattern": (B, 4, 5, 7),
+        "decoder.1.attn.hook_pattern": (B, 4, 5, 5), "decoder.1.cross_attn.hook_pattern": (B, 4, 5, 7),
     }
     for w in cache.values():
         assert torch.allclose(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-5)
@@ -232,7 +232,7 @@ def test_encoder_decoder_ablation_and_generation():
     model = EncoderDecoder(small()).eval()
     src, tgt = tokens(length=7), tokens(length=5, seed=1)
     base = model(src, tgt)
-    for point in ("encoder.1.attn.hook_z", "decoder.1.self_attn.hook_z", "decoder.1.cross_attn.hook_z"):
+    for point in ("encoder.1.attn.hook_z", "decoder.1.attn.hook_z", "decoder.1.cross_attn.hook_z"):
         assert not torch.allclose(run_with_hooks(model, src, tgt, fwd_hooks=[(point, ablate_heads([0]))]), base, atol=1e-5), point
 
     fast = model.generate(src, 5, bos_id=0)
@@ -241,6 +241,36 @@ def test_encoder_decoder_ablation_and_generation():
         for _ in range(5):
             slow = torch.cat([slow, model(src, slow)[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(fast, slow)
+
+
+def test_cross_attention_projects_the_memory_once_and_gives_the_same_logits():
+    """Decoding token by token with cached cross-attention K/V gives exactly the logits of the uncached path,
+    where every step re-projects the encoder's output (the same matmul on the same memory: bit for bit);
+    the cached path projects it once per layer."""
+    from mhalab.attention import KVCache
+
+    model = EncoderDecoder(small(n_kv_heads=2)).eval()
+    src, tgt = tokens(length=7), tokens(length=6, seed=1)
+    with torch.no_grad():
+        memory = model.encode(src)
+        projections = []
+        count = [("decoder.*.cross_attn.hook_k", lambda k, hook: projections.append(hook.name))]
+        logits = {}
+        for cross in (True, False):
+            self_caches, cross_caches = [KVCache() for _ in model.decoder], [KVCache() for _ in model.decoder]
+            logits[cross] = torch.cat([model.decode(tgt[:, t : t + 1], memory, kv_caches=self_caches,
+                                                    cross_kv_caches=cross_caches if cross else None)
+                                       for t in range(tgt.size(1))], dim=1)  # [B, T, V]
+        assert torch.equal(logits[True], logits[False])
+        self_caches, cross_caches = [KVCache() for _ in model.decoder], [KVCache() for _ in model.decoder]
+        with hooks_attached(model, count):
+            for t in range(tgt.size(1)):
+                model.decode(tgt[:, t : t + 1], memory, kv_caches=self_caches, cross_kv_caches=cross_caches)
+    assert projections == ["decoder.0.cross_attn.hook_k", "decoder.1.cross_attn.hook_k"]  # once per layer, not per token
+    assert [len(c) for c in cross_caches] == [7, 7] and cross_caches[0].k.shape == (B, 2, 7, 4)
+    with pytest.raises(ValueError, match="holds the keys of a memory .batch 3, length 7.*fresh KVCache"):
+        model.decode(tgt[:, :1], model.encode(tokens(length=5)), kv_caches=[KVCache() for _ in model.decoder],
+                     cross_kv_caches=cross_caches)
 
 
 def test_encoder_decoder_forward_batch_needs_decoder_inputs():
@@ -269,7 +299,13 @@ def test_bad_head_count_fails_in_the_config_with_the_attentions_message():
         (dict(n_layers=2.0), TypeError, "n_layers must be an int"),
         (dict(d_ff=0), ValueError, "d_ff must be at least 1"),
         (dict(dropout=1.0), ValueError, r"dropout must be a number in \[0, 1\)"),
-        (dict(positions="rotary"), ValueError, "positions must be one of"),
+        (dict(positions="rope"), ValueError, r"positions must be one of \('learned', 'sinusoidal', 'rotary', 'none'\)"),
+        (dict(n_kv_heads=3), ValueError, "n_heads=4 is not a multiple of n_kv_heads=3.*Valid n_kv_heads for n_heads=4: 1, 2, 4"),
+        (dict(n_kv_heads=8), ValueError, "n_kv_heads must be between 1 and 4"),
+        (dict(d_head=0), ValueError, "d_head must be at least 1"),
+        (dict(positions="rotary", d_head=5), ValueError, "head width must be even, got d_head=5"),
+        (dict(positions="rotary", rope_base=1), ValueError, "rope_base must be a number above 1"),
+        (dict(attn_only=1), TypeError, "attn_only must be True or False"),
         (dict(causal="yes"), TypeError, "causal must be True or False"),
         (dict(n_heads=0), ValueError, "n_heads must be at least 1"),
     ],
@@ -285,14 +321,16 @@ def test_config_is_checked_after_construction_too():
         cfg.n_heads = 3
     with pytest.raises(ValueError, match="not divisible by n_heads=3"):
         dataclasses.replace(cfg, n_heads=3)
-    assert dataclasses.replace(cfg, n_heads=8).d_k == 2
+    # d_head and n_kv_heads stay None unless given, so a new head count gets its own head width
+    assert Transformer(dataclasses.replace(cfg, n_heads=8)).blocks[0].attn.d_head == 2
 
 
 def test_config_defaults_and_round_trip():
     cfg = ModelConfig(vocab_size=10, d_model=32, n_heads=8)
-    assert cfg.d_ff == 128 and cfg.d_k == 4
+    attn = Transformer(cfg).blocks[0].attn
+    assert cfg.d_ff == 128 and (attn.d_head, attn.n_kv_heads, attn.rope_base) == (4, 8, None)
     assert ModelConfig(**cfg.to_dict()) == cfg
-    assert all(isinstance(v, (int, float, str, bool)) for v in cfg.to_dict().values())
+    assert all(v is None or isinstance(v, (int, float, str, bool)) for v in cfg.to_dict().values())
 
 
 def test_config_for_task():
@@ -332,3 +370,81 @@ def test_batch_logits_takes_a_batch_or_token_ids():
     assert torch.equal(batch_logits(enc_dec, batch), enc_dec(batch.inputs, batch.decoder_inputs))
     with pytest.raises(TypeError, match="task Batch or a \\[batch, seq\\] tensor"):
         batch_logits(model, [[1, 2, 3]])
+
+
+# ------------------------------------------------------------------ what ModelConfig can say
+VARIANTS = {
+    "attn_only": dict(attn_only=True),
+    "grouped_query": dict(n_kv_heads=2),
+    "multi_query_wide_heads": dict(n_kv_heads=1, d_head=8),
+    "rotary": dict(positions="rotary"),
+    "no_positions": dict(positions="none"),
+    "all_at_once": dict(attn_only=True, n_kv_heads=2, d_head=6, positions="rotary"),
+}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_each_config_option_reaches_the_attention_and_the_blocks(name):
+    cfg = small(causal=True, **VARIANTS[name])
+    model = Transformer(cfg)
+    H, D = cfg.n_heads, cfg.d_model
+    G = cfg.n_kv_heads or H
+    dk = cfg.d_head or D // H
+    for block in model.blocks:
+        attn = block.attn
+        assert (attn.n_heads, attn.n_kv_heads, attn.d_head) == (H, G, dk)
+        assert attn.qkv_proj.weight.shape == ((H + 2 * G) * dk, D) and attn.out_proj.weight.shape == (D, H * dk)
+        assert attn.rope_base == (cfg.rope_base if cfg.positions == "rotary" else None)
+        assert hasattr(block, "mlp") != cfg.attn_only
+    names = {n for n, _ in model.named_parameters()}
+    assert any(".mlp." in n for n in names) != cfg.attn_only
+    assert ("embed.positions.weight" in names) == (cfg.positions == "learned")
+    assert model(tokens()).shape == (B, T, V)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_each_config_option_trains(name):
+    """Forty Adam steps on one batch of a copy task (predict the current token) bring the loss below half."""
+    torch.manual_seed(0)
+    model = Transformer(small(causal=True, **VARIANTS[name]))
+    x = tokens(batch=8)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(40):
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] / 2, losses[::10]
+
+
+@pytest.mark.parametrize("name", ["grouped_query", "rotary", "all_at_once"])
+def test_generation_with_a_cache_equals_recomputing_for_rotary_and_grouped_models(name):
+    model = Transformer(small(causal=True, **VARIANTS[name])).eval()
+    prompt = tokens(length=4)
+    slow = prompt
+    with torch.no_grad():
+        for _ in range(6):
+            slow = torch.cat([slow, model(slow)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(model.generate(prompt, 6), slow)
+
+
+def test_without_positions_a_bidirectional_model_cannot_tell_order_but_a_rotary_one_can():
+    x = tokens()
+    perm = torch.randperm(T, generator=torch.Generator().manual_seed(1))
+    for positions, order_blind in (("none", True), ("rotary", False)):
+        model = Transformer(small(positions=positions)).eval()
+        with torch.no_grad():
+            permuted_then_run, run_then_permuted = model(x[:, perm]), model(x)[:, perm]
+        assert torch.allclose(permuted_then_run, run_then_permuted, atol=1e-5) == order_blind, positions
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_encoder_decoder_takes_each_config_option(name):
+    cfg = small(**VARIANTS[name])
+    model = EncoderDecoder(cfg)
+    src, tgt = tokens(length=7), tokens(length=5, seed=1)
+    assert model(src, tgt).shape == (B, 5, V)
+    assert all(block.cross_attn.rope_base is None for block in model.decoder)  # no rotation across two sequences
+    assert model.generate(src, 3, bos_id=0).shape == (B, 4)

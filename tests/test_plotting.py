@@ -48,13 +48,13 @@ def test_memory_layout_all_three_stages():
     m = MultiHeadAttention(8, 2)
     x = torch.arange(32.0).view(1, 4, 8)
     for t, layout, panels in ((x, "B T D", 1), (x.view(1, 4, 2, 4), "B T H dk", 1), (m.split_heads(x), "B H T dk", 2)):
-        fig = show_memory_layout(t, layout, d_k=4, title="t")
+        fig = show_memory_layout(t, layout, d_head=4, title="t")
         assert len(fig.axes) == panels
         assert any(str(list(t.stride())) in text.get_text() for text in fig.findobj(Text))
     with pytest.raises(ValueError, match="layout must be one of"):
-        show_memory_layout(x, "B D", d_k=4, title="t")
+        show_memory_layout(x, "B D", d_head=4, title="t")
     with pytest.raises(ValueError, match="shape"):
-        show_memory_layout(x.view(4, 8), "B T D", d_k=4, title="t")
+        show_memory_layout(x.view(4, 8), "B T D", d_head=4, title="t")
 
 
 def test_plot_costs():

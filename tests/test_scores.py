@@ -86,3 +86,45 @@ def test_role_of_is_the_one_vocabulary():
     assert S.role_of(s, 0, 1, ["left1"]) == "self"
     assert S.role_of(s, 1, 0, ["left1"]) == S.NO_ROLE == "none"  # entropy (nats) is never a role
     assert S.role_of(s, 1, 0, ["left1"], threshold=0.35) == "self"
+
+
+# ------------------------------------------------------------------------------- induction
+def test_induction_score_on_hand_made_patterns():
+    # tokens a b c a b c: queries 3, 4, 5 repeat tokens first seen at 0, 1, 2; their followers are at 1, 2, 3
+    tokens = torch.tensor([[0, 1, 2, 0, 1, 2]])
+    T = 6
+    induction = torch.zeros(T, T)
+    induction[torch.arange(T), torch.arange(T)] = 1.0  # queries 0..2 (no earlier occurrence) look at themselves
+    induction[[3, 4, 5], [1, 2, 3]] = 1.0
+    induction[[3, 4, 5], [3, 4, 5]] = 0.0
+    half = induction.clone()
+    half[[3, 4, 5], [1, 2, 3]] = 0.5  # half on the follower, half on the repeated token itself
+    half[[3, 4, 5], [0, 1, 2]] = 0.5
+    prev = hand_made(T)[0, 0, 0]
+    A = torch.stack([induction, half, prev])[None, None]  # [N=1, B=1, H=3, T, T]
+    torch.testing.assert_close(S.induction_score(A, tokens), torch.tensor([[1.0, 0.5, 0.0]]))
+    # a previous-token head scores 0 here, and the induction head 0 as a previous-token head
+    torch.testing.assert_close(S.previous_token_score(A)[0, 0], torch.tensor(0.0))
+
+
+def test_induction_score_counts_every_earlier_follower_and_only_queries_with_one():
+    # a x a y a: query 4 (a) has followers at 1 (x) and 3 (y); query 2 (a) has the follower at 1
+    tokens = torch.tensor([[0, 5, 0, 6, 0]])
+    A = torch.zeros(1, 1, 1, 5, 5)
+    A[..., 2, 1] = 1.0
+    A[..., 4, 1] = 0.25
+    A[..., 4, 3] = 0.25
+    A[..., 4, 4] = 0.5  # on itself: j = i is not a follower
+    for q in (0, 1, 3):  # queries without an earlier occurrence: their weights must not count
+        A[..., q, 0] = 1.0
+    torch.testing.assert_close(S.induction_score(A, tokens), torch.tensor([[(1.0 + 0.5) / 2]]))
+
+
+def test_induction_score_refuses_what_it_cannot_score():
+    A = torch.full((1, 1, 1, 4, 4), 0.25)
+    with pytest.raises(ValueError, match="nothing to induce"):
+        S.induction_score(A, torch.tensor([[0, 1, 2, 3]]))
+    with pytest.raises(ValueError, match="nothing to induce"):  # a a: the only "follower" of a is the query itself
+        S.induction_score(A, torch.tensor([[0, 0, 1, 2]]))
+    with pytest.raises(ValueError, match=r"tokens \[batch, pos\] = \[1, 4\]"):
+        S.induction_score(A, torch.tensor([[0, 1, 0]]))

@@ -24,7 +24,7 @@ def tiny():
 def test_one_row_per_run_with_equal_parameters(tiny):
     _, results = tiny
     assert [(r.heads, r.seed) for r in results.rows] == [(1, 0), (1, 1), (2, 0), (2, 1), (8, 0), (8, 1)]
-    assert [r.d_k for r in results.rows] == [8, 8, 4, 4, 1, 1]
+    assert [r.d_head for r in results.rows] == [8, 8, 4, 4, 1, 1]
     assert len({r.parameters for r in results.rows}) == 1
     for r in results.rows:
         assert set(r.relations) == {"left1", "right1"}

@@ -1,5 +1,7 @@
 """The tasks' relations are what they claim, sampling is seeded and on-device, bad arguments fail clearly."""
 
+import math
+
 import pytest
 import torch
 
@@ -66,6 +68,22 @@ def test_key_value_recall_answers_are_the_stored_values():
             kpos, vpos = int(batch.sources["key"][b, i]), int(batch.sources["value"][b, i])
             assert int(x[b, kpos]) == q and vpos == kpos + 1 and int(x[b, vpos]) == int(y[b, i])
     assert task.token_labels(x[0])[:2] == [f"K{int(x[0, 0])}", f"v{int(x[0, 1]) - 9}"]
+
+
+def test_key_value_recall_with_slots_stores_only_the_keys_and_answers_their_slot():
+    task = KeyValueRecall(n_pairs=4, n_keys=10, n_queries=5, causal=False, slots=True)
+    assert (task.seq_len, task.n_values, task.vocab_size) == (9, 4, 14)
+    batch = _sample(task, n=32)
+    x, y = batch.inputs, batch.targets
+    assert (x < 10).all() and all(len(set(row.tolist())) == 4 for row in x[:, :4])
+    assert (y[:, :4] == IGNORE).all()
+    for b in range(32):
+        for i in range(4, 9):
+            slot = int(y[b, i]) - 10
+            assert int(x[b, slot]) == int(x[b, i])  # the query's key stands in the slot the target names
+            assert int(batch.sources["key"][b, i]) == int(batch.sources["value"][b, i]) == slot
+    assert task.token_labels(torch.tensor([3, 12])) == ["K3", "slot2"]
+    assert "slots=True" in repr(task)
 
 
 # ---------------------------------------------------------------- loss and metrics
@@ -140,6 +158,10 @@ def test_key_value_recall_bad_arguments():
         KeyValueRecall(n_pairs=8, n_keys=4)
     with pytest.raises(ValueError, match="n_queries must be at least 1"):
         KeyValueRecall(n_queries=0)
+    with pytest.raises(ValueError, match="n_values is n_pairs"):
+        KeyValueRecall(n_pairs=4, n_values=8, slots=True)
+    with pytest.raises(TypeError, match="slots must be True or False"):
+        KeyValueRecall(slots=1)
     with pytest.raises(ValueError, match="batch_size must be at least 1"):
         KeyValueRecall().sample(0, generator=torch.Generator())
 
@@ -147,3 +169,62 @@ def test_key_value_recall_bad_arguments():
 def test_base_task_is_abstract():
     with pytest.raises(NotImplementedError):
         Task().sample(1, generator=torch.Generator())
+
+
+# ---------------------------------------------------------------- repeated segments
+def test_repeated_segments_repeat_and_point_at_the_earlier_follower():
+    from mhalab.tasks import RepeatedSegments
+
+    task = RepeatedSegments(vocab_size=16, seq_len=40, n_segments=2, segment_lengths=(3, 8))
+    batch = _sample(task, n=64)
+    x, y, src = batch.inputs, batch.targets, batch.sources["induction"]
+    assert x.shape == y.shape == src.shape == (64, 40) and task.causal and task.relations == ("induction",)
+    assert torch.equal(y[:, :-1], x[:, 1:]) and (y[:, -1] == IGNORE).all()  # next-token prediction
+    pointed = src >= 0
+    i = torch.arange(40).expand(64, 40)
+    assert (src[pointed] <= i[pointed]).all()  # causal: the answer lies in the past
+    # the follower of the earlier copy is the answer, and the token before it is the query's own token
+    assert torch.equal(x.gather(1, src.clamp(min=0))[pointed], y[pointed])
+    assert torch.equal(x.gather(1, (src - 1).clamp(min=0))[pointed], x[pointed])
+    lengths = (i - src + 1)[pointed]  # how far back the copy is: a segment length
+    assert lengths.min() >= 3 and lengths.max() <= 8
+    for b in range(64):  # each row: n_segments runs of pointed queries, a segment of length L giving L - 1
+        runs = [[]]
+        for k in range(40):
+            if pointed[b, k]:
+                runs[-1].append(int(k - src[b, k] + 1))
+            elif runs[-1]:
+                runs.append([])
+        runs = [r for r in runs if r]
+        assert len(runs) == 2 and all(len(set(r)) == 1 and len(r) == r[0] - 1 for r in runs)
+    assert lengths.unique().numel() == 6  # every length 3..8 occurs in 64 rows
+
+
+def test_repeated_segments_metrics_split_repeated_from_fresh_targets():
+    from mhalab.tasks import RepeatedSegments
+
+    task = RepeatedSegments(vocab_size=10, seq_len=24, n_segments=1, segment_lengths=(4, 8))
+    batch = _sample(task, n=16)
+    repeated = batch.sources["induction"] >= 0
+    # logits that know the repeats exactly and guess uniformly elsewhere
+    logits = torch.zeros(16, 24, 10)
+    logits[repeated] = torch.nn.functional.one_hot(batch.targets[repeated], 10).float() * 50.0
+    m = task.metrics(logits, batch)
+    assert m["loss/repeated"] < 1e-6
+    assert abs(m["loss/fresh"] - math.log(10)) < 1e-5  # a uniform guess over 10 tokens
+    n_repeated, n_fresh = int(repeated.sum()), int((batch.targets != IGNORE).sum() - repeated.sum())
+    assert abs(m["loss"] - n_fresh * math.log(10) / (n_repeated + n_fresh)) < 1e-5
+
+
+def test_repeated_segments_refuse_segments_that_do_not_fit():
+    from mhalab.tasks import RepeatedSegments
+
+    with pytest.raises(ValueError, match="need 48 positions but seq_len=40"):
+        RepeatedSegments(seq_len=40, n_segments=2, segment_lengths=(6, 12))
+    with pytest.raises(ValueError, match="shortest segment length must be at least 2"):
+        RepeatedSegments(segment_lengths=(1, 4))
+    with pytest.raises(TypeError, match=r"segment_lengths must be \(shortest, longest\)"):
+        RepeatedSegments(segment_lengths=8)
+    a = _sample(RepeatedSegments(), seed=1)
+    b = _sample(RepeatedSegments(), seed=1)
+    assert torch.equal(a.inputs, b.inputs) and torch.equal(a.sources["induction"], b.sources["induction"])

