@@ -74,33 +74,56 @@ class ModelView:
         mosaic = np.ones((rows, cols, 3))
         qi = np.arange(P) * ex.T // P  # nearest-neighbour resize of a [T, S] map to P x P
         ki = np.arange(P) * ex.S // P
-        colour = colormaps["viridis"]
+        weights = ex.attention[:, 0]  # [N, H, T, S]
+        if ex.hide_special:
+            from .widgets import hide_keys
+
+            weights = hide_keys(weights, ex.special_keys())
+        cells = colormaps["viridis"](weights[:, :, qi][:, :, :, ki])[..., :3]  # [N, H, P, P, 3], one colormap call
         for l in range(ex.n_layers):
             for h in range(ex.n_heads):
                 r, c = self.cell_origin(l, h)
-                weights = ex.shown_map(l, h)[np.ix_(qi, ki)]  # [P, P]
-                mosaic[r : r + P, c : c + P] = colour(weights)[..., :3]
+                mosaic[r : r + P, c : c + P] = cells[l, h]
         return mosaic
 
     # ------------------------------------------------------------------ figure
     def refresh(self) -> None:
-        """Redraw everything (after new text, or the toggle): the mosaic, labels, frames."""
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        """Redraw after new text or the toggle: the mosaic, the sink frames, the header. The figure, its axes
+        and labels are built once (the mosaic's size does not depend on the text)."""
         from matplotlib.patches import Rectangle
 
         ex = self.explorer
         self.mosaic = self._build_mosaic()
+        if getattr(self, "figure", None) is None:
+            self._build_figure()
+        self._image.set_data(self.mosaic)
+        for patch in self._sink_frames:
+            patch.remove()
+        P = self.pixels
+        self._sink_frames = [self._ax.add_patch(Rectangle((c - 1, r - 1), P + 1, P + 1, fill=False,
+                                                          edgecolor="tab:orange", lw=0.9))
+                             for r, c in (self.cell_origin(l, h) for l, h in self.sinks)]
+        hidden = "hidden: first token, [CLS], [SEP] (rows renormalised)" if ex.hide_special else "all keys shown"
+        lines = [f"{ex.n_layers} layers x {ex.n_heads} heads, {ex.T} tokens", hidden,
+                 f"orange: sink head (>= {SINK_THRESHOLD:.0%} on the first token): {len(self.sinks)} of {ex.n_layers * ex.n_heads}",
+                 "red: picked head" + ("; dashed: same K/V head" if self.group_size < ex.n_heads else "")]
+        self._header.set_text("\n".join(lines))
+        self.pick(self.layer, self.head, follow=False)
+
+    def _build_figure(self) -> None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        ex = self.explorer
         rows, cols = self.mosaic.shape[:2]
-        scale = 1.0  # CSS pixels per mosaic pixel
         gqa = self.group_size < ex.n_heads
-        left, top, bottom, right = 34, 96 if gqa else 80, 6, 8  # margins, CSS pixels: layer labels; title, K/V and head labels
-        width, height = max(cols * scale + left + right, 300), rows * scale + top + bottom
+        left, top, bottom, right = 34, 96 if gqa else 80, 6, 8  # margins, CSS pixels: layer labels; header, K/V and head labels
+        width, height = max(cols + left + right, 300), rows + top + bottom  # one CSS pixel per mosaic pixel
         self.figure = Figure(figsize=(width / DPI, height / DPI), dpi=1.5 * DPI)
         FigureCanvasAgg(self.figure)
         self._css_width = round(width)
-        ax = self.figure.add_axes([left / width, bottom / height, cols * scale / width, rows * scale / height])
-        ax.imshow(self.mosaic, interpolation="nearest", aspect="auto")
+        ax = self.figure.add_axes([left / width, bottom / height, cols / width, rows / height])
+        self._image = ax.imshow(self.mosaic, interpolation="nearest", aspect="auto")
         ax.set_xlim(-0.5, cols - 0.5)
         ax.set_ylim(rows - 0.5, -0.5)
         ax.axis("off")
@@ -110,22 +133,14 @@ class ModelView:
             ax.text(-4, self.cell_origin(l, 0)[0] + P / 2, f"L{l}", ha="right", va="center", fontsize=7)
         for h in range(ex.n_heads):
             ax.text(self.cell_origin(0, h)[1] + P / 2, -4, f"H{h}", ha="center", va="bottom", fontsize=7)
-        if self.group_size < ex.n_heads:  # grouped-query attention: name the K/V head above each group
+        if gqa:  # grouped-query attention: name the K/V head above each group
             for g in range(ex.n_heads // self.group_size):
                 first, last = self.cell_origin(0, g * self.group_size)[1], self.cell_origin(0, (g + 1) * self.group_size - 1)[1] + P
                 ax.plot([first, last], [-16, -16], color="0.3", lw=0.8, clip_on=False)
                 ax.text((first + last) / 2, -18, f"K/V head {g}", ha="center", va="bottom", fontsize=7, color="0.3")
-        for l, h in self.sinks:
-            r, c = self.cell_origin(l, h)
-            ax.add_patch(Rectangle((c - 1, r - 1), P + 1, P + 1, fill=False, edgecolor="tab:orange", lw=0.9))
-        hidden = "hidden: first token, [CLS], [SEP] (rows renormalised)" if ex.hide_special else "all keys shown"
-        lines = [f"{ex.n_layers} layers x {ex.n_heads} heads, {ex.T} tokens", hidden,
-                 f"orange: sink head (>= {SINK_THRESHOLD:.0%} on the first token): {len(self.sinks)} of {ex.n_layers * ex.n_heads}",
-                 "red: picked head" + ("; dashed: same K/V head" if gqa else "")]
-        self.figure.text(4 / width, 1 - 3 / height, "\n".join(lines), fontsize=7, va="top", linespacing=1.3)
+        self._header = self.figure.text(4 / width, 1 - 3 / height, "", fontsize=7, va="top", linespacing=1.3)
         self._ax = ax
-        self._frames = []
-        self.pick(self.layer, self.head, follow=False)
+        self._frames, self._sink_frames = [], []
 
     def pick(self, layer: int | None = None, head: int | None = None, *, follow: bool = True) -> None:
         """Frame head (``layer``, ``head``) and its K/V group-mates; ``follow``: show it in the explorer."""

@@ -11,6 +11,7 @@ off-screen matplotlib figure and re-renders it to the PNG an ``ipywidgets.Image`
 
 from __future__ import annotations
 
+import contextlib
 import html
 import io
 from typing import Any
@@ -36,6 +37,18 @@ MAX_TOKENS = 32
 SPECIAL_LABELS = ("[CLS]", "[SEP]", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
 #: How many characters of a token label an axis shows.
 LABEL_CHARS = 10
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """torch on one CPU thread for the explorer's small forward passes: on a busy machine two OpenMP threads
+    wait for each other at every matrix product (benchmarks/RESULTS.md: 5-9 s per new text against 0.4-0.7 s)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def hide_keys(attention: np.ndarray, keys) -> np.ndarray:
@@ -143,7 +156,7 @@ class HeadExplorer:
         if not isinstance(tokens, torch.Tensor):
             raise TypeError(f"expected text, a task Batch or a [batch, seq] tensor of token ids, got {type(batch).__name__}")
         device = next(model.parameters()).device
-        with eval_mode(model):
+        with eval_mode(model), _one_thread():
             _, cache = run_with_cache(model, tokens.to(device), names_filter="*.hook_pattern")
         attention = stack_attention(cache)  # [N, B, H, T, S]
         self.n_layers, B, self.n_heads, self.T, self.S = attention.shape

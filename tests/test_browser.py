@@ -277,6 +277,7 @@ def test_typing_a_sentence_redraws_the_explorer_on_its_tokens(notebook_07_page):
     page, errors = notebook_07_page
     sentence = "Colourless green ideas sleep furiously."
     tokenizer = Tokenizer.from_file(str(model_file(MINILM, "tokenizer.json")))
+    tokenizer.no_padding()  # the file pads to 128
     n_tokens = len(tokenizer.encode(sentence).ids)  # [CLS] ... [SEP]
     box = page.locator(".mhalab-head-explorer .mhalab-text input")
     box.scroll_into_view_if_needed()
@@ -307,9 +308,13 @@ def test_picking_in_the_model_view_opens_the_head_in_the_explorer(notebook_07_pa
     page.keyboard.press("ArrowRight")
     page.wait_for_function(f"async () => ({_IMAGE_OF})('{_VIEW_IMG}').then(h => h !== '{view_before}')", timeout=30_000)
     page.wait_for_function(f"async () => ({_IMAGE_OF})('{_EXPLORER_IMG}').then(h => h !== '{explorer_before}')", timeout=30_000)
-    # the explorer's own head slider followed the pick
-    head_readout = page.locator(".mhalab-head-explorer .widget-readout").nth(1)
-    assert head_readout.text_content().strip() == view.locator(".widget-readout").nth(1).text_content().strip()
+    # the explorer's own head slider follows the pick (its readout may be drawn a moment after the picture)
+    picked = view.locator(".widget-readout").nth(1).text_content().strip()
+    assert picked == "1"
+    page.wait_for_function("""(picked) => {
+        const readouts = document.querySelectorAll('.mhalab-head-explorer .widget-readout');
+        return readouts.length > 1 && readouts[1].textContent.trim() === picked;
+    }""", arg=picked, timeout=10_000)
 
     toggle = view.locator("input[type='checkbox']")
     before = page.evaluate(_IMAGE_OF, _VIEW_IMG)
