@@ -373,6 +373,11 @@ def _become_subreaper() -> None:
 def _strays() -> list[int]:
     """Children of this process that no grading kernel is and that left this process's session: what a
     submission started and abandoned (reparented here)."""
+    with _ACTIVE_LOCK:  # no grading kernel starts while the scan runs
+        return _scan_strays()
+
+
+def _scan_strays() -> list[int]:
     me, mine = os.getpid(), os.getsid(0)
     found = []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
@@ -384,9 +389,7 @@ def _strays() -> list[int]:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
         pid, ppid, sid = int(entry), int(fields[1]), int(fields[3])
-        with _ACTIVE_LOCK:
-            active = pid in _ACTIVE
-        if ppid == me and not active and sid != mine:
+        if ppid == me and pid not in _ACTIVE and sid != mine:
             found.append(pid)
     return found
 
@@ -427,11 +430,11 @@ class GradingKernel:
         env.update(PYTHONPATH=os.pathsep.join([root, os.path.join(root, "pkg"), *keep]), MPLBACKEND="Agg",
                    MHALAB_GRADING_SPEC=json.dumps(spec), IPYTHONDIR=self.home, PYTHONDONTWRITEBYTECODE="1")
         self.log = open(os.path.join(self.home, "kernel.log"), "wb")
-        self.process = subprocess.Popen(
-            [sys.executable, os.path.join(root, "_mhalab_grading.py"), str(to_child), str(from_child)],
-            pass_fds=(to_child, from_child), cwd=str(cwd), env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True)
-        with _ACTIVE_LOCK:
+        with _ACTIVE_LOCK:  # (held from the start: another thread's sweep must not take it for a stray)
+            self.process = subprocess.Popen(
+                [sys.executable, os.path.join(root, "_mhalab_grading.py"), str(to_child), str(from_child)],
+                pass_fds=(to_child, from_child), cwd=str(cwd), env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True)
             _ACTIVE.add(self.process.pid)
         os.close(to_child)
         os.close(from_child)
