@@ -348,8 +348,11 @@ def test_the_training_step_slider_redraws_the_pattern(formation_lab):
             page.evaluate(_INSTRUMENT, explorer)
 
             # noUiSlider handles in order: step, layer, head. The explorer opens at the formation step.
-            moves = [("step", _move(page, 0, "ArrowLeft", explorer)), ("step", _move(page, 0, "End", explorer)),
-                     ("step", _move(page, 0, "Home", explorer)), ("head", _move(page, 2, "ArrowRight", explorer))]
+            moves = [("step", _move(page, 0, key, explorer)) for key in ("ArrowLeft", "ArrowLeft", "ArrowRight")]
+            # the head slider: one step towards the other end (the explorer may open at the last head)
+            head_handle = page.locator(f"{explorer} .noUi-handle").nth(2)
+            at_last = head_handle.get_attribute("aria-valuenow") == head_handle.get_attribute("aria-valuemax")
+            moves.append(("head", _move(page, 2, "ArrowLeft" if at_last else "ArrowRight", explorer)))
             for what, move in moves:
                 assert move["after"]["hash"] != move["before"]["hash"], f"moving the {what} slider left the picture unchanged"
                 assert move["after"]["size"] > 1000, "the explorer's image is (nearly) empty"
