@@ -3,6 +3,7 @@ from one clean run with the Colab cell first, the README's two commands and the 
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -268,3 +269,31 @@ def test_opening_a_notebook_changes_nothing(path):
     assert spec == {"name": "python3", "display_name": get_kernel_dict()["display_name"], "language": "python"}, (
         f"{path.name}: kernelspec {spec}; re-run it with `python3 course.py execute {path.relative_to(ROOT)}`"
     )
+
+
+# Issue 21: every notebook opens with what it teaches, what it assumes and how long it takes, and ends with a Summary.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from execute_notebooks import RUN_TIME, TIMES, describe_run_time  # noqa: E402
+
+
+@notebook_params
+def test_notebook_opens_with_objectives_assumptions_and_its_measured_time(path):
+    opening = nbformat.read(path, as_version=4).cells[0].source
+    for part in ("**After this notebook you can**", "**It assumes**", "**Time:**"):
+        assert part in opening, f"{path.name}: the first cell has no {part!r} line"
+    stated = RUN_TIME.search(opening)
+    assert stated, f"{path.name}: the Time line must say 'running every cell takes about ... of processor time'"
+    measured = json.loads(TIMES.read_text())[path.stem]   # written by `python3 course.py execute`
+    assert stated.group(0).endswith(f"about {describe_run_time(measured)} of processor time"), (
+        f"{path.name}: states {stated.group(0)!r}, but its last execution took {measured} s: "
+        f"re-run `python3 course.py execute {path.relative_to(path.parent.parent)}`")
+
+
+@notebook_params
+def test_notebook_ends_with_a_summary(path):
+    last = nbformat.read(path, as_version=4).cells[-1]
+    assert last.cell_type == "markdown" and last.source.startswith("## Summary"), f"{path.name}: the last cell is not its Summary"
+
+
+def test_run_time_descriptions():
+    assert [describe_run_time(s) for s in (3, 24, 56, 80, 100, 119)] == ["10 s", "20 s", "1 minute", "1.5 minutes", "1.5 minutes", "2 minutes"]
