@@ -184,7 +184,7 @@ def layout_measured(batch, n_heads, src_len, tgt_len):  # 06.2 measured on a rea
     model = EncoderDecoder(ModelConfig(vocab_size=4, d_model=2 * n_heads, n_heads=n_heads, n_layers=1,
                                        max_len=max(src_len, tgt_len))).eval()
     shapes = {}
-    points = {"encoder": "encoder.0.attn.hook_pattern", "decoder": "decoder.0.self_attn.hook_pattern",
+    points = {"encoder": "encoder.0.attn.hook_pattern", "decoder": "decoder.0.attn.hook_pattern",
               "cross": "decoder.0.cross_attn.hook_pattern"}
     handles = [model.get_submodule(p).register_forward_hook(lambda m, i, o, u=u: shapes.__setitem__(u, tuple(o.shape)))
                for u, p in points.items()]
