@@ -230,6 +230,46 @@ def test_sliders_redraw_the_heat_map(jupyterlab, record_property):
 
 
 
+# Notebook 09 before notebook 07's tests: their module-scoped page keeps Playwright's loop running until the
+# module ends, and a second sync_playwright() inside it refuses to start.
+@pytest.fixture
+def formation_lab(tmp_path):
+    with _jupyterlab(tmp_path, FORMATION_NOTEBOOK) as server:
+        yield server
+
+
+def test_the_training_step_slider_redraws_the_pattern(formation_lab):
+    """Notebook 09's formation explorer: moving the step slider (and the head slider) shows another picture."""
+    from playwright.sync_api import sync_playwright
+
+    base, token, root = formation_lab
+    explorer = ".mhalab-formation-explorer"
+    errors: list[str] = []
+    with sync_playwright() as p:
+        with chromium_page(p, width=1400, height=1000) as page:
+            page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
+            page.goto(f"{base}/lab/tree/{FORMATION_NOTEBOOK.name}?token={token}", timeout=120_000)
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
+            n_code = sum(c.cell_type == "code" for c in nbformat.read(FORMATION_NOTEBOOK, as_version=4).cells)
+            _run_all_and_wait(page, n_code, RUN_ALL_TIMEOUT_S)
+            page.wait_for_selector(f"{explorer} img", timeout=60_000)
+            page.locator(explorer).scroll_into_view_if_needed()
+            page.evaluate(_INSTRUMENT, explorer)
+
+            # noUiSlider handles in order: step, layer, head. The explorer opens at the formation step.
+            moves = [("step", _move(page, 0, key, explorer)) for key in ("ArrowLeft", "ArrowLeft", "ArrowRight")]
+            # the head slider: one step towards the other end (the explorer may open at the last head)
+            head_handle = page.locator(f"{explorer} .noUi-handle").nth(2)
+            at_last = head_handle.get_attribute("aria-valuenow") == head_handle.get_attribute("aria-valuemax")
+            moves.append(("head", _move(page, 2, "ArrowLeft" if at_last else "ArrowRight", explorer)))
+            for what, move in moves:
+                assert move["after"]["hash"] != move["before"]["hash"], f"moving the {what} slider left the picture unchanged"
+                assert move["after"]["size"] > 1000, "the explorer's image is (nearly) empty"
+            assert page.locator(_ERROR_OUTPUT).count() == 0, page.locator(_ERROR_OUTPUT).first.text_content()
+            assert page.get_by_text("Error displaying widget").count() == 0
+            assert not errors, errors
+
+
 # ------------------------------------------------------------------ notebook 07: the learner's text, the model view
 _IMAGE_OF = """
 async (selector) => {
@@ -321,41 +361,3 @@ def test_picking_in_the_model_view_opens_the_head_in_the_explorer(notebook_07_pa
     toggle.check()
     page.wait_for_function(f"async () => ({_IMAGE_OF})('{_VIEW_IMG}').then(h => h !== '{before}')", timeout=30_000)
     _no_errors(page, errors)
-
-
-@pytest.fixture
-def formation_lab(tmp_path):
-    with _jupyterlab(tmp_path, FORMATION_NOTEBOOK) as server:
-        yield server
-
-
-def test_the_training_step_slider_redraws_the_pattern(formation_lab):
-    """Notebook 09's formation explorer: moving the step slider (and the head slider) shows another picture."""
-    from playwright.sync_api import sync_playwright
-
-    base, token, root = formation_lab
-    explorer = ".mhalab-formation-explorer"
-    errors: list[str] = []
-    with sync_playwright() as p:
-        with chromium_page(p, width=1400, height=1000) as page:
-            page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
-            page.goto(f"{base}/lab/tree/{FORMATION_NOTEBOOK.name}?token={token}", timeout=120_000)
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
-            n_code = sum(c.cell_type == "code" for c in nbformat.read(FORMATION_NOTEBOOK, as_version=4).cells)
-            _run_all_and_wait(page, n_code, RUN_ALL_TIMEOUT_S)
-            page.wait_for_selector(f"{explorer} img", timeout=60_000)
-            page.locator(explorer).scroll_into_view_if_needed()
-            page.evaluate(_INSTRUMENT, explorer)
-
-            # noUiSlider handles in order: step, layer, head. The explorer opens at the formation step.
-            moves = [("step", _move(page, 0, key, explorer)) for key in ("ArrowLeft", "ArrowLeft", "ArrowRight")]
-            # the head slider: one step towards the other end (the explorer may open at the last head)
-            head_handle = page.locator(f"{explorer} .noUi-handle").nth(2)
-            at_last = head_handle.get_attribute("aria-valuenow") == head_handle.get_attribute("aria-valuemax")
-            moves.append(("head", _move(page, 2, "ArrowLeft" if at_last else "ArrowRight", explorer)))
-            for what, move in moves:
-                assert move["after"]["hash"] != move["before"]["hash"], f"moving the {what} slider left the picture unchanged"
-                assert move["after"]["size"] > 1000, "the explorer's image is (nearly) empty"
-            assert page.locator(_ERROR_OUTPUT).count() == 0, page.locator(_ERROR_OUTPUT).first.text_content()
-            assert page.get_by_text("Error displaying widget").count() == 0
-            assert not errors, errors

@@ -75,7 +75,11 @@ def call_answer(fn: Callable, *args: Any, label: str | None = None, allow: tuple
         raise Wrong(f"your answer calls the course's own reference or checker (`{found['borrowed']}`); write the "
                     "answer yourself (when grading, the exercise modules cannot even be imported)")
     if not state.trusted and found.get("borrowed"):
-        raise Wrong(f"your answer calls the course's own `{found['borrowed']}`, which this exercise asks you not to "
+        # Named by the prompt's own entry (`mhalab.ablation`, not whichever of its functions the watch saw first,
+        # which can differ between the learner's kernel and the grading kernel).
+        borrowed = str(found["borrowed"])
+        named = next((f for f in forbid if borrowed == f or borrowed.startswith(f + ".")), borrowed)
+        raise Wrong(f"your answer calls the course's own `{named}`, which this exercise asks you not to "
                     "use (see its prompt)")
     if kind == "raised":
         cls_name, message, at = value[:3]

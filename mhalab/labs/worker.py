@@ -373,6 +373,11 @@ def _run_cell(shell, namespace: dict, source: str) -> str | None:
 
 def serve(fd_in: int, fd_out: int) -> None:
     """Answer the grader's requests until it says stop: "run" a cell, "call" an answer."""
+    import signal
+
+    # The grader stops a cell that runs too long with SIGINT. A process started from a background job
+    # inherits SIGINT ignored (POSIX shells do that to `cmd &`), which would make every such cell unstoppable.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.meta_path.insert(0, _Refuse())
     package = os.path.dirname(importlib.import_module("mhalab").__file__)
     skip = tuple(os.path.abspath(p) + os.sep for p in {package, sys.prefix, sys.base_prefix, sys.exec_prefix} if p)
