@@ -103,7 +103,7 @@ def test_one_output_holds_the_widget_and_the_still(explorer_setup, monkeypatch):
     """Where a kernel runs, the bundle also carries the widget view: a frontend that draws widgets shows
     the sliders, a saved notebook shown without widgets (GitHub, nbviewer, the website) shows the still."""
     _, _, _, ex = explorer_setup
-    monkeypatch.setattr(widgets, "widgets_available", lambda: True)
+    monkeypatch.setattr(widgets.display, "widgets_available", lambda: True)  # where the explorers ask
     bundle, _ = ex._repr_mimebundle_()
     view = bundle["application/vnd.jupyter.widget-view+json"]
     assert view["model_id"] == ex.widget.model_id and view["version_major"] == 2
@@ -262,5 +262,5 @@ def test_formation_explorer_slider_and_still(formation_setup, monkeypatch):
     bundle, _ = ex._repr_mimebundle_()
     assert set(bundle) == {"image/png", "text/plain"} and ex.STATIC_NOTE in bundle["text/plain"]
     assert base64.b64decode(bundle["image/png"]) == ex.static_png()
-    monkeypatch.setattr(widgets, "widgets_available", lambda: True)
+    monkeypatch.setattr(widgets.display, "widgets_available", lambda: True)  # where the explorers ask
     assert widgets.FormationExplorer._repr_mimebundle_(ex)[0]["application/vnd.jupyter.widget-view+json"]["model_id"] == ex.widget.model_id
