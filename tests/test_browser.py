@@ -188,19 +188,40 @@ def _move(page, slider_index: int, key: str, explorer: str = ".mhalab-head-explo
     return {"before": before, "after": after, "latency_s": (changed - pressed) / 1000}
 
 
+@contextlib.contextmanager
+def _notebook_run(p, base: str, token: str, notebook: Path):
+    """``notebook`` opened in JupyterLab in headless Chromium and run to the end; yields ``(page, errors)``,
+    ``errors`` collecting the page's uncaught errors (:func:`_no_errors` checks them)."""
+    with chromium_page(p, width=1400, height=1000) as page:
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
+        page.goto(f"{base}/lab/tree/{notebook.name}?token={token}", timeout=120_000)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
+        n_code = sum(c.cell_type == "code" for c in nbformat.read(notebook, as_version=4).cells)
+        _run_all_and_wait(page, n_code, RUN_ALL_TIMEOUT_S)
+        yield page, errors
+
+
+def _no_errors(page, errors) -> None:
+    """No traceback in any output, no widget that failed to render, no uncaught error in the page."""
+    assert page.locator(_ERROR_OUTPUT).count() == 0, page.locator(_ERROR_OUTPUT).first.text_content()
+    assert page.get_by_text("Error displaying widget").count() == 0
+    assert not errors, errors
+
+
+def _each_move_changed(moves, picture: str) -> None:
+    """Every ``(what, move)`` of :func:`_move` showed another, non-empty ``picture``."""
+    for what, move in moves:
+        assert move["after"]["hash"] != move["before"]["hash"], f"moving the {what} slider left the {picture} unchanged"
+        assert move["after"]["size"] > 1000, "the explorer's image is (nearly) empty"
+
+
 def test_sliders_redraw_the_heat_map(jupyterlab, record_property):
     from playwright.sync_api import sync_playwright
 
     base, token, root = jupyterlab
-    errors: list[str] = []
     with sync_playwright() as p:
-        with chromium_page(p, width=1400, height=1000) as page:
-            page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
-            page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}", timeout=120_000)
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
-
-            n_code = sum(c.cell_type == "code" for c in nbformat.read(NOTEBOOK, as_version=4).cells)
-            _run_all_and_wait(page, n_code, RUN_ALL_TIMEOUT_S)
+        with _notebook_run(p, base, token, NOTEBOOK) as (page, errors):
             page.wait_for_selector(".mhalab-head-explorer img", timeout=60_000)
             page.locator(".mhalab-head-explorer").scroll_into_view_if_needed()
             page.evaluate(_INSTRUMENT, ".mhalab-head-explorer")
@@ -211,14 +232,8 @@ def test_sliders_redraw_the_heat_map(jupyterlab, record_property):
                 moves.append(("head", _move(page, 1, "ArrowRight")))
             moves.append(("layer", _move(page, 0, "ArrowLeft")))
 
-            for what, move in moves:
-                assert move["after"]["hash"] != move["before"]["hash"], f"moving the {what} slider left the heat map unchanged"
-                assert move["after"]["size"] > 1000, "the explorer's image is (nearly) empty"
-
-            # No error anywhere: no traceback in any output, no widget that failed to render.
-            assert page.locator(_ERROR_OUTPUT).count() == 0, page.locator(_ERROR_OUTPUT).first.text_content()
-            assert page.get_by_text("Error displaying widget").count() == 0
-            assert not errors, errors
+            _each_move_changed(moves, "heat map")
+            _no_errors(page, errors)
 
     latencies = [m["latency_s"] for _, m in moves]
     print(
@@ -244,14 +259,8 @@ def test_the_training_step_slider_redraws_the_pattern(formation_lab):
 
     base, token, root = formation_lab
     explorer = ".mhalab-formation-explorer"
-    errors: list[str] = []
     with sync_playwright() as p:
-        with chromium_page(p, width=1400, height=1000) as page:
-            page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
-            page.goto(f"{base}/lab/tree/{FORMATION_NOTEBOOK.name}?token={token}", timeout=120_000)
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
-            n_code = sum(c.cell_type == "code" for c in nbformat.read(FORMATION_NOTEBOOK, as_version=4).cells)
-            _run_all_and_wait(page, n_code, RUN_ALL_TIMEOUT_S)
+        with _notebook_run(p, base, token, FORMATION_NOTEBOOK) as (page, errors):
             page.wait_for_selector(f"{explorer} img", timeout=60_000)
             page.locator(explorer).scroll_into_view_if_needed()
             page.evaluate(_INSTRUMENT, explorer)
@@ -262,12 +271,8 @@ def test_the_training_step_slider_redraws_the_pattern(formation_lab):
             head_handle = page.locator(f"{explorer} .noUi-handle").nth(2)
             at_last = head_handle.get_attribute("aria-valuenow") == head_handle.get_attribute("aria-valuemax")
             moves.append(("head", _move(page, 2, "ArrowLeft" if at_last else "ArrowRight", explorer)))
-            for what, move in moves:
-                assert move["after"]["hash"] != move["before"]["hash"], f"moving the {what} slider left the picture unchanged"
-                assert move["after"]["size"] > 1000, "the explorer's image is (nearly) empty"
-            assert page.locator(_ERROR_OUTPUT).count() == 0, page.locator(_ERROR_OUTPUT).first.text_content()
-            assert page.get_by_text("Error displaying widget").count() == 0
-            assert not errors, errors
+            _each_move_changed(moves, "picture")
+            _no_errors(page, errors)
 
 
 # ------------------------------------------------------------------ notebook 07: the learner's text, the model view
@@ -290,22 +295,10 @@ def notebook_07_page(tmp_path_factory):
     from playwright.sync_api import sync_playwright
 
     with _jupyterlab(tmp_path_factory.mktemp("lab07"), NOTEBOOK_07) as (base, token, _), sync_playwright() as p:
-        with chromium_page(p, width=1400, height=1000) as page:
-            errors: list[str] = []
-            page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
-            page.goto(f"{base}/lab/tree/{NOTEBOOK_07.name}?token={token}", timeout=120_000)
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
-            n_code = sum(c.cell_type == "code" for c in nbformat.read(NOTEBOOK_07, as_version=4).cells)
-            _run_all_and_wait(page, n_code, RUN_ALL_TIMEOUT_S)
+        with _notebook_run(p, base, token, NOTEBOOK_07) as (page, errors):
             page.wait_for_selector(_EXPLORER_IMG, timeout=60_000)
             page.wait_for_selector(_VIEW_IMG, timeout=60_000)
             yield page, errors
-
-
-def _no_errors(page, errors) -> None:
-    assert page.locator(_ERROR_OUTPUT).count() == 0, page.locator(_ERROR_OUTPUT).first.text_content()
-    assert page.get_by_text("Error displaying widget").count() == 0
-    assert not errors, errors
 
 
 def test_typing_a_sentence_redraws_the_explorer_on_its_tokens(notebook_07_page):
