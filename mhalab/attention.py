@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_head_count, check_head_shape, check_index, valid_head_counts
-from .device import sdpa_shares_kv_heads
+from .device import sdpa_shares_kv_heads, sdpa_zeroes_blind_rows
 from .kv_cache import KVCache
 from .hook_points import HookPoint
 from .masks import check_forbidden_mask, combine_forbidden_masks
@@ -51,11 +51,14 @@ def attention_scores(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Ten
 def softmax_over_keys(scores: Tensor) -> Tensor:
     """``scores [..., L, S]`` -> weights ``[..., L, S]``; a row of all ``-inf`` (a query that may see no key)
     gets all zeros, not NaN."""
-    weights = scores.softmax(dim=-1)  # [..., L, S]: one weighting over the keys per query
     # softmax of an all -inf row is 0/0: a query that sees nothing gets nothing. Found from the row maxima
     # ([..., L, 1]), and fixed only where such a row exists, so an unmasked call makes no second [L, S] tensor.
     blind = scores.amax(dim=-1, keepdim=True) == float("-inf")  # [..., L, 1]
-    return weights.masked_fill(blind, 0.0) if bool(blind.any()) else weights
+    if not bool(blind.any()):
+        return scores.softmax(dim=-1)  # [..., L, S]: one weighting over the keys per query
+    # Finite scores in those rows before the softmax, zeros after: zeroing NaN weights afterwards alone
+    # would leave the softmax's backward multiplying by them, and every gradient NaN.
+    return scores.masked_fill(blind, 0.0).softmax(dim=-1).masked_fill(blind, 0.0)
 
 
 def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Tensor:
@@ -280,9 +283,15 @@ class MultiHeadAttention(nn.Module):
             heads = weights @ v  # [B, H, L, dk]: each head's weighted sum of its values
         else:
             gqa = {"enable_gqa": True} if k.size(1) != H else {}  # the kernel shares the K/V heads itself
+            blind = None  # a query that may see no key gets zeros from the kernel on CPU and CUDA, NaN on MPS:
+            if mask is not None and not sdpa_zeroes_blind_rows(q.device):
+                blind = mask.amax(dim=-1, keepdim=True) == float("-inf")  # [B or 1, H or 1, L, 1]
+                mask = mask.masked_fill(blind, 0.0)  # finite scores there, so no NaN reaches a gradient ...
             heads = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=fused_causal, **gqa
             )  # [B, H, L, dk]
+            if blind is not None:
+                heads = heads.masked_fill(blind, 0.0)  # ... and zeros, as the explicit path and other devices give
 
         z = self.hook_z(heads.transpose(1, 2))  # [B, L, H, dk]: each head's output; a hook may replace it
         out = self.out_proj(z.reshape(B, L, H * dk))  # concatenate the heads -> [B, L, H dk], mix with W_O -> [B, L, D]
