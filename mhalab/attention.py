@@ -110,8 +110,9 @@ class MultiHeadAttention(nn.Module):
 
     ``forward`` is a drop-in for ``torch.nn.MultiheadAttention.forward``: the same arguments in the same
     order with the same defaults and mask meanings, returning ``(out, weights)``, the weights after
-    dropout. Unlike torch's constructor, ``batch_first`` defaults to True (``[B, T, D]``); ``from_torch``
-    copies torch's flag. Off by default: ``n_kv_heads`` (grouped-query attention, Ainslie et al. 2023;
+    dropout. The constructor takes torch's first four arguments in their order (``d_model`` = ``embed_dim``,
+    ``n_heads`` = ``num_heads``, ``dropout``, ``bias``) and its ``device=``/``dtype=``; unlike torch's,
+    ``batch_first`` defaults to True (``[B, T, D]``), and ``from_torch`` copies torch's flag. Off by default: ``n_kv_heads`` (grouped-query attention, Ainslie et al. 2023;
     1 = multi-query, Shazeer 2019; query head j reads K/V head ``j // (H // G)``), ``d_head`` (head size
     other than D / H) and ``rope_base`` (rotary positions on queries and keys).
 
@@ -124,8 +125,9 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None,
-        bias: bool = True, dropout: float = 0.0, rope_base: float | None = None, batch_first: bool = True,
+        self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, *, n_kv_heads: int | None = None,
+        d_head: int | None = None, rope_base: float | None = None, batch_first: bool = True,
+        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads, d_head = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
@@ -140,8 +142,9 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"batch_first must be True ([batch, seq, d_model]) or False ([seq, batch, d_model]), got {batch_first!r}")
         self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
         self.dropout, self.rope_base, self.batch_first = dropout, rope_base, batch_first
-        self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head, bias=bias)
-        self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
+        made = {"device": device, "dtype": dtype}  # where and in which dtype the weights are made, as torch's
+        self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head, bias=bias, **made)
+        self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias, **made)
         self.hook_q = HookPoint()  # queries [B, L, H, dk] (before rotary)
         self.hook_k = HookPoint()  # keys [B, S_new, G, dk]: the K/V heads as stored; only the new ones with a cache
         self.hook_v = HookPoint()  # values [B, S_new, G, dk]
@@ -335,8 +338,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("from_torch supports only kdim == vdim == embed_dim (one in_proj_weight)")
         if m.bias_k is not None or m.add_zero_attn:
             raise ValueError("from_torch does not support add_bias_kv or add_zero_attn")
-        ours = cls(m.embed_dim, m.num_heads, bias=m.in_proj_bias is not None, dropout=m.dropout, batch_first=m.batch_first)
-        ours = ours.to(device=m.in_proj_weight.device, dtype=m.in_proj_weight.dtype)
+        w = m.in_proj_weight
+        ours = cls(m.embed_dim, m.num_heads, m.dropout, m.in_proj_bias is not None, batch_first=m.batch_first,
+                   device=w.device, dtype=w.dtype)
         # torch stacks W_Q, W_K, W_V in the same order and layout as qkv_proj: only the names differ.
         ours.load_state_dict({k.replace("in_proj_", "qkv_proj."): v for k, v in m.state_dict().items()})
         return ours

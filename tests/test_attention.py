@@ -294,6 +294,20 @@ class TestDropIn:
             assert name in ours and ours[name].default == p.default, f"{name}: ours {ours[name]}, torch {p}"
         assert list(ours)[: len(theirs)] == list(theirs), "the positional order differs from torch's"
 
+    def test_the_constructor_takes_torchs_first_arguments_in_order(self):
+        """MultiheadAttention(embed_dim, num_heads, dropout, bias) by position, and device=/dtype=; dropout
+        and bias used to be keyword-only, so torch's MultiheadAttention(16, 4, 0.1, False) was a TypeError."""
+        import inspect
+
+        ours = list(inspect.signature(MultiHeadAttention.__init__).parameters.values())[1:5]
+        theirs = list(inspect.signature(nn.MultiheadAttention.__init__).parameters.values())[3:5]
+        assert [p.default for p in ours[2:]] == [p.default for p in theirs] and all(
+            p.kind is p.POSITIONAL_OR_KEYWORD for p in ours)
+        m = MultiHeadAttention(D, H, 0.1, False, dtype=torch.float64)
+        assert (m.dropout, m.bias, m.qkv_proj.weight.dtype) == (0.1, False, torch.float64)
+        with pytest.raises(TypeError):
+            MultiHeadAttention(D, H, 0.1, False, False)  # torch's add_bias_kv: not supported, not silently taken
+
     def test_default_call_returns_averaged_weights_as_torch(self):
         theirs, ours = pair()
         x = rand(B, L, D)
