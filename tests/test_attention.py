@@ -292,6 +292,7 @@ class TestDropIn:
                 assert ours[name].default is None
                 continue
             assert name in ours and ours[name].default == p.default, f"{name}: ours {ours[name]}, torch {p}"
+            assert ours[name].kind is p.kind, f"{name} is {ours[name].kind.description} in ours, {p.kind.description} in torch's"
         assert list(ours)[: len(theirs)] == list(theirs), "the positional order differs from torch's"
 
     def test_the_constructor_takes_torchs_first_arguments_in_order(self):
