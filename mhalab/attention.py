@@ -7,8 +7,8 @@ The two PyTorch mask conventions both appear, on purpose: :func:`scaled_dot_prod
 follows ``F.scaled_dot_product_attention`` (bool True = **may** attend); :class:`MultiHeadAttention`
 follows ``torch.nn.MultiheadAttention`` (bool True = **forbidden**), and refuses a bool mask that is
 plainly the other one (:mod:`mhalab.masks`, whose helpers are named by what True means). Float masks are
-added to the scores in both. A query that may see no key gets zero weights and a zero output on both
-paths (torch's module returns NaN on one path and zeros on the other). Hook points: :mod:`mhalab.hooks`.
+added to the scores in both. A query that may see no key gets zero weights, a zero output and finite
+gradients on both paths and every device (torch's module returns NaN on one path and zeros on the other). Hook points: :mod:`mhalab.hooks`.
 """
 
 from __future__ import annotations
