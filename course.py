@@ -106,6 +106,11 @@ def ensure_environment(extras: str = EXTRAS) -> Path:
               f"{python_now or 'does not run'}): making it anew", flush=True)
         shutil.rmtree(VENV)
         stamped = []
+    elif python.exists() and not stamped and subprocess.call(
+            [str(python), "-m", "pip", "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) != 0:
+        # no finished install and no pip: a creation stopped (Ctrl-C, a killed process) before ensurepip ended
+        print(f"course.py: {VENV} has no pip (its set-up did not finish): making it anew", flush=True)
+        shutil.rmtree(VENV)
     if not python.exists():
         create_environment()
         stamped, facts = [], None

