@@ -55,6 +55,7 @@ class Answer:
     key: str                        # "03.1"
     written: bool = False           # a markdown answer (not auto-graded)
     expression: str | None = None   # the answer the check takes, as source: "attention"
+    checker: str | None = None      # what the check is called on, as source: "q1"
     borrows: bool = False           # the cell reads an exercise's reference or solution text
 
 
@@ -94,6 +95,7 @@ def _read_check(answer: Answer, text: str) -> bool:
              and isinstance(n.value.func, ast.Attribute) and n.value.func.attr == "check" and n.value.args]
     if calls:
         answer.expression = ast.get_source_segment(text, calls[-1].args[0])
+        answer.checker = ast.get_source_segment(text, calls[-1].func.value)
     return bool(calls)
 
 
@@ -156,15 +158,30 @@ def student_version(nb: Any) -> Any:
 
 
 def for_nbgrader(nb: Any) -> Any:
-    """A copy of ``nb`` for an nbgrader course's ``source/<assignment>/``: every code answer cell becomes an
-    autograded answer (``grade`` true, the exercise's ``points``), so that ``nbgrader autograde`` run with
-    ``MHALAB_LABS_STRICT=1`` (a failed ``q.check`` raises) scores each exercise as ``mhalab.labs grade`` does."""
+    """A copy of ``nb`` for an nbgrader course's ``source/<assignment>/``: after every code answer cell (an
+    nbgrader "autograded answer", left as it is), a locked autograder test cell worth the exercise's points
+    (``grade_id`` ``exNN-K-test``) that passes when that answer's check passed, so that ``nbgrader autograde``
+    scores each exercise as ``mhalab.labs grade`` does (in the learner's kernel, on the check's own cases).
+
+    nbgrader gives points only to cells with ``grade`` true, and a cell with both ``grade`` and ``solution``
+    true is a *manually* graded answer, which autograde leaves at 0 until a person grades it: hence a
+    test cell of its own rather than ``grade`` on the answer cell."""
     out = copy.deepcopy(nb)
-    for a in answers(out):
-        meta = out.cells[a.index].metadata["nbgrader"]
-        if not a.written:
-            ex = next(e for e in load(a.key[:2]) if e.key == a.key)
-            meta.update(grade=True, points=ex.points)
+    found = answers(out)
+    for a in sorted(found, key=lambda a: a.index, reverse=True):  # from the end, so the indices stay right
+        if a.written:
+            continue
+        ex = next(e for e in load(a.key[:2]) if e.key == a.key)
+        q = a.checker
+        test = nbformat.v4.new_code_cell(
+            f"# nbgrader's test of exercise {a.key} ({ex.points:g} point{'s' if ex.points != 1 else ''}): its check, "
+            "in the answer cell above, passed\n"
+            f"assert {q}.last_status == \"passed\", {q}.last_message or \"exercise {a.key}: its check did not run\"")
+        test.metadata["nbgrader"] = {"grade": True, "grade_id": f"ex{a.key.replace('.', '-')}-test", "locked": True,
+                                     "points": ex.points, "schema_version": 3, "solution": False}
+        if "id" in test:  # (nbformat 4.5 cell ids) the same on every run
+            test.id = test.metadata["nbgrader"]["grade_id"]
+        out.cells.insert(a.index + 1, test)
     return out
 
 
@@ -236,7 +253,8 @@ class GradeReport:
             lines.append(f"  No answer cell for {', '.join(self.missing)} in the submission: 0 points for "
                          f"{'it' if len(self.missing) == 1 else 'them'}.")
         if self.kernel_died:
-            lines.append("  The kernel died or ran past its time; exercises not handed in by then were not checked.")
+            lines.append("  The grading kernel died or ran past its time; the exercises judged before that keep their "
+                         "points, the others were not checked.")
         if self.errors:
             lines.append(f"  {len(self.errors)} cell(s) raised errors: " + "; ".join(self.errors[:5]))
         lines += [f"  FLAG: {flag}" for flag in self.flags]
@@ -605,34 +623,57 @@ def grade(path: str | Path, *, assignment: str | None = None, source: str | Path
             grade_id = f"ex{a.key.replace('.', '-')}-answer"
             text = theirs[grade_id].source if grade_id in theirs else student.cells[index].source
             answer_sources[a.key] = text
-            run_sources.append((index, text))
+            run_sources.append((index, text, a.key))
         else:
-            run_sources.append((index, cell.source))
+            run_sources.append((index, cell.source, None))
     spec = {nb_id: [[ex.number, ex.title] for ex in exercises]}
-    errors, died, handed, grades, flags = [], False, {}, [], []
+    errors, death, judged, flags = [], None, {}, []
+    by_key = {ex.key: ex for ex in exercises}
     seed = secrets.randbits(62) if seed is None else seed
+
+    def judge(ex: Any, handed: dict) -> None:
+        judged[ex.key] = _judge(ex, kernel, handed, missing, seed, problem)
+
     with tempfile.TemporaryDirectory(prefix="mhalab-grade-") as cwd:
         kernel = GradingKernel(spec, cwd=cwd, timeout=timeout)
         try:
-            for index, text in run_sources:
+            # Each answer is judged as soon as its cell has run, as q.check does in the learner's kernel, so
+            # that a kernel dying later (os._exit, a segfault, a cell killed for its time) keeps what was judged.
+            for index, text, key in run_sources:
+                where = f"cell {index}" + (f" (the answer cell of exercise {key})" if key else "")
                 try:
                     error = kernel.run_cell(text)
+                    if error and error != "NotImplementedError":
+                        errors.append(f"cell {index}: {error}")
+                    if key in by_key and key not in missing and not problem:
+                        judge(by_key[key], kernel.handed_in())
+                        if kernel.dead:
+                            death = f"while the answer of exercise {key} was called"
+                            break
                 except KernelGone as gone:
                     errors.append(f"cell {index}: {gone}")
-                    died = True
+                    death = f"in {where}" + (f" ({gone}, so it was killed)" if "ran past" in str(gone) else "")
                     break
-                if error and error != "NotImplementedError":
-                    errors.append(f"cell {index}: {error}")
-            if not died:
+            if death is None:  # exercises handed in outside their answer cell (or without one)
                 try:
                     handed = kernel.handed_in()
                 except KernelGone:
-                    died = True
-            for ex in exercises:
-                status, message = _judge(ex, kernel, handed, missing, died, seed, problem)
-                grades.append(ExerciseGrade(ex.key, ex.title, ex.points, ex.points if status == PASSED else 0, status, message))
+                    death, handed = "after the last cell", {}
+                for ex in exercises:
+                    if ex.key not in judged:
+                        judge(ex, handed)
         finally:
             kernel.close()  # the grade exists only once everything the submission started is gone
+    grades = []
+    for ex in exercises:
+        if ex.key in judged:
+            status, message = judged[ex.key]
+        elif problem or ex.key in missing:
+            status, message = _judge(ex, None, {}, missing, seed, problem)
+        else:
+            status, message = NOT_CHECKED, (f"the grading kernel died {death}, before this answer could be checked "
+                                            "(see the errors)")
+        grades.append(ExerciseGrade(ex.key, ex.title, ex.points, ex.points if status == PASSED else 0, status, message))
     if foreign:
         flags.append(f"the submission's answer cells are labelled for notebook {', '.join(sorted(foreign))}; it is graded "
                      f"as notebook {nb_id} (from its {'name' if assignment is None else 'assignment'})")
@@ -645,21 +686,17 @@ def grade(path: str | Path, *, assignment: str | None = None, source: str | Path
                              "reference (copied?): look at it")
     flags += [f"exercise {g.key}: {g.message}" for g in grades if "sys.setprofile" in g.message]
     total, points = sum(g.score for g in grades), sum(g.points for g in grades)
-    return GradeReport(str(path), [nb_id], grades, total, points, errors, died, round(time.perf_counter() - start, 1),
+    return GradeReport(str(path), [nb_id], grades, total, points, errors, death is not None, round(time.perf_counter() - start, 1),
                        missing, flags)
 
 
-def _judge(ex: Any, kernel: GradingKernel, handed: dict, missing: list, died: bool, seed: int,
+def _judge(ex: Any, kernel: GradingKernel | None, handed: dict, missing: list, seed: int,
            problem: str | None) -> tuple[str, str]:
     if problem:
         return MISSING, problem
     if ex.key in missing:
         return MISSING, f"the submission has no answer cell for it (nbgrader grade_id ex{ex.key.replace('.', '-')}-answer)"
-    if died:
-        return NOT_CHECKED, "the grading kernel died or was stopped (see the errors) before this answer could be checked"
     if ex.key not in handed:
-        if died:
-            return NOT_CHECKED, "the notebook stopped (its kernel died or ran past its time) before this answer was handed in"
         return NOT_CHECKED, "its check never ran: the answer cell stopped before `q.check(...)`, or the check was removed"
     is_callable, _ = handed[ex.key]
     if is_callable:
