@@ -14,12 +14,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
+from ..models import ModelConfig, Transformer
 from .calls import call_answer, describe, observe
 from .core import Wrong, session
 
 __all__ = [
     "ATOL", "RTOL", "as_float64", "call_answer", "check_calls", "describe", "expect_close", "expect_equal",
-    "expect_shape", "expect_whole", "first_match", "generator", "grading", "judge", "name_miss", "observe", "rng",
+    "expect_shape", "expect_whole", "first_match", "generator", "grading", "hidden_model", "judge", "name_miss",
+    "observe", "rng",
 ]
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -39,6 +41,18 @@ def generator(n: int) -> torch.Generator:
 def rng(n: int) -> random.Random:
     """Like :func:`generator`, a ``random.Random`` for hidden sizes and counts."""
     return random.Random(_stream(n))
+
+
+def hidden_model(config: Mapping[str, Any], seed: int, *, scale: float = 3.0) -> Transformer:
+    """A small :class:`mhalab.models.Transformer` for hidden inputs (``config``: ModelConfig's fields), in eval
+    mode, its weights drawn from :func:`generator` ``(seed)`` without touching the global random state, then
+    multiplied by ``scale``: larger than at initialisation, so that every head matters."""
+    with torch.random.fork_rng():
+        torch.manual_seed(generator(seed).initial_seed())
+        model = Transformer(ModelConfig(**config)).eval()
+        for p in model.parameters():
+            p.data.mul_(scale)
+    return model
 
 
 def grading() -> bool:

@@ -15,9 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from ..hooks import ablate_heads, run_with_hooks
-from ..models import ModelConfig, Transformer
 from ..scores import previous_token_score
-from .checks import as_float64, call_answer, expect_shape, generator, judge, observe
+from .checks import as_float64, call_answer, expect_shape, generator, hidden_model, judge, observe
 from .core import Exercise, Wrong, register
 
 #: What exercise 1's prompt forbids (the course's own ablation); everything else of mhalab may run.
@@ -33,11 +32,7 @@ def _models():
     """Small seeded models with their tokens and targets (some targets -100: no target there)."""
     out = []
     for config, seed, B, T in _MODELS:
-        with torch.random.fork_rng():
-            torch.manual_seed(generator(seed).initial_seed())
-            model = Transformer(ModelConfig(**config)).eval()
-            for p in model.parameters():  # larger weights than at initialisation, so every head matters
-                p.data.mul_(3.0)
+        model = hidden_model(config, seed)  # larger weights than at initialisation, so every head matters
         g = generator(seed + 10)
         tokens = torch.randint(0, config["vocab_size"], (B, T), generator=g)
         shape = (B, T) + ((config["n_targets"],) if config.get("n_targets", 1) > 1 else ())
