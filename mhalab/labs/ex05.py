@@ -211,6 +211,15 @@ def _check_prev_score(previous_token_score) -> None:
                 attention.diagonal(1, -2, -1).mean(dim=(0, 2)),
             "the mean runs over all T queries; only the T - 1 queries that have a previous token count":
                 attention.diagonal(-1, -2, -1).sum(-1).mean(0) / attention.size(-1),
+            "that is the sum over the queries; the score is their mean (over the T - 1 queries that have a previous token)":
+                attention.diagonal(-1, -2, -1).sum(-1).mean(0),
+            "that is the attention two tokens back (q - 2); the previous token is the key q - 1":
+                attention.diagonal(-2, -2, -1).mean(dim=(0, 2)),
+            "that is the first sequence of the batch only; average over the batch too":
+                attention[0].diagonal(-1, -2, -1).mean(-1),
+            "the mean also runs over the heads, so every head gets the same score; average over the batch and the "
+            "queries only (dim=(0, 2)), one score per head":
+                attention.diagonal(-1, -2, -1).mean().expand(attention.size(1)),
         })
 
 
