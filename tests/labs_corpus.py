@@ -112,21 +112,10 @@ def mha_numpy(x, W_Q, W_K, W_V, W_O, n_heads):
     return z.transpose(0, 2, 1, 3).reshape(B, T, D) @ W_O.T
 
 
-def mha_masking(forbidden):  # a whole multi-head attention whose masked_fill gets forbidden(T)
-    def mha(x, W_Q, W_K, W_V, W_O, n_heads):
-        B, T, D = x.shape
-        dk = D // n_heads
-        def split(t):
-            return t.view(B, T, n_heads, dk).transpose(1, 2)
-        Q, K, V = split(x @ W_Q.T), split(x @ W_K.T), split(x @ W_V.T)
-        scores = (Q @ K.transpose(-2, -1) / dk**0.5).masked_fill(forbidden(T), float("-inf"))
-        return (scores.softmax(-1) @ V).transpose(1, 2).reshape(B, T, D) @ W_O.T
-    return mha
-
-
-def mha_mistaken(*, swapped=False, over=-1, allowed_diagonal=0, fill=float("-inf")):
-    """A whole multi-head attention with one natural mistake: Q and K swapped, the softmax over another axis,
-    the mask's diagonal moved (-1: a query does not see itself), a finite fill instead of -inf."""
+def mha_mistaken(*, forbidden=None, swapped=False, over=-1, allowed_diagonal=0, fill=float("-inf")):
+    """A whole multi-head attention with one natural mistake: masked_fill given ``forbidden(T)``, Q and K
+    swapped, the softmax over another axis, the mask's diagonal moved (-1: a query does not see itself), a
+    finite fill instead of -inf."""
     def mha(x, W_Q, W_K, W_V, W_O, n_heads):
         B, T, D = x.shape
         dk = D // n_heads
@@ -135,10 +124,14 @@ def mha_mistaken(*, swapped=False, over=-1, allowed_diagonal=0, fill=float("-inf
         Q, K, V = split(x @ W_Q.T), split(x @ W_K.T), split(x @ W_V.T)
         if swapped:
             Q, K = K, Q
-        allowed = torch.ones(T, T, dtype=torch.bool).tril(allowed_diagonal)
-        scores = (Q @ K.transpose(-2, -1) / dk**0.5).masked_fill(~allowed, fill)
+        masked = forbidden(T) if forbidden is not None else ~torch.ones(T, T, dtype=torch.bool).tril(allowed_diagonal)
+        scores = (Q @ K.transpose(-2, -1) / dk**0.5).masked_fill(masked, fill)
         return (scores.softmax(over) @ V).transpose(1, 2).reshape(B, T, D) @ W_O.T
     return mha
+
+
+def mha_masking(forbidden):  # a whole multi-head attention whose masked_fill gets forbidden(T)
+    return mha_mistaken(forbidden=forbidden)
 
 
 # Issue 22's refusals: the course's own helpers, which no prompt forbids, are fair.
