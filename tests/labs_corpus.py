@@ -315,6 +315,23 @@ def _gqa(x, W_Q, W_K, W_V, W_O, h, g, causal=True, interleave=True, scale=True, 
     return z @ W_O if out else z
 
 
+def gqa_mistaken(*, swapped=False, over=-1, allowed_diagonal=0, fill=float("-inf"), values="repeat_interleave"):
+    """A one-pass GQA forward with one more natural mistake: Q and K swapped, the softmax over another axis,
+    the mask's diagonal moved (-1: a query does not see itself), the values shared by ``.repeat``."""
+    def gqa(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
+        B, T, _ = x.shape
+        d, group = W_Q.size(1) // n_heads, n_heads // n_kv_heads
+        q = (x @ W_Q).view(B, T, n_heads, d).transpose(1, 2)
+        k, v = ((x @ W).view(B, T, n_kv_heads, d).transpose(1, 2) for W in (W_K, W_V))
+        k = k.repeat_interleave(group, 1)
+        v = v.repeat_interleave(group, 1) if values == "repeat_interleave" else v.repeat(1, group, 1, 1)
+        if swapped:
+            q, k = k, q
+        s = (q @ k.mT / math.sqrt(d)).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(allowed_diagonal), fill)
+        return (s.softmax(over) @ v).transpose(1, 2).reshape(B, T, -1) @ W_O
+    return gqa
+
+
 def gqa_decoded(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):  # token by token through a cache, as the notebook does
     B, T, _ = x.shape
     d = W_Q.size(1) // n_heads
@@ -703,6 +720,10 @@ CORPUS = {
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, scale=False), "not scaled"),
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, merge=False), "merged in the wrong order"),
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, out=False), "W_O is missing"),
+            (gqa_mistaken(swapped=True), "Q and K are swapped"),
+            (gqa_mistaken(over=-2), "the softmax runs over the queries"),
+            (gqa_mistaken(allowed_diagonal=-1, fill=-1e9), "does not see its own key"),
+            (gqa_mistaken(values="repeat"), "the values with .repeat"),
         ],
     },
     "04.1": {
@@ -817,6 +838,9 @@ CORPUS = {
             (lambda cache: torch.stack([p.diagonal(1, -2, -1).mean(dim=(0, 2)) for p in cache.values()]), "the *next* token"),
             (lambda cache: torch.stack([p.diagonal(-1, -2, -1).sum(-1).mean(0) / p.shape[-1] for p in cache.values()]), "only the T - 1 queries"),
             (lambda cache: torch.stack([p.diagonal(-1, -2, -1).mean(dim=(0, 2)) for p in cache.values()]).T, "layers are the rows"),
+            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).sum(-1).mean(0) for p in cache.values()]), "the sum over the queries"),
+            (lambda cache: torch.stack([p.diagonal(-2, -2, -1).mean(dim=(0, 2)) for p in cache.values()]), "two tokens back (q - 2)"),
+            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).mean().expand(p.size(1)) for p in cache.values()]), "also runs over the heads"),
         ],
     },
     "07.2": {

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from ..hooks import ablate_heads, run_with_hooks
 from ..scores import previous_token_score
-from .checks import as_float64, call_answer, expect_shape, generator, hidden_model, judge, observe
+from .checks import (as_float64, call_answer, expect_shape, generator, hidden_model, judge, observe,
+                     previous_token_mistakes)
 from .core import Exercise, Wrong, register
 
 #: What exercise 1's prompt forbids (the course's own ablation); everything else of mhalab may run.
@@ -204,23 +205,8 @@ def _check_prev_score(previous_token_score) -> None:
     for (attention,) in _pattern_cases():
         label = f"attention {list(attention.shape)}"
         got = call_answer(previous_token_score, attention, label=label)
-        judge(got, _prev_reference(attention), f"previous_token_score({label})", lambda: {
-            "that is the attention to the token itself (the diagonal); the previous token is the key just left of it, q - 1":
-                attention.diagonal(0, -2, -1).mean(dim=(0, 2)),
-            "that is the attention to the *next* token (q + 1); the previous token is the key q - 1":
-                attention.diagonal(1, -2, -1).mean(dim=(0, 2)),
-            "the mean runs over all T queries; only the T - 1 queries that have a previous token count":
-                attention.diagonal(-1, -2, -1).sum(-1).mean(0) / attention.size(-1),
-            "that is the sum over the queries; the score is their mean (over the T - 1 queries that have a previous token)":
-                attention.diagonal(-1, -2, -1).sum(-1).mean(0),
-            "that is the attention two tokens back (q - 2); the previous token is the key q - 1":
-                attention.diagonal(-2, -2, -1).mean(dim=(0, 2)),
-            "that is the first sequence of the batch only; average over the batch too":
-                attention[0].diagonal(-1, -2, -1).mean(-1),
-            "the mean also runs over the heads, so every head gets the same score; average over the batch and the "
-            "queries only (dim=(0, 2)), one score per head":
-                attention.diagonal(-1, -2, -1).mean().expand(attention.size(1)),
-        })
+        judge(got, _prev_reference(attention), f"previous_token_score({label})",
+              lambda: {why: scores[0] for why, scores in previous_token_mistakes([attention]).items()})
 
 
 register(Exercise(
