@@ -112,16 +112,26 @@ def mha_numpy(x, W_Q, W_K, W_V, W_O, n_heads):
     return z.transpose(0, 2, 1, 3).reshape(B, T, D) @ W_O.T
 
 
-def mha_masking(forbidden):  # a whole multi-head attention whose masked_fill gets forbidden(T)
+def mha_mistaken(*, forbidden=None, swapped=False, over=-1, allowed_diagonal=0, fill=float("-inf")):
+    """A whole multi-head attention with one natural mistake: masked_fill given ``forbidden(T)``, Q and K
+    swapped, the softmax over another axis, the mask's diagonal moved (-1: a query does not see itself), a
+    finite fill instead of -inf."""
     def mha(x, W_Q, W_K, W_V, W_O, n_heads):
         B, T, D = x.shape
         dk = D // n_heads
         def split(t):
             return t.view(B, T, n_heads, dk).transpose(1, 2)
         Q, K, V = split(x @ W_Q.T), split(x @ W_K.T), split(x @ W_V.T)
-        scores = (Q @ K.transpose(-2, -1) / dk**0.5).masked_fill(forbidden(T), float("-inf"))
-        return (scores.softmax(-1) @ V).transpose(1, 2).reshape(B, T, D) @ W_O.T
+        if swapped:
+            Q, K = K, Q
+        masked = forbidden(T) if forbidden is not None else ~torch.ones(T, T, dtype=torch.bool).tril(allowed_diagonal)
+        scores = (Q @ K.transpose(-2, -1) / dk**0.5).masked_fill(masked, fill)
+        return (scores.softmax(over) @ V).transpose(1, 2).reshape(B, T, D) @ W_O.T
     return mha
+
+
+def mha_masking(forbidden):  # a whole multi-head attention whose masked_fill gets forbidden(T)
+    return mha_mistaken(forbidden=forbidden)
 
 
 # Issue 22's refusals: the course's own helpers, which no prompt forbids, are fair.
@@ -303,6 +313,23 @@ def _gqa(x, W_Q, W_K, W_V, W_O, h, g, causal=True, interleave=True, scale=True, 
     z = s.softmax(-1) @ v
     z = z.transpose(1, 2).reshape(B, T, -1) if merge else z.reshape(B, T, -1)
     return z @ W_O if out else z
+
+
+def gqa_mistaken(*, swapped=False, over=-1, allowed_diagonal=0, fill=float("-inf"), values="repeat_interleave"):
+    """A one-pass GQA forward with one more natural mistake: Q and K swapped, the softmax over another axis,
+    the mask's diagonal moved (-1: a query does not see itself), the values shared by ``.repeat``."""
+    def gqa(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
+        B, T, _ = x.shape
+        d, group = W_Q.size(1) // n_heads, n_heads // n_kv_heads
+        q = (x @ W_Q).view(B, T, n_heads, d).transpose(1, 2)
+        k, v = ((x @ W).view(B, T, n_kv_heads, d).transpose(1, 2) for W in (W_K, W_V))
+        k = k.repeat_interleave(group, 1)
+        v = v.repeat_interleave(group, 1) if values == "repeat_interleave" else v.repeat(1, group, 1, 1)
+        if swapped:
+            q, k = k, q
+        s = (q @ k.mT / math.sqrt(d)).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(allowed_diagonal), fill)
+        return (s.softmax(over) @ v).transpose(1, 2).reshape(B, T, -1) @ W_O
+    return gqa
 
 
 def gqa_decoded(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):  # token by token through a cache, as the notebook does
@@ -594,6 +621,11 @@ CORPUS = {
             (lambda Q, K, V: (Q @ K.transpose(-2, -1) / Q.size(-1)).softmax(-1) @ V, "divided by d_k"),
             (lambda Q, K, V: (Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))).softmax(-2) @ V, "runs over the queries"),
             (lambda Q, K, V: (Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))).softmax(-1), "matrix of weights"),
+            (lambda Q, K, V: (Q @ K.mT * math.sqrt(Q.size(-1))).softmax(-1) @ V, "multiplied by sqrt(d_k)"),
+            (lambda Q, K, V: (Q @ K.mT / math.sqrt(K.size(-2))).softmax(-1) @ V, "the scale uses the number of keys"),
+            (lambda Q, K, V: (Q @ K.mT).softmax(-1) @ V / math.sqrt(Q.size(-1)), "after the softmax"),
+            (lambda Q, K, V: torch.sigmoid(Q @ K.mT / math.sqrt(Q.size(-1))) @ V, "a sigmoid of the scores"),
+            (lambda Q, K, V: (lambda s: s / s.sum(-1, keepdim=True))(Q @ K.mT / math.sqrt(Q.size(-1))) @ V, "exponentiates them first"),
             (attention_two_params, "keep the given parameters"),
             (3, "expected a function, got an int (3)"),
             (lambda Q, K, V: Q @ K, "attention(Q [3, 4], K [5, 4], V [5, 2]) raised RuntimeError"),
@@ -646,6 +678,9 @@ CORPUS = {
             (lambda x, W_Q, W_K, W_V, W_O, n_heads: x, "stage 2 of 6"),
             (lambda x, W_Q, W_K, W_V, W_O: x, "keep the given parameters"),
             (lambda x, W_Q, W_K, W_V, W_O, n_heads: (x @ W_Q.T @ W_K @ x.mT).softmax(-1) @ x @ W_V.T @ W_O.T, "stage 3 of 6"),
+            (mha_mistaken(swapped=True), "stage 3 of 6 (the scores): Q and K are swapped"),
+            (mha_mistaken(over=-2), "stage 3 of 6 (the scores): the softmax runs over the queries"),
+            (mha_mistaken(allowed_diagonal=-1, fill=-1e9), "the last token does not see itself"),  # -1e9: no NaN at stage 2
             (mha_masking(lambda T: torch.ones(T, T, dtype=torch.bool).tril()), "Is your mask inverted?"),  # masked what is allowed
             (mha_masking(lambda T: torch.ones(T, T).triu() == 0), "your mask is flipped"),              # masked the past
         ],
@@ -685,6 +720,10 @@ CORPUS = {
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, scale=False), "not scaled"),
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, merge=False), "merged in the wrong order"),
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, out=False), "W_O is missing"),
+            (gqa_mistaken(swapped=True), "Q and K are swapped"),
+            (gqa_mistaken(over=-2), "the softmax runs over the queries"),
+            (gqa_mistaken(allowed_diagonal=-1, fill=-1e9), "does not see its own key"),
+            (gqa_mistaken(values="repeat"), "the values with .repeat"),
         ],
     },
     "04.1": {
@@ -748,6 +787,10 @@ CORPUS = {
             (lambda attention: torch.diagonal(attention, dim1=-2, dim2=-1).mean(dim=(0, 2)), "the token itself"),
             (lambda attention: torch.diagonal(attention, offset=1, dim1=-2, dim2=-1).mean(dim=(0, 2)), "the *next* token"),
             (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).sum(-1).mean(0) / a.size(-1), "only the T - 1 queries"),
+            (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).sum(-1).mean(0), "that is the sum over the queries"),
+            (lambda a: torch.diagonal(a, offset=-2, dim1=-2, dim2=-1).mean(dim=(0, 2)), "two tokens back (q - 2)"),
+            (lambda a: torch.diagonal(a[0], offset=-1, dim1=-2, dim2=-1).mean(-1), "the first sequence of the batch only"),
+            (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).mean().expand(a.size(1)), "the mean also runs over the heads"),
             (lambda a: a[:, :, 1:, :-1].mean(dim=(0, 2, 3)), "entries of the result are off"),
             (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).mean(-1), "has shape [2, 3]; expected [3]"),
         ],
@@ -757,7 +800,9 @@ CORPUS = {
         "wrong": [
             (lambda n_queries, n_keys: torch.ones(n_queries, n_keys).tril().bool(), "they are the *last* 3 positions"),
             (lambda n_queries, n_keys: torch.ones(n_queries, n_keys).triu(n_keys - n_queries).bool(), "transposed"),
-            (lambda L, S: torch.ones(L, S).tril(S - L - 1).bool(), "are False where they should be True"),
+            (lambda L, S: torch.ones(L, S).tril(S - L - 1).bool(), "each query misses its own key"),
+            (lambda L, S: torch.ones(L, S).tril(S - L + 1).bool(), "also sees the key just after it"),
+            (lambda L, S: torch.ones(L, S).tril(L - S).bool(), "the offset has the wrong sign"),
             (lambda L, S: torch.ones(L, S).tril(S - L), "boolean tensor"),
         ],
     },
@@ -793,6 +838,9 @@ CORPUS = {
             (lambda cache: torch.stack([p.diagonal(1, -2, -1).mean(dim=(0, 2)) for p in cache.values()]), "the *next* token"),
             (lambda cache: torch.stack([p.diagonal(-1, -2, -1).sum(-1).mean(0) / p.shape[-1] for p in cache.values()]), "only the T - 1 queries"),
             (lambda cache: torch.stack([p.diagonal(-1, -2, -1).mean(dim=(0, 2)) for p in cache.values()]).T, "layers are the rows"),
+            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).sum(-1).mean(0) for p in cache.values()]), "the sum over the queries"),
+            (lambda cache: torch.stack([p.diagonal(-2, -2, -1).mean(dim=(0, 2)) for p in cache.values()]), "two tokens back (q - 2)"),
+            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).mean().expand(p.size(1)) for p in cache.values()]), "also runs over the heads"),
         ],
     },
     "07.2": {

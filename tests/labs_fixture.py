@@ -99,9 +99,9 @@ CLASS_KINDS = {  # kind: (how the submission is made, the total it must get, how
     "all_wrong": (lambda: synthetic_notebook(answers={"double": "return x", "n_heads": "n_heads = 3",
                                                       "mask": "mask = torch.ones(5, 5, dtype=torch.bool)"}), 0, 3),
     "raising": (lambda: synthetic_notebook(answers={"double": "return x.nope"}), 2, 2),
-    "crashing": (lambda: _prepend(synthetic_notebook(), 5, CRASH), 0, 3),     # the kernel dies: nothing can be called
+    "crashing": (lambda: _prepend(synthetic_notebook(), 5, CRASH), 1, 3),     # the kernel dies in 99.2: 99.1 keeps its point
     "endless": (lambda: _prepend(synthetic_notebook(), 4, ENDLESS), 2, 3),    # interrupted: 99.1 never handed in
-    "stubborn": (lambda: _prepend(synthetic_notebook(), 7, STUBBORN), 0, 2),  # ignores the interrupt: killed
+    "stubborn": (lambda: _prepend(synthetic_notebook(), 7, STUBBORN), 2, 2),  # ignores the interrupt: killed in 99.3
     "forged": (lambda: _prepend(synthetic_notebook(), 4, FORGED), 0, 3),
     "relabelled": (lambda: _relabel(synthetic_notebook(), "ex01"), 0, 3),
     "not_a_notebook": (lambda: "this is not JSON", 0, 1),

@@ -100,6 +100,28 @@ def test_grading_survives_a_slow_cell_and_a_dead_kernel(tmp_path, instructor):
     report = _grade(tmp_path, instructor, dies)
     assert report.kernel_died and report.score == 0
     assert {e.status for e in report.exercises} == {NOT_CHECKED} and "kernel died" in report.format()
+    assert "died in cell 4 (the answer cell of exercise 99.1)" in report.exercises[0].message, report.format()
+
+
+@pytest.mark.parametrize("how", ["import os\nos._exit(1)", "import ctypes\nctypes.string_at(0)"])  # exits, segfaults
+def test_a_kernel_dying_later_keeps_the_exercises_judged_before(tmp_path, instructor, how):
+    """The kernel dies in exercise 99.3's cell: 99.1 and 99.2, judged before, keep their points; 99.3 gets 0
+    with a message naming the cell it died in."""
+    nb = synthetic_notebook()
+    nb.cells[7].source = how + "\n" + nb.cells[7].source
+    report = _grade(tmp_path, instructor, nb)
+    assert report.kernel_died and report.score == 2, report.format()
+    assert [e.status for e in report.exercises] == ["passed", "passed", NOT_CHECKED]
+    assert "the grading kernel died in cell 7 (the answer cell of exercise 99.3)" in report.exercises[2].message
+
+
+def test_an_answer_that_kills_the_kernel_when_called_gets_0_and_so_do_those_after_it(tmp_path, instructor):
+    nb = synthetic_notebook()
+    nb.cells[4].source = "def double(x):\n    import os\n    os._exit(1)\nq1.check(double)"
+    report = _grade(tmp_path, instructor, nb)
+    assert report.kernel_died and report.score == 0, report.format()
+    assert report.exercises[0].status == core.ERROR and {e.status for e in report.exercises[1:]} == {NOT_CHECKED}
+    assert "while the answer of exercise 99.1 was called" in report.exercises[1].message, report.format()
 
 
 # --------------------------------------------------------------------------- issue 22's attacks

@@ -13,7 +13,7 @@ import pytest
 from labs_fixture import answer_meta, lab_notebooks, synthetic_notebook  # also registers notebook "99"'s exercises
 import mhalab.labs as labs
 from mhalab.labs.__main__ import main as labs_main
-from mhalab.labs.grade import MarkerError, answers, grade, solution_regions, student_version
+from mhalab.labs.grade import MarkerError, answers, for_nbgrader, grade, solution_regions, student_version
 
 LAB_NOTEBOOKS = lab_notebooks()
 nb_ids = [p.stem for p in LAB_NOTEBOOKS]
@@ -137,3 +137,23 @@ def test_course_notebook_student_version_runs_and_its_solutions_pass(path, tmp_p
     for i, a in enumerate(found):
         got = next(e for e in report.exercises if e.key == a.key)
         assert (got.status, got.message) == ("passed", "correct.") if i % 2 == 0 else got.status == "unanswered", report.format()
+
+
+def test_for_nbgrader_adds_a_locked_test_cell_worth_the_points_after_each_answer_cell():
+    """nbgrader scores only ``grade`` cells, and leaves a ``grade`` + ``solution`` cell to a person: so each
+    code answer stays an autograded answer and a locked test cell after it carries the exercise's points."""
+    nb = synthetic_notebook()
+    out = for_nbgrader(nb)
+    assert [c.source for c in nb.cells] == [c.source for c in synthetic_notebook().cells]  # a copy: nb unchanged
+    found = [a for a in answers(out) if not a.written]
+    assert [a.key for a in found] == ["99.1", "99.2", "99.3"]
+    for a in found:
+        meta = out.cells[a.index].metadata["nbgrader"]
+        assert meta["solution"] and not meta["grade"]
+        test = out.cells[a.index + 1]
+        q = f"q{a.key[-1]}"
+        assert test.metadata["nbgrader"] == {"grade": True, "grade_id": f"ex{a.key.replace('.', '-')}-test", "locked": True,
+                                             "points": 1, "schema_version": 3, "solution": False}
+        assert f"assert {q}.last_status == \"passed\"" in test.source and set(test.metadata["nbgrader"]) <= SCHEMA_V3_KEYS
+    assert len(out.cells) == len(nb.cells) + 3
+    nbformat.validate(out)

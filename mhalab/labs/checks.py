@@ -14,12 +14,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
+from ..models import ModelConfig, Transformer
 from .calls import call_answer, describe, observe
 from .core import Wrong, session
 
 __all__ = [
     "ATOL", "RTOL", "as_float64", "call_answer", "check_calls", "describe", "expect_close", "expect_equal",
-    "expect_shape", "expect_whole", "first_match", "generator", "grading", "judge", "name_miss", "observe", "rng",
+    "expect_shape", "expect_whole", "first_match", "generator", "grading", "hidden_model", "judge", "name_miss",
+    "observe", "previous_token_mistakes", "rng",
 ]
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -39,6 +41,43 @@ def generator(n: int) -> torch.Generator:
 def rng(n: int) -> random.Random:
     """Like :func:`generator`, a ``random.Random`` for hidden sizes and counts."""
     return random.Random(_stream(n))
+
+
+def hidden_model(config: Mapping[str, Any], seed: int, *, scale: float = 3.0) -> Transformer:
+    """A small :class:`mhalab.models.Transformer` for hidden inputs (``config``: ModelConfig's fields), in eval
+    mode, its weights drawn from :func:`generator` ``(seed)`` without touching the global random state, then
+    multiplied by ``scale``: larger than at initialisation, so that every head matters."""
+    with torch.random.fork_rng():
+        torch.manual_seed(generator(seed).initial_seed())
+        model = Transformer(ModelConfig(**config)).eval()
+        for p in model.parameters():
+            p.data.mul_(scale)
+    return model
+
+
+def previous_token_mistakes(patterns: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The natural mistakes of a previous-token score (05.3, 07.3): {message: the scores that mistake gives},
+    one row of head scores per attention pattern ``[B, H, T, T]`` of ``patterns``."""
+    def each(score: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        return torch.stack([score(p) for p in patterns])
+
+    return {
+        "that is the attention to the token itself (the diagonal); the previous token is the key just left of it, q - 1":
+            each(lambda p: p.diagonal(0, -2, -1).mean(dim=(0, 2))),
+        "that is the attention to the *next* token (q + 1); the previous token is the key q - 1":
+            each(lambda p: p.diagonal(1, -2, -1).mean(dim=(0, 2))),
+        "the mean runs over all T queries; only the T - 1 queries that have a previous token count":
+            each(lambda p: p.diagonal(-1, -2, -1).sum(-1).mean(0) / p.size(-1)),
+        "that is the sum over the queries; the score is their mean (over the T - 1 queries that have a previous token)":
+            each(lambda p: p.diagonal(-1, -2, -1).sum(-1).mean(0)),
+        "that is the attention two tokens back (q - 2); the previous token is the key q - 1":
+            each(lambda p: p.diagonal(-2, -2, -1).mean(dim=(0, 2))),
+        "that is the first sequence of the batch only; average over the batch too":
+            each(lambda p: p[0].diagonal(-1, -2, -1).mean(-1)),
+        "the mean also runs over the heads, so every head gets the same score; average over the batch and the "
+        "queries only (dim=(0, 2)), one score per head":
+            each(lambda p: p.diagonal(-1, -2, -1).mean().expand(p.size(1))),
+    }
 
 
 def grading() -> bool:

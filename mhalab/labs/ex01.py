@@ -42,6 +42,19 @@ def _check_attention(attention) -> None:
             "the scores are divided by d_k; the scale is 1 / sqrt(d_k)": (scores / d_k).softmax(-1) @ V,
             "the softmax runs over the queries; each query's weights must sum to 1 over the keys (the last axis)":
                 (scores / math.sqrt(d_k)).softmax(-2) @ V,
+            "the scores are multiplied by sqrt(d_k); divide by it": (scores * math.sqrt(d_k)).softmax(-1) @ V,
+            "the scale uses the number of keys; it is sqrt(d_k), the width of a query (Q.size(-1))":
+                (scores / math.sqrt(K.size(-2))).softmax(-1) @ V,
+            "the scale uses the width of the values; it is sqrt(d_k), the width of a query (Q.size(-1))":
+                (scores / math.sqrt(V.size(-1))).softmax(-1) @ V,
+            "the output is divided by sqrt(d_k) after the softmax; the scale goes on the scores, before it":
+                scores.softmax(-1) @ V / math.sqrt(d_k),
+            "the weights are a sigmoid of the scores; attention's weights are a softmax over the keys, so they sum to 1":
+                (scores / math.sqrt(d_k)).sigmoid() @ V,
+            "the weights are log-probabilities (log_softmax); attention weighs the values by the softmax itself":
+                (scores / math.sqrt(d_k)).log_softmax(-1) @ V,
+            "each query's scores are divided by their sum; the softmax exponentiates them first (exp, then divide)":
+                (lambda s: s / s.sum(-1, keepdim=True))(scores / math.sqrt(d_k)) @ V,
         })
         if mistake:
             raise Wrong(f"for {case}: {mistake}")

@@ -197,8 +197,10 @@ def _weights(D: int, seed: int) -> tuple[Tensor, ...]:
     return tuple(torch.randn(D, D, generator=g) / D**0.5 for _ in range(4))  # W_Q, W_K, W_V, W_O: [out, in]
 
 
-def _mha(x, W_Q, W_K, W_V, W_O, n_heads, *, split="right", merge="right", scale="d_k", causal=True, flipped=False):
-    """Multi-head causal self-attention, with the plausible mistakes as options (float64)."""
+def _mha(x, W_Q, W_K, W_V, W_O, n_heads, *, split="right", merge="right", scale="d_k", causal=True, flipped=False,
+         swapped=False, over=-1, itself=True):
+    """Multi-head causal self-attention, with the plausible mistakes as options (float64): ``swapped`` Q and K,
+    the softmax ``over`` another axis, a mask that hides the key of the query ``itself``."""
     x, W_Q, W_K, W_V, W_O = (t.double() for t in (x, W_Q, W_K, W_V, W_O))
     B, T, D = x.shape
     H, dk = n_heads, D // n_heads
@@ -206,11 +208,15 @@ def _mha(x, W_Q, W_K, W_V, W_O, n_heads, *, split="right", merge="right", scale=
            "no-transpose": lambda t: t.reshape(B, H, T, dk),
            "strided": lambda t: t.view(B, T, dk, H).permute(0, 3, 1, 2)}[split]
     q, k, v = cut(x @ W_Q.T), cut(x @ W_K.T), cut(x @ W_V.T)
+    if swapped:
+        q, k = k, q
     scores = q @ k.transpose(-2, -1) / {"d_k": dk**0.5, "none": 1.0, "d_model": D**0.5, "d_k^1": float(dk)}[scale]
     if causal:  # flipped: the mask of a learner who filled the past (j < i) instead of the future
-        forbidden = torch.ones(T, T, dtype=torch.bool).tril(-1) if flipped else ~torch.ones(T, T, dtype=torch.bool).tril()
+        forbidden = torch.ones(T, T, dtype=torch.bool).tril(-1) if flipped else ~torch.ones(T, T, dtype=torch.bool).tril(0 if itself else -1)
+        if not itself:
+            forbidden[0, 0] = False  # (else the first query has no key at all: NaN, caught at stage 2)
         scores = scores.masked_fill(forbidden, float("-inf"))
-    z = scores.softmax(-1) @ v  # [B, H, T, dk]
+    z = scores.softmax(over) @ v  # [B, H, T, dk]
     joined = {"right": lambda z: z.transpose(1, 2).reshape(B, T, D),
               "no-transpose": lambda z: z.reshape(B, T, D),
               "strided": lambda z: z.permute(0, 2, 3, 1).reshape(B, T, D)}[merge](z)
@@ -271,11 +277,21 @@ def _check_mha(multi_head_attention) -> None:
             "the scores are not scaled: divide Q Kᵀ by sqrt(d_k)": _mha(x6, *W12, 1, scale="none")[:, -1],
             "the scores are divided by d_k; the scale is 1 / sqrt(d_k)": _mha(x6, *W12, 1, scale="d_k^1")[:, -1],
         }, **_LOOSE)
+        other = None if mistake else first_match(got[:, -1], {
+            "Q and K are swapped: the scores are Q Kᵀ, a query's row against every key (x W_Qᵀ for the queries, "
+            "x W_Kᵀ for the keys)": _mha(x6, *W12, 1, swapped=True)[:, -1],
+            "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last axis":
+                _mha(x6, *W12, 1, over=-2)[:, -1],
+            "the last token does not see itself: the causal mask allows keys j <= i, the diagonal included (tril(), "
+            "not tril(-1))": _mha(x6, *W12, 1, itself=False)[:, -1],
+        }, **_LOOSE)
+        if other:
+            raise _stage(3, "the scores", other)
         if mistake is None and first_match(got[:, -1], {"": _mha(x6, *W12, 1, flipped=True)[:, -1]}, **_LOOSE) is not None:
             raise _stage(3, "the mask", "the last token sees only itself: your mask is flipped, so query i sees keys "
                          "j >= i (itself and the future) instead of j <= i. masked_fill fills where its mask is True: "
                          "give it the future, j > i (torch.ones(T, T).triu(1).bool())")
-        raise _stage(3, "the scale", mistake or "the last token (which may see every token) gets the wrong output, and "
+        raise _stage(3, "the scale" if mistake else "the scores", mistake or "the last token (which may see every token) gets the wrong output, and "
                      "this check cannot tell why: check scores = Q Kᵀ / sqrt(d_k), the softmax over the keys (the last "
                      "axis), and that the mask lets the last token see every key")
     # stage 4: the mask: a future token must change nothing earlier

@@ -164,8 +164,10 @@ _GQA_SHAPES = [(2, 5, 24, 6, 2), (1, 7, 32, 4, 1), (3, 4, 16, 4, 4), (2, 6, 48, 
 
 
 def _gqa_forward(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads, *, causal=True, interleave=True, scale=True,
-                 merge=True, out=True):
-    """The one-pass GQA forward (and, with a flag off, the result of a typical mistake)."""
+                 merge=True, out=True, swapped=False, over=-1, itself=True, values_cycle=False):
+    """The one-pass GQA forward (and, with a flag off, the result of a typical mistake: also Q and K
+    ``swapped``, the softmax ``over`` another axis, a mask that hides a query's key ``itself``, the values
+    shared with ``.repeat`` while the keys are right)."""
     B, T, _ = x.shape
     d_k = W_Q.size(1) // n_heads
     q = (x @ W_Q).view(B, T, n_heads, d_k).transpose(1, 2)        # [B, H, T, dk]
@@ -173,11 +175,14 @@ def _gqa_forward(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads, *, causal=True, int
     v = (x @ W_V).view(B, T, n_kv_heads, d_k).transpose(1, 2)
     group = n_heads // n_kv_heads
     share = (lambda z: z.repeat_interleave(group, dim=1)) if interleave else (lambda z: z.repeat(1, group, 1, 1))
-    k, v = share(k), share(v)                                     # [B, H, T, dk]
+    k, v = share(k), (v.repeat(1, group, 1, 1) if values_cycle else share(v))   # [B, H, T, dk]
+    if swapped:
+        q, k = k, q
     scores = q @ k.transpose(-2, -1) / (d_k ** 0.5 if scale else 1.0)   # [B, H, T, T]
-    if causal:
-        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-    z = scores.softmax(-1) @ v                                    # [B, H, T, dk]
+    if causal:  # (a mask that hides a query's own key is -1e9, not -inf, else the first query's row is NaN)
+        allowed = torch.ones(T, T, dtype=torch.bool).tril(0 if itself else -1)
+        scores = scores.masked_fill(~allowed, float("-inf") if itself else -1e9)
+    z = scores.softmax(over) @ v                                  # [B, H, T, dk]
     z = z.transpose(1, 2).reshape(B, T, -1) if merge else z.reshape(B, T, -1)   # [B, T, H dk]
     return z @ W_O if out else z
 
@@ -211,6 +216,14 @@ def _check_gqa(gqa_attention) -> None:
             "the heads are merged in the wrong order: bring the head axis back next to d_k before reshaping to [B, T, H * d_k]":
                 _gqa_forward(*case, merge=False),
             "W_O is missing: the concatenated heads still go through the output projection": _gqa_forward(*case, out=False),
+            "Q and K are swapped: the scores are q kᵀ, each query against the keys of the past (x @ W_Q for the "
+            "queries, x @ W_K for the keys)": _gqa_forward(*case, swapped=True),
+            "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last axis":
+                _gqa_forward(*case, over=-2),
+            "a query does not see its own key: the causal mask allows keys j <= i, the diagonal included":
+                _gqa_forward(*case, itself=False),
+            "the keys are shared right but the values with .repeat, which cycles through the K/V heads: share both "
+            "with repeat_interleave (head i uses K/V head i // (n_heads // n_kv_heads))": _gqa_forward(*case, values_cycle=True),
         }, note=" (compared with decoding token by token through a KV cache)")
 
 

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from ..hooks import ablate_heads, run_with_hooks
-from ..models import ModelConfig, Transformer
 from ..scores import previous_token_score
-from .checks import as_float64, call_answer, expect_shape, generator, judge, observe
+from .checks import (as_float64, call_answer, expect_shape, generator, hidden_model, judge, observe,
+                     previous_token_mistakes)
 from .core import Exercise, Wrong, register
 
 #: What exercise 1's prompt forbids (the course's own ablation); everything else of mhalab may run.
@@ -33,11 +33,7 @@ def _models():
     """Small seeded models with their tokens and targets (some targets -100: no target there)."""
     out = []
     for config, seed, B, T in _MODELS:
-        with torch.random.fork_rng():
-            torch.manual_seed(generator(seed).initial_seed())
-            model = Transformer(ModelConfig(**config)).eval()
-            for p in model.parameters():  # larger weights than at initialisation, so every head matters
-                p.data.mul_(3.0)
+        model = hidden_model(config, seed)  # larger weights than at initialisation, so every head matters
         g = generator(seed + 10)
         tokens = torch.randint(0, config["vocab_size"], (B, T), generator=g)
         shape = (B, T) + ((config["n_targets"],) if config.get("n_targets", 1) > 1 else ())
@@ -209,14 +205,8 @@ def _check_prev_score(previous_token_score) -> None:
     for (attention,) in _pattern_cases():
         label = f"attention {list(attention.shape)}"
         got = call_answer(previous_token_score, attention, label=label)
-        judge(got, _prev_reference(attention), f"previous_token_score({label})", lambda: {
-            "that is the attention to the token itself (the diagonal); the previous token is the key just left of it, q - 1":
-                attention.diagonal(0, -2, -1).mean(dim=(0, 2)),
-            "that is the attention to the *next* token (q + 1); the previous token is the key q - 1":
-                attention.diagonal(1, -2, -1).mean(dim=(0, 2)),
-            "the mean runs over all T queries; only the T - 1 queries that have a previous token count":
-                attention.diagonal(-1, -2, -1).sum(-1).mean(0) / attention.size(-1),
-        })
+        judge(got, _prev_reference(attention), f"previous_token_score({label})",
+              lambda: {why: scores[0] for why, scores in previous_token_mistakes([attention]).items()})
 
 
 register(Exercise(

@@ -15,9 +15,32 @@ def _causal_reference(n_queries: int, n_keys: int) -> torch.Tensor:
     return key_pos <= torch.arange(n_queries)[:, None] + (n_keys - n_queries)  # [L, S]: True = allowed
 
 
+def _diagonal_miss(got, want: torch.Tensor) -> str | None:
+    """What is off when ``got`` is the lower triangle of ``want``'s shape starting at another diagonal."""
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != torch.bool or torch.equal(got, want):
+        return None
+    L, S = want.shape
+    for k, why in ((S - L + 1, "each query also sees the key just after it; query i may see keys j <= i + "
+                               "(n_keys - n_queries), itself included and nothing later"),
+                   (S - L - 1, "each query misses its own key; query i may see keys j <= i + (n_keys - n_queries), "
+                               "itself included"),
+                   (L - S, "the offset has the wrong sign: query i sits at position i + (n_keys - n_queries), so it "
+                           "sees more keys, not fewer (tril(n_keys - n_queries))")):
+        if torch.equal(got, torch.ones(L, S, dtype=torch.bool).tril(k)):
+            return why
+    return None
+
+
+def _expect_causal(value, expected, name) -> None:
+    why = _diagonal_miss(value, expected)
+    if why:
+        raise Wrong(why)
+    expect_equal(value, expected, name)
+
+
 def _check_causal(causal_allowed) -> None:
     # Square first (a whole sequence), then the queries as the last few positions (decoding with a cache).
-    check_calls(causal_allowed, [(5, 5), (1, 1), (9, 9)], _causal_reference, compare=expect_equal)
+    check_calls(causal_allowed, [(5, 5), (1, 1), (9, 9)], _causal_reference, compare=_expect_causal)
     r = rng(60)
     for L, S in [(3, 7), (1, 6)] + ([(r.randint(1, 5), r.randint(6, 12)) for _ in range(2)] if grading() else []):
         label = f"n_queries={L}, n_keys={S} ({S - L} tokens already cached)"
@@ -26,7 +49,7 @@ def _check_causal(causal_allowed) -> None:
             raise Wrong(f"causal_allowed({label}): your mask lines the queries up with the first keys; they are the "
                         f"*last* {L} positions, so query i sits at position {S - L} + i and may see the cached tokens too")
         try:
-            expect_equal(got, _causal_reference(L, S), "the result")
+            _expect_causal(got, _causal_reference(L, S), "the result")
         except Wrong as wrong:
             raise Wrong(f"causal_allowed({label}): {wrong}") from None
 

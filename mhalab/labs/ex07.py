@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import call_answer, expect_shape, generator, grading, judge, rng
+from .checks import call_answer, expect_shape, generator, grading, judge, previous_token_mistakes, rng
 from .core import Exercise, Wrong, register
 
 
@@ -60,12 +60,7 @@ def _check_prev_from_cache(previous_token_scores) -> None:
         judge(got, want, f"previous_token_scores({label})", lambda: {
             "the layers are out of order: sorting the names puts blocks.10 before blocks.2; take them by layer "
             "number (cache[f'blocks.{i}.attn.hook_pattern'] for i in range(n_layers))": by_name,
-            "that is the attention to the token itself (the diagonal); the previous token is key q - 1":
-                torch.stack([p.diagonal(0, -2, -1).mean(dim=(0, 2)) for p in cache.values()]),
-            "that is the attention to the *next* token (q + 1); the previous token is key q - 1":
-                torch.stack([p.diagonal(1, -2, -1).mean(dim=(0, 2)) for p in cache.values()]),
-            "the mean runs over all T queries; only the T - 1 queries that have a previous token count":
-                torch.stack([p.diagonal(-1, -2, -1).sum(-1).mean(0) / T for p in cache.values()]),
+            **previous_token_mistakes(list(cache.values())),
         })
 
 

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from ..hooks import run_with_hooks
-from ..models import ModelConfig, Transformer
 from ..pretrained.smollm2 import SmolLM2Config
-from .checks import call_answer, expect_shape, expect_whole, generator, grading, judge, name_miss, observe, rng
+from .checks import (call_answer, expect_shape, expect_whole, generator, grading, hidden_model, judge, name_miss, observe,
+                     rng)
 from .core import Exercise, Wrong, register
 
 
@@ -171,11 +171,7 @@ _MODELS = [(dict(vocab_size=17, d_model=24, n_heads=3, n_layers=2, max_len=32, c
 def _models():
     out = []
     for config, seed, B, L in _MODELS:
-        with torch.random.fork_rng():
-            torch.manual_seed(generator(seed).initial_seed())
-            model = Transformer(ModelConfig(**config)).eval()
-            for p in model.parameters():  # larger weights than at initialisation, so every head matters
-                p.data.mul_(3.0)
+        model = hidden_model(config, seed)  # larger weights than at initialisation, so every head matters
         g = generator(seed + 10)
         copy = torch.randint(1, config["vocab_size"], (B, L), generator=g)
         tokens = torch.cat([torch.zeros(B, 1, dtype=torch.long), copy, copy], dim=1)  # [B, 1 + 2L]

@@ -96,7 +96,8 @@ def feedback_html(student: str, report: GradeReport) -> str:
     if report.missing:
         notes += f"<p>No answer cell for {html.escape(', '.join(report.missing))} in your notebook.</p>"
     if report.kernel_died:
-        notes += "<p>Your notebook stopped (its kernel died or ran past its time) before every answer was checked.</p>"
+        notes += ("<p>Your notebook stopped (its kernel died or ran past its time) before every answer was checked: the "
+                  "answers checked before that keep their points.</p>")
     nb = html.escape(", ".join(report.notebooks))
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>Feedback: notebook {nb}</title>"
             "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}td,th{padding:.3em .6em;"

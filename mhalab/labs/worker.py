@@ -17,6 +17,7 @@ import inspect
 import io
 import json
 import os
+import random
 import select
 import struct
 import sys
@@ -371,6 +372,21 @@ def _run_cell(shell, namespace: dict, source: str) -> str | None:
     return None
 
 
+def _random_states() -> tuple:
+    """Python's, NumPy's and torch's (CPU and CUDA) global random states."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
+
+
+def _restore_random_states(states: tuple) -> None:
+    python, numpy_state, cpu, cuda = states
+    random.setstate(python)
+    np.random.set_state(numpy_state)
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
 def serve(fd_in: int, fd_out: int) -> None:
     """Answer the grader's requests until it says stop: "run" a cell, "call" an answer."""
     import signal
@@ -408,8 +424,12 @@ def serve(fd_in: int, fd_out: int) -> None:
             elif op == "call":
                 args = tuple(decode(request["args"], arrays, models=True))
                 fn = ANSWERS.get(request["key"])
-                kind, value, facts = invoke(fn, args, facts=tuple(request.get("facts", ())),
-                                            forbid=tuple(request.get("forbid", ())), package=package)
+                states = _random_states()  # judging mid-notebook leaves the later cells the random state they had
+                try:
+                    kind, value, facts = invoke(fn, args, facts=tuple(request.get("facts", ())),
+                                                forbid=tuple(request.get("forbid", ())), package=package)
+                finally:
+                    _restore_random_states(states)
                 out = []
                 if kind == "returned":
                     send(fd_out, {"returned": encode(value, out), "facts": facts}, out)

@@ -1,0 +1,295 @@
+"""The grading kernel: a process of its own that runs a submission's cells and calls its answers on request
+(:mod:`mhalab.labs.worker` is its side), with a copy of mhalab whose ``mhalab.labs`` is a stub that only hands
+answers over; and the sweep that kills whatever the submission started and left behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from . import worker
+from .core import PACKAGE, STRICT_ENV
+
+_STUB = '''"""mhalab.labs while a notebook is graded: ``q.check(answer)`` hands the answer to the grader, which
+judges it in its own process. Hints, solutions and references are not available here."""
+
+import json as _json
+import os as _os
+
+import _mhalab_grading as _grading
+
+_SPEC = _json.loads(_os.environ.get("MHALAB_GRADING_SPEC", "{}"))
+__all__ = ["Exercise", "Wrong", "available_notebooks", "exercise", "load"]
+
+
+class Wrong(Exception):
+    """(Only the grader judges answers.)"""
+
+
+class Exercise:
+    reference = None
+    solution_text = ""
+
+    def __init__(self, notebook, number, title):
+        self.notebook, self.number, self.title = notebook, number, title
+        self.key = f"{notebook}.{number}"
+        self.last_status, self.last_message = None, ""
+
+    def check(self, answer):
+        _grading.ANSWERS[self.key] = answer
+        print(f"Exercise {self.key} ({self.title}): handed in; the grader judges it.")
+
+    def hint(self):
+        print(f"(no hints while grading: exercise {self.key})")
+
+    def solution(self):
+        print(f"(no solutions while grading: exercise {self.key})")
+
+    def __repr__(self):
+        return f"<Exercise {self.key}: {self.title}>"
+
+
+_EXERCISES = {nb: tuple(Exercise(nb, n, t) for n, t in items) for nb, items in _SPEC.items()}
+
+
+def available_notebooks():
+    return sorted(_EXERCISES)
+
+
+def load(notebook):
+    text = str(notebook).strip().zfill(2)
+    if text not in _EXERCISES:
+        raise ValueError(f"there are no exercises for notebook {text!r} in this assignment")
+    return _EXERCISES[text]
+
+
+def exercise(notebook, number):
+    return next(ex for ex in load(notebook) if ex.number == int(number))
+'''
+
+_SANDBOX: dict[str, str] = {}
+_SANDBOX_LOCK = threading.Lock()
+
+
+def sandbox() -> str:
+    """A folder (made once per process) holding the grading kernel's code: a copy of mhalab without its exercise
+    modules and checkers (a stub ``mhalab.labs`` instead) and the worker."""
+    with _SANDBOX_LOCK:
+        if "path" in _SANDBOX and os.path.isdir(_SANDBOX["path"]):
+            return _SANDBOX["path"]
+        root = tempfile.mkdtemp(prefix="mhalab-sandbox-")
+        shutil.copytree(PACKAGE, os.path.join(root, "pkg", "mhalab"),
+                        ignore=lambda d, names: [n for n in names if n == "__pycache__" or (d == PACKAGE and n == "labs")])
+        os.makedirs(os.path.join(root, "pkg", "mhalab", "labs"))
+        Path(root, "pkg", "mhalab", "labs", "__init__.py").write_text(_STUB)
+        shutil.copy(worker.__file__, os.path.join(root, "_mhalab_grading.py"))
+        _SANDBOX["path"] = root
+        return root
+
+
+class KernelGone(Exception):
+    """The grading kernel died, or was stopped because it ran past its time."""
+
+
+_ACTIVE: set[int] = set()  # pids of the grading kernels running now (any thread)
+_ACTIVE_LOCK = threading.Lock()
+
+
+def _become_subreaper() -> None:
+    """Orphans of the submission's processes (double fork, setsid) are reparented to this process, so they can
+    be found and killed (Linux; elsewhere they escape to init: use a container)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        except (OSError, AttributeError):
+            pass
+
+
+def _strays() -> list[int]:
+    """Children of this process that no grading kernel is and that left this process's session: what a
+    submission started and abandoned (reparented here)."""
+    with _ACTIVE_LOCK:  # no grading kernel starts while the scan runs
+        return _scan_strays()
+
+
+def _scan_strays() -> list[int]:
+    me, mine = os.getpid(), os.getsid(0)
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path("/proc", entry, "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        pid, ppid, sid = int(entry), int(fields[1]), int(fields[3])
+        if ppid == me and pid not in _ACTIVE and sid != mine:
+            found.append(pid)
+    return found
+
+
+def _kill_strays() -> None:
+    for _ in range(50):  # a killed stray's own children are reparented here in turn
+        pids = _strays()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+        for pid in pids:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+class GradingKernel:
+    """A process that runs a notebook's cells and calls its answers on request (:mod:`mhalab.labs.worker`):
+    a session of its own, the sandbox's mhalab first on its path, the exercise modules refused on import."""
+
+    GRACE_S = 10.0  # after an interrupt, how long the kernel gets to report back before it is killed
+
+    def __init__(self, spec: dict, *, cwd: str | Path, timeout: float | None = 600):
+        _become_subreaper()
+        root = sandbox()
+        self.timeout, self.dead = timeout, False
+        self.home = tempfile.mkdtemp(prefix="mhalab-kernel-")
+        to_child, self._w = os.pipe()
+        self._r, from_child = os.pipe()
+        keep = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not os.path.isdir(os.path.join(p, "mhalab"))]
+        env = {k: v for k, v in os.environ.items() if k not in (STRICT_ENV, "PYTHONPATH")}
+        env.update(PYTHONPATH=os.pathsep.join([root, os.path.join(root, "pkg"), *keep]), MPLBACKEND="Agg",
+                   MHALAB_GRADING_SPEC=json.dumps(spec), IPYTHONDIR=self.home, PYTHONDONTWRITEBYTECODE="1")
+        self.log = open(os.path.join(self.home, "kernel.log"), "wb")
+        with _ACTIVE_LOCK:  # (held from the start: another thread's sweep must not take it for a stray)
+            self.process = subprocess.Popen(
+                [sys.executable, os.path.join(root, "_mhalab_grading.py"), str(to_child), str(from_child)],
+                pass_fds=(to_child, from_child), cwd=str(cwd), env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True)
+            _ACTIVE.add(self.process.pid)
+        os.close(to_child)
+        os.close(from_child)
+        self._request(None, timeout=max(120.0, timeout or 0))  # its "ready"
+
+    def _request(self, message: dict | None, arrays: list | None = None, *, timeout: float | None) -> tuple[dict, Any]:
+        if self.dead:
+            raise KernelGone("the grading kernel is gone")
+        try:
+            if message is not None:
+                worker.send(self._w, message, arrays)
+            return worker.receive(self._r, timeout)
+        except TimeoutError:
+            self.interrupt()
+            try:
+                reply = worker.receive(self._r, self.GRACE_S)
+            except (TimeoutError, EOFError, OSError, ValueError):
+                self.kill()
+                raise KernelGone(f"it ran past {timeout:g} s and did not stop when interrupted") from None
+            return {**reply[0], "timed_out": True}, reply[1]
+        except (EOFError, OSError, ValueError) as error:
+            self.kill()
+            raise KernelGone(f"the grading kernel died ({type(error).__name__})") from None
+
+    def interrupt(self) -> None:
+        try:
+            os.kill(self.process.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+
+    def run_cell(self, source: str) -> str | None:
+        """Run one cell; the class name of what it raised, or None."""
+        reply, _ = self._request({"op": "run", "source": source}, timeout=self.timeout)
+        if reply.get("timed_out"):
+            return f"stopped after {self.timeout:g} s (KeyboardInterrupt)"
+        error = reply.get("error")
+        return error[:100] if isinstance(error, str) else None if error is None else "an error"
+
+    def handed_in(self) -> dict[str, tuple[bool, str]]:
+        """{exercise key: (callable, description)} of what the cells handed to ``q.check``."""
+        reply, _ = self._request({"op": "answers"}, timeout=60)
+        callables, descriptions = reply.get("callable", {}), reply.get("describe", {})
+        if not isinstance(callables, dict) or not isinstance(descriptions, dict):
+            return {}
+        return {str(k): (bool(callables.get(k)), str(descriptions.get(k, ""))[:200]) for k in reply.get("keys", [])}
+
+    def value(self, key: str) -> Any:
+        reply, arrays = self._request({"op": "value", "key": key}, timeout=60)
+        if "failed" in reply:
+            return worker.Opaque(f"something that could not be sent ({reply['failed']})")
+        return worker.decode(reply.get("value"), arrays)
+
+    def call(self, key: str, args: tuple, *, facts: tuple = (), forbid: tuple = ()) -> tuple[str, Any, dict]:
+        """Call answer ``key`` on ``args`` in the kernel: ("returned", value, facts) or ("raised", (class, message,
+        where), facts), or ("unbound", parameters, {}) when it cannot take them."""
+        out: list = []
+        request = {"op": "call", "key": key, "args": worker.encode(list(args), out), "facts": list(facts), "forbid": list(forbid)}
+        try:
+            reply, arrays = self._request(request, out, timeout=self.timeout)
+        except KernelGone as gone:
+            return "raised", ("TimeoutError" if "ran past" in str(gone) else "KernelGone", str(gone), ""), {}
+        found = reply.get("facts") if isinstance(reply.get("facts"), dict) else {}
+        if reply.get("timed_out"):
+            return "raised", ("TimeoutError", f"it ran past {self.timeout:g} s", ""), found
+        try:
+            if "returned" in reply:
+                return "returned", worker.decode(reply["returned"], arrays), found
+            if "unbound" in reply:
+                return "unbound", [str(p) for p in reply["unbound"]][:20], {}
+        except Exception as error:  # malformed data from the kernel: the learner's code wrote it
+            return "raised", ("RuntimeError", f"what came back could not be read ({type(error).__name__})", ""), {}
+        if isinstance(reply.get("raised"), list) and len(reply["raised"]) == 3:
+            return "raised", tuple(str(x)[:500] for x in reply["raised"]), found
+        return "raised", ("RuntimeError", str(reply.get("failed", "no usable reply from the grading kernel"))[:300], ""), found
+
+    def kill(self) -> None:
+        self.dead = True
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # the kernel and all it started in its session
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.process.wait()
+
+    def close(self) -> None:
+        """Stop the kernel and everything it started; only then is a grade final."""
+        if not self.dead:
+            try:
+                worker.send(self._w, {"op": "stop"})
+                self.process.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        with _ACTIVE_LOCK:
+            _ACTIVE.discard(self.process.pid)
+        _kill_strays()
+        for fd in (self._r, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.log.close()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+class _Handed:
+    """Stands in here for a function the learner handed in: calling it goes through the grading kernel."""
+
+    def __init__(self, name: str):
+        self.__name__ = name
+
+    def __call__(self, *args: Any) -> Any:
+        raise RuntimeError("an answer handed in is only called through call_answer")
