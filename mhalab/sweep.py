@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import math
 import multiprocessing
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -175,7 +176,7 @@ def sweep_heads(task: Any, *, d_model: int, heads: Sequence[int], seeds: Sequenc
     ``threads``: torch's CPU threads meanwhile (on a busy 2-core machine 100 steps at ``d_model=64`` took
     5 s on one, 20-30 s on two); ``workers``: on a CPU, train this many models at once, each in a process of
     its own forked from this one (on ``threads`` threads, one if None), with the same results as one at a time;
-    on a GPU, or where processes cannot be forked, the runs stay one at a time; ``config``/``settings``: as for :func:`mhalab.train.train` (without config,
+    on a GPU, or off Linux (where forking a process is not safe), the runs stay one at a time; ``config``/``settings``: as for :func:`mhalab.train.train` (without config,
     ``batch_size=32``, ``lr=5e-3``); each run is silent and evaluated once, at the end.
     """
     heads = check_distinct_ints("heads", heads)
@@ -199,7 +200,8 @@ def sweep_heads(task: Any, *, d_model: int, heads: Sequence[int], seeds: Sequenc
 
     runs = [(h, seed) for h in heads for seed in seeds]
     on_cpu = pick_device(base.device).type == "cpu"
-    parallel = min(workers, len(runs)) if on_cpu and "fork" in multiprocessing.get_all_start_methods() else 1
+    # Forking is safe on Linux; on macOS (where Python no longer forks by default) and Windows the runs stay serial.
+    parallel = min(workers, len(runs)) if on_cpu and sys.platform.startswith("linux") else 1
     rows: list[SweepRow] = []
     models: dict[tuple[int, int], Any] = {}
     bar = tqdm(total=len(runs), desc="sweep", unit="model", disable=not progress, dynamic_ncols=True)
