@@ -1,12 +1,17 @@
 """Sweep the head count at a fixed width: one model per (head count, seed), same parameters, steps and data.
 
-Models are trained one at a time: on a small CPU a vmapped ensemble step measured twice the time of the
-separate steps (the fused attention kernel has no vmap rule, so vmap loops anyway).
+Models are trained one at a time in each process: on a small CPU a vmapped ensemble step measured twice the
+time of the separate steps (the fused attention kernel has no vmap rule, so vmap loops anyway). On a CPU with
+more than one core, ``workers=2`` trains two models at once, each in a forked process on one thread.
 """
 
 from __future__ import annotations
 
+import io
 import math
+import multiprocessing
+import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -131,16 +136,47 @@ def _format_table(header: list[str], lines: list[list[str]]) -> str:
 _SWEEP_DEFAULTS = dict(batch_size=32, lr=5e-3)
 
 
+def _train_one(model_config: ModelConfig, task: Any, base: TrainConfig, seed: int) -> tuple[SweepRow, Transformer]:
+    """One run of a sweep: initial weights from the seed's own stream, then :func:`mhalab.train.train`."""
+    with torch.random.fork_rng(devices=[]):  # seed the initialisation without touching the caller's RNG
+        torch.manual_seed(stream_seed(seed, "init"))
+        net = Transformer(model_config)
+    history = train(net, task, base, seed=seed)
+    final = history.final
+    row = SweepRow(
+        heads=model_config.n_heads, d_head=net.blocks[0].attn.d_head, seed=seed, parameters=count_parameters(net),
+        loss=float(final.get("loss", math.nan)), accuracy=float(final.get("accuracy", math.nan)),
+        relations={k.removeprefix("accuracy/"): float(v) for k, v in final.items() if k.startswith("accuracy/")},
+        seconds=history.elapsed,
+    )
+    return row, net
+
+
+def _train_in_worker(model_config: ModelConfig, task: Any, base: TrainConfig, seed: int, threads: int,
+                     keep: bool) -> tuple[SweepRow, bytes | None]:
+    """:func:`_train_one` in a worker process on ``threads`` threads; the weights come back as bytes."""
+    torch.set_num_threads(threads)  # before any operation: the parent's thread pool does not survive the fork
+    row, net = _train_one(model_config, task, base, seed)
+    if not keep:
+        return row, None
+    buffer = io.BytesIO()
+    torch.save(net.state_dict(), buffer)
+    return row, buffer.getvalue()
+
+
 def sweep_heads(task: Any, *, d_model: int, heads: Sequence[int], seeds: Sequence[int] = (0, 1, 2), n_layers: int = 1,
                 model: dict[str, Any] | None = None, keep_models: bool = False, threads: int | None = 1,
-                progress: bool = True, config: TrainConfig | None = None, **settings: Any) -> SweepResults:
+                workers: int = 1, progress: bool = True, config: TrainConfig | None = None,
+                **settings: Any) -> SweepResults:
     """Train one :class:`~mhalab.models.Transformer` per (head count, seed) at fixed ``d_model``.
 
     Every head count of a seed starts from ``torch.manual_seed(stream_seed(seed, "init"))`` (a stream of its
     own, not the training batches' or dropout's) and trains on the same batches.
     ``model``: extra ModelConfig fields; ``keep_models``: keep them in ``results.models`` (eval mode);
     ``threads``: torch's CPU threads meanwhile (on a busy 2-core machine 100 steps at ``d_model=64`` took
-    5 s on one, 20-30 s on two); ``config``/``settings``: as for :func:`mhalab.train.train` (without config,
+    5 s on one, 20-30 s on two); ``workers``: on a CPU, train this many models at once, each in a process of
+    its own forked from this one (on ``threads`` threads, one if None), with the same results as one at a time;
+    on a GPU, or off Linux (where forking a process is not safe), the runs stay one at a time; ``config``/``settings``: as for :func:`mhalab.train.train` (without config,
     ``batch_size=32``, ``lr=5e-3``); each run is silent and evaluated once, at the end.
     """
     heads = check_distinct_ints("heads", heads)
@@ -154,6 +190,7 @@ def sweep_heads(task: Any, *, d_model: int, heads: Sequence[int], seeds: Sequenc
     configs = {h: ModelConfig.for_task(task, d_model=d_model, n_heads=h, n_layers=n_layers, **model) for h in heads}
     if threads is not None:
         check_int("threads", threads, 1, why=" (or None)")
+    check_int("workers", workers, 1)
     # Fail on a bad setting now, not after the first few models have trained.
     defaults = _SWEEP_DEFAULTS if config is None else {}
     base = make_config(config, **{**defaults, **settings}, progress=False, eval_every=None, checkpoint=None)
@@ -161,26 +198,34 @@ def sweep_heads(task: Any, *, d_model: int, heads: Sequence[int], seeds: Sequenc
 
     from tqdm.auto import tqdm
 
+    runs = [(h, seed) for h in heads for seed in seeds]
+    on_cpu = pick_device(base.device).type == "cpu"
+    # Forking is safe on Linux; on macOS (where Python no longer forks by default) and Windows the runs stay serial.
+    parallel = min(workers, len(runs)) if on_cpu and sys.platform.startswith("linux") else 1
     rows: list[SweepRow] = []
     models: dict[tuple[int, int], Any] = {}
-    bar = tqdm(total=len(heads) * len(seeds), desc="sweep", unit="model", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=len(runs), desc="sweep", unit="model", disable=not progress, dynamic_ncols=True)
     try:
-        if threads is not None and pick_device(base.device).type == "cpu":
+        if threads is not None and on_cpu:
             torch.set_num_threads(threads)
-        for h in heads:
-            for seed in seeds:
+        if parallel > 1:
+            context = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(max_workers=parallel, mp_context=context) as pool:
+                futures = [pool.submit(_train_in_worker, configs[h], task, base, seed, threads or 1, keep_models)
+                           for h, seed in runs]
+                for (h, seed), future in zip(runs, futures):  # in the order of the runs, whichever ends first
+                    row, weights = future.result()
+                    rows.append(row)
+                    if keep_models:
+                        net = Transformer(configs[h])
+                        net.load_state_dict(torch.load(io.BytesIO(weights), weights_only=True))
+                        models[(h, seed)] = net.eval()
+                    bar.update(1)
+        else:
+            for h, seed in runs:
                 bar.set_postfix(heads=h, seed=seed, refresh=True)
-                with torch.random.fork_rng(devices=[]):  # seed the initialisation without touching the caller's RNG
-                    torch.manual_seed(stream_seed(seed, "init"))
-                    net = Transformer(configs[h])
-                history = train(net, task, base, seed=seed)
-                final = history.final
-                rows.append(SweepRow(
-                    heads=h, d_head=net.blocks[0].attn.d_head, seed=seed, parameters=count_parameters(net),
-                    loss=float(final.get("loss", math.nan)), accuracy=float(final.get("accuracy", math.nan)),
-                    relations={k.removeprefix("accuracy/"): float(v) for k, v in final.items() if k.startswith("accuracy/")},
-                    seconds=history.elapsed,
-                ))
+                row, net = _train_one(configs[h], task, base, seed)
+                rows.append(row)
                 if keep_models:
                     models[(h, seed)] = net.eval()
                 bar.update(1)

@@ -4,6 +4,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import sys
 from dataclasses import replace
 
 import pytest
@@ -131,3 +132,38 @@ def test_initial_weights_do_not_share_bits_with_the_batches(monkeypatch):
     sweep_heads(task, d_model=8, heads=(2,), seeds=(4,), steps=1, device="cpu", eval_batches=1,
                 eval_batch_size=4, progress=False)
     assert not torch.equal(seen["init"], seen["data"])
+
+
+def test_two_workers_give_the_results_of_one(tiny):
+    """workers=2 trains in forked processes; every row, and every kept model, is what one process gives."""
+    task, results = tiny
+    if not sys.platform.startswith("linux"):
+        pytest.skip("workers=2 forks processes on Linux only; elsewhere it runs one at a time")
+    parallel = sweep_heads(task, d_model=8, heads=(1, 2, 8), seeds=(0, 1), steps=3, device="cpu", eval_batches=1,
+                           eval_batch_size=16, progress=False, workers=2, keep_models=True)
+    assert [(r.heads, r.seed) for r in parallel.rows] == [(r.heads, r.seed) for r in results.rows]
+    for mine, theirs in zip(parallel.rows, results.rows):
+        assert (mine.loss, mine.accuracy, mine.relations) == (theirs.loss, theirs.accuracy, theirs.relations)
+    one = sweep_heads(task, d_model=8, heads=(2,), seeds=(1,), steps=3, device="cpu", eval_batches=1,
+                      eval_batch_size=16, progress=False, keep_models=True)
+    kept, expected = parallel.models[(2, 1)], one.models[(2, 1)]
+    assert not kept.training
+    for (name, a), (_, b) in zip(kept.state_dict().items(), expected.state_dict().items()):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="workers must be at least 1"):
+        sweep_heads(task, d_model=8, heads=(1,), steps=1, workers=0, progress=False)
+
+
+def test_off_linux_workers_train_in_this_process(tiny, monkeypatch):
+    import mhalab.sweep as sweep_module
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("off Linux, sweep_heads must not fork worker processes")
+
+    task, results = tiny
+    monkeypatch.setattr(sweep_module.sys, "platform", "darwin")
+    monkeypatch.setattr(sweep_module, "ProcessPoolExecutor", no_pool)
+    serial = sweep_heads(task, d_model=8, heads=(2,), seeds=(1,), steps=3, device="cpu", eval_batches=1,
+                         eval_batch_size=16, progress=False, workers=2)
+    first = next(r for r in results.rows if (r.heads, r.seed) == (2, 1))
+    assert serial.rows[0].loss == first.loss and serial.rows[0].relations == first.relations
