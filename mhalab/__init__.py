@@ -1,5 +1,5 @@
-"""mhalab: learn multi-head attention by computing, training and looking; one module per idea (the README's
-"The package" lists them). Train with ``from mhalab.train import train``: the package does not re-export
+"""mhalab: learn multi-head attention by computing, training and looking; one module per idea (the learners'
+guide, website/learners.md, lists them). Train with ``from mhalab.train import train``: the package does not re-export
 ``train``, so ``mhalab.train`` stays the module. Importing mhalab touches no GPU.
 
 The two mask helpers say what True means in them: ``causal_allowed_mask`` (True = may attend) goes with

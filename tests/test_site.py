@@ -226,3 +226,16 @@ def test_a_page_in_a_browser(site, tmp_path):
     if os.environ.get("MHALAB_SCREENSHOT_DIR"):
         Path(os.environ["MHALAB_SCREENSHOT_DIR"]).mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, Path(os.environ["MHALAB_SCREENSHOT_DIR"]) / shot.name)
+
+
+@pytest.mark.slow
+def test_the_learners_and_contributors_guides_are_pages(site):
+    """What the README leaves out lives in the guides, which the website shows as pages of their own."""
+    expected = {"learners": ("MultiHeadAttention", "MHALAB_TORCH", "ipywidgets", "True means"),
+                "contributors": ("course.py execute", "set-repo", "Adding an exercise", "gh-pages")}
+    for name, words in expected.items():
+        page = site / f"{name}.html"
+        assert page.exists(), f"no {name} page"
+        text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page.read_text(encoding="utf-8"))).split())
+        for word in words:
+            assert word in text, (name, word)

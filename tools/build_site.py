@@ -26,6 +26,7 @@ import yaml
 from nbtools import ROOT, course_notebooks, repository_url
 
 SITE = ROOT / "website"
+GUIDES = ("learners", "contributors")  # copied as they are; instructors.md gets the course map added
 TIMES = SITE / "notebook_times.json"  # seconds per notebook, written by tools/execute_notebooks.py
 
 
@@ -111,7 +112,8 @@ def stage(source: Path) -> list[str]:
     config = yaml.safe_load((SITE / "_config.yml").read_text())
     config["repository"]["url"] = repository_url()
     (source / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-    shutil.copy(SITE / "intro.md", source / "intro.md")
+    for guide in GUIDES + ("intro",):
+        shutil.copy(SITE / f"{guide}.md", source / f"{guide}.md")
     (source / "instructors.md").write_text(instructors_page())
     shutil.copytree(SITE / "_ext", source / "_ext", ignore=shutil.ignore_patterns("__pycache__"))
     pages = []
@@ -122,7 +124,8 @@ def stage(source: Path) -> list[str]:
         nb.metadata.pop("widgets", None)
         nbformat.write(nb, source / "notebooks" / path.name)
         pages.append(f"notebooks/{path.stem}")
-    toc = {"format": "jb-book", "root": "intro", "chapters": [{"file": page} for page in pages] + [{"file": "instructors"}]}
+    toc = {"format": "jb-book", "root": "intro", "chapters": [{"file": page} for page in pages]
+                                                   + [{"file": guide} for guide in ("instructors", *GUIDES)]}
     (source / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False))
     return pages
 
