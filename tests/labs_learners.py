@@ -249,7 +249,7 @@ RIGHT = {
 
 WRONG = {
     "07.1": [
-        (lambda S: (S.diagonal().mean() - (S.sum() - S.diagonal().sum()) / S.numel()).item(), "too large by less than"),
+        (lambda S: (S.diagonal().mean() - (S.sum() - S.diagonal().sum()) / S.numel()).item(), "by less than"),  # too large or too small, by the signs
     ],
     "08.2": [
         (lambda cache, L: torch.stack([p[:, :, torch.arange(L + 1, 2 * L + 1), torch.arange(2, L + 2)].mean(dim=(0, 2))

@@ -199,10 +199,10 @@ def _scalar_miss(got: float, expected: float, name: str) -> str:
     if (got > 0) != (expected > 0):
         return f"{name} is {_fmt(got)}, which has the wrong sign"
     direction = "too large" if abs(got) > abs(expected) else "too small"
-    factor = max(abs(got / expected), abs(expected / got))
-    if factor >= 10:  # then the two differ in their power of ten, and that says enough
+    if _magnitude(got) != _magnitude(expected):
         return f"{name} is {_fmt(got)}, which is {direction}; the expected value is {_magnitude(expected)}"
-    # Within a factor of 10 the power of ten may be the same (9.883 and 5.2): say by how much, in coarse bands
+    # The same power of ten (9.883 and 5.2): saying it would not help; say by how much, in coarse bands
+    factor = max(abs(got / expected), abs(expected / got))
     by = ("by less than 10%" if factor < 1.1 else "by less than a factor of 2" if factor < 2
           else "by a factor of 2 to 10")
     return f"{name} is {_fmt(got)}, which is {direction} {by}"

@@ -266,7 +266,9 @@ def _head_mistakes(model, tokens, heads, L) -> dict:
     one_digit = [(k, h) for k in range(N) for l, h in heads if l == int(str(k)[0])]  # int(hook.name[7])
     return {
         "nothing was switched off: the loss is the intact model's. Does your hook return the new z, and is it on "
-        "blocks.{layer}.attn.hook_z for every layer you switch heads off in?": _loss_with(model, tokens, [], L),
+        "blocks.{layer}.attn.hook_z for every layer you switch heads off in?" + (
+            "" if N <= 10 else " (A layer read from a name such as blocks.29.attn.hook_z has two digits.)"):
+            _loss_with(model, tokens, [], L),
         "you zeroed query positions, not heads: z is [batch, position, head, d_head]":
             _loss_with(model, tokens, heads, L, axis=1),
         "only the heads of one layer are off; heads may come from several layers (one hook per layer, or one "
