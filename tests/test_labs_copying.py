@@ -1,5 +1,5 @@
 """The copy flag of grading (issue 30): measured on every exercise, against the corpus's honest answers
-(tests/labs_corpus.py, and whole answer cells written from the prompts, tests/labs_learners.py) and against real
+(tests/labs_corpus.py, and whole answer cells written from the prompts, tests/labs_cells.py) and against real
 copies of the published solution (as printed, reformatted, its names renamed, both). The flag is kept where it
 separates them: on exercises whose solution is long enough that honest answers differ from it."""
 
@@ -17,7 +17,7 @@ import pytest
 import labs_fixture  # noqa: F401  (registers notebook "99")
 import mhalab.labs as labs
 from labs_corpus import CORPUS
-from labs_learners import CELLS
+from labs_cells import CELLS
 from mhalab.labs.grade import COPY_FLAG_RATIO, COPY_FLAG_TOKENS, _tokens, copy_flag, similarity
 
 EXERCISES = [ex for nb in labs.available_notebooks() for ex in labs.load(nb) if ex.template]

@@ -147,7 +147,7 @@ COPY_FLAG_RATIO, COPY_FLAG_TOKENS, COPY_FLAG_SOLUTION_TOKENS = 0.9, 60, 100
 
 
 def copy_flag(answer_source: str, ex: Any) -> float | None:
-    """The similarity of an answer cell to the published code of ``ex`` when it is flagged as a likely copy, else None."""
+    """The similarity of an answer cell to the published code of ``ex`` when it is flagged as a copy, else None."""
     if len(_tokens(ex.solution_text)) < COPY_FLAG_SOLUTION_TOKENS or len(_tokens(answer_source)) < COPY_FLAG_TOKENS:
         return None
     ratio = similarity(answer_source, ex)
