@@ -890,7 +890,7 @@ CORPUS = {
         "wrong": [
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(None)), "stage 1 of 3 (no head off)"),
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(None)), "over the whole sequence"),
-            (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(L + 1, None)), "leaves out the second"),
+            (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(L + 1, None)), "leaves out"),
             (lambda m, t, heads, L: _second_copy(m, t, [], L), "stage 2 of 3 (one head off)"),
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, axis=1), "query positions, not heads"),
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, layers=[heads[-1][0]] if heads else None), "stage 3 of 3"),
