@@ -339,17 +339,17 @@ register(Exercise(
         "def second_copy_loss(model, tokens, heads, L):\n"
         "    from mhalab.hooks import run_with_hooks\n"
         "    def switch_off(layer):\n"
-        "        def hook(z, hook):                                   # z: [batch, position, head, d_head]\n"
+        "        def zero_heads(z, hook):                             # z: [batch, position, head, d_head]\n"
         "            z = z.clone()\n"
         "            z[:, :, [h for l, h in heads if l == layer]] = 0.0\n"
         "            return z\n"
-        "        return hook\n"
+        "        return zero_heads\n"
         "    layers = sorted({l for l, h in heads})\n"
         "    hooks = [(f'blocks.{l}.attn.hook_z', switch_off(l)) for l in layers]\n"
         "    with torch.no_grad():\n"
         "        logits = run_with_hooks(model, tokens, fwd_hooks=hooks)          # [B, 1 + 2L, V]\n"
         "    nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction='none')\n"
-        "    return nll[:, L:].mean().item()                         # predictions of the second copy"
+        "    return nll[:, L:].mean().item()          # predictions at L .. 2L-1: the whole second copy, its first token too"
     ),
     reference=_second_copy_reference,
 ))
