@@ -349,7 +349,7 @@ register(Exercise(
         "    with torch.no_grad():\n"
         "        logits = run_with_hooks(model, tokens, fwd_hooks=hooks)          # [B, 1 + 2L, V]\n"
         "    nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction='none')\n"
-        "    return nll[:, L:].mean().item()          # predictions at L .. 2L-1: the whole second copy, its first token too"
+        "    return nll[:, L:].mean().item()   # predictions at L .. 2L-1: the second copy, its first token too"
     ),
     reference=_second_copy_reference,
 ))
