@@ -121,7 +121,7 @@ CELLS = {
         "        return z\n"
         "    names = [f'blocks.{l}.attn.hook_z' for l in range(model.config.n_layers)]\n"
         "    with torch.no_grad():\n"
-        "        logits = run_with_hooks(model, tokens, fwd_hooks=[(names, hook_fn)])\n"
+        "        logits = run_with_hooks(model, tokens, fwd_hooks=[(name, hook_fn) for name in names])\n"
         "    nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction='none')  # [B, 2L]\n"
         "    return nll[:, L:].mean().item()\n\nq3.check(second_copy_loss)",
         # following the two hints: one (name, hook) pair per layer, the mean cross-entropy at positions L .. 2L-1
