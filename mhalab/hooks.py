@@ -51,6 +51,7 @@ same shape, or None to keep the activation. Names in ``names_filter`` and ``fwd_
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import re
 from collections.abc import Mapping
@@ -114,13 +115,14 @@ def _describe(names: Iterable[str]) -> str:
     return ", ".join(parts)
 
 
+@dataclasses.dataclass(eq=False, repr=False)  # a record of its fields: it travels to a grading kernel as configs do
 class ActivationCache(Mapping):
     """The activations of one run by full name, read as ``cache["blocks.0.attn.hook_pattern"]``, ``cache["pattern", 0]``
-    (short name and layer, :func:`get_act_name`; a negative layer counts from the last) or ``cache["hook_embed"]``."""
+    (short name and layer, :func:`get_act_name`; a negative layer counts from the last) or ``cache["hook_embed"]``.
+    Built as ``ActivationCache(activations, model_name)``."""
 
-    def __init__(self, activations: dict[str, Tensor], model_name: str = "the model") -> None:
-        self._activations = activations
-        self._model_name = model_name
+    _activations: dict[str, Tensor]
+    _model_name: str = "the model"
 
     def _resolve(self, key: Any) -> str:
         if isinstance(key, str):

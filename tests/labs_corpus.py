@@ -890,7 +890,7 @@ CORPUS = {
         "wrong": [
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(None)), "stage 1 of 3 (no head off)"),
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(None)), "over the whole sequence"),
-            (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(L + 1, None)), "off by one"),
+            (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(L + 1, None)), "leaves out"),
             (lambda m, t, heads, L: _second_copy(m, t, [], L), "stage 2 of 3 (one head off)"),
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, axis=1), "query positions, not heads"),
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, layers=[heads[-1][0]] if heads else None), "stage 3 of 3"),
@@ -902,6 +902,14 @@ CORPUS = {
         ],
     },
 }
+
+# Answers to 07 and 08 written from the prompts alone, in several styles (issue 30): tests/labs_learners.py.
+from labs_learners import RIGHT as _LEARNERS_RIGHT, WRONG as _LEARNERS_WRONG  # noqa: E402
+
+for _key, _answers in _LEARNERS_RIGHT.items():
+    CORPUS[_key]["right"] += _answers
+for _key, _answers in _LEARNERS_WRONG.items():
+    CORPUS[_key]["wrong"] += _answers
 
 
 def _choose_float(d, r, m):

@@ -255,6 +255,12 @@ def test_messages_say_direction_magnitude_shape_transpose_and_scale():
     message = _wrong(expect_close, 4160, 16640, "the count")
     assert "too small" in message and "10^4" in message and "16640" not in message and "16,640" not in message
     assert "wrong sign" in _wrong(expect_close, -2.0, 3.0)
+    # within a factor of 10 the power of ten can be the answer's own (issue 30): say by how much, coarsely
+    message = _wrong(expect_close, 9.883, 5.2)
+    assert "too large by less than a factor of 2" in message and "of order" not in message and "5.2" not in message
+    assert "too small by less than 10%" in _wrong(expect_close, 1.95, 2.0)
+    message = _wrong(expect_close, 1.1, 9.5)
+    assert "too small by a factor of 2 to 10" in message and "10^" not in message
     assert "single number" in _wrong(expect_close, "12", 12)
     x = torch.randn(2, 4, 4)
     assert "another order" in _wrong(expect_close, torch.zeros(2, 4, 3), torch.zeros(2, 3, 4))

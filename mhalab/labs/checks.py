@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
+from ..hooks import ActivationCache
 from ..models import ModelConfig, Transformer
 from .calls import call_answer, describe, observe
 from .core import Wrong, session
@@ -21,7 +22,7 @@ from .core import Wrong, session
 __all__ = [
     "ATOL", "RTOL", "as_float64", "call_answer", "check_calls", "describe", "expect_close", "expect_equal",
     "expect_shape", "expect_whole", "first_match", "generator", "grading", "hidden_model", "judge", "name_miss",
-    "observe", "previous_token_mistakes", "rng",
+    "observe", "pattern_cache", "previous_token_mistakes", "rng",
 ]
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -78,6 +79,13 @@ def previous_token_mistakes(patterns: Sequence[torch.Tensor]) -> dict[str, torch
         "queries only (dim=(0, 2)), one score per head":
             each(lambda p: p.diagonal(-1, -2, -1).mean().expand(p.size(1))),
     }
+
+
+def pattern_cache(patterns: Sequence[torch.Tensor]) -> ActivationCache:
+    """Hidden attention patterns ``[B, H, T, T]``, one per layer, as ``run_with_cache(model, tokens,
+    names_filter=<the hook_pattern points>)`` returns them: an :class:`~mhalab.hooks.ActivationCache` in layer
+    order, read as ``cache["blocks.0.attn.hook_pattern"]`` or ``cache["pattern", 0]``."""
+    return ActivationCache({f"blocks.{i}.attn.hook_pattern": p for i, p in enumerate(patterns)}, "Transformer")
 
 
 def grading() -> bool:
@@ -191,7 +199,13 @@ def _scalar_miss(got: float, expected: float, name: str) -> str:
     if (got > 0) != (expected > 0):
         return f"{name} is {_fmt(got)}, which has the wrong sign"
     direction = "too large" if abs(got) > abs(expected) else "too small"
-    return f"{name} is {_fmt(got)}, which is {direction}; the expected value is {_magnitude(expected)}"
+    if _magnitude(got) != _magnitude(expected):
+        return f"{name} is {_fmt(got)}, which is {direction}; the expected value is {_magnitude(expected)}"
+    # The same power of ten (9.883 and 5.2): saying it would not help; say by how much, in coarse bands
+    factor = max(abs(got / expected), abs(expected / got))
+    by = ("by less than 10%" if factor < 1.1 else "by less than a factor of 2" if factor < 2
+          else "by a factor of 2 to 10")
+    return f"{name} is {_fmt(got)}, which is {direction} {by}"
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, rtol: float = RTOL, atol: float = ATOL) -> torch.Tensor:

@@ -2,8 +2,9 @@
 [CLS] and [SEP] hidden and renormalised (the explorer's toggle), and a previous-token score read from a
 cache of every layer.
 
-All three run on hidden inputs: caches of random attention patterns (one with 11 layers, where sorting the
-hook names puts ``blocks.10`` before ``blocks.2``), patterns with rows that put everything on [CLS], and
+All three run on hidden inputs: caches of random attention patterns, each an ``ActivationCache`` as
+``run_with_cache`` returns it (one with 11 layers, where sorting the hook names puts ``blocks.10`` before
+``blocks.2``), patterns with rows that put everything on [CLS], and
 similarity matrices that are not symmetric (row i: the first sentence of pair i, column j: the second of j).
 When grading, the values are drawn fresh and two more cases of other sizes are added. The prompts forbid
 nothing: any helper of mhalab or torch may run.
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import call_answer, expect_shape, generator, grading, judge, previous_token_mistakes, rng
+from .checks import (as_float64, call_answer, expect_shape, generator, grading, judge, pattern_cache,
+                     previous_token_mistakes, rng)
 from .core import Exercise, Wrong, register
 
 
@@ -27,7 +29,8 @@ def _patterns(shape, generator, causal=False, sharp=3.0) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------ exercise 1
 def _cache_cases() -> list:
-    """The fixed sizes, and when grading two drawn fresh (one deep enough that sorted names are out of order)."""
+    """Caches as run_with_cache returns them: the fixed sizes, and when grading two drawn fresh (one deep enough
+    that sorted names are out of order)."""
     g, r = generator(7), rng(70)
     sizes = [(3, 2, 4, 6), (11, 1, 2, 5), (1, 3, 3, 9)]
     if grading():
@@ -35,7 +38,7 @@ def _cache_cases() -> list:
                   (r.randint(11, 16), r.randint(1, 2), r.randint(1, 4), r.randint(3, 8))]
     cases = []
     for N, B, H, T in sizes:
-        cases.append({f"blocks.{i}.attn.hook_pattern": _patterns((B, H, T, T), g) for i in range(N)})
+        cases.append(pattern_cache([_patterns((B, H, T, T), g) for _ in range(N)]))
     return cases
 
 
@@ -50,6 +53,7 @@ def _check_prev_from_cache(previous_token_scores) -> None:
         label = f"a cache of {N} layers, each [{B}, {H}, {T}, {T}]"
         got = call_answer(previous_token_scores, cache, label=label)
         try:
+            got = as_float64(got, "the result")  # a tensor, an array or nested lists of numbers
             expect_shape(got, (N, H), "the result")
         except Wrong as wrong:
             if isinstance(got, torch.Tensor) and tuple(got.shape) == (H, N):

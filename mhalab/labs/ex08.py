@@ -3,8 +3,10 @@ score read from a cache, and the in-context loss with chosen heads switched off 
 
 Exercise 1 runs on hidden configs (SmolLM2's, one whose d_head is not d_model / n_heads, one without grouped
 K/V heads), each a :class:`~mhalab.pretrained.smollm2.SmolLM2Config` as ``model.config`` is; exercise 2 on
-caches of random patterns over ``[start, copy, copy]`` sequences; exercise 3 on small hidden causal models
-(mhalab's toy ``Transformer``), staged: no head off, one head, heads in two layers. When grading, the values
+caches of random patterns over ``[start, copy, copy]`` sequences, each an ``ActivationCache`` as ``run_with_cache``
+returns it, one of 30 layers as SmolLM2's (sorting its names puts ``blocks.10`` before ``blocks.2``); exercise 3
+on small hidden causal models (mhalab's toy ``Transformer``) that group their K/V heads as SmolLM2 does, one of
+them rotary with 30 layers, staged: no head off, one head, heads in two layers. When grading, the values
 are drawn fresh and more cases added (configs, sizes, the heads switched off). The answer to exercise 3 may
 run a model and attach hooks (``run_with_hooks``, ``hooks_attached``, ``register_forward_hook``), but, as its
 prompt says, one that calls the course's own ablation (``ablate``, ``ablate_heads``, ``gate_heads``,
@@ -18,9 +20,9 @@ import torch.nn.functional as F
 
 from ..hooks import run_with_hooks
 from ..pretrained.smollm2 import SmolLM2Config
-from .checks import (call_answer, expect_shape, expect_whole, generator, grading, hidden_model, judge, name_miss, observe,
-                     rng)
-from .core import Exercise, Wrong, register
+from .checks import (as_float64, call_answer, expect_shape, expect_whole, generator, grading, hidden_model, judge,
+                     name_miss, observe, pattern_cache, rng)
+from .core import AnswerRaised, Exercise, Wrong, register
 
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -97,18 +99,19 @@ def _induction_reference(cache, L: int) -> torch.Tensor:
 
 
 def _induction_cases() -> list:
-    """The fixed sizes, and when grading two drawn fresh."""
+    """Caches as run_with_cache returns them: the fixed sizes (one of SmolLM2's 30 layers and 9 heads), and when
+    grading two drawn fresh (one with 11 layers or more, where sorted names are out of order)."""
     g, r = generator(11), rng(81)
-    sizes = [(2, 2, 3, 5), (3, 1, 4, 7), (1, 2, 2, 3)]
+    sizes = [(2, 2, 3, 5), (30, 1, 9, 4), (3, 1, 4, 7), (1, 2, 2, 3)]
     if grading():
-        sizes += [(r.randint(1, 6), r.randint(1, 3), r.randint(1, 6), r.randint(3, 12)) for _ in range(2)]
+        sizes += [(r.randint(1, 6), r.randint(1, 3), r.randint(1, 6), r.randint(3, 12)),
+                  (r.randint(11, 32), r.randint(1, 2), r.randint(1, 9), r.randint(3, 8))]
     cases = []
     for N, B, H, L in sizes:
         T = 1 + 2 * L
         scores = torch.randn(N, B, H, T, T, generator=g) * 3
         scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-        cache = {f"blocks.{i}.attn.hook_pattern": scores[i].softmax(-1) for i in range(N)}
-        cases.append((cache, L))
+        cases.append((pattern_cache(scores.softmax(-1).unbind(0)), L))
     return cases
 
 
@@ -119,6 +122,7 @@ def _check_induction(induction_from_cache) -> None:
         label = f"a cache of {N} layers [{B}, {H}, {T}, {T}], L={L}"
         got = call_answer(induction_from_cache, cache, L, label=label)
         try:
+            got = as_float64(got, "the result")  # a tensor, an array or nested lists of numbers
             expect_shape(got, (N, H), "the result")
         except Wrong as wrong:
             raise Wrong(f"induction_from_cache({label}): {wrong} ([n_layers, n_heads])") from None
@@ -129,7 +133,10 @@ def _check_induction(induction_from_cache) -> None:
             return torch.stack([p[:, :, q, q - offset].mean(dim=(0, 2)) for p in P])
 
         second = list(range(L + 1, 2 * L + 1))
+        by_name = _induction_reference({k: cache[k] for k in sorted(cache)}, L)
         judge(got, _induction_reference(cache, L), f"induction_from_cache({label})", lambda: {
+            "the layers are out of order: sorting the names puts blocks.10 before blocks.2; take them by layer "
+            "number (cache[f'blocks.{i}.attn.hook_pattern'] for i in range(n_layers))": by_name,
             "that is the attention to the earlier copy of the *same* token (q - L), a duplicate-token score; an "
             "induction head looks at the token *after* it, q - L + 1": score(L, second),
             "that is the token two after the earlier copy (q - L + 2); the induction target is q - L + 1": score(L - 2, second),
@@ -164,8 +171,11 @@ register(Exercise(
 #: What exercise 3's prompt forbids (the course's own ablation); everything else of mhalab may run.
 _FORBID = ("mhalab.hooks.ablate_heads", "mhalab.hooks.gate_heads", "mhalab.ablation")
 
-_MODELS = [(dict(vocab_size=17, d_model=24, n_heads=3, n_layers=2, max_len=32, causal=True), 3, 2, 6),
-           (dict(vocab_size=23, d_model=32, n_heads=4, n_layers=3, max_len=32, causal=True), 4, 1, 8)]
+# Both group their K/V heads as SmolLM2 does (three query heads per K/V head): hook_v's heads are not hook_z's.
+# The second is rotary with 30 layers, as SmolLM2: a layer read from a hook's name takes two digits.
+_MODELS = [(dict(vocab_size=17, d_model=24, n_heads=6, n_kv_heads=2, n_layers=2, max_len=32, causal=True), 3, 2, 6),
+           (dict(vocab_size=23, d_model=24, n_heads=6, n_kv_heads=3, n_layers=30, max_len=32, causal=True,
+                 positions="rotary"), 4, 1, 8)]
 
 
 def _models():
@@ -179,24 +189,32 @@ def _models():
     return out
 
 
-def _loss_with(model, tokens, heads, L, *, positions=None, axis=2):
+def _loss_with(model, tokens, heads, L, *, positions=None, axis=2, point="z", shift=1):
+    """The second copy's loss with ``heads`` off, or what a mistake gives: zeroing ``axis`` 1 (positions), or at
+    ``point`` "v" (hook_v at the query head's index) or "v_group" (hook_v at its K/V head); the losses at
+    ``positions`` of ``nll``, where ``shift=0`` scores the logits at p against the token at p."""
+    H = model.config.n_heads
+    per_group = H // (model.config.n_kv_heads or H)
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
-        by_layer.setdefault(layer, []).append(head)
+        by_layer.setdefault(layer, []).append(head // per_group if point == "v_group" else head)
 
-    def hook_for(hs):
-        def hook(z, point):  # z: [B, T, H, d_head]
-            z = z.clone()
-            index = [slice(None)] * z.dim()
+    def zero(hs):
+        def fn(act, hook):  # act: [B, T, heads, d_head]
+            act = act.clone()
+            index = [slice(None)] * act.dim()
             index[axis] = hs
-            z[tuple(index)] = 0.0
-            return z
-        return hook
+            act[tuple(index)] = 0.0
+            return act
+        return fn
 
-    hooks = [(f"blocks.{layer}.attn.hook_z", hook_for(hs)) for layer, hs in by_layer.items()]
+    name = "hook_z" if point == "z" else "hook_v"
+    hooks = [(f"blocks.{layer}.attn.{name}", zero(hs)) for layer, hs in by_layer.items()]
     with torch.no_grad():
-        logits = run_with_hooks(model, tokens, fwd_hooks=hooks)
-    nll = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(), reduction="none").view(tokens.size(0), -1)
+        logits = run_with_hooks(model, tokens, fwd_hooks=hooks)  # [B, 1 + 2L, V]
+    T = tokens.size(1)
+    nll = F.cross_entropy(logits[:, :T - shift].flatten(0, 1), tokens[:, shift:].flatten(), reduction="none")
+    nll = nll.view(tokens.size(0), T - shift)  # shift 1: [B, 2L], nll[:, p] the loss of token p + 1 from position p
     return float((nll[:, L:] if positions is None else nll[:, positions]).mean())
 
 
@@ -204,49 +222,107 @@ def _second_copy_reference(model, tokens, heads, L) -> float:
     return _loss_with(model, tokens, heads, L)
 
 
-def _stages(N: int, H: int, n: int) -> list:
+def _stages(model, tokens, L, n: int) -> list:
     """(stage, heads switched off): none, one, then heads in two layers (two of them in one layer); when
-    grading, which heads is drawn fresh."""
+    grading, which heads is drawn fresh, redrawn (a few times at most) while switching them off changes the
+    loss too little to tell from the intact model's."""
+    N, H = model.config.n_layers, model.config.n_heads
     if not grading():
         return [("stage 1 of 3 (no head off)", []), ("stage 2 of 3 (one head off)", [(0, H - 1)]),
                 ("stage 3 of 3 (heads in two layers off)", [(0, 0), (N - 1, 1), (N - 1, 2)])]
-    r = rng(n)
-    first, second = sorted(r.sample(range(N), 2))
-    h1, h2 = r.sample(range(H), 2)
+    r, intact = rng(n), _loss_with(model, tokens, [], L)
+
+    def drawn(pick):
+        for _ in range(8):
+            heads = pick()
+            if abs(_loss_with(model, tokens, heads, L) - intact) > 1e-2 * max(1.0, abs(intact)):
+                break
+        return heads
+
+    def two_layers():
+        first, second = sorted(r.sample(range(N), 2))
+        h1, h2 = r.sample(range(H), 2)
+        return [(first, r.randrange(H)), (second, h1), (second, h2)]
+
     # stage 2's head is below the last layer: there, zeroing query positions instead of the head changes nothing
     # on the second copy, and that mistake would read as "nothing was switched off"
-    return [("stage 1 of 3 (no head off)", []), ("stage 2 of 3 (one head off)", [(r.randrange(N - 1), r.randrange(H))]),
-            ("stage 3 of 3 (heads in two layers off)", [(first, r.randrange(H)), (second, h1), (second, h2)])]
+    return [("stage 1 of 3 (no head off)", []),
+            ("stage 2 of 3 (one head off)", drawn(lambda: [(r.randrange(N - 1), r.randrange(H))])),
+            ("stage 3 of 3 (heads in two layers off)", drawn(two_layers))]
+
+
+def _grouped(model) -> str:
+    H, G = model.config.n_heads, model.config.n_kv_heads or model.config.n_heads
+    return "" if G == H else f" sharing {G} K/V heads"
+
+
+def _head_mistakes(model, tokens, heads, L) -> dict:
+    """What the mistakes of switching heads off give (none when no head is off)."""
+    if not heads:
+        return {}
+    N, H = model.config.n_layers, model.config.n_heads
+    G = model.config.n_kv_heads or H
+    others = [(l, h) for l in range(N) for h in range(H) if (l, h) not in heads]
+    one_digit = [(k, h) for k in range(N) for l, h in heads if l == int(str(k)[0])]  # int(hook.name[7])
+    return {
+        "nothing was switched off: the loss is the intact model's. Does your hook return the new z, and is it on "
+        "blocks.{layer}.attn.hook_z for every layer you switch heads off in?" + (
+            "" if N <= 10 else " (A layer read from a name such as blocks.29.attn.hook_z has two digits.)"):
+            _loss_with(model, tokens, [], L),
+        "you zeroed query positions, not heads: z is [batch, position, head, d_head]":
+            _loss_with(model, tokens, heads, L, axis=1),
+        "only the heads of one layer are off; heads may come from several layers (one hook per layer, or one "
+        "hook that looks at hook.name)": _loss_with(model, tokens, [lh for lh in heads if lh[0] == heads[-1][0]], L),
+        "that switches off every head except the ones asked": _loss_with(model, tokens, others, L),
+        **({} if G == H or max(h for _, h in heads) >= G else {
+            f"that zeroes hook_v at the query head's index, but hook_v holds the {G} K/V heads, each shared by "
+            f"{H // G} query heads: a head's own output is z, at blocks.{{layer}}.attn.hook_z":
+                _loss_with(model, tokens, heads, L, point="v")}),
+        **({} if G == H else {
+            f"that zeroes the head's K/V head at hook_v, which switches off all {H // G} query heads that share it; "
+            "switch off only the head asked, its z at blocks.{layer}.attn.hook_z":
+                _loss_with(model, tokens, heads, L, point="v_group")}),
+        **({} if N <= 10 else {
+            "the heads went to the wrong layers: in a name such as blocks.29.attn.hook_z the layer has two digits; "
+            "read it with int(hook.name.split('.')[1])": _loss_with(model, tokens, one_digit, L)}),
+    }
 
 
 def _check_second_copy(second_copy_loss) -> None:
     for n, (model, tokens, L) in enumerate(_models()):
         N, H = model.config.n_layers, model.config.n_heads
-        for stage, heads in _stages(N, H, 82 + n):
-            label = f"a {N}-layer model with {H} heads, tokens {list(tokens.shape)}, heads={heads}, L={L}"
-            got = call_answer(second_copy_loss, model, tokens, list(heads), L, label=label, copy_args=False,
-                              forbid=_FORBID, facts=("model_changed",))
+        for stage, heads in _stages(model, tokens, L, 82 + n):
+            label = (f"a {N}-layer model with {H} heads{_grouped(model)}, tokens {list(tokens.shape)}, heads={heads}, "
+                     f"L={L}")
+            try:
+                got = call_answer(second_copy_loss, model, tokens, list(heads), L, label=label, copy_args=False,
+                                  forbid=_FORBID, facts=("model_changed",))
+            except AnswerRaised as raised:
+                if not (_grouped(model) and "IndexError" in str(raised)):
+                    raise
+                G = model.config.n_kv_heads
+                raise AnswerRaised(f"{raised}. This model groups its K/V heads, as SmolLM2 does: hook_k and hook_v are "
+                                   f"[batch, position, {G}, d_head], the K/V heads; a query head's output is z, "
+                                   f"[batch, position, {H}, d_head] at blocks.{{layer}}.attn.hook_z") from None
             if observe("model_changed"):
                 raise Wrong(f"{stage}, second_copy_loss({label}): after your function returned, the model still runs with "
                             "heads off. Remove the hooks when you are done (run_with_hooks and hooks_attached do it for you)")
             want = _second_copy_reference(model, tokens, heads, L)
-            others = [(l, h) for l in range(N) for h in range(H) if (l, h) not in heads]
             judge(got, want, f"{stage}, second_copy_loss({label})", lambda: {
                 "that is the loss over the whole sequence; the in-context loss is on the second copy only "
                 "(predictions from positions L .. 2L-1)": _loss_with(model, tokens, heads, L, positions=slice(None)),
                 "that is the loss on the first copy; the second copy's tokens are predicted from positions L .. 2L-1":
                     _loss_with(model, tokens, heads, L, positions=slice(0, L)),
-                "the positions are off by one: logits at position p predict the token at p + 1":
+                "that leaves out the second copy's first token: it is predicted too, from position L (the last token "
+                "of the first copy), so the predictions of the second copy come from positions L .. 2L-1":
                     _loss_with(model, tokens, heads, L, positions=slice(L + 1, None)),
-                **({} if not heads else {
-                    "nothing was switched off: the loss is the intact model's. Does your hook return the new z, and is it on "
-                    "blocks.{layer}.attn.hook_z for every layer you switch heads off in?": _loss_with(model, tokens, [], L),
-                    "you zeroed query positions, not heads: z is [batch, position, head, d_head]":
-                        _loss_with(model, tokens, heads, L, axis=1),
-                    "only the heads of one layer are off; heads may come from several layers (one hook per layer, or one "
-                    "hook that looks at hook.name)": _loss_with(model, tokens, [lh for lh in heads if lh[0] == heads[-1][0]], L),
-                    "that switches off every head except the ones asked": _loss_with(model, tokens, others, L),
-                }),
+                "that scores the logits at each position of the second copy against the token at that same position; "
+                "the logits at position p predict the *next* token: score logits[:, :-1] against tokens[:, 1:]":
+                    _loss_with(model, tokens, heads, L, positions=slice(L + 1, None), shift=0),
+                "that scores the logits at positions L .. 2L-1 against the tokens at those same positions; the logits "
+                "at position p predict the *next* token: score logits[:, :-1] against tokens[:, 1:]":
+                    _loss_with(model, tokens, heads, L, positions=slice(L, 2 * L), shift=0),
+                **_head_mistakes(model, tokens, heads, L),
             })
 
 
@@ -263,17 +339,17 @@ register(Exercise(
         "def second_copy_loss(model, tokens, heads, L):\n"
         "    from mhalab.hooks import run_with_hooks\n"
         "    def switch_off(layer):\n"
-        "        def hook(z, point):                                  # z: [batch, position, head, d_head]\n"
+        "        def zero_heads(z, hook):                             # z: [batch, position, head, d_head]\n"
         "            z = z.clone()\n"
         "            z[:, :, [h for l, h in heads if l == layer]] = 0.0\n"
         "            return z\n"
-        "        return hook\n"
+        "        return zero_heads\n"
         "    layers = sorted({l for l, h in heads})\n"
         "    hooks = [(f'blocks.{l}.attn.hook_z', switch_off(l)) for l in layers]\n"
         "    with torch.no_grad():\n"
         "        logits = run_with_hooks(model, tokens, fwd_hooks=hooks)          # [B, 1 + 2L, V]\n"
         "    nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction='none')\n"
-        "    return nll[:, L:].mean().item()                         # predictions of the second copy"
+        "    return nll[:, L:].mean().item()   # predictions at L .. 2L-1: the second copy, its first token too"
     ),
     reference=_second_copy_reference,
 ))

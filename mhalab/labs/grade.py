@@ -12,8 +12,10 @@ started is gone. What this does not stop (the learner's code reads files with yo
 
 from __future__ import annotations
 
+import builtins
 import difflib
 import inspect
+import keyword
 import re
 import secrets
 import tempfile
@@ -32,7 +34,7 @@ from .kernel import GradingKernel, KernelGone, _Handed, sandbox
 __all__ = [  # the answer cells' and the kernel's names too, where they were before those had modules of their own
     "BEGIN_LINE", "END_LINE", "MISSING", "NOT_CHECKED", "Answer", "ExerciseGrade", "GradeReport", "GradingKernel",
     "KernelGone", "MarkerError", "answers", "assignment_of", "for_nbgrader", "grade", "instructor_notebook", "release",
-    "sandbox", "similarity", "solution_regions", "student_version",
+    "sandbox", "similarity", "copy_flag", "solution_regions", "student_version",
 ]
 
 NOT_CHECKED, MISSING = "not checked", "missing"
@@ -114,19 +116,42 @@ def _tokens(text: str) -> list[str]:
     return re.findall(r"\w+|[^\s\w]", re.sub(r"#.*", "", text))
 
 
+_KEPT_NAMES = set(dir(builtins)) | set(keyword.kwlist) | {"torch", "np", "F", "nn", "math"}
+
+
+def _shape(text: str) -> list[str]:
+    """The code's tokens with every name of its own (variables, parameters, functions) as ``ID``: renaming
+    them does not hide a copy, nor do the quotes. Attributes, keywords, builtins and the usual modules stay."""
+    tokens = _tokens(re.sub(r".*\.check\(.*\)\s*$", "", text, flags=re.M).replace("'", '"'))
+    return ["ID" if re.fullmatch(r"[A-Za-z_]\w*", t) and t not in _KEPT_NAMES and (i == 0 or tokens[i - 1] != ".")
+            else t for i, t in enumerate(tokens)]
+
+
 def similarity(answer_source: str, ex: Any) -> float:
-    """How close (0..1, difflib on the code's tokens) an answer cell is to the course's published solution or
-    reference: copying public code cannot be prevented in an open course, only flagged."""
-    mine = _tokens(re.sub(r".*\.check\(.*\)\s*$", "", answer_source, flags=re.M))
+    """How close (0..1, difflib on the code's tokens, its own names as one) an answer cell is to the course's
+    published solution or reference: copying public code cannot be prevented in an open course, only flagged."""
     theirs = [ex.solution_text]
     try:
         theirs.append(inspect.getsource(ex.reference))
     except (TypeError, OSError):
         pass
-    return max((difflib.SequenceMatcher(None, mine, _tokens(t), autojunk=False).ratio() for t in theirs), default=0.0)
+    mine = _shape(answer_source)
+    return max((difflib.SequenceMatcher(None, mine, _shape(t), autojunk=False).ratio() for t in theirs), default=0.0)
 
 
-COPY_FLAG_RATIO, COPY_FLAG_TOKENS = 0.9, 60  # flag answers this close to the published code, when this long
+#: Flag answers of at least COPY_FLAG_TOKENS tokens this close to the published code, in exercises whose solution has
+#: at least COPY_FLAG_SOLUTION_TOKENS: below that, answers that follow the prompt and hints are the solution
+#: (issue 30: 1.00 and 0.95 on 08.2 and 07.3; copies, renamed or reformatted, 0.97 to 1.00 everywhere; honest
+#: answers to longer solutions at most 0.78; tests/test_labs_copying.py).
+COPY_FLAG_RATIO, COPY_FLAG_TOKENS, COPY_FLAG_SOLUTION_TOKENS = 0.9, 60, 100
+
+
+def copy_flag(answer_source: str, ex: Any) -> float | None:
+    """The similarity of an answer cell to the published code of ``ex`` when it is flagged as a copy, else None."""
+    if len(_tokens(ex.solution_text)) < COPY_FLAG_SOLUTION_TOKENS or len(_tokens(answer_source)) < COPY_FLAG_TOKENS:
+        return None
+    ratio = similarity(answer_source, ex)
+    return ratio if ratio >= COPY_FLAG_RATIO else None
 
 
 def grade(path: str | Path, *, assignment: str | None = None, source: str | Path | None = None,
@@ -222,9 +247,9 @@ def grade(path: str | Path, *, assignment: str | None = None, source: str | Path
                      f"as notebook {nb_id} (from its {'name' if assignment is None else 'assignment'})")
     for key, text in answer_sources.items():
         ex = next(e for e in exercises if e.key == key)
-        if key not in missing and len(_tokens(text)) >= COPY_FLAG_TOKENS:
-            ratio = similarity(text, ex)
-            if ratio >= COPY_FLAG_RATIO:
+        if key not in missing:
+            ratio = copy_flag(text, ex)
+            if ratio is not None:
                 flags.append(f"exercise {key}: the answer is {ratio:.0%} the same as the course's published solution or "
                              "reference (copied?): look at it")
     flags += [f"exercise {g.key}: {g.message}" for g in grades if "sys.setprofile" in g.message]

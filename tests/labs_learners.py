@@ -1,0 +1,283 @@
+"""Answers to the exercises of notebooks 07 and 08 written from their prompts alone (issue 30), in the styles
+learners write: loops, masks, NumPy, the cache read by short name (``cache["pattern", i]``, as notebook 05
+teaches) or by full name, hooks by name, by predicate or by plain torch hooks. Hooks are ``fn(act, hook)`` and
+point names are exact or predicates, so they run with positional and keyword hook calls alike.
+labs_corpus.py adds them to its CORPUS: RIGHT must pass, WRONG must fail with the message given.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+# ------------------------------------------------------------------------------------ 07.1
+def gap_double_loop(similarity):  # plain Python over the entries
+    n = len(similarity)
+    same, other = [], []
+    for i in range(n):
+        for j in range(n):
+            (same if i == j else other).append(float(similarity[i][j]))
+    return sum(same) / len(same) - sum(other) / len(other)
+
+
+def gap_trace_tensor(S):  # a 0-d tensor back, not a float
+    n = S.shape[0]
+    return torch.trace(S) / n - (S.sum() - torch.trace(S)) / (n * (n - 1))
+
+
+def gap_fill_nan(similarity):  # the diagonal set to NaN, then nanmean
+    off = similarity.clone().double()
+    off.fill_diagonal_(float("nan"))
+    return (similarity.diagonal().double().mean() - off.nanmean()).item()
+
+
+# ------------------------------------------------------------------------------------ 07.2
+def hide_pad(pattern):  # the middle keys renormalised, then two zero columns put back
+    inner = pattern[..., 1:-1]
+    total = inner.sum(-1, keepdim=True)
+    inner = torch.where(total > 0, inner / total.clamp_min(1e-30), torch.zeros_like(inner))
+    return F.pad(inner, (1, 1))
+
+
+def hide_index_fill(pattern):
+    shown = pattern.index_fill(-1, torch.tensor([0, pattern.shape[-1] - 1]), 0.0)
+    total = shown.sum(dim=-1, keepdim=True)
+    out = shown / total
+    out[(total == 0).expand_as(out)] = 0.0
+    return out
+
+
+def hide_row_loop(pattern):  # one row at a time
+    out = torch.zeros_like(pattern, dtype=torch.float64)
+    B, H, T, _ = pattern.shape
+    for b in range(B):
+        for h in range(H):
+            for q in range(T):
+                row = pattern[b, h, q].double().clone()
+                row[0] = row[-1] = 0
+                if row.sum() > 0:
+                    out[b, h, q] = row / row.sum()
+    return out
+
+
+# ------------------------------------------------------------------------------------ 07.3
+def prev_by_short_name(cache):  # cache["pattern", i], as notebook 05 and the README read a cache
+    return torch.stack([cache["pattern", i].diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))
+                        for i in range(len(cache))])
+
+
+def prev_by_stack_attention(cache):  # mhalab's stack, then a band mask
+    from mhalab.scores import stack_attention
+
+    A = stack_attention(cache)  # [N, B, H, T, T]
+    T = A.shape[-1]
+    below = torch.ones(T, T).tril(-1).triu(-1)  # 1 at (q, q - 1)
+    return (A * below).sum(-1)[..., 1:].mean(dim=(1, 3))
+
+
+def prev_by_regex(cache):  # layer numbers parsed from the names
+    layers = {int(re.search(r"blocks\.(\d+)\.", name).group(1)): p for name, p in cache.items()}
+    return np.array([[float(layers[i][:, h].diagonal(-1, -2, -1).mean()) for h in range(layers[i].shape[1])]
+                     for i in sorted(layers)])
+
+
+def prev_by_negative_layers(cache):  # cache["pattern", -1] counts from the last layer, as in TransformerLens
+    n = len(cache)
+    return torch.stack([cache["pattern", i - n].diagonal(-1, -2, -1).mean(dim=(0, 2)) for i in range(n)])
+
+
+# ------------------------------------------------------------------------------------ 08.1
+def kv_bytes_getattr(config, bytes_per_value):  # n_kv_heads may be missing or None: then every head has its own
+    kv_heads = getattr(config, "n_kv_heads", None) or config.n_heads
+    per_layer = 2 * kv_heads * config.d_head
+    return per_layer * config.n_layers * bytes_per_value
+
+
+def kv_bytes_prod(config, bytes_per_value):
+    return math.prod([2, config.n_layers, config.n_kv_heads, config.d_head, bytes_per_value])
+
+
+def kv_bytes_numpy(config, bytes_per_value):
+    return np.int64(2) * config.n_kv_heads * config.d_head * config.n_layers * bytes_per_value
+
+
+# ------------------------------------------------------------------------------------ 08.2
+def induction_by_short_name(cache, L):  # cache["pattern", i]
+    q = torch.arange(L + 1, 2 * L + 1)
+    return torch.stack([cache["pattern", i][:, :, q, q - L + 1].mean(dim=(0, 2)) for i in range(len(cache))])
+
+
+def induction_by_mask(cache, L):  # a [T, T] mask of the targets, stack_attention
+    from mhalab.scores import stack_attention
+
+    A = stack_attention(cache)  # [N, B, H, T, T]
+    target = torch.zeros(2 * L + 1, 2 * L + 1)
+    for q in range(L + 1, 2 * L + 1):
+        target[q, q - L + 1] = 1.0
+    return (A * target).sum(dim=(-1, -2)).mean(1) / L
+
+
+def induction_sorted_by_number(cache, L):  # names sorted by their layer number
+    names = sorted(cache, key=lambda name: int(name.split(".")[1]))
+    out = []
+    for name in names:
+        p = cache[name].numpy()
+        second = range(L + 1, 2 * L + 1)
+        out.append([np.mean([p[:, h, q, q - L + 1].mean() for q in second]) for h in range(p.shape[1])])
+    return out
+
+
+# ------------------------------------------------------------------------------------ 08.3
+def _nll_second_copy(logits, tokens, L):
+    return F.cross_entropy(logits[:, L:-1].reshape(-1, logits.shape[-1]), tokens[:, L + 1:].reshape(-1)).item()
+
+
+def second_copy_per_layer(model, tokens, heads, L):  # one hook per layer, exact names, hooks_attached
+    from mhalab.hooks import hooks_attached
+
+    def off(hs):
+        def fn(z, hook):
+            z = z.clone()
+            z[:, :, hs] = 0
+            return z
+        return fn
+
+    layers = {}
+    for layer, head in heads:
+        layers.setdefault(layer, []).append(head)
+    with torch.no_grad(), hooks_attached(model, [(f"blocks.{l}.attn.hook_z", off(hs)) for l, hs in layers.items()]):
+        logits = model(tokens)
+    return _nll_second_copy(logits, tokens, L)
+
+
+def second_copy_predicate(model, tokens, heads, L):  # one hook chosen by a predicate, the layer from hook.name
+    from mhalab.hooks import run_with_hooks
+
+    def fn(z, hook):
+        layer = int(hook.name.split(".")[1])
+        keep = torch.ones(z.shape[2])
+        for l, h in heads:
+            if l == layer:
+                keep[h] = 0.0
+        return z * keep[None, None, :, None]
+
+    with torch.no_grad():
+        logits = run_with_hooks(model, tokens, fwd_hooks=[(lambda name: name.endswith("attn.hook_z"), fn)])
+    logp = logits.log_softmax(-1)[:, L:-1]  # [B, L, V]: the predictions of the second copy
+    return -logp.gather(-1, tokens[:, L + 1:, None]).mean()
+
+
+def second_copy_with_cache(model, tokens, heads, L):  # run_with_cache's fwd_hooks, a list of exact names cached
+    from mhalab.hooks import run_with_cache
+
+    def fn(z, hook):
+        z = z.clone()
+        z[:, :, [h for l, h in heads if f"blocks.{l}.attn.hook_z" == hook.name]] = 0.0
+        return z
+
+    names = [f"blocks.{l}.attn.hook_z" for l in sorted({l for l, _ in heads})]
+    logits, _ = run_with_cache(model, tokens, names_filter=names, fwd_hooks=[(name, fn) for name in names])
+    return _nll_second_copy(logits, tokens, L)
+
+
+# The mistakes learners made (issue 30): each passed before, or got a message that did not help.
+def _hooked(model, tokens, heads, point, index):
+    from mhalab.hooks import run_with_hooks
+
+    def fn(act, hook):
+        act = act.clone()
+        act[:, :, [index(h) for l, h in heads if hook.name == f"blocks.{l}.attn.hook_{point}"]] = 0.0
+        return act
+
+    with torch.no_grad():
+        return run_with_hooks(model, tokens, fwd_hooks=[(lambda name: name.endswith(f"attn.hook_{point}"), fn)])
+
+
+def second_copy_zeroing_v(model, tokens, heads, L):  # hook_v at the query head's index
+    return _nll_second_copy(_hooked(model, tokens, heads, "v", lambda h: h), tokens, L)
+
+
+def second_copy_zeroing_v_group(model, tokens, heads, L):  # hook_v at the head's K/V group: its whole group off
+    per_group = model.config.n_heads // model.config.n_kv_heads
+    return _nll_second_copy(_hooked(model, tokens, heads, "v", lambda h: h // per_group), tokens, L)
+
+
+def second_copy_one_digit_layer(model, tokens, heads, L):  # the layer read as one character of the name
+    from mhalab.hooks import run_with_hooks
+
+    def fn(z, hook):
+        z = z.clone()
+        z[:, :, [h for l, h in heads if l == int(hook.name[7])]] = 0.0
+        return z
+
+    with torch.no_grad():
+        logits = run_with_hooks(model, tokens, fwd_hooks=[(lambda name: name.endswith("attn.hook_z"), fn)])
+    return _nll_second_copy(logits, tokens, L)
+
+
+def second_copy_unshifted(model, tokens, heads, L):  # logits at p scored against token p, on the second copy
+    logits = _hooked(model, tokens, heads, "z", lambda h: h)
+    return F.cross_entropy(logits[:, L + 1:].flatten(0, 1), tokens[:, L + 1:].flatten()).item()
+
+
+def second_copy_unshifted_from_L(model, tokens, heads, L):  # logits at p scored against token p, p = L .. 2L-1
+    logits = _hooked(model, tokens, heads, "z", lambda h: h)
+    return F.cross_entropy(logits[:, L:-1].flatten(0, 1), tokens[:, L:-1].flatten()).item()
+
+
+def second_copy_starting_late(model, tokens, heads, L):  # the second copy's first token left out
+    logits = _hooked(model, tokens, heads, "z", lambda h: h)
+    return F.cross_entropy(logits[:, L + 1:-1].flatten(0, 1), tokens[:, L + 2:].flatten()).item()
+
+
+def _sorted_by_name(cache):
+    return [cache[name] for name in sorted(cache)]
+
+
+RIGHT = {
+    "07.1": [gap_double_loop, gap_trace_tensor, gap_fill_nan],
+    "07.2": [hide_pad, hide_index_fill, hide_row_loop],
+    "07.3": [prev_by_short_name, prev_by_stack_attention, prev_by_regex, prev_by_negative_layers],
+    "08.1": [kv_bytes_getattr, kv_bytes_prod, kv_bytes_numpy],
+    "08.2": [induction_by_short_name, induction_by_mask, induction_sorted_by_number],
+    "08.3": [second_copy_per_layer, second_copy_predicate, second_copy_with_cache],
+}
+
+WRONG = {
+    "07.1": [
+        # the mismatched mean over n*n: too large or too small, by the signs, and within a factor of 10
+        (lambda S: (S.diagonal().mean() - (S.sum() - S.diagonal().sum()) / S.numel()).item(), "by less than"),
+    ],
+    "08.2": [
+        (lambda cache, L: torch.stack([p[:, :, torch.arange(L + 1, 2 * L + 1), torch.arange(2, L + 2)].mean(dim=(0, 2))
+                                       for p in _sorted_by_name(cache)]), "blocks.10 before blocks.2"),
+    ],
+    "08.3": [
+        (second_copy_zeroing_v, "This model groups its K/V heads"),
+        (second_copy_zeroing_v_group, "switches off all 3 query heads that share it"),
+        (second_copy_one_digit_layer, "the layer has two digits"),
+        (second_copy_unshifted, "against the token at that same position"),
+        (second_copy_unshifted_from_L, "positions L .. 2L-1 against the tokens at those same positions"),
+        (second_copy_starting_late, "leaves out the second copy's first token"),
+    ],
+}
+
+
+# Whole answer cells written from the prompts (tests/labs_cells.py): each one's function is a right answer too.
+from labs_cells import CELLS  # noqa: E402
+
+
+def _cell_function(source: str):
+    """The function an answer cell defines (its check line left out)."""
+    namespace = {"torch": torch, "F": F, "np": np, "math": math}
+    exec(re.sub(r"^q\d\.check\(.*\)$", "", source, flags=re.M), namespace)
+    return next(v for k, v in namespace.items() if callable(v) and getattr(v, "__module__", "") is None and k[0] != "_")
+
+
+for _key, _cells in CELLS.items():
+    RIGHT[_key] = RIGHT[_key] + [_cell_function(cell) for cell in _cells]
