@@ -6,7 +6,7 @@ K/V heads), each a :class:`~mhalab.pretrained.smollm2.SmolLM2Config` as ``model.
 caches of random patterns over ``[start, copy, copy]`` sequences; exercise 3 on small hidden causal models
 (mhalab's toy ``Transformer``), staged: no head off, one head, heads in two layers. When grading, the values
 are drawn fresh and more cases added (configs, sizes, the heads switched off). The answer to exercise 3 may
-run a model and attach hooks (``run_with_hooks``, ``hooks_attached``, ``register_forward_hook``), but, as its
+run a model and attach hooks (``model.run_with_hooks``, ``model.hooks``, ``register_forward_hook``), but, as its
 prompt says, one that calls the course's own ablation (``ablate``, ``ablate_heads``, ``gate_heads``,
 ``mhalab.ablation``) scores 0. Exercises 1 and 2 may use anything.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..hooks import run_with_hooks
 from ..pretrained.smollm2 import SmolLM2Config
 from .checks import (call_answer, expect_shape, expect_whole, generator, grading, hidden_model, judge, name_miss, observe,
                      rng)
@@ -185,17 +184,17 @@ def _loss_with(model, tokens, heads, L, *, positions=None, axis=2):
         by_layer.setdefault(layer, []).append(head)
 
     def hook_for(hs):
-        def hook(z, point):  # z: [B, T, H, d_head]
+        def off(z, hook):  # z: [B, T, H, d_head]
             z = z.clone()
             index = [slice(None)] * z.dim()
             index[axis] = hs
             z[tuple(index)] = 0.0
             return z
-        return hook
+        return off
 
     hooks = [(f"blocks.{layer}.attn.hook_z", hook_for(hs)) for layer, hs in by_layer.items()]
     with torch.no_grad():
-        logits = run_with_hooks(model, tokens, fwd_hooks=hooks)
+        logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
     nll = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(), reduction="none").view(tokens.size(0), -1)
     return float((nll[:, L:] if positions is None else nll[:, positions]).mean())
 
@@ -228,7 +227,7 @@ def _check_second_copy(second_copy_loss) -> None:
                               forbid=_FORBID, facts=("model_changed",))
             if observe("model_changed"):
                 raise Wrong(f"{stage}, second_copy_loss({label}): after your function returned, the model still runs with "
-                            "heads off. Remove the hooks when you are done (run_with_hooks and hooks_attached do it for you)")
+                            "heads off. Remove the hooks when you are done (model.run_with_hooks and model.hooks do it for you)")
             want = _second_copy_reference(model, tokens, heads, L)
             others = [(l, h) for l in range(N) for h in range(H) if (l, h) not in heads]
             judge(got, want, f"{stage}, second_copy_loss({label})", lambda: {
@@ -257,21 +256,20 @@ register(Exercise(
           "the second copy (tokens L+1 .. 2L) is predicted from positions L .. 2L-1: the in-context loss is the mean "
           "cross-entropy there.",
           "To switch off (layer, head), zero z[:, :, head] at blocks.{layer}.attn.hook_z (z: [batch, position, head, "
-          "d_head]). Heads may come from several layers: give run_with_hooks one (name, hook) pair per layer, "
+          "d_head]). Heads may come from several layers: give model.run_with_hooks one (name, hook) pair per layer, "
           "or one hook that reads the layer from hook.name."],
     solution=(
         "def second_copy_loss(model, tokens, heads, L):\n"
-        "    from mhalab.hooks import run_with_hooks\n"
         "    def switch_off(layer):\n"
-        "        def hook(z, point):                                  # z: [batch, position, head, d_head]\n"
+        "        def off(z, hook):                                    # z: [batch, position, head, d_head]\n"
         "            z = z.clone()\n"
         "            z[:, :, [h for l, h in heads if l == layer]] = 0.0\n"
         "            return z\n"
-        "        return hook\n"
+        "        return off\n"
         "    layers = sorted({l for l, h in heads})\n"
         "    hooks = [(f'blocks.{l}.attn.hook_z', switch_off(l)) for l in layers]\n"
         "    with torch.no_grad():\n"
-        "        logits = run_with_hooks(model, tokens, fwd_hooks=hooks)          # [B, 1 + 2L, V]\n"
+        "        logits = model.run_with_hooks(tokens, fwd_hooks=hooks)          # [B, 1 + 2L, V]\n"
         "    nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction='none')\n"
         "    return nll[:, L:].mean().item()                         # predictions of the second copy"
     ),
