@@ -65,6 +65,7 @@ is wanted.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, Union
 
 import torch
