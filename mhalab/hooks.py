@@ -56,10 +56,11 @@ The calls, as in TransformerLens::
 A hook is called ``fn(activation, hook=point)`` (``hook.name`` is the point's full name) and returns a replacement
 of the same shape, or None to keep the activation; ``def fn(act, *, hook)`` works. A ``names_filter`` (and the
 name in a ``fwd_hooks`` pair) is None (every point), one exact name, a list of names, or a predicate
-``fn(name) -> bool``; a name no point has raises. Globs are mhalab's extension, only through
-:func:`glob_filter` (``names_filter=glob_filter("*.hook_pattern")``). The output keeps its graph, as in
-TransformerLens (only the cached activations are detached): wrap a call in ``torch.no_grad()`` when no gradient
-is wanted.
+``fn(name) -> bool`` (it sees the first column's names); a name no point has raises. Globs are mhalab's extension,
+only through :func:`glob_filter` (``names_filter=glob_filter("*.hook_pattern")``). The output keeps its graph, as
+in TransformerLens (only the cached activations are detached): wrap a call in ``torch.no_grad()`` when no gradient
+is wanted. ``bwd_hooks`` get each point's gradient during ``backward()`` (keep them with ``reset_hooks_end=False``
+until then), and ``run_with_cache(incl_bwd=True)`` caches ``name + "_grad"`` for a scalar output, as there.
 """
 
 from __future__ import annotations
