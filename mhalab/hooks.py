@@ -66,6 +66,7 @@ until then), and ``run_with_cache(incl_bwd=True)`` caches ``name + "_grad"`` for
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, Union
 
@@ -174,6 +175,9 @@ def hooks_attached(model: nn.Module, fwd_hooks: HookList = (), bwd_hooks: HookLi
 def run_with_hooks(model: nn.Module, *model_args: Any, fwd_hooks: HookList = (), bwd_hooks: HookList = (),
                    reset_hooks_end: bool = True, clear_contexts: bool = False, **model_kwargs: Any) -> Any:
     """What ``model.run_with_hooks(...)`` runs: ``model(*model_args, **model_kwargs)`` with the hooks attached."""
+    if bwd_hooks and reset_hooks_end:
+        warnings.warn("the hooks are removed at the end of run_with_hooks, before any backward pass, so bwd_hooks "
+                      "will not run: pass reset_hooks_end=False and call model.reset_hooks() after backward()")
     with hooks_attached(model, fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts):
         return model(*model_args, **model_kwargs)
 

@@ -640,3 +640,12 @@ def test_cache_options_as_transformerlens(toy):
     _, cache = toy.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_z", "blocks.0.attn.hook_pattern"],
                                   remove_batch_dim=True, pos_slice=-1)
     assert cache["z", 0].shape == (H, D // H) and cache["pattern", 0].shape == (H, 6)  # the last query position
+
+
+def test_bwd_hooks_removed_at_the_end_warn_and_do_not_run(toy):
+    grads = []
+    with pytest.warns(UserWarning, match="reset_hooks_end=False"):
+        logits = toy.run_with_hooks(torch.randint(0, 11, (1, 4)),
+                                    bwd_hooks=[("blocks.0.attn.hook_z", lambda g, hook: grads.append(g))])
+    logits.sum().backward()
+    assert grads == []  # as in TransformerLens: gone before the backward pass
