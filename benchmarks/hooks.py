@@ -8,8 +8,8 @@ variant with the same weights, timed in interleaved rounds (the order rotates) a
                    F.scaled_dot_product_attention, W_O (no hook points, no checks)
     torch_mha      each attention layer replaced by torch.nn.MultiheadAttention (``to_torch``), need_weights=False
     mhalab         mhalab as shipped, no hook attached (what every training and generation run pays)
-    cache_qkvz     run_with_cache of every hook_q, hook_k, hook_v, hook_z (still the fused kernel)
-    cache_pattern  run_with_cache of every hook_pattern (the explicit path: the weights are formed)
+    cache_qkvz     model.run_with_cache of every hook_q, hook_k, hook_v, hook_z (still the fused kernel)
+    cache_pattern  model.run_with_cache of every hook_pattern (the explicit path: the weights are formed)
 
 Printed ratios: ``mhalab/plain`` and ``mhalab/torch`` (target <= 1.05: hook points cost nothing when
 unused), ``qkvz/mhalab`` and ``pattern/mhalab`` (the price of looking). Then greedy decoding with KV caches:
@@ -34,7 +34,6 @@ from torch import Tensor, nn
 
 from mhalab.attention import MultiHeadAttention
 from mhalab.device import pick_device
-from mhalab.hooks import run_with_cache
 from mhalab.kv_cache import KVCache
 from mhalab.masks import causal_forbidden_mask
 from mhalab.models import ModelConfig, Transformer
@@ -156,8 +155,8 @@ def main() -> int:
         "plain_sdpa": lambda: plain(tokens),
         "torch_mha": lambda: torch_mha(tokens),
         "mhalab": lambda: model(tokens),
-        "cache_qkvz": lambda: run_with_cache(model, tokens, names_filter=qkvz)[0],
-        "cache_pattern": lambda: run_with_cache(model, tokens, names_filter="*.hook_pattern")[0],
+        "cache_qkvz": lambda: model.run_with_cache(tokens, names_filter=qkvz)[0],
+        "cache_pattern": lambda: model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))[0],
     }
     with torch.no_grad():  # every variant must compute the same logits, or the timing means nothing
         reference = forwards["mhalab"]()

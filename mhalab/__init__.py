@@ -7,7 +7,6 @@ The two mask helpers say what True means in them: ``causal_allowed_mask`` (True 
 """
 
 from .attention import KVCache, MultiHeadAttention, scaled_dot_product_attention, valid_head_counts
-from .hooks import run_with_cache, run_with_hooks
 from .masks import causal_allowed_mask, causal_forbidden_mask
 from .models import EncoderDecoder, ModelConfig, Transformer
 from .sweep import sweep_heads
@@ -15,5 +14,5 @@ from .sweep import sweep_heads
 __version__ = "0.1.0"
 
 __all__ = ["EncoderDecoder", "KVCache", "ModelConfig", "MultiHeadAttention", "Transformer", "causal_allowed_mask",
-           "causal_forbidden_mask", "run_with_cache", "run_with_hooks", "scaled_dot_product_attention",
+           "causal_forbidden_mask", "scaled_dot_product_attention",
            "sweep_heads", "valid_head_counts", "__version__"]

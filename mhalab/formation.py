@@ -67,7 +67,7 @@ class FormationRecorder:
         device = next(model.parameters()).device
         tokens = self.batch.inputs.to(device)
         with eval_mode(model):
-            logits, cache = run_with_cache(model, tokens, names_filter="*.attn.hook_pattern")
+            logits, cache = run_with_cache(model, tokens, names_filter=lambda n: n.endswith("attn.hook_pattern"))
         attention = stack_attention(cache).float().cpu()  # [N, B, H, T, T]
         targets = self.batch.targets
         nll = F.cross_entropy(logits.float().cpu().flatten(0, 1), targets.flatten(), ignore_index=IGNORE,

@@ -1,24 +1,30 @@
 """One way to look inside any model: named activations, read with a cache or changed by hooks, with
-TransformerLens's names and calls.
+TransformerLens's names and calls, as methods of every model (:class:`HookedRootModule`).
 
 Every activation that can be read has a :class:`~mhalab.hook_points.HookPoint`, named by its place, in every
 model of the course (the toy ``Transformer`` and ``EncoderDecoder``, MiniLM, SmolLM2: all built from
 :class:`mhalab.models.Block`). The axes, documented here once (B batch, pos / query_pos positions, key_pos key
-positions, H query heads, G K/V heads, d_head head size, D d_model)::
+positions, H query heads, G K/V heads, d_head head size, D d_model); the last column is TransformerLens 3's
+canonical name, which mhalab accepts as an alias wherever a name is taken (:func:`hook_aliases`)::
 
-    hook_embed                          token embeddings                 [B, pos, D]
-    hook_pos_embed                      position-table rows (if a table) [B, pos, D]
-    blocks.{i}.hook_resid_pre           residual stream into block i     [B, pos, D]
-    blocks.{i}.hook_attn_out            attention's output (after W_O)   [B, pos, D]
-    blocks.{i}.hook_resid_mid           ... plus the attention           [B, pos, D]
-    blocks.{i}.hook_mlp_out             the MLP's output                 [B, pos, D]
-    blocks.{i}.hook_resid_post          ... plus the MLP: block's output [B, pos, D]
-    blocks.{i}.attn.hook_q              queries (before rotary)          [B, pos, H, d_head]
-    blocks.{i}.attn.hook_k, hook_v      keys, values (before rotary)     [B, pos, G, d_head]
-    blocks.{i}.attn.hook_rot_q, _rot_k  after rotary (rotary models)     as hook_q, hook_k
-    blocks.{i}.attn.hook_attn_scores    Q Kᵀ/√d_head + mask, pre-softmax  [B, H, query_pos, key_pos]
-    blocks.{i}.attn.hook_pattern        attention weights (pre-dropout)  [B, H, query_pos, key_pos]
-    blocks.{i}.attn.hook_z              each head's output before W_O    [B, pos, H, d_head]
+    hook_embed                       token embeddings                 [B, pos, D]            embed.hook_out
+    hook_pos_embed                   position-table rows (if a table) [B, pos, D]            pos_embed.hook_out
+    blocks.{i}.hook_resid_pre        residual stream into block i     [B, pos, D]            blocks.{i}.hook_in
+    blocks.{i}.hook_attn_out         attention's output (after W_O)   [B, pos, D]            blocks.{i}.attn.hook_out
+    blocks.{i}.hook_resid_mid        ... plus the attention           [B, pos, D]            blocks.{i}.ln2.hook_in (*)
+    blocks.{i}.hook_mlp_out          the MLP's output                 [B, pos, D]            blocks.{i}.mlp.hook_out
+    blocks.{i}.hook_resid_post       ... plus the MLP: block's output [B, pos, D]            blocks.{i}.hook_out (*)
+    blocks.{i}.attn.hook_q           queries (before rotary)          [B, pos, H, d_head]    blocks.{i}.attn.q.hook_out
+    blocks.{i}.attn.hook_k, hook_v   keys, values (before rotary)     [B, pos, G, d_head]    attn.k.hook_out, v.hook_out
+    blocks.{i}.attn.hook_rot_q, _k   after rotary (rotary models)     as hook_q, hook_k      (same)
+    blocks.{i}.attn.hook_attn_scores Q Kᵀ/√d_head + mask, pre-softmax  [B, H, query_pos, key_pos] (same)
+    blocks.{i}.attn.hook_pattern     attention weights (pre-dropout)  [B, H, query_pos, key_pos] (same)
+    blocks.{i}.attn.hook_z           each head's output before W_O    [B, pos, H, d_head]    blocks.{i}.attn.o.hook_in
+
+(*) Pre-norm blocks only: in a post-norm block TransformerLens 3's ``hook_out`` is after the norm, mhalab's
+``hook_resid_post`` before it, so there is no one-to-one alias. TransformerLens 2's names (the first column) are
+mhalab's; TransformerLens 3 keeps them as aliases of its own. Points TransformerLens has and mhalab does not
+(``hook_result``, the MLP's ``hook_pre``/``hook_post``, the norms' ``hook_scale``) are refused by name.
 
 An attention-only block (``ModelConfig(attn_only=True)``) has no ``hook_resid_mid`` and no ``hook_mlp_out``;
 in a pre-norm block ``resid_mid = resid_pre + attn_out`` and ``resid_post = resid_mid + mlp_out`` exactly. In a
@@ -37,131 +43,50 @@ cross-attention) and ``decoder.{i}.cross_attn.*`` (queries ``[B, pos, H, d_head]
 values ``[B, key_pos, H, d_head]`` from the encoder's output); the source's embeddings are ``hook_embed`` and
 ``hook_pos_embed``, the target's ``hook_decoder_embed`` and ``hook_decoder_pos_embed``. Short keys such as
 ``cache["pattern", 0]`` (which mean ``blocks.0.attn.hook_pattern``, as in TransformerLens) are refused there
-with the full names that exist::
+with the full names that exist.
 
-    logits, cache = run_with_cache(model, tokens, names_filter=lambda name: name.endswith("hook_pattern"))
+The calls, as in TransformerLens::
+
+    logits, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_pattern"))
     cache["pattern", 0][0, 3]                    # = cache["blocks.0.attn.hook_pattern"][0, 3]: head 3's pattern
-    logits = run_with_hooks(model, tokens, fwd_hooks=[("blocks.1.attn.hook_z", ablate_heads([3]))])
+    logits = model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", ablate_heads([3]))])
+    with model.hooks(fwd_hooks=[("blocks.1.attn.hook_z", ablate_heads([3]))]):
+        logits, cache = model.run_with_cache(tokens, names_filter=["blocks.1.attn.hook_pattern"])
 
-A hook function ``fn(activation, hook)`` (``hook.name`` is the point's full name) returns a replacement of the
-same shape, or None to keep the activation. Names in ``names_filter`` and ``fwd_hooks`` may also be globs
-(``"*.hook_pattern"``), lists of names, or predicates.
+A hook is called ``fn(activation, hook=point)`` (``hook.name`` is the point's full name) and returns a replacement
+of the same shape, or None to keep the activation; ``def fn(act, *, hook)`` works. A ``names_filter`` (and the
+name in a ``fwd_hooks`` pair) is None (every point), one exact name, a list of names, or a predicate
+``fn(name) -> bool`` (it sees the first column's names); a name no point has raises. Globs are mhalab's extension,
+only through :func:`glob_filter` (``names_filter=glob_filter("*.hook_pattern")``). The output keeps its graph, as
+in TransformerLens (only the cached activations are detached): wrap a call in ``torch.no_grad()`` when no gradient
+is wanted. ``bwd_hooks`` get each point's gradient during ``backward()`` (keep them with ``reset_hooks_end=False``
+until then), and ``run_with_cache(incl_bwd=True)`` caches ``name + "_grad"`` for a scalar output, as there.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import fnmatch
-import re
+import warnings
 from collections.abc import Mapping
-from typing import Any, Callable, Iterable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, Union
 
 import torch
 from torch import Tensor, nn
 
+from .activation_cache import ActivationCache, _slice_pos
 from .attention import MultiHeadAttention
+from .hook_names import GlobFilter, describe, get_act_name, glob_filter, hook_aliases
 from .hook_points import HookFn, HookPoint, name_hook_points
 
 __all__ = [
-    "HookFn", "HookPoint", "ActivationCache", "get_act_name", "hook_points", "attention_modules", "hooks_attached",
-    "run_with_hooks", "run_with_cache", "ablate_heads", "gate_heads", "patch_heads",
+    "HookFn", "HookPoint", "HookedRootModule", "ActivationCache", "get_act_name", "glob_filter", "hook_aliases",
+    "hook_points", "attention_modules", "hooks_attached", "run_with_hooks", "run_with_cache", "ablate_heads",
+    "gate_heads", "patch_heads",
 ]
 
 NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
-
-_ATTN_NAMES = ("q", "k", "v", "z", "rot_q", "rot_k", "result", "pattern", "attn_scores")
-_MLP_NAMES = ("pre", "post", "mid", "pre_linear")
-_NAME_ALIASES = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "query": "q", "value": "v",
-                 "mlp_pre": "pre", "mlp_mid": "mid", "mlp_post": "post"}
-_LAYER_TYPE_ALIASES = {"a": "attn", "m": "mlp", "b": "", "block": "", "blocks": "", "attention": "attn"}
-
-
-def get_act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
-    """A hook point's full name from a short one, by TransformerLens's ``utils.get_act_name`` rules:
-    ``("pattern", 0)`` -> ``blocks.0.attn.hook_pattern``, ``("resid_pre", 2)`` -> ``blocks.2.hook_resid_pre``,
-    ``"embed"`` -> ``hook_embed``; a full name (with a dot, or starting ``hook_``) comes back as it is."""
-    if not isinstance(name, str):
-        raise TypeError(f"a hook-point name must be a str such as 'pattern' or 'blocks.0.attn.hook_pattern', got {name!r}")
-    if ("." in name or name.startswith("hook_")) and layer is None and layer_type is None:
-        return name
-    compact = re.fullmatch(r"([a-z_]+)(\d+)([a-z]?.*)", name)  # TransformerLens's "pattern0", "k6a"
-    if compact is not None and layer is None:
-        name, layer, layer_type = compact.group(1), int(compact.group(2)), compact.group(3) or None
-    name = _NAME_ALIASES.get(name, name)
-    if name in _ATTN_NAMES:
-        layer_type = "attn"
-    elif name in _MLP_NAMES:
-        layer_type = "mlp"
-    elif layer_type in _LAYER_TYPE_ALIASES:
-        layer_type = _LAYER_TYPE_ALIASES[layer_type]
-    prefix = "" if layer is None else f"blocks.{layer}."
-    return f"{prefix}{layer_type}.hook_{name}" if layer_type else f"{prefix}hook_{name}"
-
-
-def _describe(names: Iterable[str]) -> str:
-    """Names grouped by template (``blocks.{i}.attn.hook_q for i in 0..29``), so a long list stays readable."""
-    groups: dict[str, list[int]] = {}
-    for name in names:
-        template = re.sub(r"\.\d+\.", ".{i}.", name, count=1)
-        found = re.search(r"\.(\d+)\.", name)
-        groups.setdefault(template, []).append(int(found.group(1)) if found and template != name else -1)
-    parts = []
-    for template, layers in groups.items():
-        if template.count("{i}"):
-            parts.append(f"{template} (i = {min(layers)}..{max(layers)})" if len(layers) > 1 else template.replace("{i}", str(layers[0])))
-        else:
-            parts.append(template)
-    return ", ".join(parts)
-
-
-@dataclasses.dataclass(eq=False, repr=False)  # a record of its fields: it travels to a grading kernel as configs do
-class ActivationCache(Mapping):
-    """The activations of one run by full name, read as ``cache["blocks.0.attn.hook_pattern"]``, ``cache["pattern", 0]``
-    (short name and layer, :func:`get_act_name`; a negative layer counts from the last) or ``cache["hook_embed"]``.
-    Built as ``ActivationCache(activations, model_name)``."""
-
-    _activations: dict[str, Tensor]
-    _model_name: str = "the model"
-
-    def _resolve(self, key: Any) -> str:
-        if isinstance(key, str):
-            return key if key in self._activations else get_act_name(key)
-        if isinstance(key, tuple) and 1 <= len(key) <= 3:
-            name, *rest = key
-            layer = rest[0] if rest else None
-            if isinstance(layer, int) and layer < 0:
-                layers = {int(m.group(1)) for n in self._activations if (m := re.match(r"blocks\.(\d+)\.", n))}
-                layer = (max(layers) + 1 if layers else 0) + layer
-            return get_act_name(name, layer, rest[1] if len(rest) > 1 else None)
-        raise TypeError(f"index a cache with a name ('blocks.0.attn.hook_pattern') or (short name, layer) "
-                        f"such as ('pattern', 0), got {key!r}")
-
-    def __getitem__(self, key: Any) -> Tensor:
-        name = self._resolve(key)
-        if name in self._activations:
-            return self._activations[name]
-        suffix = name.split(".")[-1]
-        layer = re.match(r"blocks\.(\d+)\.", name)
-        nearby = [n for n in self._activations if n.endswith(f".{suffix}") and (layer is None or f".{layer.group(1)}." in n)]
-        hint = f"; the {suffix} points at that layer are {', '.join(nearby)} (read them by full name)" if nearby else ""
-        raise KeyError(f"{key!r} means {name!r}, which this cache of {self._model_name} does not hold{hint}. "
-                       f"It holds {len(self._activations)}: {_describe(self._activations)}")
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._activations)
-
-    def __len__(self) -> int:
-        return len(self._activations)
-
-    def __contains__(self, key: object) -> bool:
-        try:
-            return self._resolve(key) in self._activations
-        except TypeError:
-            return False
-
-    def __repr__(self) -> str:
-        return f"ActivationCache({len(self)} activations of {self._model_name}: {_describe(self._activations)})"
+HookList = Iterable[tuple[NamesFilter, HookFn]]
+_QKVZ = ("hook_q", "hook_k", "hook_v", "hook_z", "hook_rot_q", "hook_rot_k")
 
 
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:
@@ -173,69 +98,182 @@ def attention_modules(model: nn.Module) -> dict[str, MultiHeadAttention]:
     """Every attention layer of ``model`` by name (``blocks.0.attn``, ...), in order."""
     found = {name: module for name, module in model.named_modules() if isinstance(module, MultiHeadAttention)}
     if not found:
-        raise ValueError(f"{type(model).__name__} holds no mhalab.MultiHeadAttention, so it has no attention to look at")
+        raise ValueError(f"{type(model).__name__} holds no mhalab.MultiHeadAttention, "
+                         "so it has no attention to look at")
     return found
 
 
 def _select(model: nn.Module, names: NamesFilter, available: list[str]) -> list[str]:
-    """The hook-point names that ``names`` picks: None = all; a name or glob; a list of them; a predicate."""
+    """The hook-point names ``names`` picks: None = all; an exact name (or TransformerLens 3 alias); a list of
+    them; a predicate. A name no point has, or a glob_filter pattern that picks none, raises KeyError."""
     if names is None:
         return available
-    if callable(names):
+    if isinstance(names, GlobFilter):
+        for pattern in names.patterns:
+            if not any(GlobFilter((pattern,))(n) for n in available):
+                raise KeyError(f"no hook point of {type(model).__name__} matches {pattern!r}; "
+                               f"it has {len(available)}: {describe(available)}")
+    if callable(names) and not isinstance(names, str):
         return [n for n in available if names(n)]
+    if isinstance(names, str) or not isinstance(names, Iterable):
+        names = [names]
     chosen: list[str] = []
-    for pattern in [names] if isinstance(names, str) else names:
-        if not isinstance(pattern, str):
-            raise TypeError(f"a hook-point name must be a str such as 'blocks.0.attn.hook_pattern', got {pattern!r}")
-        matched = fnmatch.filter(available, pattern)
-        if not matched:
-            raise KeyError(f"no hook point of {type(model).__name__} matches {pattern!r}; "
-                           f"it has {len(available)}: {_describe(available)}")
-        chosen += [n for n in matched if n not in chosen]
+    aliases: dict[str, str] | None = None
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"a hook-point name must be a str such as 'blocks.0.attn.hook_pattern', got {name!r}")
+        if name not in available:
+            if any(c in name for c in "*?["):
+                raise KeyError(f"{name!r}: a string is one exact name, as in TransformerLens; for every match use "
+                               f"glob_filter({name!r}) or a predicate such as lambda name: name.endswith(...)")
+            aliases = hook_aliases(model) if aliases is None else aliases
+            if name not in aliases:
+                raise KeyError(f"{type(model).__name__} has no hook point {name!r}; it has {len(available)}: "
+                               f"{describe(available)}")
+            name = aliases[name]
+        if name not in chosen:
+            chosen.append(name)
     return chosen
 
 
+def _add_hooks(model: nn.Module, points: dict[str, HookPoint], pairs: HookList, dir: str, level: int | None,
+               is_permanent: bool = False, prepend: bool = False) -> None:
+    for pair in pairs:
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise TypeError(f"fwd_hooks and bwd_hooks are lists of (name, hook) pairs, got {pair!r}")
+        names, fn = pair
+        for name in _select(model, names, list(points)):
+            points[name].add_hook(fn, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
+
+
+def _reset(points: Iterable[HookPoint], clear_contexts: bool, direction: str, including_permanent: bool,
+           level: int | None) -> None:
+    for point in points:
+        if clear_contexts:
+            point.clear_context()
+        point.remove_hooks(direction, including_permanent=including_permanent, level=level)
+
+
 @contextlib.contextmanager
-def hooks_attached(model: nn.Module, fwd_hooks: Iterable[tuple[NamesFilter, HookFn]]) -> Iterator[nn.Module]:
-    """Attach ``(name_or_filter, fn)`` pairs for the ``with`` body, and remove them after (also on error).
-
-    ``name_or_filter`` is a hook-point name, a glob (``"blocks.*.attn.hook_z"``), a list of them or a predicate.
-    """
+def hooks_attached(model: nn.Module, fwd_hooks: HookList = (), bwd_hooks: HookList = (),
+                   reset_hooks_end: bool = True, clear_contexts: bool = False) -> Iterator[nn.Module]:
+    """What ``model.hooks(...)`` runs: attach ``(name_or_filter, fn)`` pairs for the ``with`` body and remove them
+    after (also on error) unless ``reset_hooks_end=False``; ``bwd_hooks`` get the activation's gradient."""
     points = hook_points(model)
-    with contextlib.ExitStack() as attached:  # removes every handle on leaving, also on error
-        for names, fn in fwd_hooks:
-            if not callable(fn):
-                raise TypeError(f"a hook must be a function fn(activation, hook), got {type(fn).__name__}")
-            for name in _select(model, names, list(points)):
-                attached.callback(points[name].add_hook(fn).remove)
+    level = getattr(model, "context_level", 0) + 1
+    model.context_level = level
+    try:
+        _add_hooks(model, points, fwd_hooks, "fwd", level)
+        _add_hooks(model, points, bwd_hooks, "bwd", level)
         yield model
+    finally:
+        if reset_hooks_end:
+            _reset(points.values(), clear_contexts, "both", False, level)
+        model.context_level = level - 1
 
 
-def run_with_hooks(model: nn.Module, *args: Any, fwd_hooks: Iterable[tuple[NamesFilter, HookFn]] = (), **kwargs: Any) -> Any:
-    """``model(*args, **kwargs)`` with ``fwd_hooks`` attached for this one call."""
-    with hooks_attached(model, fwd_hooks):
-        return model(*args, **kwargs)
+def run_with_hooks(model: nn.Module, *model_args: Any, fwd_hooks: HookList = (), bwd_hooks: HookList = (),
+                   reset_hooks_end: bool = True, clear_contexts: bool = False, **model_kwargs: Any) -> Any:
+    """What ``model.run_with_hooks(...)`` runs: ``model(*model_args, **model_kwargs)`` with the hooks attached."""
+    if bwd_hooks and reset_hooks_end:
+        warnings.warn("the hooks are removed at the end of run_with_hooks, before any backward pass, so bwd_hooks "
+                      "will not run: pass reset_hooks_end=False and call model.reset_hooks() after backward()")
+    with hooks_attached(model, fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts):
+        return model(*model_args, **model_kwargs)
 
 
 def run_with_cache(
-    model: nn.Module, *args: Any, names_filter: NamesFilter = None,
-    fwd_hooks: Iterable[tuple[NamesFilter, HookFn]] = (), **kwargs: Any,
-) -> tuple[Any, ActivationCache]:
-    """``model(*args, **kwargs)`` and an :class:`ActivationCache` of the points ``names_filter`` picks (all by default).
-
-    No gradients; the model's train/eval mode is left as it is. ``fwd_hooks`` run before their point is
-    cached, so the cache shows what the model used. Caching ``hook_attn_scores`` or ``hook_pattern`` makes
-    attention take its explicit path (the fused kernel never forms the pattern).
-    """
+    model: nn.Module, *model_args: Any, names_filter: NamesFilter = None, device: Any = None,
+    remove_batch_dim: bool = False, incl_bwd: bool = False, reset_hooks_end: bool = True,
+    clear_contexts: bool = False, pos_slice: Any = None, return_cache_object: bool = True, **model_kwargs: Any,
+) -> tuple[Any, ActivationCache | dict[str, Tensor]]:
+    """What ``model.run_with_cache(...)`` runs: the output (with its graph) and an :class:`ActivationCache` of
+    the points ``names_filter`` picks (all by default), detached, on ``device``; ``incl_bwd`` also calls
+    ``backward()`` on the (scalar) output and caches each gradient as ``name + "_grad"``."""
+    if "fwd_hooks" in model_kwargs:
+        raise TypeError("run_with_cache takes no fwd_hooks (as in TransformerLens): attach them around it, "
+                        "`with model.hooks(fwd_hooks=[...]): logits, cache = model.run_with_cache(tokens)`")
+    points = hook_points(model)
+    chosen = _select(model, names_filter, list(points))
     stored: dict[str, Tensor] = {}
 
-    def store(activation: Tensor, hook: HookPoint) -> None:
-        stored[hook.name] = activation.detach()
+    def keep(act: Tensor, name: str) -> None:
+        act = act.detach().to(device)
+        act = act[0] if remove_batch_dim else act
+        if pos_slice is not None and act.dim() >= 2:
+            act = _slice_pos(act, pos_slice, -3 if name.split(".")[-1].removesuffix("_grad") in _QKVZ else -2)
+        stored[name] = act
 
-    chosen = _select(model, names_filter, list(hook_points(model)))
-    with torch.no_grad(), hooks_attached(model, [*fwd_hooks, (chosen, store)]):
-        output = model(*args, **kwargs)
-    return output, ActivationCache({name: stored[name] for name in chosen if name in stored}, type(model).__name__)
+    def save(act: Tensor, *, hook: HookPoint) -> None:
+        keep(act, hook.name)
+        if incl_bwd and act.requires_grad:
+            act.register_hook(lambda grad, name=hook.name: keep(grad, f"{name}_grad"))
+
+    with hooks_attached(model, [(chosen, save)], reset_hooks_end=reset_hooks_end, clear_contexts=clear_contexts):
+        output = model(*model_args, **model_kwargs)
+        if incl_bwd:
+            if not (isinstance(output, Tensor) and output.numel() == 1):
+                raise ValueError("incl_bwd calls backward() on the model's output, which must then be a scalar (in "
+                                 "TransformerLens a loss); for logits, attach bwd_hooks with model.run_with_hooks")
+            output.backward()
+    ordered = {name: stored[name] for name in chosen if name in stored}
+    ordered.update({f"{n}_grad": stored[f"{n}_grad"] for n in chosen if f"{n}_grad" in stored})
+    if not return_cache_object:
+        return output, ordered
+    return output, ActivationCache(ordered, model, has_batch_dim=not remove_batch_dim)
+
+
+class HookedRootModule(nn.Module):
+    """The base of every mhalab model: TransformerLens's ``HookedRootModule`` calls as methods.
+
+    ``model.run_with_cache(*args, names_filter=...)``, ``model.run_with_hooks(*args, fwd_hooks=[...])``,
+    ``with model.hooks(fwd_hooks=[...]):``, ``model.add_hook(name, fn)``, ``model.reset_hooks()``, with
+    TransformerLens's keywords; ``model.hook_dict`` is every point by name (see the module's table).
+    """
+
+    @property
+    def hook_dict(self) -> dict[str, HookPoint]:
+        """Every hook point by full name, in order."""
+        return hook_points(self)
+
+    def hook_points(self) -> list[HookPoint]:
+        """Every hook point, in order."""
+        return list(self.hook_dict.values())
+
+    def add_hook(self, name: NamesFilter, hook: HookFn, dir: Literal["fwd", "bwd"] = "fwd",
+                 is_permanent: bool = False, level: int | None = None, prepend: bool = False) -> None:
+        """Attach ``hook`` to the points ``name`` picks until ``reset_hooks()`` (or for good: ``is_permanent``)."""
+        _add_hooks(self, self.hook_dict, [(name, hook)], dir, level, is_permanent, prepend)
+
+    def add_perma_hook(self, name: NamesFilter, hook: HookFn, dir: Literal["fwd", "bwd"] = "fwd") -> None:
+        """A hook that ``reset_hooks()`` keeps (``reset_hooks(including_permanent=True)`` removes it)."""
+        self.add_hook(name, hook, dir=dir, is_permanent=True)
+
+    def reset_hooks(self, clear_contexts: bool = True, direction: Literal["fwd", "bwd", "both"] = "both",
+                    including_permanent: bool = False, level: int | None = None) -> None:
+        """Remove the hooks attached (all but permanent ones, unless ``including_permanent``)."""
+        _reset(self.hook_points(), clear_contexts, direction, including_permanent, level)
+
+    def hooks(self, fwd_hooks: HookList = (), bwd_hooks: HookList = (), reset_hooks_end: bool = True,
+              clear_contexts: bool = False) -> contextlib.AbstractContextManager:
+        """``with model.hooks(fwd_hooks=[(name, fn)]):`` the hooks are attached for the body only."""
+        return hooks_attached(self, fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts)
+
+    def run_with_hooks(self, *model_args: Any, fwd_hooks: HookList = (), bwd_hooks: HookList = (),
+                       reset_hooks_end: bool = True, clear_contexts: bool = False, **model_kwargs: Any) -> Any:
+        """``self(*model_args, **model_kwargs)`` with ``fwd_hooks`` (and ``bwd_hooks``) attached for this call."""
+        return run_with_hooks(self, *model_args, fwd_hooks=fwd_hooks, bwd_hooks=bwd_hooks,
+                              reset_hooks_end=reset_hooks_end, clear_contexts=clear_contexts, **model_kwargs)
+
+    def run_with_cache(self, *model_args: Any, names_filter: NamesFilter = None, device: Any = None,
+                       remove_batch_dim: bool = False, incl_bwd: bool = False, reset_hooks_end: bool = True,
+                       clear_contexts: bool = False, pos_slice: Any = None, return_cache_object: bool = True,
+                       **model_kwargs: Any) -> tuple[Any, ActivationCache | dict[str, Tensor]]:
+        """The output (keeping its graph) and an :class:`ActivationCache` of the points ``names_filter`` picks."""
+        return run_with_cache(self, *model_args, names_filter=names_filter, device=device,
+                              remove_batch_dim=remove_batch_dim, incl_bwd=incl_bwd, reset_hooks_end=reset_hooks_end,
+                              clear_contexts=clear_contexts, pos_slice=pos_slice,
+                              return_cache_object=return_cache_object, **model_kwargs)
 
 
 # ------------------------------------------------------------------ heads: ablate, gate, patch

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from ._checks import check_head_shape, check_int
 from .attention import KVCache, MultiHeadAttention
 from .hook_points import HookPoint
+from .hooks import HookedRootModule
 from .kv_cache import layer_caches
 from .positions import sinusoidal_positions
 
@@ -338,7 +339,7 @@ def _check_config(config: Any) -> ModelConfig:
 
 
 # ---------------------------------------------------------------------------- models
-class Transformer(nn.Module):
+class Transformer(HookedRootModule):
     """Encoder-only (``config.causal=False``) or decoder-only (``config.causal=True``) transformer:
     embedding + positions, pre-norm blocks, a final LayerNorm and an output head."""
 
@@ -380,7 +381,7 @@ class Transformer(nn.Module):
             return generate_tokens(lambda ids: self(ids, kv_caches=caches), prompt, new_tokens)
 
 
-class EncoderDecoder(nn.Module):
+class EncoderDecoder(HookedRootModule):
     """The original transformer's shape for sequence-to-sequence tasks (one vocabulary): the encoder reads
     ``src [B, S]``; the decoder reads ``tgt [B, T]`` causally and cross-attends to the encoder's output."""
 

@@ -1,7 +1,7 @@
 """Head scores: one number per head for how its attention is spread.
 
 Every score takes attention as ``[layer][B, H, T, S]``, a cache of ``hook_pattern``
-points from :func:`mhalab.hooks.run_with_cache`, or one stacked ``[N, B, H, T, S]`` tensor, and returns ``[N, H]``:
+points from ``model.run_with_cache``, or one stacked ``[N, B, H, T, S]`` tensor, and returns ``[N, H]``:
 averaged over the batch and the query positions where it is defined.
 """
 

@@ -97,7 +97,6 @@ CELLS = {
     ],
     "08.3": [
         "def second_copy_loss(model, tokens, heads, L):\n"
-        "    from mhalab.hooks import run_with_hooks\n"
         "    hooks = []\n"
         "    for layer in set(l for l, h in heads):\n"
         "        to_zero = [h for l, h in heads if l == layer]\n"
@@ -107,11 +106,10 @@ CELLS = {
         "            return z\n"
         "        hooks.append((f'blocks.{layer}.attn.hook_z', zero_heads))\n"
         "    with torch.no_grad():\n"
-        "        logits = run_with_hooks(model, tokens, fwd_hooks=hooks)\n"
+        "        logits = model.run_with_hooks(tokens, fwd_hooks=hooks)\n"
         "    loss = F.cross_entropy(logits[:, L:-1].reshape(-1, logits.shape[-1]), tokens[:, L + 1:].reshape(-1))\n"
         "    return loss.item()\n\nq3.check(second_copy_loss)",
         "def second_copy_loss(model, tokens, heads, L):\n"
-        "    from mhalab.hooks import run_with_hooks\n"
         "    def hook_fn(z, hook):\n"
         "        layer = int(hook.name.split('.')[1])\n"
         "        off = [h for l, h in heads if l == layer]\n"
@@ -121,12 +119,11 @@ CELLS = {
         "        return z\n"
         "    names = [f'blocks.{l}.attn.hook_z' for l in range(model.config.n_layers)]\n"
         "    with torch.no_grad():\n"
-        "        logits = run_with_hooks(model, tokens, fwd_hooks=[(name, hook_fn) for name in names])\n"
+        "        logits = model.run_with_hooks(tokens, fwd_hooks=[(name, hook_fn) for name in names])\n"
         "    nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction='none')  # [B, 2L]\n"
         "    return nll[:, L:].mean().item()\n\nq3.check(second_copy_loss)",
         # following the two hints: one (name, hook) pair per layer, the mean cross-entropy at positions L .. 2L-1
         "def second_copy_loss(model, tokens, heads, L):\n"
-        "    from mhalab.hooks import run_with_hooks\n"
         "    def make_hook(layer):\n"
         "        def hook(z, hook):\n"
         "            z = z.clone()\n"
@@ -137,7 +134,7 @@ CELLS = {
         "        return hook\n"
         "    fwd_hooks = [(f'blocks.{layer}.attn.hook_z', make_hook(layer)) for layer in {l for l, _ in heads}]\n"
         "    with torch.no_grad():\n"
-        "        logits = run_with_hooks(model, tokens, fwd_hooks=fwd_hooks)\n"
+        "        logits = model.run_with_hooks(tokens, fwd_hooks=fwd_hooks)\n"
         "    logits, targets = logits[:, :-1], tokens[:, 1:]\n"
         "    nll = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction='none').view(targets.shape)\n"
         "    return nll[:, L:].mean().item()\n\nq3.check(second_copy_loss)",

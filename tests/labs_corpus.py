@@ -389,25 +389,21 @@ def _run_zeroing(model, tokens, layer, zero):
 
 
 def ablate_by_pattern(model, tokens, layer, head):  # zero the head's attention weights instead: z = pattern @ v = 0
-    from mhalab.hooks import run_with_hooks
-
     def off(pattern, hook):  # [B, H, T, S]
         pattern = pattern.clone()
         pattern[:, head] = 0
         return pattern
-    return run_with_hooks(model, tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", off)]).detach().double()
+    return model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", off)]).detach().double()
 
 
 def ablate_register_hook(net, ids, which_layer, which_head):  # plain torch forward hook, other names, NumPy out
     return _run_zeroing(net, ids, which_layer, lambda z: z.__setitem__((slice(None), slice(None), which_head), 0.0)).numpy()
 
 
-def ablate_in_place_with_block(model, tokens, layer, head):  # hooks_attached, a hook that edits z in place
-    from mhalab.hooks import hooks_attached
-
-    def hook(z, point):
+def ablate_in_place_with_block(model, tokens, layer, head):  # model.hooks, a keyword-only hook that edits z in place
+    def off(z, *, hook):
         z[..., head, :] = 0
-    with hooks_attached(model, [(f"blocks.{layer}.attn.hook_z", hook)]), torch.no_grad():
+    with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_z", off)]), torch.no_grad():
         return model(tokens)
 
 
@@ -417,9 +413,9 @@ def ablate_leaky(model, tokens, layer, head):
 
 
 def ablate_with_mhalab(model, tokens, layer, head):
-    from mhalab.hooks import ablate_heads, run_with_hooks
+    from mhalab.hooks import ablate_heads
 
-    return run_with_hooks(model, tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate_heads([head]))])
+    return model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate_heads([head]))])
 
 
 def ablate_with_ablation_module(model, tokens, layer, head):
@@ -551,10 +547,8 @@ def induction_diagonal(cache, L):  # the induction stripe is the diagonal at off
 
 
 def _second_copy(model, tokens, heads, L, *, positions=None, axis=2, keep_hooks=False, layers=None):
-    from mhalab.hooks import run_with_hooks
-
-    def hook(z, point):
-        layer = int(point.name.split(".")[1])
+    def off(z, hook):
+        layer = int(hook.name.split(".")[1])
         chosen = [h for l, h in heads if l == layer and (layers is None or l in layers)]
         if chosen:
             z = z.clone()
@@ -566,12 +560,12 @@ def _second_copy(model, tokens, heads, L, *, positions=None, axis=2, keep_hooks=
         for block in model.blocks:
             block.attn.hook_z.register_forward_hook(lambda mod, inp, out: out * 0.5)
     with torch.no_grad():
-        logits = run_with_hooks(model, tokens, fwd_hooks=[("*.attn.hook_z", hook)])
+        logits = model.run_with_hooks(tokens, fwd_hooks=[(lambda name: name.endswith("attn.hook_z"), off)])
     nll = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(), reduction="none").view(tokens.shape[0], -1)
     return nll[:, L:].mean().item() if positions is None else nll[:, positions].mean().item()
 
 
-def second_copy_one_glob_hook(model, tokens, heads, L):  # one hook on every layer reading hook.name
+def second_copy_one_predicate_hook(model, tokens, heads, L):  # one hook on every layer reading hook.name
     return _second_copy(model, tokens, heads, L)
 
 
@@ -600,7 +594,7 @@ def second_copy_with_ablate(model, tokens, heads, L):
 
 
 def second_copy_with_gate_heads(model, tokens, heads, L):  # the course's gating hook with zero gates: refused too
-    from mhalab.hooks import gate_heads, run_with_hooks
+    from mhalab.hooks import gate_heads
 
     H = model.config.n_heads
     hooks = []
@@ -609,7 +603,7 @@ def second_copy_with_gate_heads(model, tokens, heads, L):  # the course's gating
         gates[[h for l, h in heads if l == layer]] = 0.0
         hooks.append((f"blocks.{layer}.attn.hook_z", gate_heads(gates)))
     with torch.no_grad():
-        logits = run_with_hooks(model, tokens, fwd_hooks=hooks)
+        logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
     return torch.nn.functional.cross_entropy(logits[:, L:-1].flatten(0, 1), tokens[:, L + 1:].flatten()).item()
 
 
@@ -886,7 +880,7 @@ CORPUS = {
         ],
     },
     "08.3": {
-        "right": [second_copy_one_glob_hook, second_copy_forward_hooks],
+        "right": [second_copy_one_predicate_hook, second_copy_forward_hooks],
         "wrong": [
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(None)), "stage 1 of 3 (no head off)"),
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(None)), "over the whole sequence"),

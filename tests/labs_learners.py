@@ -156,8 +156,6 @@ def second_copy_per_layer(model, tokens, heads, L):  # one hook per layer, exact
 
 
 def second_copy_predicate(model, tokens, heads, L):  # one hook chosen by a predicate, the layer from hook.name
-    from mhalab.hooks import run_with_hooks
-
     def fn(z, hook):
         layer = int(hook.name.split(".")[1])
         keep = torch.ones(z.shape[2])
@@ -167,35 +165,32 @@ def second_copy_predicate(model, tokens, heads, L):  # one hook chosen by a pred
         return z * keep[None, None, :, None]
 
     with torch.no_grad():
-        logits = run_with_hooks(model, tokens, fwd_hooks=[(lambda name: name.endswith("attn.hook_z"), fn)])
+        logits = model.run_with_hooks(tokens, fwd_hooks=[(lambda name: name.endswith("attn.hook_z"), fn)])
     logp = logits.log_softmax(-1)[:, L:-1]  # [B, L, V]: the predictions of the second copy
     return -logp.gather(-1, tokens[:, L + 1:, None]).mean()
 
 
-def second_copy_with_cache(model, tokens, heads, L):  # run_with_cache's fwd_hooks, a list of exact names cached
-    from mhalab.hooks import run_with_cache
-
+def second_copy_with_cache(model, tokens, heads, L):  # hooks around run_with_cache, a list of exact names cached
     def fn(z, hook):
         z = z.clone()
         z[:, :, [h for l, h in heads if f"blocks.{l}.attn.hook_z" == hook.name]] = 0.0
         return z
 
     names = [f"blocks.{l}.attn.hook_z" for l in sorted({l for l, _ in heads})]
-    logits, _ = run_with_cache(model, tokens, names_filter=names, fwd_hooks=[(name, fn) for name in names])
+    with model.hooks(fwd_hooks=[(name, fn) for name in names]):
+        logits, _ = model.run_with_cache(tokens, names_filter=names)
     return _nll_second_copy(logits, tokens, L)
 
 
 # The mistakes learners made (issue 30): each passed before, or got a message that did not help.
 def _hooked(model, tokens, heads, point, index):
-    from mhalab.hooks import run_with_hooks
-
     def fn(act, hook):
         act = act.clone()
         act[:, :, [index(h) for l, h in heads if hook.name == f"blocks.{l}.attn.hook_{point}"]] = 0.0
         return act
 
     with torch.no_grad():
-        return run_with_hooks(model, tokens, fwd_hooks=[(lambda name: name.endswith(f"attn.hook_{point}"), fn)])
+        return model.run_with_hooks(tokens, fwd_hooks=[(lambda name: name.endswith(f"attn.hook_{point}"), fn)])
 
 
 def second_copy_zeroing_v(model, tokens, heads, L):  # hook_v at the query head's index
@@ -208,15 +203,13 @@ def second_copy_zeroing_v_group(model, tokens, heads, L):  # hook_v at the head'
 
 
 def second_copy_one_digit_layer(model, tokens, heads, L):  # the layer read as one character of the name
-    from mhalab.hooks import run_with_hooks
-
     def fn(z, hook):
         z = z.clone()
         z[:, :, [h for l, h in heads if l == int(hook.name[7])]] = 0.0
         return z
 
     with torch.no_grad():
-        logits = run_with_hooks(model, tokens, fwd_hooks=[(lambda name: name.endswith("attn.hook_z"), fn)])
+        logits = model.run_with_hooks(tokens, fwd_hooks=[(lambda name: name.endswith("attn.hook_z"), fn)])
     return _nll_second_copy(logits, tokens, L)
 
 

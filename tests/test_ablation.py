@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mhalab import ablation as A
-from mhalab.hooks import gate_heads, hook_points, run_with_hooks
+from mhalab.hooks import gate_heads, hook_points
 from mhalab.tasks import Batch
 
 
@@ -38,7 +38,8 @@ def test_zero_ablation_is_a_zero_gate_and_is_undone_exactly(model, batch):
         ablated = model(batch.inputs).detach()
     gates = torch.ones(2, 4)
     gates[0, 1] = gates[1, 3] = 0.0
-    gated = run_with_hooks(model, batch.inputs, fwd_hooks=[(f"blocks.{i}.attn.hook_z", gate_heads(gates[i])) for i in range(2)])
+    hooks = [(f"blocks.{i}.attn.hook_z", gate_heads(gates[i])) for i in range(2)]
+    gated = model.run_with_hooks(batch.inputs, fwd_hooks=hooks)
     torch.testing.assert_close(ablated, gated.detach())
     assert not torch.allclose(ablated, intact)
     assert torch.equal(model(batch.inputs), intact) and no_hooks(model)
@@ -81,7 +82,8 @@ def test_ablate_each_head(model, task, batch):
 # ---------------------------------------------------------------------------- importance
 def gated(model, inputs, gates):
     """The model with every head's output multiplied by ``gates[layer, head]``."""
-    return run_with_hooks(model, inputs, fwd_hooks=[(f"blocks.{i}.attn.hook_z", gate_heads(g)) for i, g in enumerate(gates)])
+    hooks = [(f"blocks.{i}.attn.hook_z", gate_heads(g)) for i, g in enumerate(gates)]
+    return model.run_with_hooks(inputs, fwd_hooks=hooks)
 
 
 def test_importance_is_the_gate_gradient(model, task):

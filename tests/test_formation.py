@@ -50,11 +50,11 @@ def test_the_numbers_are_those_of_the_model_at_that_step():
     recorder = FormationRecorder(TASK, batch_size=8, icl_window=3)
     model = small(TASK)
     recorder(7, model)
-    from mhalab.hooks import run_with_cache
     from mhalab.scores import stack_attention
 
     batch = recorder.batch
-    logits, cache = run_with_cache(model.eval(), batch.inputs, names_filter="*.hook_pattern")
+    with torch.no_grad():
+        logits, cache = model.eval().run_with_cache(batch.inputs, names_filter=lambda name: name.endswith("hook_pattern"))
     A = stack_attention(cache)
     torch.testing.assert_close(recorder.score("induction")[0], induction_score(A, batch.inputs))
     torch.testing.assert_close(recorder.score("previous-token")[0], previous_token_score(A))

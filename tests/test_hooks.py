@@ -1,4 +1,5 @@
-"""mhalab.hooks: named activations inside MultiHeadAttention, read with a cache and changed by hooks."""
+"""mhalab.hooks: named activations inside MultiHeadAttention, read with a cache and changed by hooks, through the
+models' methods (model.run_with_cache, ...) and, on a bare attention layer, the functions they call."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ from torch import nn
 
 from mhalab.attention import KVCache, MultiHeadAttention
 from mhalab.hooks import (
-    ActivationCache, ablate_heads, attention_modules, gate_heads, get_act_name, hook_points, hooks_attached, patch_heads,
-    run_with_cache, run_with_hooks,
+    ActivationCache, HookedRootModule, ablate_heads, attention_modules, gate_heads, get_act_name, glob_filter, hook_points,
+    hooks_attached, patch_heads, run_with_cache, run_with_hooks,
 )
 
 D, H = 16, 4
 
 
-class TwoLayers(nn.Module):
+class TwoLayers(HookedRootModule):
     """The smallest model with the course's names: blocks.{i}.attn."""
 
     def __init__(self, **options):
@@ -50,7 +51,7 @@ def test_names_follow_the_model(model):
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_cache_holds_what_need_weights_returns(model, is_causal):
     x = torch.randn(2, 5, D)
-    out, cache = run_with_cache(model, x, is_causal=is_causal)
+    out, cache = model.run_with_cache(x, is_causal=is_causal)
     torch.testing.assert_close(out, model(x, is_causal=is_causal))  # caching changes nothing (explicit path = fused, to rounding)
     attn = model.blocks[0].attn
     _, weights = attn(x, is_causal=is_causal, need_weights=True, average_attn_weights=False)
@@ -62,7 +63,7 @@ def test_cache_holds_what_need_weights_returns(model, is_causal):
 
 def test_z_is_the_input_of_w_o(model):
     x = torch.randn(2, 5, D)
-    _, cache = run_with_cache(model, x, names_filter="blocks.0.attn.hook_z")
+    _, cache = model.run_with_cache(x, names_filter="blocks.0.attn.hook_z")
     assert list(cache) == ["blocks.0.attn.hook_z"]
     attn = model.blocks[0].attn
     z = cache["blocks.0.attn.hook_z"]
@@ -71,20 +72,20 @@ def test_z_is_the_input_of_w_o(model):
 
 def test_glob_and_predicate_pick_names(model):
     x = torch.randn(1, 3, D)
-    assert list(run_with_cache(model, x, names_filter="*.hook_pattern")[1]) == ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
-    assert list(run_with_cache(model, x, names_filter=lambda n: n.startswith("blocks.1"))[1]) == [f"blocks.1.attn.{p}" for p in ATTN_POINTS]
-    assert list(run_with_cache(model, x, names_filter=["blocks.1.attn.hook_z", "blocks.0.attn.hook_k"])[1]) == [
+    assert list(model.run_with_cache(x, names_filter=glob_filter("*.hook_pattern"))[1]) == ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
+    assert list(model.run_with_cache(x, names_filter=lambda n: n.startswith("blocks.1"))[1]) == [f"blocks.1.attn.{p}" for p in ATTN_POINTS]
+    assert list(model.run_with_cache(x, names_filter=["blocks.1.attn.hook_z", "blocks.0.attn.hook_k"])[1]) == [
         "blocks.1.attn.hook_z", "blocks.0.attn.hook_k"]  # in the order asked
 
 
 def test_unknown_name_is_refused_with_the_names_there_are(model):
     with pytest.raises(KeyError, match=r"blocks.\{i\}.attn.hook_pattern \(i = 0..1\)"):
-        run_with_cache(model, torch.randn(1, 3, D), names_filter="blocks.0.attention.hook_pattern")
+        model.run_with_cache(torch.randn(1, 3, D), names_filter="blocks.0.attention.hook_pattern")
 
 
 def test_ablating_a_head_equals_removing_its_w_o_slice(model):
     x = torch.randn(2, 5, D)
-    ablated = run_with_hooks(model, x, fwd_hooks=[("blocks.1.attn.hook_z", ablate_heads([3]))])
+    ablated = model.run_with_hooks(x, fwd_hooks=[("blocks.1.attn.hook_z", ablate_heads([3]))])
     dk = D // H
     with torch.no_grad():
         model.blocks[1].attn.out_proj.weight[:, 3 * dk : 4 * dk] = 0
@@ -94,7 +95,8 @@ def test_ablating_a_head_equals_removing_its_w_o_slice(model):
 def test_mean_ablation_writes_the_means(model):
     x = torch.randn(2, 5, D)
     means = torch.randn(H, D // H)
-    _, cache = run_with_cache(model, x, names_filter="blocks.0.attn.hook_z", fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads([0, 2], means))])
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads([0, 2], means))]):
+        _, cache = model.run_with_cache(x, names_filter="blocks.0.attn.hook_z")
     z = cache["blocks.0.attn.hook_z"]
     assert torch.equal(z[:, :, 0], means[0].expand(2, 5, -1)) and torch.equal(z[:, :, 2], means[2].expand(2, 5, -1))
 
@@ -116,18 +118,18 @@ def test_hooks_are_removed_after_an_error(model):
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
-        run_with_hooks(model, torch.randn(1, 3, D), fwd_hooks=[("*.hook_z", broken)])
+        model.run_with_hooks(torch.randn(1, 3, D), fwd_hooks=[(glob_filter("*.hook_z"), broken)])
     assert not any(point.is_hooked for point in hook_points(model).values())
 
 
 def test_a_hook_must_keep_the_shape(model):
     with pytest.raises(ValueError, match="returned shape"):
-        run_with_hooks(model, torch.randn(1, 3, D), fwd_hooks=[("blocks.0.attn.hook_z", lambda z, hook: z[:, :1])])
+        model.run_with_hooks(torch.randn(1, 3, D), fwd_hooks=[("blocks.0.attn.hook_z", lambda z, hook: z[:, :1])])
 
 
 def test_ablating_a_head_that_does_not_exist(model):
     with pytest.raises(IndexError, match="heads 0..3"):
-        run_with_hooks(model, torch.randn(1, 3, D), fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads([4]))])
+        model.run_with_hooks(torch.randn(1, 3, D), fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads([4]))])
 
 
 def count_fused_calls(monkeypatch):
@@ -150,10 +152,10 @@ def test_the_fused_path_runs_unless_scores_or_pattern_are_wanted(model, monkeypa
     plain = model(x)
     assert len(calls) == 2
     qkvz = [p for p in hook_points(model) if p.rsplit(".", 1)[1] in ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_z")]
-    _, cache = run_with_cache(model, x, names_filter=qkvz)
+    _, cache = model.run_with_cache(x, names_filter=qkvz)
     assert len(calls) == 4 and list(cache) == qkvz
-    for point in ("*.hook_pattern", "*.hook_attn_scores"):
-        out, _ = run_with_cache(model, x, names_filter=point)
+    for point in ("hook_pattern", "hook_attn_scores"):
+        out, _ = model.run_with_cache(x, names_filter=lambda name: name.endswith(point))
         assert len(calls) == 4, f"caching {point} must take the explicit path"
         torch.testing.assert_close(out, plain)
 
@@ -161,7 +163,7 @@ def test_the_fused_path_runs_unless_scores_or_pattern_are_wanted(model, monkeypa
 def test_gqa_pattern_has_one_map_per_query_head():
     torch.manual_seed(0)
     model = TwoLayers(n_kv_heads=2, rope_base=10000.0).eval()
-    _, cache = run_with_cache(model, torch.randn(1, 6, D), is_causal=True)
+    _, cache = model.run_with_cache(torch.randn(1, 6, D), is_causal=True)
     assert cache["blocks.0.attn.hook_pattern"].shape == (1, H, 6, 6)
     assert cache["blocks.0.attn.hook_z"].shape == (1, 6, H, D // H)
 
@@ -192,7 +194,7 @@ def test_gates_scale_heads_and_check_their_shape(model):
 def test_gate_gradients_reach_the_gates(model):
     """What head importance needs: dL/d gate through the hook, one number per head."""
     gates = torch.ones(H, requires_grad=True)
-    out = run_with_hooks(model, torch.randn(2, 5, D), fwd_hooks=[("blocks.1.attn.hook_z", gate_heads(gates))])
+    out = model.run_with_hooks(torch.randn(2, 5, D), fwd_hooks=[("blocks.1.attn.hook_z", gate_heads(gates))])
     (grad,) = torch.autograd.grad(out.square().sum(), gates)
     assert grad.shape == (H,) and (grad != 0).all()
 
@@ -200,10 +202,11 @@ def test_gate_gradients_reach_the_gates(model):
 def test_per_position_means(model):
     x = torch.randn(2, 5, D)
     means = torch.randn(5, H, D // H)  # [L, H, dk]
-    _, cache = run_with_cache(model, x, names_filter="blocks.0.attn.hook_z", fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads([1], means))])
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads([1], means))]):
+        _, cache = model.run_with_cache(x, names_filter="blocks.0.attn.hook_z")
     assert torch.equal(cache["blocks.0.attn.hook_z"][:, :, 1], means[:, 1].expand(2, -1, -1))
     with pytest.raises(ValueError, match="same length"):
-        run_with_hooks(model, torch.randn(2, 4, D), fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads([1], means))])
+        model.run_with_hooks(torch.randn(2, 4, D), fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads([1], means))])
 
 
 def test_pattern_hooks_fire_once_per_attention_call_in_order():
@@ -214,7 +217,8 @@ def test_pattern_hooks_fire_once_per_attention_call_in_order():
     model = EncoderDecoder(ModelConfig(vocab_size=10, d_model=16, n_heads=4, n_layers=2)).eval()
     src, tgt = torch.randint(0, 10, (2, 7)), torch.randint(0, 10, (2, 5))
     calls = []
-    with hooks_attached(model, [("*.hook_pattern", lambda pattern, hook: calls.append((hook.name, tuple(pattern.shape))))]):
+    with model.hooks(fwd_hooks=[(lambda name: name.endswith("hook_pattern"),
+                                lambda pattern, hook: calls.append((hook.name, tuple(pattern.shape))))]):
         model(src, tgt)
         assert calls == [
             ("encoder.0.attn.hook_pattern", (2, H, 7, 7)), ("encoder.1.attn.hook_pattern", (2, H, 7, 7)),
@@ -299,7 +303,8 @@ def test_points_hold_what_their_names_say():
 def test_a_hook_on_the_scores_changes_the_pattern():
     attn = MultiHeadAttention(D, H).eval()
     flat = lambda scores, hook: torch.zeros_like(scores)  # noqa: E731
-    _, cache = run_with_cache(attn, torch.randn(1, 4, D), names_filter="hook_pattern", fwd_hooks=[("hook_attn_scores", flat)])
+    with hooks_attached(attn, [("hook_attn_scores", flat)]):
+        _, cache = run_with_cache(attn, torch.randn(1, 4, D), names_filter="hook_pattern")
     torch.testing.assert_close(cache["hook_pattern"], torch.full((1, H, 4, 4), 0.25))
 
 
@@ -314,7 +319,7 @@ def toy():
 
 def test_cache_reads_by_full_name_and_by_short_name_and_layer(toy):
     tokens = torch.randint(0, 11, (2, 6))
-    _, cache = run_with_cache(toy, tokens)
+    _, cache = toy.run_with_cache(tokens)
     assert isinstance(cache, ActivationCache)
     for short, layer, full in [("pattern", 0, "blocks.0.attn.hook_pattern"), ("q", 1, "blocks.1.attn.hook_q"),
                                ("attn_scores", 1, "blocks.1.attn.hook_attn_scores"), ("z", -1, "blocks.1.attn.hook_z"),
@@ -328,13 +333,13 @@ def test_cache_reads_by_full_name_and_by_short_name_and_layer(toy):
 
 def test_unknown_names_are_refused_with_what_exists(toy):
     tokens = torch.randint(0, 11, (1, 4))
-    _, cache = run_with_cache(toy, tokens, names_filter="*.hook_pattern")
+    _, cache = toy.run_with_cache(tokens, names_filter=glob_filter("*.hook_pattern"))
     with pytest.raises(KeyError, match=r"blocks.0.attn.hook_q.*holds 2: blocks.\{i\}.attn.hook_pattern \(i = 0..1\)"):
         cache["q", 0]
-    with pytest.raises(KeyError, match=r"no hook point of Transformer matches 'blocks.0.attn.pattern'.*blocks.\{i\}.attn.hook_pattern"):
-        run_with_cache(toy, tokens, names_filter="blocks.0.attn.pattern")
+    with pytest.raises(KeyError, match=r"Transformer has no hook point 'blocks.0.attn.pattern'.*blocks.\{i\}.attn.hook_pattern"):
+        toy.run_with_cache(tokens, names_filter="blocks.0.attn.pattern")
     with pytest.raises(KeyError, match="blocks.3.attn.hook_z"):
-        run_with_hooks(toy, tokens, fwd_hooks=[("blocks.3.attn.hook_z", ablate_heads([0]))])
+        toy.run_with_hooks(tokens, fwd_hooks=[("blocks.3.attn.hook_z", ablate_heads([0]))])
     with pytest.raises(TypeError, match=r"\('pattern', 0\)"):
         cache[0]
 
@@ -344,7 +349,7 @@ def test_an_encoder_decoder_refuses_short_keys_and_names_its_points():
     from mhalab.models import EncoderDecoder, ModelConfig
 
     model = EncoderDecoder(ModelConfig(vocab_size=10, d_model=D, n_heads=H, n_layers=2)).eval()
-    _, cache = run_with_cache(model, torch.randint(0, 10, (1, 5)), torch.randint(0, 10, (1, 3)), names_filter="*.hook_pattern")
+    _, cache = model.run_with_cache(torch.randint(0, 10, (1, 5)), torch.randint(0, 10, (1, 3)), names_filter=glob_filter("*.hook_pattern"))
     with pytest.raises(KeyError, match=r"hook_pattern points at that layer are encoder.0.attn.hook_pattern, "
                                        r"decoder.0.attn.hook_pattern, decoder.0.cross_attn.hook_pattern"):
         cache["pattern", 0]
@@ -354,10 +359,10 @@ def test_an_encoder_decoder_refuses_short_keys_and_names_its_points():
 def test_patching_one_heads_keys_changes_the_pattern_of_that_head_only(toy):
     """The field's basic experiment: copy head 2's keys in layer 1 from a clean run into a corrupted one."""
     clean, corrupted = torch.randint(0, 11, (2, 8)), torch.randint(0, 11, (2, 8))
-    _, clean_cache = run_with_cache(toy, clean)
-    _, corrupt_cache = run_with_cache(toy, corrupted, names_filter="*.hook_pattern")
-    _, patched = run_with_cache(toy, corrupted, names_filter="*.hook_pattern",
-                                fwd_hooks=[("blocks.1.attn.hook_k", patch_heads(clean_cache, [2]))])
+    _, clean_cache = toy.run_with_cache(clean)
+    _, corrupt_cache = toy.run_with_cache(corrupted, names_filter=glob_filter("*.hook_pattern"))
+    with toy.hooks(fwd_hooks=[("blocks.1.attn.hook_k", patch_heads(clean_cache, [2]))]):
+        _, patched = toy.run_with_cache(corrupted, names_filter=glob_filter("*.hook_pattern"))
     before, after = corrupt_cache["pattern", 1], patched["pattern", 1]
     for head in range(H):
         changed = (after[:, head] - before[:, head]).abs().max().item()
@@ -367,10 +372,10 @@ def test_patching_one_heads_keys_changes_the_pattern_of_that_head_only(toy):
 
 def test_patching_z_copies_the_clean_heads_and_only_them(toy):
     clean, corrupted = torch.randint(0, 11, (2, 8)), torch.randint(0, 11, (2, 8))
-    _, clean_cache = run_with_cache(toy, clean, names_filter="*.hook_z")
-    _, corrupt_cache = run_with_cache(toy, corrupted, names_filter="*.hook_z")
-    _, patched = run_with_cache(toy, corrupted, names_filter="*.hook_z",
-                                fwd_hooks=[("blocks.1.attn.hook_z", patch_heads(clean_cache, [0, 3]))])
+    _, clean_cache = toy.run_with_cache(clean, names_filter=glob_filter("*.hook_z"))
+    _, corrupt_cache = toy.run_with_cache(corrupted, names_filter=glob_filter("*.hook_z"))
+    with toy.hooks(fwd_hooks=[("blocks.1.attn.hook_z", patch_heads(clean_cache, [0, 3]))]):
+        _, patched = toy.run_with_cache(corrupted, names_filter=glob_filter("*.hook_z"))
     z = patched["z", 1]
     assert torch.equal(z[:, :, [0, 3]], clean_cache["z", 1][:, :, [0, 3]])
     assert torch.equal(z[:, :, [1, 2]], corrupt_cache["z", 1][:, :, [1, 2]])
@@ -381,11 +386,13 @@ def test_patch_heads_on_a_pattern_tensor_and_its_errors():
     attn = MultiHeadAttention(D, H, n_kv_heads=2).eval()
     x, y = torch.randn(1, 4, D), torch.randn(1, 4, D)
     _, clean = run_with_cache(attn, x, names_filter=["hook_pattern", "hook_k"])
-    _, patched = run_with_cache(attn, y, names_filter="hook_pattern", fwd_hooks=[("hook_pattern", patch_heads(clean["hook_pattern"], [1]))])
+    with hooks_attached(attn, [("hook_pattern", patch_heads(clean["hook_pattern"], [1]))]):
+        _, patched = run_with_cache(attn, y, names_filter="hook_pattern")
     assert torch.equal(patched["hook_pattern"][:, 1], clean["hook_pattern"][:, 1])
     # GQA: hook_k has 2 K/V heads; K/V head 1 serves query heads 2 and 3.
     _, plain = run_with_cache(attn, y, names_filter="hook_pattern")
-    _, patched = run_with_cache(attn, y, names_filter="hook_pattern", fwd_hooks=[("hook_k", patch_heads(clean, [1]))])
+    with hooks_attached(attn, [("hook_k", patch_heads(clean, [1]))]):
+        _, patched = run_with_cache(attn, y, names_filter="hook_pattern")
     changed = (patched["hook_pattern"] - plain["hook_pattern"]).abs().amax(dim=(0, 2, 3))
     assert changed[:2].max() == 0 and changed[2:].min() > 1e-4
     with pytest.raises(IndexError, match="hook_k has heads 0..1"):
@@ -450,7 +457,7 @@ def test_every_point_of_the_toy_transformer(options):
     kind = "attn_only" if cfg.attn_only else "mlp"
     assert list(hook_points(model)) == _expected_points([("blocks", 2, kind)], attn=attn,
                                                         tables=["hook_embed"] + ([] if rotary else ["hook_pos_embed"]))
-    _, cache = run_with_cache(model, torch.randint(0, 11, (3, 7)))
+    _, cache = model.run_with_cache(torch.randint(0, 11, (3, 7)))
     assert list(cache) == list(hook_points(model))
     _check_shapes(cache, B=3, D=D, H=H, G=cfg.n_kv_heads or H, dk=cfg.d_head or D // H, lengths=lambda name: (7, 7))
     if not cfg.attn_only:
@@ -467,7 +474,7 @@ def test_every_point_of_the_encoder_decoder():
         [("encoder", 2, "mlp"), ("decoder", 2, "cross")], attn=ATTN_POINTS,
         tables=["hook_embed", "hook_pos_embed", "hook_decoder_embed", "hook_decoder_pos_embed"])
     S, T = 7, 5
-    _, cache = run_with_cache(model, torch.randint(0, 11, (3, S)), torch.randint(0, 11, (3, T)))
+    _, cache = model.run_with_cache(torch.randint(0, 11, (3, S)), torch.randint(0, 11, (3, T)))
     assert list(cache) == list(hook_points(model))
 
     def lengths(name):
@@ -488,7 +495,7 @@ def test_every_point_of_minilm(minilm):
     cfg = minilm.config
     batch = minilm.tokenizer(["The cat sat on the mat.", "Heads attend."])
     B, T = batch.tokens.shape
-    _, cache = run_with_cache(minilm, batch.tokens, batch.padding)
+    _, cache = minilm.run_with_cache(batch.tokens, batch.padding)
     assert list(cache) == _expected_points([("blocks", cfg.n_layers, "mlp")], attn=ATTN_POINTS,
                                            tables=["hook_embed", "hook_pos_embed"])
     dk = cfg.d_model // cfg.n_heads
@@ -500,7 +507,7 @@ def test_every_point_of_minilm(minilm):
 def test_every_point_of_smollm2(smollm2):
     cfg = smollm2.config
     tokens = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])
-    _, cache = run_with_cache(smollm2, tokens)
+    _, cache = smollm2.run_with_cache(tokens)
     attn = ["hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", *ATTN_POINTS[3:]]
     assert list(cache) == _expected_points([("blocks", cfg.n_layers, "mlp")], attn=attn, tables=["hook_embed"])
     _check_shapes(cache, B=2, D=cfg.d_model, H=cfg.n_heads, G=cfg.n_kv_heads, dk=cfg.d_head, lengths=lambda name: (5, 5))
@@ -523,3 +530,122 @@ def test_an_unhooked_point_is_the_identity_and_any_hook_still_fires():
     assert torch.equal(point(x), 2 * x)
     handle.remove()
     assert point(x) is x
+
+
+# ------------------------------------------------------------- TransformerLens's calls and rules
+def test_hooks_are_called_with_the_keyword_hook(toy):
+    tokens, seen = torch.randint(0, 11, (1, 4)), []
+
+    def keyword_only(z, *, hook):
+        seen.append(hook.name)
+
+    toy.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", keyword_only)])
+    assert seen == ["blocks.0.attn.hook_z"]
+    with pytest.raises(TypeError, match=r"named 'hook'; off takes \(z, point\)"):
+        def off(z, point):
+            return z
+        toy.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", off)])
+    assert not any(point.is_hooked for point in toy.hook_points())
+
+
+def test_a_string_names_filter_is_one_exact_name_and_globs_need_glob_filter(toy):
+    tokens = torch.randint(0, 11, (1, 4))
+    with pytest.raises(KeyError, match=r"one exact name, as in TransformerLens; .*glob_filter\('\*.hook_pattern'\)"):
+        toy.run_with_cache(tokens, names_filter="*.hook_pattern")
+    _, cache = toy.run_with_cache(tokens, names_filter=glob_filter("*.hook_pattern", "hook_embed"))
+    assert list(cache) == ["hook_embed", "blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
+    with pytest.raises(KeyError, match=r"no hook point of Transformer matches '\*.hook_result'"):
+        toy.run_with_cache(tokens, names_filter=glob_filter("*.hook_result"))
+    assert len(toy.run_with_cache(tokens, names_filter=lambda name: False)[1]) == 0  # a predicate may pick none
+
+
+def test_the_output_keeps_its_graph_and_no_grad_turns_it_off(toy):
+    tokens = torch.randint(0, 11, (2, 5))
+    logits, cache = toy.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_z"])
+    assert logits.requires_grad and not cache["z", 0].requires_grad  # only the cache is detached
+    with torch.no_grad():
+        logits, _ = toy.run_with_cache(tokens)
+    assert not logits.requires_grad
+
+
+def test_a_gradient_attribution_through_a_forward_hook_and_through_bwd_hooks(toy):
+    """Attribution of one logit to each head of layer 1: z · dlogit/dz, summed per head, two ways."""
+    tokens = torch.randint(0, 11, (2, 5))
+    kept = {}
+
+    def keep(z, hook):
+        z.retain_grad()
+        kept[hook.name] = z
+
+    logits = toy.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", keep)])
+    logits[:, -1, 3].sum().backward()
+    z = kept["blocks.1.attn.hook_z"]
+    by_forward = (z * z.grad).sum(dim=(0, 1, 3))  # [H]
+    grads = {}
+    logits = toy.run_with_hooks(tokens, bwd_hooks=[("blocks.1.attn.hook_z", lambda g, hook: grads.update(g=g))],
+                                reset_hooks_end=False)
+    logits[:, -1, 3].sum().backward()
+    toy.reset_hooks()
+    _, cache = toy.run_with_cache(tokens, names_filter="blocks.1.attn.hook_z")
+    torch.testing.assert_close((cache["z", 1] * grads["g"]).sum(dim=(0, 1, 3)), by_forward)
+    assert by_forward.abs().min() > 0 and not any(point.is_hooked for point in toy.hook_points())
+
+
+def test_incl_bwd_caches_the_gradients_of_a_scalar_output():
+    model = TwoLayers().eval()
+    x = torch.randn(1, 3, D)
+    out, cache = TwoLayersLoss(model).run_with_cache(x, names_filter="model.blocks.0.attn.hook_z", incl_bwd=True)
+    assert list(cache) == ["model.blocks.0.attn.hook_z", "model.blocks.0.attn.hook_z_grad"]
+    z = cache["model.blocks.0.attn.hook_z"].requires_grad_()  # the gradient is dL/dz: check it by autograd
+    attn = model.blocks[0].attn
+    x1 = x + attn.out_proj(z.flatten(2))
+    (want,) = torch.autograd.grad((x1 + model.blocks[1].attn(x1)[0]).square().sum(), z)
+    torch.testing.assert_close(cache["model.blocks.0.attn.hook_z_grad"], want)
+    with pytest.raises(ValueError, match="must then be a scalar"):
+        model.run_with_cache(x, incl_bwd=True)
+
+
+class TwoLayersLoss(HookedRootModule):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x).square().sum()
+
+
+def test_hooks_context_reset_hooks_and_permanent_hooks(toy):
+    tokens, calls = torch.randint(0, 11, (1, 4)), []
+    count = lambda act, hook: calls.append(hook.name)  # noqa: E731
+    toy.add_perma_hook("hook_embed", count)
+    toy.add_hook("blocks.0.hook_resid_pre", count)
+    with toy.hooks(fwd_hooks=[("blocks.1.hook_resid_pre", count)]) as hooked:
+        hooked(tokens)
+    toy(tokens)
+    assert calls == ["hook_embed", "blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre",
+                     "hook_embed", "blocks.0.hook_resid_pre"]  # the context's hook went at its end
+    toy.reset_hooks()
+    calls.clear(), toy(tokens)
+    assert calls == ["hook_embed"]  # permanent hooks stay
+    toy.reset_hooks(including_permanent=True)
+    assert not any(point.is_hooked for point in toy.hook_points())
+    with pytest.raises(TypeError, match=r"with model.hooks\(fwd_hooks=\[...\]\)"):
+        toy.run_with_cache(tokens, fwd_hooks=[("hook_embed", count)])
+
+
+def test_cache_options_as_transformerlens(toy):
+    tokens = torch.randint(0, 11, (1, 6))
+    _, raw = toy.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_z"], return_cache_object=False)
+    assert type(raw) is dict and raw["blocks.0.attn.hook_z"].shape == (1, 6, H, D // H)
+    _, cache = toy.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_z", "blocks.0.attn.hook_pattern"],
+                                  remove_batch_dim=True, pos_slice=-1)
+    assert cache["z", 0].shape == (H, D // H) and cache["pattern", 0].shape == (H, 6)  # the last query position
+
+
+def test_bwd_hooks_removed_at_the_end_warn_and_do_not_run(toy):
+    grads = []
+    with pytest.warns(UserWarning, match="reset_hooks_end=False"):
+        logits = toy.run_with_hooks(torch.randint(0, 11, (1, 4)),
+                                    bwd_hooks=[("blocks.0.attn.hook_z", lambda g, hook: grads.append(g))])
+    logits.sum().backward()
+    assert grads == []  # as in TransformerLens: gone before the backward pass

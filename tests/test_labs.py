@@ -161,9 +161,9 @@ def test_importing_an_mhalab_module_is_not_calling_the_course_code(monkeypatch):
     assert labs.exercise("99", 1).verdict(double) == (core.PASSED, "correct.")
 
 def test_an_exercise_may_permit_running_some_mhalab_code_but_not_the_part_it_asks_for():
-    # 05.1: a model's forward pass and run_with_hooks may run; mhalab's own ablation hook may not, even when it
-    # is only called from inside run_with_hooks (the learner's hook calls it).
-    from mhalab.hooks import ablate_heads, run_with_hooks
+    # 05.1: a model's forward pass and model.run_with_hooks may run; mhalab's own ablation hook may not, even when it
+    # is only called from inside model.run_with_hooks (the learner's hook calls it).
+    from mhalab.hooks import ablate_heads
 
     q1 = labs.exercise("05", 1)
 
@@ -172,10 +172,11 @@ def test_an_exercise_may_permit_running_some_mhalab_code_but_not_the_part_it_ask
             z = z.clone()
             z[:, :, head] = 0
             return z
-        return run_with_hooks(model, tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", off)])
+        return model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", off)])
 
     def theirs_inside_mine(model, tokens, layer, head):
-        return run_with_hooks(model, tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", lambda z, hook: ablate_heads([head])(z, hook))])
+        return model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z",
+                                                        lambda z, hook: ablate_heads([head])(z, hook=hook))])
 
     assert q1.verdict(mine) == (core.PASSED, "correct.")
     status, message = q1.verdict(theirs_inside_mine)

@@ -27,9 +27,9 @@ def test_every_head_is_a_thumbnail_of_its_map(text_explorer):
 
 def test_sink_heads_are_the_measured_ones(text_explorer):
     model, ex = text_explorer
-    from mhalab.hooks import run_with_cache
 
-    _, cache = run_with_cache(model, model.tokenizer("attend to this"), names_filter="*.hook_pattern")
+    tokens = model.tokenizer("attend to this")
+    _, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_pattern"))
     first = first_token_score(cache)  # [N, H], queries 1..T-1
     view = model_view(ex)
     assert view.sinks == [(l, h) for l in range(2) for h in range(4) if float(first[l, h]) >= SINK_THRESHOLD]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mhalab.attention import check_head_count
-from mhalab.hooks import ablate_heads, attention_modules, hooks_attached, run_with_cache, run_with_hooks
+from mhalab.hooks import ablate_heads, attention_modules
 from mhalab.models import EncoderDecoder, ModelConfig, Transformer, eval_mode
 from mhalab.positions import sinusoidal_positions
 
@@ -100,7 +100,7 @@ def test_hook_names_follow_the_blocks():
 def test_ablating_a_head_equals_zeroing_its_slice_of_w_o(layer, head):
     model = Transformer(small()).eval()
     x = tokens()
-    ablated = run_with_hooks(model, x, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate_heads([head]))])
+    ablated = model.run_with_hooks(x, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate_heads([head]))])
 
     surgery = copy.deepcopy(model)
     dk = surgery.blocks[layer].attn.d_head
@@ -114,7 +114,7 @@ def test_ablating_a_head_equals_zeroing_its_slice_of_w_o(layer, head):
 def test_cached_patterns(causal):
     model = Transformer(small(causal=causal, n_heads=2))
     with eval_mode(model):
-        logits, cache = run_with_cache(model, tokens(), names_filter="*.hook_pattern")
+        logits, cache = model.run_with_cache(tokens(), names_filter=lambda name: name.endswith("hook_pattern"))
         assert torch.allclose(logits, model(tokens()), atol=1e-5)  # looking changes nothing
     assert model.training  # mode restored
     assert list(cache) == ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
@@ -127,8 +127,9 @@ def test_cached_patterns(causal):
 
 def test_an_ablated_head_still_has_its_pattern_but_later_layers_change():
     model = Transformer(small()).eval()
-    _, plain = run_with_cache(model, tokens(), names_filter="*.hook_pattern")
-    _, ablated = run_with_cache(model, tokens(), names_filter="*.hook_pattern", fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads([1]))])
+    _, plain = model.run_with_cache(tokens(), names_filter=lambda name: name.endswith("hook_pattern"))
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads([1]))]):
+        _, ablated = model.run_with_cache(tokens(), names_filter=lambda name: name.endswith("hook_pattern"))
     assert torch.allclose(plain["blocks.0.attn.hook_pattern"], ablated["blocks.0.attn.hook_pattern"])  # its own pattern: the same
     assert not torch.allclose(plain["blocks.1.attn.hook_pattern"], ablated["blocks.1.attn.hook_pattern"])  # layer 1 sees another input
 
@@ -204,7 +205,7 @@ def test_generation_stops_at_a_stop_token():
 def test_encoder_decoder_shapes_and_attention():
     model = EncoderDecoder(small()).eval()
     src, tgt = tokens(length=7), tokens(length=5, seed=1)
-    logits, cache = run_with_cache(model, src, tgt, names_filter="*.hook_pattern")
+    logits, cache = model.run_with_cache(src, tgt, names_filter=lambda name: name.endswith("hook_pattern"))
     assert logits.shape == (B, 5, V)
     shapes = {name: tuple(w.shape) for name, w in cache.items()}
     assert shapes == {
@@ -233,7 +234,8 @@ def test_encoder_decoder_ablation_and_generation():
     src, tgt = tokens(length=7), tokens(length=5, seed=1)
     base = model(src, tgt)
     for point in ("encoder.1.attn.hook_z", "decoder.1.attn.hook_z", "decoder.1.cross_attn.hook_z"):
-        assert not torch.allclose(run_with_hooks(model, src, tgt, fwd_hooks=[(point, ablate_heads([0]))]), base, atol=1e-5), point
+        ablated = model.run_with_hooks(src, tgt, fwd_hooks=[(point, ablate_heads([0]))])
+        assert not torch.allclose(ablated, base, atol=1e-5), point
 
     fast = model.generate(src, 5, bos_id=0)
     slow = torch.zeros(B, 1, dtype=torch.long)
@@ -254,7 +256,7 @@ def test_cross_attention_projects_the_memory_once_and_gives_the_same_logits():
     with torch.no_grad():
         memory = model.encode(src)
         projections = []
-        count = [("decoder.*.cross_attn.hook_k", lambda k, hook: projections.append(hook.name))]
+        count = [(lambda name: name.endswith("cross_attn.hook_k"), lambda k, hook: projections.append(hook.name))]
         logits = {}
         for cross in (True, False):
             self_caches, cross_caches = [KVCache() for _ in model.decoder], [KVCache() for _ in model.decoder]
@@ -263,7 +265,7 @@ def test_cross_attention_projects_the_memory_once_and_gives_the_same_logits():
                                        for t in range(tgt.size(1))], dim=1)  # [B, T, V]
         assert torch.equal(logits[True], logits[False])
         self_caches, cross_caches = [KVCache() for _ in model.decoder], [KVCache() for _ in model.decoder]
-        with hooks_attached(model, count):
+        with model.hooks(fwd_hooks=count):
             for t in range(tgt.size(1)):
                 model.decode(tgt[:, t : t + 1], memory, kv_caches=self_caches, cross_kv_caches=cross_caches)
     assert projections == ["decoder.0.cross_attn.hook_k", "decoder.1.cross_attn.hook_k"]  # once per layer, not per token

@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 import torch
 
-from mhalab.hooks import run_with_cache, run_with_hooks, ablate_heads
+from mhalab.hooks import ablate_heads
 from mhalab.pretrained import files
 
 REFERENCES = Path(__file__).resolve().parent / "references"
@@ -105,7 +105,8 @@ def test_minilm_similarity_is_meaningful(minilm):
 
 def test_minilm_hook_points(minilm):
     batch = minilm.tokenizer(["The cat sat on the mat."])
-    _, cache = run_with_cache(minilm, batch.tokens, batch.padding, names_filter="*.hook_pattern")
+    is_pattern = lambda name: name.endswith("hook_pattern")  # noqa: E731
+    _, cache = minilm.run_with_cache(batch.tokens, batch.padding, names_filter=is_pattern)
     assert list(cache) == [f"blocks.{i}.attn.hook_pattern" for i in range(6)]
     T = batch.tokens.shape[1]
     assert cache["blocks.0.attn.hook_pattern"].shape == (1, 12, T, T)
@@ -311,11 +312,11 @@ def test_smollm2_can_keep_only_the_last_logits(smollm2):
 def test_smollm2_hook_points_and_grouped_heads(smollm2):
     ids = smollm2.tokenizer("The cat sat on the mat.")
     T = ids.shape[1]
-    logits, cache = run_with_cache(smollm2, ids, names_filter=["blocks.0.attn.hook_pattern", "blocks.29.attn.hook_z"])
+    logits, cache = smollm2.run_with_cache(ids, names_filter=["blocks.0.attn.hook_pattern", "blocks.29.attn.hook_z"])
     assert cache["blocks.0.attn.hook_pattern"].shape == (1, 9, T, T)
     assert cache["blocks.29.attn.hook_z"].shape == (1, T, 9, 64)
     assert torch.triu(cache["blocks.0.attn.hook_pattern"][0], diagonal=1).abs().max() == 0  # causal
     with torch.no_grad():
         torch.testing.assert_close(logits, smollm2(ids), atol=1e-4, rtol=1e-4)  # explicit path = fused path
-        ablated = run_with_hooks(smollm2, ids, fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads(list(range(9))))])
+        ablated = smollm2.run_with_hooks(ids, fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads(list(range(9))))])
     assert not torch.allclose(ablated, logits)

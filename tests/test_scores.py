@@ -6,12 +6,11 @@ import pytest
 import torch
 
 from mhalab import scores as S
-from mhalab.hooks import run_with_cache
 
 
 def patterns(model, batch):
     """Every layer's pattern for the batch, as the notebooks get it."""
-    return run_with_cache(model.eval(), batch.inputs, names_filter="*.hook_pattern")[1]
+    return model.eval().run_with_cache(batch.inputs, names_filter=lambda name: name.endswith("hook_pattern"))[1]
 
 
 def test_stack_takes_a_cache_a_list_or_a_stack(model, batch):

@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from mhalab import widgets
-from mhalab.hooks import run_with_cache
 from mhalab.scores import GENERIC_SCORES, stack_attention
 
 
@@ -14,7 +13,8 @@ from mhalab.scores import GENERIC_SCORES, stack_attention
 def test_explorer_precomputes_everything(explorer_setup):
     task, model, batch, ex = explorer_setup
     assert ex.attention.shape == (2, 3, 4, 8, 8)  # [layer, example, head, query, key]
-    stacked = stack_attention(run_with_cache(model.eval(), batch.inputs, names_filter="*.hook_pattern")[1])
+    _, cache = model.eval().run_with_cache(batch.inputs, names_filter=lambda name: name.endswith("hook_pattern"))
+    stacked = stack_attention(cache)
     np.testing.assert_allclose(ex.attention, stacked[:, :3].numpy())
     assert set(ex.scores) == {"left1", "right2", *GENERIC_SCORES}
     assert ex.ablation is not None and ex.ablation.ablated["accuracy"].shape == (2, 4)
@@ -133,7 +133,8 @@ def test_an_explorer_on_text_reruns_the_model_on_new_text(text_explorer):
     before = ex.png
     ex.set_text("a much longer sentence.")
     assert ex.T == len("a much longer sentence.") + 1 and (ex.layer, ex.head) == (1, 3)
-    stacked = stack_attention(run_with_cache(model, model.tokenizer("a much longer sentence."), names_filter="*.hook_pattern")[1])
+    tokens = model.tokenizer("a much longer sentence.")
+    stacked = stack_attention(model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_pattern"))[1])
     np.testing.assert_allclose(ex.attention[:, 0], stacked[:, 0].numpy())
     assert ex.png != before and "layer 1, head 3" in ex.map_title.get_text()
 

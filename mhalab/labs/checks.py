@@ -82,10 +82,10 @@ def previous_token_mistakes(patterns: Sequence[torch.Tensor]) -> dict[str, torch
 
 
 def pattern_cache(patterns: Sequence[torch.Tensor]) -> ActivationCache:
-    """Hidden attention patterns ``[B, H, T, T]``, one per layer, as ``run_with_cache(model, tokens,
+    """Hidden attention patterns ``[B, H, T, T]``, one per layer, as ``model.run_with_cache(tokens,
     names_filter=<the hook_pattern points>)`` returns them: an :class:`~mhalab.hooks.ActivationCache` in layer
     order, read as ``cache["blocks.0.attn.hook_pattern"]`` or ``cache["pattern", 0]``."""
-    return ActivationCache({f"blocks.{i}.attn.hook_pattern": p for i, p in enumerate(patterns)}, "Transformer")
+    return ActivationCache({f"blocks.{i}.attn.hook_pattern": p for i, p in enumerate(patterns)})
 
 
 def grading() -> bool:

@@ -3,7 +3,7 @@ switching off each head costs, and compute a previous-token score yourself.
 
 Exercises 1 and 2 run the learner's function on small hidden models (other sizes, a causal one, one with
 several targets per position) and compare with :mod:`mhalab.hooks`/:mod:`mhalab.ablation`. The answer may
-run a model and attach hooks (``run_with_hooks``, ``hooks_attached``, ``register_forward_hook``); in exercise 1,
+run a model and attach hooks (``model.run_with_hooks``, ``model.hooks``, ``register_forward_hook``); in exercise 1,
 as its prompt says, an answer that calls the course's own ablation (``ablate_heads``, ``gate_heads``,
 ``mhalab.ablation``) scores 0. Exercise 2 may use anything, ``ablate`` included.
 Heads' roles are named as everywhere in the course (:func:`mhalab.scores.role_of`).
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..hooks import ablate_heads, run_with_hooks
+from ..hooks import ablate_heads
 from ..scores import previous_token_score
 from .checks import (as_float64, call_answer, expect_shape, generator, hidden_model, judge, observe,
                      previous_token_mistakes)
@@ -43,9 +43,9 @@ def _models():
     return out
 
 
-def _with_hook(model, tokens, layer, hook):
+def _with_hook(model, tokens, layer, edit):
     with torch.no_grad():
-        return run_with_hooks(model, tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", lambda z, point: hook(z.clone()))])
+        return model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", lambda z, hook: edit(z.clone()))])
 
 
 def _zeroed(heads):
@@ -57,7 +57,7 @@ def _zeroed(heads):
 
 def _ablate_reference(model, tokens, layer, head):
     with torch.no_grad():
-        return run_with_hooks(model, tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate_heads([head]))])
+        return model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate_heads([head]))])
 
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -73,7 +73,7 @@ def _check_ablate(ablate_head) -> None:
             leaked = observe("model_changed")
             if leaked:
                 raise Wrong(f"ablate_head({label}): after your function returned, the model still runs with a head off. "
-                            "Remove the hook when you are done (run_with_hooks and hooks_attached do it for you)")
+                            "Remove the hook when you are done (model.run_with_hooks and model.hooks do it for you)")
             others = [h for h in range(H) if h != head]
             judge(got, _ablate_reference(model, tokens, layer, head), f"ablate_head({label})", lambda: {
                 "nothing changed: the result is the intact model's. Does your hook return the new z (or change it in "
@@ -93,16 +93,15 @@ register(Exercise(
     hint=["Every attention layer has a hook point `blocks.{layer}.attn.hook_z` holding each head's output "
           "[batch, query, head, d_head], before W_O mixes the heads.",
           "Write a hook `fn(z, hook)` that returns a copy of z with that head's slice set to zero, and run the "
-          "model with `run_with_hooks(model, tokens, fwd_hooks=[(point, hook)])`: the hook is gone afterwards."],
+          "model with `model.run_with_hooks(tokens, fwd_hooks=[(point, fn)])`: the hook is gone afterwards."],
     solution=(
         "def ablate_head(model, tokens, layer, head):\n"
-        "    from mhalab.hooks import run_with_hooks\n"
         "    def switch_off(z, hook):                # z: [batch, query, head, d_head]\n"
         "        z = z.clone()\n"
         "        z[:, :, head] = 0.0                 # this head now adds nothing through W_O\n"
         "        return z\n"
         "    with torch.no_grad():\n"
-        "        return run_with_hooks(model, tokens, fwd_hooks=[(f'blocks.{layer}.attn.hook_z', switch_off)])"
+        "        return model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{layer}.attn.hook_z', switch_off)])"
     ),
     reference=_ablate_reference,
 ))
@@ -165,20 +164,19 @@ register(Exercise(
           "whose target is -100 are left out by default. Return a [n_layers, n_heads] tensor."],
     solution=(
         "def ablation_effects(model, tokens, targets):\n"
-        "    from mhalab.hooks import run_with_hooks\n"
         "    def loss(logits):                              # mean over the positions that have a target\n"
         "        V = logits.size(-1)\n"
         "        return torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1)).item()\n"
         "    def switch_off(head):                          # (your ablate_head from exercise 1 does the same)\n"
-        "        def hook(z, point):                        # z: [batch, query, head, d_head]\n"
+        "        def off(z, hook):                          # z: [batch, query, head, d_head]\n"
         "            z = z.clone()\n"
         "            z[:, :, head] = 0.0\n"
         "            return z\n"
-        "        return hook\n"
+        "        return off\n"
         "    N, H = model.config.n_layers, model.config.n_heads\n"
         "    with torch.no_grad():\n"
         "        intact = loss(model(tokens))\n"
-        "        return torch.tensor([[loss(run_with_hooks(model, tokens, fwd_hooks=[(f'blocks.{l}.attn.hook_z', switch_off(h))]))\n"
+        "        return torch.tensor([[loss(model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{l}.attn.hook_z', switch_off(h))]))\n"
         "                              - intact for h in range(H)] for l in range(N)])   # [N, H]"
     ),
     reference=_effects_reference,

@@ -8,7 +8,7 @@ returns it, one of 30 layers as SmolLM2's (sorting its names puts ``blocks.10`` 
 on small hidden causal models (mhalab's toy ``Transformer``) that group their K/V heads as SmolLM2 does, one of
 them rotary with 30 layers, staged: no head off, one head, heads in two layers. When grading, the values
 are drawn fresh and more cases added (configs, sizes, the heads switched off). The answer to exercise 3 may
-run a model and attach hooks (``run_with_hooks``, ``hooks_attached``, ``register_forward_hook``), but, as its
+run a model and attach hooks (``model.run_with_hooks``, ``model.hooks``, ``register_forward_hook``), but, as its
 prompt says, one that calls the course's own ablation (``ablate``, ``ablate_heads``, ``gate_heads``,
 ``mhalab.ablation``) scores 0. Exercises 1 and 2 may use anything.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..hooks import run_with_hooks
 from ..pretrained.smollm2 import SmolLM2Config
 from .checks import (as_float64, call_answer, expect_shape, expect_whole, generator, grading, hidden_model, judge,
                      name_miss, observe, pattern_cache, rng)
@@ -211,7 +210,7 @@ def _loss_with(model, tokens, heads, L, *, positions=None, axis=2, point="z", sh
     name = "hook_z" if point == "z" else "hook_v"
     hooks = [(f"blocks.{layer}.attn.{name}", zero(hs)) for layer, hs in by_layer.items()]
     with torch.no_grad():
-        logits = run_with_hooks(model, tokens, fwd_hooks=hooks)  # [B, 1 + 2L, V]
+        logits = model.run_with_hooks(tokens, fwd_hooks=hooks)  # [B, 1 + 2L, V]
     T = tokens.size(1)
     nll = F.cross_entropy(logits[:, :T - shift].flatten(0, 1), tokens[:, shift:].flatten(), reduction="none")
     nll = nll.view(tokens.size(0), T - shift)  # shift 1: [B, 2L], nll[:, p] the loss of token p + 1 from position p
@@ -306,7 +305,7 @@ def _check_second_copy(second_copy_loss) -> None:
                                    f"[batch, position, {H}, d_head] at blocks.{{layer}}.attn.hook_z") from None
             if observe("model_changed"):
                 raise Wrong(f"{stage}, second_copy_loss({label}): after your function returned, the model still runs with "
-                            "heads off. Remove the hooks when you are done (run_with_hooks and hooks_attached do it for you)")
+                            "heads off. Remove the hooks when you are done (model.run_with_hooks and model.hooks do it for you)")
             want = _second_copy_reference(model, tokens, heads, L)
             judge(got, want, f"{stage}, second_copy_loss({label})", lambda: {
                 "that is the loss over the whole sequence; the in-context loss is on the second copy only "
@@ -333,11 +332,10 @@ register(Exercise(
           "the second copy (tokens L+1 .. 2L) is predicted from positions L .. 2L-1: the in-context loss is the mean "
           "cross-entropy there.",
           "To switch off (layer, head), zero z[:, :, head] at blocks.{layer}.attn.hook_z (z: [batch, position, head, "
-          "d_head]). Heads may come from several layers: give run_with_hooks one (name, hook) pair per layer, "
+          "d_head]). Heads may come from several layers: give model.run_with_hooks one (name, hook) pair per layer, "
           "or one hook that reads the layer from hook.name."],
     solution=(
         "def second_copy_loss(model, tokens, heads, L):\n"
-        "    from mhalab.hooks import run_with_hooks\n"
         "    def switch_off(layer):\n"
         "        def zero_heads(z, hook):                             # z: [batch, position, head, d_head]\n"
         "            z = z.clone()\n"
@@ -347,7 +345,7 @@ register(Exercise(
         "    layers = sorted({l for l, h in heads})\n"
         "    hooks = [(f'blocks.{l}.attn.hook_z', switch_off(l)) for l in layers]\n"
         "    with torch.no_grad():\n"
-        "        logits = run_with_hooks(model, tokens, fwd_hooks=hooks)          # [B, 1 + 2L, V]\n"
+        "        logits = model.run_with_hooks(tokens, fwd_hooks=hooks)          # [B, 1 + 2L, V]\n"
         "    nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction='none')\n"
         "    return nll[:, L:].mean().item()   # predictions at L .. 2L-1: the second copy, its first token too"
     ),

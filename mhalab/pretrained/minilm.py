@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from ..attention import MultiHeadAttention
 from ..hook_points import HookPoint
+from ..hooks import HookedRootModule
 from ..models import MLP, Block, check_token_ids
 from .files import INSTALL_HINT, MINILM, model_file, token_list
 
@@ -71,7 +72,7 @@ class MiniLMTokenizer:
         return [self._tok.id_to_token(i) for i in token_list(ids)]
 
 
-class MiniLM(nn.Module):
+class MiniLM(HookedRootModule):
     """all-MiniLM-L6-v2: ``forward(tokens [B, T], padding [B, T])`` -> token vectors ``[B, T, D]``."""
 
     def __init__(self, config: MiniLMConfig = MiniLMConfig()) -> None:

@@ -18,6 +18,7 @@ from ..attention import KVCache, MultiHeadAttention
 from .._checks import check_int
 from ..kv_cache import layer_caches
 from ..hook_points import HookPoint
+from ..hooks import HookedRootModule
 from ..models import Block, GatedMLP, RMSNorm, check_token_ids, generate_tokens
 from .files import INSTALL_HINT, SMOLLM2, model_file, token_list
 from .gguf_file import GGUFContents, read_gguf
@@ -111,7 +112,7 @@ class SmolLM2Tokenizer:
         return [self._tok.decode([i], skip_special_tokens=False) for i in token_list(ids)]
 
 
-class SmolLM2(nn.Module):
+class SmolLM2(HookedRootModule):
     """SmolLM2-135M. ``forward(tokens [B, T])`` -> next-token logits ``[B, T, V]``."""
 
     def __init__(self, config: SmolLM2Config = SmolLM2Config()) -> None:

@@ -120,8 +120,8 @@ class HeadExplorer:
         if not isinstance(tokens, torch.Tensor):
             raise TypeError(f"expected text, a task Batch or a [batch, seq] tensor of token ids, got {type(batch).__name__}")
         device = next(model.parameters()).device
-        with eval_mode(model), _one_thread():
-            _, cache = run_with_cache(model, tokens.to(device), names_filter="*.hook_pattern")
+        with eval_mode(model), _one_thread(), torch.no_grad():
+            _, cache = run_with_cache(model, tokens.to(device), names_filter=lambda n: n.endswith("hook_pattern"))
         attention = stack_attention(cache)  # [N, B, H, T, S]
         self.n_layers, B, self.n_heads, self.T, self.S = attention.shape
         self.n_examples = max(1, min(int(examples), B))
