@@ -262,7 +262,8 @@ def all_composition_scores(model, mode: str) -> Tensor:
     """``[N, H, N, H]``: how much head (l1, h1)'s OV output feeds head (l2, h2)'s queries (``"Q"``), keys
     (``"K"``) or values (``"V"``); 0 unless l1 < l2 (TransformerLens's ``model.all_composition_scores``)."""
     if mode not in _MODES:
-        raise ValueError(f"mode must be 'Q', 'K' or 'V' (which input of the later head reads the earlier one's output), got {mode!r}")
+        raise ValueError(f"mode must be 'Q', 'K' or 'V' (which input of the later head reads the earlier one's "
+                         f"output), got {mode!r}")
     w = _weights(model)
     N, H = w.W_Q.shape[:2]
     ov, right = OV(w), _MODES[mode](QK(w), OV(w))

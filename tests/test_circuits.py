@@ -25,8 +25,9 @@ def _direct(model):
         H, G, d = a.n_heads, a.n_kv_heads, a.d_head
         q, k, v = a.qkv_proj.weight.double().split([H * d, G * d, G * d])
         o = a.out_proj.weight.double()
-        rows.append([(w * q[h * d:(h + 1) * d].T, w * k[(h // (H // G)) * d:(h // (H // G) + 1) * d].T,
-                      w * v[(h // (H // G)) * d:(h // (H // G) + 1) * d].T, o[:, h * d:(h + 1) * d].T) for h in range(H)])
+        kv = [slice((h // (H // G)) * d, (h // (H // G) + 1) * d) for h in range(H)]  # the K/V head h reads
+        rows.append([(w * q[h * d:(h + 1) * d].T, w * k[kv[h]].T, w * v[kv[h]].T, o[:, h * d:(h + 1) * d].T)
+                     for h in range(H)])
     return [[tuple(t.detach() for t in head) for head in layer] for layer in rows]
 
 
@@ -118,8 +119,8 @@ def test_logit_lens_ends_at_the_models_logits():
     lens = C.logit_lens(model, tokens)
     assert lens.shape == (4, 3, 7, 13)
     assert torch.allclose(lens[-1], model(tokens), atol=1e-12)
-    assert torch.allclose(lens[0], model.head(model.ln_final(model.embed.tokens(tokens) + model.embed.positions.weight[:7])),
-                          atol=1e-12)
+    embedded = model.embed.tokens(tokens) + model.embed.positions.weight[:7]
+    assert torch.allclose(lens[0], model.head(model.ln_final(embedded)), atol=1e-12)
 
 
 def test_bad_input_gets_clear_errors():
@@ -167,7 +168,8 @@ def test_smollm2_grouped_query_heads(smollm2):
     left = C.FactoredMatrix(w.W_V[16, 0].double(), w.W_O[16, 0].double())
     right = C.FactoredMatrix(w.W_K[17, 4].double(), w.W_Q[17, 4].double().T)
     full = left.AB @ right.AB
-    assert torch.allclose(C.composition_scores(left, right), full.norm() / (left.AB.norm() * right.AB.norm()), rtol=1e-9)
+    expected = full.norm() / (left.AB.norm() * right.AB.norm())
+    assert torch.allclose(C.composition_scores(left, right), expected, rtol=1e-9)
     assert torch.equal(w.W_K[17, 3], w.W_K[17, 5]) and not torch.equal(w.W_K[17, 2], w.W_K[17, 3])  # shared K/V head
     tokens = torch.tensor([[0, 504, 3458, 282, 4649]])
     lens = C.logit_lens(smollm2, tokens)
