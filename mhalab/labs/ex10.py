@@ -136,7 +136,8 @@ def _copying_reference(W_E, W_V, W_O, W_U) -> float:
 
 def _check_copying(copying_score) -> None:
     for what, W_E, W_V, W_O, W_U in _ov_cases():
-        label = f"copying_score(W_E {list(W_E.shape)}, W_V {list(W_V.shape)}, W_O {list(W_O.shape)}, W_U {list(W_U.shape)}) ({what})"
+        shapes = ", ".join(f"{n} {list(m.shape)}" for n, m in zip(("W_E", "W_V", "W_O", "W_U"), (W_E, W_V, W_O, W_U)))
+        label = f"copying_score({shapes}) ({what})"
         got = call_answer(copying_score, W_E, W_V, W_O, W_U, label=label)
         full = W_E @ W_V @ W_O @ W_U
         lam = torch.linalg.eigvals(full)
@@ -189,17 +190,21 @@ def _dla(result, scale, W_U, right, wrong):
 def _check_dla(head_logit_attribution) -> None:
     for result, scale, W_U, right, wrong in _dla_cases():
         B, T, D = result.shape
-        label = f"head_logit_attribution(result [{B}, {T}, {D}], scale [{B}, {T}, 1], W_U [{D}, {W_U.shape[1]}], right, wrong)"
+        label = (f"head_logit_attribution(result [{B}, {T}, {D}], scale [{B}, {T}, 1], W_U [{D}, {W_U.shape[1]}], "
+                 "right, wrong)")
         got = call_answer(head_logit_attribution, result, scale, W_U, right, wrong, label=label)
         own = result.pow(2).mean(-1, keepdim=True).sqrt()
         judge(got, _dla(result, scale, W_U, right, wrong), label, lambda: {
-            "divide the head's output by the final norm's scale first: the logits are computed from the normed residual":
+            "divide the head's output by the final norm's scale first: the logits are computed from the normed "
+            "residual":
                 _dla(result, 1.0, W_U, right, wrong),
-            "divide by the scale, do not multiply: the norm divides the residual by it": _dla(result, 1 / scale, W_U, right, wrong),
+            "divide by the scale, do not multiply: the norm divides the residual by it":
+                _dla(result, 1 / scale, W_U, right, wrong),
             "that is the head's share of the right token's logit alone; subtract the wrong token's (project on "
             "W_U[:, right] - W_U[:, wrong])": ((result / scale) * W_U.T[right]).sum(-1),
             "the sign is flipped: right minus wrong, not wrong minus right": -_dla(result, scale, W_U, right, wrong),
-            "the scale is the final norm's on the whole residual (given as scale), not the RMS of this head's own output":
+            "the scale is the final norm's on the whole residual (given as scale), not the RMS of this head's "
+            "own output":
                 _dla(result, own, W_U, right, wrong),
         })
 
@@ -207,7 +212,8 @@ def _check_dla(head_logit_attribution) -> None:
 register(Exercise(
     "10", 3, "one head's direct logit attribution",
     _check_dla,
-    hint=["The final norm divides the whole residual, this head's output included, by scale; W_U then makes the logits. "
+    hint=["The final norm divides the whole residual, this head's output included, by scale; W_U then makes the "
+          "logits. "
           "So the head's direct share of the logits is (result / scale) @ W_U.",
           "Only the logit difference is asked: project result / scale on W_U[:, right] - W_U[:, wrong] "
           "(W_U.T[right] - W_U.T[wrong] is [batch, pos, d_model]) and sum over d_model."],
