@@ -615,20 +615,21 @@ def second_copy_with_gate_heads(model, tokens, heads, L):  # the course's gating
 
 
 # ------------------------------------------------------------------------------------ 10
-def qk_circuit_by_slicing(attn, head):  # qkv_proj sliced by hand, the K/V head found from the group size
+def qk_circuit_by_slicing(model, layer, head):  # qkv_proj sliced by hand, the K/V head found from the group size
+    attn = model.blocks[layer].attn
     H, G, d = attn.n_heads, attn.n_kv_heads, attn.d_head
     g = head // (H // G)
     W_Q = attn.qkv_proj.weight[head * d:(head + 1) * d].T
     W_K = attn.qkv_proj.weight[(H + g) * d:(H + g + 1) * d].T
     W_QK = W_Q @ W_K.T
-    return [W_QK.detach().numpy(), torch.linalg.matrix_rank(W_QK.double())]
+    return [W_QK.detach().numpy(), torch.linalg.matrix_rank(W_QK)]
 
 
-def qk_circuit_svd(attn, i):  # the rank from the singular values, float64
-    p = attn.head_projections(i)
-    M = p.W_Q.double() @ p.W_K.double().T
+def qk_circuit_svd(m, l, i):  # the rank from the singular values, other parameter names
+    p = m.blocks[l].attn.head_projections(i)
+    M = p.W_Q @ p.W_K.T
     S = torch.linalg.svdvals(M)
-    return M, int((S > S[0] * 1e-10).sum())
+    return M, int((S > S[0] * 1e-5).sum())
 
 
 def copying_small_side(W_E, W_V, W_O, W_U):  # the same nonzero eigenvalues from the [d_head, d_head] product
@@ -941,16 +942,19 @@ CORPUS = {
     "10.1": {
         "right": [qk_circuit_by_slicing, qk_circuit_svd],
         "wrong": [
-            (lambda attn, h: (lambda p: (p.W_K @ p.W_Q.T, 4))(attn.head_projections(h)), "the transpose"),
-            (lambda attn, h: (lambda p: (p.W_Q @ p.W_K.T / attn.d_head ** 0.5, 4))(attn.head_projections(h)), "without the 1/sqrt(d_head)"),
-            (lambda attn, h: (lambda p: (p.W_Q.T @ p.W_K, attn.d_head))(attn.head_projections(h)), "[d_head, d_head]"),
-            (lambda attn, h: (lambda p: (p.W_Q @ p.W_K.T, attn.d_head))(attn.head_projections(h)), "not always equal to it"),
-            (lambda attn, h: (lambda p: (p.W_Q @ p.W_K.T, attn.d_model))(attn.head_projections(h)), "that is d_model"),
-            (lambda attn, h: (attn.qkv_proj.weight[h * attn.d_head:(h + 1) * attn.d_head].T
-                              @ attn.qkv_proj.weight[(attn.n_heads + h % attn.n_kv_heads) * attn.d_head:
-                                                     (attn.n_heads + h % attn.n_kv_heads + 1) * attn.d_head], 4),
-             "query head j reads K/V head j // (H // G)"),
-            (lambda attn, h: attn.head_projections(h).W_Q, "return two things"),
+            (lambda m, l, h: (lambda p: (p.W_K @ p.W_Q.T, 4))(m.blocks[l].attn.head_projections(h)), "the transpose"),
+            (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T / p.W_Q.shape[1] ** 0.5, 4))(m.blocks[l].attn.head_projections(h)),
+             "without the 1/sqrt(d_head)"),
+            (lambda m, l, h: (lambda p: (p.W_Q.T @ p.W_K, 4))(m.blocks[l].attn.head_projections(h)), "[d_head, d_head]"),
+            (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, p.W_Q.shape[1]))(m.blocks[l].attn.head_projections(h)),
+             "not always equal to it"),
+            (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, torch.linalg.matrix_rank((p.W_Q @ p.W_K.T).double())))(
+                m.blocks[l].attn.head_projections(h)), "stay in their dtype"),
+            (lambda m, l, h: (lambda a, d: (a.qkv_proj.weight[h * d:(h + 1) * d].T
+                                            @ a.qkv_proj.weight[(a.n_heads + h % a.n_kv_heads) * d:
+                                                                (a.n_heads + h % a.n_kv_heads + 1) * d], 4))(
+                m.blocks[l].attn, m.blocks[l].attn.d_head), "query head j reads K/V head j // (H // G)"),
+            (lambda m, l, h: m.blocks[l].attn.head_projections(h).W_Q, "return two things"),
         ],
     },
     "10.2": {

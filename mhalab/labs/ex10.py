@@ -1,7 +1,7 @@
 """Exercises of notebook 10 (what heads compute): a head's QK circuit and its rank, the copying score of an OV
 circuit, and one head's direct logit attribution.
 
-Exercise 1 runs on hidden :class:`mhalab.MultiHeadAttention` modules, staged: the paper's attention, grouped-query
+Exercise 1 runs on small hidden models (mhalab's toy ``Transformer``), staged: the paper's attention, grouped-query
 attention, and a head of lower rank than its width; exercise 2 on small random embeddings, head and unembedding
 matrices (one that copies, one that suppresses, random ones); exercise 3 on random head outputs, norm scales and
 unembeddings. When grading, the values are drawn fresh and more cases added. Any code may run.
@@ -13,58 +13,62 @@ import math
 
 import torch
 
-from ..attention import MultiHeadAttention
-from .checks import call_answer, expect_equal, generator, grading, judge, name_miss, rng
+from .checks import call_answer, expect_equal, generator, grading, hidden_model, judge, name_miss, rng
 from .core import Exercise, Wrong, register
 
 
 # ------------------------------------------------------------------------------------ exercise 1
-def _module(d_model: int, n_heads: int, n_kv_heads: int, d_head: int, seed: int, low_rank: int | None = None):
-    """A MultiHeadAttention with weights drawn from ``generator(seed)``; ``low_rank``: head 1's query keeps only
-    that many of its d_head directions."""
-    with torch.random.fork_rng():
-        torch.manual_seed(generator(seed).initial_seed())
-        attn = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head, bias=False,
-                                  dtype=torch.float64).eval()  # float64: a rank read in any precision is exact
-    if low_rank is not None:
-        with torch.no_grad():
-            attn.qkv_proj.weight[d_head + low_rank:2 * d_head] = 0.0  # head 1's last query rows
-    return attn
+_QK_MODELS = [
+    ("stage 1 of 3 (multi-head attention)", dict(vocab_size=11, d_model=12, n_heads=3, n_layers=2), 101, 1, 1),
+    ("stage 2 of 3 (grouped-query: 4 query heads share 2 K/V heads)",
+     dict(vocab_size=11, d_model=16, n_heads=4, n_kv_heads=2, n_layers=2), 102, 0, 2),
+    ("stage 3 of 3 (a head whose rank is below d_head)",
+     dict(vocab_size=11, d_model=16, n_heads=4, n_kv_heads=1, d_head=6, n_layers=1), 103, 0, 1),
+]
 
 
 def _qk_cases() -> list:
-    """(stage, module, head): the paper's attention, grouped-query, a low-rank head; more drawn when grading."""
-    cases = [("stage 1 of 3 (multi-head attention)", _module(12, 3, 3, 4, 101), 1),
-             ("stage 2 of 3 (grouped-query: 4 query heads share 2 K/V heads)", _module(16, 4, 2, 4, 102), 2),
-             ("stage 3 of 3 (a head whose rank is below d_head)", _module(16, 4, 1, 6, 103, low_rank=3), 1)]
+    """(stage, model, layer, head): the paper's attention, grouped-query, a low-rank head; more drawn when grading."""
+    cases = []
+    for stage, config, seed, layer, head in _QK_MODELS:
+        model = hidden_model({**config, "max_len": 8, "causal": True, "bias": False}, seed)
+        if "low" in stage or "rank" in stage:  # head 1 keeps only 3 of its 6 query directions
+            d = model.config.d_head
+            with torch.no_grad():
+                model.blocks[layer].attn.qkv_proj.weight[head * d + 3:(head + 1) * d] = 0.0
+        cases.append((stage, model, layer, head))
     if grading():
         r = rng(104)
         g = r.choice([1, 2])
-        cases.append(("a module drawn for this grading", _module(r.choice([16, 24]), 2 * g, g, r.choice([3, 5]), 105),
-                      r.randrange(2 * g)))
+        config = dict(vocab_size=9, d_model=r.choice([16, 24]), n_heads=2 * g, n_kv_heads=g, d_head=r.choice([3, 5]),
+                      n_layers=2, max_len=8, causal=True, bias=False)
+        cases.append(("a model drawn for this grading", hidden_model(config, 105), r.randrange(2), r.randrange(2 * g)))
     return cases
 
 
-def _qk_reference(attn, head):
-    p = attn.head_projections(head)
+def _qk_reference(model, layer, head):
+    p = model.blocks[layer].attn.head_projections(head)
     W_QK = (p.W_Q @ p.W_K.T).detach()
     return W_QK, int(torch.linalg.matrix_rank(W_QK))
 
 
 def _check_qk(qk_circuit) -> None:
-    for stage, attn, head in _qk_cases():
+    for stage, model, layer, head in _qk_cases():
+        attn = model.blocks[layer].attn
         H, G, d = attn.n_heads, attn.n_kv_heads, attn.d_head
-        label = f"{stage}, qk_circuit(MultiHeadAttention({attn.d_model}, {H}, n_kv_heads={G}, d_head={d}), head={head})"
-        got = call_answer(qk_circuit, attn, head, label=label)
+        label = (f"{stage}, qk_circuit(a model with {H} heads, {G} K/V heads, d_model {attn.d_model}, d_head {d}, "
+                 f"layer={layer}, head={head})")
+        got = call_answer(qk_circuit, model, layer, head, label=label, copy_args=False)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise Wrong(f"{label}: return two things, (W_QK, rank)")
         W_QK, rank = got
-        want, want_rank = _qk_reference(attn, head)
+        want, want_rank = _qk_reference(model, layer, head)
         p = attn.head_projections(head)
 
         def mistakes():
             out = {"that is W_K W_Qᵀ, the transpose: the query side comes first, W_QK = W_Q W_Kᵀ": want.T,
-                   "W_QK is W_Q W_Kᵀ itself, without the 1/sqrt(d_head) the attention scores get": want / math.sqrt(d)}
+                   "W_QK is W_Q W_Kᵀ itself, without the 1/sqrt(d_head) the attention scores get":
+                       want / math.sqrt(d)}
             if G != H:
                 wrong_kv = head % G
                 W_K = attn.qkv_proj.weight[(H + wrong_kv) * d:(H + wrong_kv + 1) * d].T
@@ -80,7 +84,8 @@ def _check_qk(qk_circuit) -> None:
             raise Wrong(f"{label}: the rank should be one whole number, got {type(rank).__name__}")
         miss = name_miss(int(rank), [
             (d, f"the rank is at most d_head = {d}, not always equal to it: compute it (torch.linalg.matrix_rank)"),
-            (attn.d_model, "that is d_model, the size of the matrix, not its rank"),
+            (attn.d_model, "that is d_model, the size of the matrix, not its rank (if you computed it in float64 "
+                           "from float32 weights, rounding noise fills the other directions: stay in their dtype)"),
         ]) if int(rank) != want_rank else None
         if miss:
             raise Wrong(f"{label}: rank {int(rank)}; {miss}")
@@ -90,14 +95,14 @@ def _check_qk(qk_circuit) -> None:
 register(Exercise(
     "10", 1, "a head's QK circuit and its rank",
     _check_qk,
-    hint=["attn.head_projections(head) gives W_Q and W_K, each [d_model, d_head] (under grouped-query attention W_K "
-          "is already the K/V head this query head reads).",
+    hint=["model.blocks[layer].attn.head_projections(head) gives W_Q and W_K, each [d_model, d_head] (under "
+          "grouped-query attention W_K is already the K/V head this query head reads).",
           "W_QK = W_Q @ W_K.T is [d_model, d_model]; torch.linalg.matrix_rank(W_QK) counts its directions. Return "
           "both: return W_QK, int(rank)."],
     solution=(
-        "def qk_circuit(attn, head):\n"
-        "    p = attn.head_projections(head)              # W_Q, W_K: [d_model, d_head]\n"
-        "    W_QK = p.W_Q @ p.W_K.T                        # [d_model, d_model]\n"
+        "def qk_circuit(model, layer, head):\n"
+        "    p = model.blocks[layer].attn.head_projections(head)   # W_Q, W_K: [d_model, d_head]\n"
+        "    W_QK = p.W_Q @ p.W_K.T                                 # [d_model, d_model]\n"
         "    return W_QK, int(torch.linalg.matrix_rank(W_QK))"
     ),
     reference=_qk_reference,
