@@ -176,3 +176,15 @@ def test_smollm2_grouped_query_heads(smollm2):
     assert torch.allclose(lens[-1], smollm2(tokens), atol=1e-4)
     dla = C.direct_logit_attribution(smollm2, tokens, tokens)
     assert dla.shape == (30, 9, 1, 5)
+
+
+def test_the_exercises_references_agree_with_circuits():
+    from mhalab import labs
+
+    model = _toy()
+    w = C.head_weights(model)
+    copying = labs.exercise("10", 2).reference(w.W_E, w.W_V[1, 2], w.W_O[1, 2], w.W_U)
+    assert abs(copying - float(C.copying_score(C.full_ov_circuit(model, 1, 2)))) < 1e-9
+    W_QK, rank = labs.exercise("10", 1).reference(model, 2, 3)
+    unfolded = C.QK(C.head_weights(model, fold_ln=False))[2, 3]
+    assert torch.allclose(W_QK, unfolded.AB, atol=1e-12) and rank == int(unfolded.rank()) == 4
