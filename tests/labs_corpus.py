@@ -607,6 +607,44 @@ def second_copy_with_gate_heads(model, tokens, heads, L):  # the course's gating
     return torch.nn.functional.cross_entropy(logits[:, L:-1].flatten(0, 1), tokens[:, L + 1:].flatten()).item()
 
 
+
+# ------------------------------------------------------------------------------------ 10
+def qk_circuit_by_slicing(model, layer, head):  # qkv_proj sliced by hand, the K/V head found from the group size
+    attn = model.blocks[layer].attn
+    H, G, d = attn.n_heads, attn.n_kv_heads, attn.d_head
+    g = head // (H // G)
+    W_Q = attn.qkv_proj.weight[head * d:(head + 1) * d].T
+    W_K = attn.qkv_proj.weight[(H + g) * d:(H + g + 1) * d].T
+    W_QK = W_Q @ W_K.T
+    return [W_QK.detach().numpy(), torch.linalg.matrix_rank(W_QK)]
+
+
+def qk_circuit_svd(m, l, i):  # the rank from the singular values, other parameter names
+    p = m.blocks[l].attn.head_projections(i)
+    M = p.W_Q @ p.W_K.T
+    S = torch.linalg.svdvals(M)
+    return M, int((S > S[0] * 1e-5).sum())
+
+
+def copying_small_side(W_E, W_V, W_O, W_U):  # the same nonzero eigenvalues from the [d_head, d_head] product
+    lam = torch.linalg.eigvals((W_O @ W_U) @ (W_E @ W_V))
+    return (lam.real.sum() / lam.abs().sum()).item()
+
+
+def copying_trace(E, V, O, U):  # the sum of the eigenvalues is the trace, and numpy
+    M = (E @ V @ O @ U).numpy()
+    return np.trace(M) / np.abs(np.linalg.eigvals(M)).sum()
+
+
+def dla_einsum(result, scale, W_U, right, wrong):
+    return torch.einsum("btd,btd->bt", result / scale, W_U.T[right] - W_U.T[wrong])
+
+
+def dla_logits(result, scale, W_U, right, wrong):  # all the logits, then two of them
+    logits = (result / scale) @ W_U
+    return logits.gather(-1, right[..., None])[..., 0] - logits.gather(-1, wrong[..., None])[..., 0]
+
+
 CORPUS = {
     "01.1": {
         "right": [attention_einsum, attention_float64, attention_numpy],
@@ -893,6 +931,45 @@ CORPUS = {
             (second_copy_with_ablate, "mhalab.ablation"),
             (second_copy_with_gate_heads, "mhalab.hooks.gate_heads"),
             (lambda m, t, heads: 0.0, "keep the given parameters"),
+        ],
+    },
+    "10.1": {
+        "right": [qk_circuit_by_slicing, qk_circuit_svd],
+        "wrong": [
+            (lambda m, l, h: (lambda p: (p.W_K @ p.W_Q.T, 4))(m.blocks[l].attn.head_projections(h)), "the transpose"),
+            (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T / p.W_Q.shape[1] ** 0.5, 4))(m.blocks[l].attn.head_projections(h)),
+             "without the 1/sqrt(d_head)"),
+            (lambda m, l, h: (lambda p: (p.W_Q.T @ p.W_K, 4))(m.blocks[l].attn.head_projections(h)), "[d_head, d_head]"),
+            (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, p.W_Q.shape[1]))(m.blocks[l].attn.head_projections(h)),
+             "not always equal to it"),
+            (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, torch.linalg.matrix_rank((p.W_Q @ p.W_K.T).double())))(
+                m.blocks[l].attn.head_projections(h)), "stay in their dtype"),
+            (lambda m, l, h: (lambda a, d: (a.qkv_proj.weight[h * d:(h + 1) * d].T
+                                            @ a.qkv_proj.weight[(a.n_heads + h % a.n_kv_heads) * d:
+                                                                (a.n_heads + h % a.n_kv_heads + 1) * d], 4))(
+                m.blocks[l].attn, m.blocks[l].attn.d_head), "query head j reads K/V head j // (H // G)"),
+            (lambda m, l, h: m.blocks[l].attn.head_projections(h).W_Q, "return two things"),
+        ],
+    },
+    "10.2": {
+        "right": [copying_small_side, copying_trace],
+        "wrong": [
+            (lambda E, V, O, U: (lambda l: (l.real.sum() / l.abs().sum()).item())(torch.linalg.eigvals(V @ O)), "W_V W_O alone"),
+            (lambda E, V, O, U: (lambda s: (s.sum() / s.abs().sum()).item())(torch.linalg.svdvals(E @ V @ O @ U)), "use the eigenvalues"),
+            (lambda E, V, O, U: (lambda l: (l.real.sum() / l.real.abs().sum()).item())(torch.linalg.eigvals(E @ V @ O @ U)), "not by |Re λ|"),
+            (lambda E, V, O, U: torch.linalg.eigvals(E @ V @ O @ U).real.sum().item(), "the sum of the real parts alone"),
+            (lambda E, V, O, U: torch.trace(E @ V @ O @ U).item() / (E @ V @ O @ U).norm().item(), "copying_score("),
+        ],
+    },
+    "10.3": {
+        "right": [dla_einsum, dla_logits],
+        "wrong": [
+            (lambda r, s, U, a, b: (r * (U.T[a] - U.T[b])).sum(-1), "divide the head's output by the final norm's scale"),
+            (lambda r, s, U, a, b: (r * s * (U.T[a] - U.T[b])).sum(-1), "do not multiply"),
+            (lambda r, s, U, a, b: (r / s * U.T[a]).sum(-1), "subtract the wrong token's"),
+            (lambda r, s, U, a, b: (r / s * (U.T[b] - U.T[a])).sum(-1), "the sign is flipped"),
+            (lambda r, s, U, a, b: (r / r.pow(2).mean(-1, keepdim=True).sqrt() * (U.T[a] - U.T[b])).sum(-1), "not the RMS of this head's own output"),
+            (lambda r, s, U, a, b: (r / s * (U.T[a] - U.T[b])).sum(), "shape"),
         ],
     },
 }

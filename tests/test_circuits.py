@@ -1,0 +1,189 @@
+"""mhalab.circuits against direct D x D (and V x V) computations in float64, on small random models and SmolLM2."""
+
+import pytest
+import torch
+
+from mhalab import circuits as C
+from mhalab.models import ModelConfig, Transformer
+
+
+def _toy(**overrides):
+    torch.manual_seed(0)
+    config = dict(vocab_size=13, d_model=16, n_heads=4, n_layers=3, max_len=10, causal=True, attn_only=True)
+    model = Transformer(ModelConfig(**{**config, **overrides})).double()
+    with torch.no_grad():
+        for p in model.parameters():  # norms' weights away from 1, so that folding them is tested
+            p.add_(torch.randn_like(p) * 0.3)
+    return model.eval()
+
+
+def _direct(model):
+    """Every head's W_Q, W_K, W_V, W_O as [N, H, ...] float64, sliced from qkv_proj by hand, norms folded."""
+    rows = []
+    for block in model.blocks:
+        a, w = block.attn, block.ln_attn.weight.double()[:, None]
+        H, G, d = a.n_heads, a.n_kv_heads, a.d_head
+        q, k, v = a.qkv_proj.weight.double().split([H * d, G * d, G * d])
+        o = a.out_proj.weight.double()
+        kv = [slice((h // (H // G)) * d, (h // (H // G) + 1) * d) for h in range(H)]  # the K/V head h reads
+        rows.append([(w * q[h * d:(h + 1) * d].T, w * k[kv[h]].T, w * v[kv[h]].T, o[:, h * d:(h + 1) * d].T)
+                     for h in range(H)])
+    return [[tuple(t.detach() for t in head) for head in layer] for layer in rows]
+
+
+@pytest.mark.parametrize("kv", [None, 2])
+def test_qk_ov_and_their_spectra_match_the_full_matrices(kv):
+    model = _toy(n_kv_heads=kv)
+    qk, ov = C.QK(model), C.OV(model)
+    assert qk.shape == ov.shape == (3, 4, 16, 16)
+    for l, layer in enumerate(_direct(model)):
+        for h, (W_Q, W_K, W_V, W_O) in enumerate(layer):
+            for fm, full in ((qk[l, h], W_Q @ W_K.T), (ov[l, h], W_V @ W_O)):
+                assert torch.allclose(fm.AB, full, atol=1e-12)
+                assert torch.allclose(fm.norm(), full.norm(), atol=1e-12)
+                assert torch.allclose(fm.S, torch.linalg.svdvals(full)[:4], atol=1e-10)
+                assert int(fm.rank()) == int(torch.linalg.matrix_rank(full)) == 4
+                U, S, Vh = fm.svd()
+                assert torch.allclose(U @ torch.diag(S) @ Vh.T, full, atol=1e-10)
+                eig = torch.linalg.eigvals(full)
+                top = eig[eig.abs().argsort(descending=True)[:4]]
+                mine = fm.eigenvalues
+                assert torch.allclose(mine.abs().sort().values, top.abs().sort().values, atol=1e-10)
+                assert torch.allclose(mine.real.sum(), eig.real.sum(), atol=1e-10)  # the rest are zeros
+
+
+def test_rank_sees_a_head_of_lower_rank():
+    model = _toy()
+    with torch.no_grad():
+        model.blocks[1].attn.qkv_proj.weight[2 * 4:2 * 4 + 1] = 0.0  # one of head 2's four query rows
+    assert C.QK(model)[1, 2].rank() == 3 and C.OV(model)[1, 2].rank() == 4
+
+
+@pytest.mark.parametrize("mode", "QKV")
+def test_composition_scores_against_the_full_product(mode):
+    model = _toy(n_kv_heads=2)
+    scores = C.all_composition_scores(model, mode)
+    heads = _direct(model)
+    for l1, h1, l2, h2 in [(0, 1, 1, 3), (0, 0, 2, 2), (1, 3, 2, 0)]:
+        W_Q, W_K, W_V, W_O = heads[l2][h2]
+        left = heads[l1][h1][2] @ heads[l1][h1][3]
+        right = {"Q": W_Q @ W_K.T, "K": W_K @ W_Q.T, "V": W_V @ W_O}[mode]
+        assert torch.allclose(scores[l1, h1, l2, h2], (left @ right).norm() / (left.norm() * right.norm()), atol=1e-12)
+    assert (scores[1, :, :2] == 0).all() and (scores[2] == 0).all()  # only from an earlier layer to a later one
+
+
+def test_random_baseline_is_one_over_root_d_model():
+    scores = C.composition_baseline(64, 16, n=400)
+    assert abs(float(scores.pow(2).mean()) * 64 - 1) < 0.05  # E[score²] = 1 / d_model for Gaussian factors
+
+
+def test_full_circuits_and_copying_score():
+    model = _toy(positions="learned")
+    W_Q, W_K, W_V, W_O = _direct(model)[2][1]
+    W_E, W_pos = model.embed.tokens.weight.double().detach(), model.embed.positions.weight.double().detach()
+    W_U = (model.head.weight.T * model.ln_final.weight[:, None]).double().detach()
+    assert torch.allclose(C.full_qk_circuit(model, 2, 1).AB, W_E @ W_Q @ W_K.T @ W_E.T, atol=1e-10)
+    assert torch.allclose(C.positional_qk_circuit(model, 2, 1).AB, W_pos @ W_Q @ W_K.T @ W_pos.T, atol=1e-10)
+    full = W_E @ W_V @ W_O @ W_U
+    assert torch.allclose(C.full_ov_circuit(model, 2, 1).AB, full, atol=1e-10)
+    eig = torch.linalg.eigvals(full)
+    assert torch.allclose(C.copying_score(C.full_ov_circuit(model, 2, 1)), eig.real.sum() / eig.abs().sum(), atol=1e-10)
+    identity = C.FactoredMatrix(torch.eye(5, 3, dtype=torch.float64), torch.eye(3, 5, dtype=torch.float64) * 2)
+    assert float(C.copying_score(identity)) == 1.0  # maps each token to itself: copies
+    assert float(C.copying_score(C.FactoredMatrix(-identity.A, identity.B))) == -1.0  # suppresses
+
+
+def test_direct_logit_attribution_adds_up_to_the_logit_difference():
+    model = _toy()
+    tokens = torch.randint(0, 13, (2, 10), generator=torch.Generator().manual_seed(1))
+    right, wrong = torch.randint(0, 13, (2, 10)), 4
+    dla = C.direct_logit_attribution(model, tokens, right, wrong)  # [N, H, B, T]
+    assert dla.shape == (3, 4, 2, 10)
+    # The rest of the final residual: embeddings and the attention biases; then the final LayerNorm's bias and b_U.
+    logits, cache = model.run_with_cache(tokens, names_filter=["blocks.2.hook_resid_post"])
+    final = cache["blocks.2.hook_resid_post"]
+    emb = model.embed.tokens(tokens) + model.embed.positions.weight[:10]
+    rest = emb + sum(b.attn.out_proj.bias for b in model.blocks)
+    W_U = model.head.weight.T * model.ln_final.weight[:, None]
+    direction = W_U.T[right] - W_U.T[wrong]
+    rest_dla = (C.apply_ln_to_stack(model, rest, final) * direction).sum(-1)
+    constant = (model.ln_final.bias @ model.head.weight.T + model.head.bias)
+    expected = logits.gather(-1, right[..., None])[..., 0] - logits[..., wrong]
+    assert torch.allclose(dla.sum((0, 1)) + rest_dla + constant[right] - constant[wrong], expected, atol=1e-9)
+
+
+def test_logit_lens_ends_at_the_models_logits():
+    model = _toy(attn_only=False)
+    tokens = torch.randint(0, 13, (3, 7))
+    lens = C.logit_lens(model, tokens)
+    assert lens.shape == (4, 3, 7, 13)
+    assert torch.allclose(lens[-1], model(tokens), atol=1e-12)
+    embedded = model.embed.tokens(tokens) + model.embed.positions.weight[:7]
+    assert torch.allclose(lens[0], model.head(model.ln_final(embedded)), atol=1e-12)
+
+
+def test_bad_input_gets_clear_errors():
+    model = _toy()
+    with pytest.raises(IndexError, match="layer 3 is out of range"):
+        C.full_ov_circuit(model, 3, 0)
+    with pytest.raises(IndexError, match="head 4 is out of range"):
+        C.full_qk_circuit(model, 0, 4)
+    with pytest.raises(ValueError, match="mode must be 'Q', 'K' or 'V'"):
+        C.all_composition_scores(model, "O")
+    with pytest.raises(ValueError, match="no position table"):
+        C.positional_qk_circuit(_toy(positions="rotary"), 0, 0)
+    with pytest.raises(TypeError, match="Transformer, SmolLM2 or MiniLM"):
+        C.QK(torch.nn.Linear(3, 3))
+    with pytest.raises(ValueError, match="the same m"):
+        C.FactoredMatrix(torch.ones(4, 2), torch.ones(3, 4))
+
+
+def test_minilm_has_no_unembedding(minilm):
+    with pytest.raises(ValueError, match="no unembedding"):
+        C.full_ov_circuit(minilm, 0, 0)
+    with pytest.raises(ValueError, match="no unembedding"):
+        C.logit_lens(minilm, torch.tensor([[101, 102]]))
+    assert C.positional_qk_circuit(minilm, 0, 0).shape == (512, 512)
+
+
+def test_smollm2_grouped_query_heads(smollm2):
+    w = C.head_weights(smollm2)
+    assert w.W_K.shape == (30, 9, 576, 64) and w.n_kv_heads == 3
+    qk, ov = C.QK(w), C.OV(w)
+    for layer in (0, 17):
+        a = smollm2.blocks[layer].attn
+        scale = smollm2.blocks[layer].ln_attn.weight.double()[:, None]
+        q, k, v = a.qkv_proj.weight.double().split([9 * 64, 3 * 64, 3 * 64])
+        for h in (0, 4, 8):
+            g = h // 3  # the K/V head query head h reads
+            W_Q, W_K = scale * q[h * 64:(h + 1) * 64].T, scale * k[g * 64:(g + 1) * 64].T
+            W_V, W_O = scale * v[g * 64:(g + 1) * 64].T, a.out_proj.weight.double()[:, h * 64:(h + 1) * 64].T
+            for fm, full in ((qk[layer, h], W_Q @ W_K.T), (ov[layer, h], W_V @ W_O)):
+                fm = C.FactoredMatrix(fm.A.double(), fm.B.double())
+                assert torch.allclose(fm.AB, full, atol=1e-9)
+                assert torch.allclose(fm.norm(), full.norm(), rtol=1e-9)
+                assert torch.allclose(fm.S, torch.linalg.svdvals(full)[:64], rtol=1e-6, atol=1e-9)
+    # K-composition of L16H0 into L17H4 (which reads K/V head 1), against the full product
+    left = C.FactoredMatrix(w.W_V[16, 0].double(), w.W_O[16, 0].double())
+    right = C.FactoredMatrix(w.W_K[17, 4].double(), w.W_Q[17, 4].double().T)
+    full = left.AB @ right.AB
+    expected = full.norm() / (left.AB.norm() * right.AB.norm())
+    assert torch.allclose(C.composition_scores(left, right), expected, rtol=1e-9)
+    assert torch.equal(w.W_K[17, 3], w.W_K[17, 5]) and not torch.equal(w.W_K[17, 2], w.W_K[17, 3])  # shared K/V head
+    tokens = torch.tensor([[0, 504, 3458, 282, 4649]])
+    lens = C.logit_lens(smollm2, tokens)
+    assert torch.allclose(lens[-1], smollm2(tokens), atol=1e-4)
+    dla = C.direct_logit_attribution(smollm2, tokens, tokens)
+    assert dla.shape == (30, 9, 1, 5)
+
+
+def test_the_exercises_references_agree_with_circuits():
+    from mhalab import labs
+
+    model = _toy()
+    w = C.head_weights(model)
+    copying = labs.exercise("10", 2).reference(w.W_E, w.W_V[1, 2], w.W_O[1, 2], w.W_U)
+    assert abs(copying - float(C.copying_score(C.full_ov_circuit(model, 1, 2)))) < 1e-9
+    W_QK, rank = labs.exercise("10", 1).reference(model, 2, 3)
+    unfolded = C.QK(C.head_weights(model, fold_ln=False))[2, 3]
+    assert torch.allclose(W_QK, unfolded.AB, atol=1e-12) and rank == int(unfolded.rank()) == 4
