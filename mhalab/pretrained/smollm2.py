@@ -30,9 +30,9 @@ DOCUMENT_SEPARATOR = "<|endoftext|>"
 #: at SmolLM2-135M's sizes (:func:`load_smollm2` builds it with the sizes its GGUF file states: the same).
 SMOLLM2_135M = ModelConfig(
     d_vocab=49152, d_model=576, n_heads=9, n_layers=30, d_head=64, n_key_value_heads=3, d_mlp=1536, n_ctx=8192,
-    act_fn="silu", gated_mlp=True, normalization_type="RMS", eps=1e-5, positions="rotary", rotary_base=100000.0,
-    tie_word_embeddings=True, bias=False, causal=True,
-)
+    act_fn="silu", gated_mlp=True, normalization_type="RMS", eps=9.999999747378752e-06, positions="rotary",
+    rotary_base=100000.0, tie_word_embeddings=True, bias=False, causal=True,
+)  # eps: 1e-5 as the file's float32 holds it
 
 
 def gguf_config(contents: GGUFContents) -> ModelConfig:
