@@ -190,10 +190,9 @@ class Transformer(nn.Module):
             raise ValueError("kv_caches are for decoder-only models (ModelConfig(causal=True)): "
                              "a bidirectional model must re-read the whole sequence")
         past, caches = layer_caches(kv_caches, len(self.blocks))
-        blocks = self.blocks
-        if stop_at_layer is not None:
-            n = len(blocks)
-            blocks = blocks[: check_int("stop_at_layer", stop_at_layer, -n, maximum=n)]
+        blocks, n = self.blocks, len(self.blocks)
+        if stop_at_layer is not None and check_int("stop_at_layer", stop_at_layer, -n, maximum=n) != n:
+            blocks = blocks[:stop_at_layer]
         x = self.embed(tokens, past, self.hook_embed, self.hook_pos_embed)  # [B, T, D]
         for block, cache in zip(blocks, caches):
             x = block(x, causal=self.config.causal, key_padding_mask=key_padding_mask, kv_cache=cache)
