@@ -123,7 +123,8 @@ def _minilm(args: argparse.Namespace) -> None:
     minilm = load_minilm(allow_download=False)
     folder = model_file(MINILM, "model.safetensors", allow_download=False).parent
     st = _library("sentence_transformers", sentence_transformers_minilm, folder)
-    workloads = {"the references' sentences": [SENTENCES[i % len(SENTENCES)] + f" ({i})" for i in range(args.sentences)],
+    cycled = [SENTENCES[i % len(SENTENCES)] + f" ({i})" for i in range(args.sentences)]
+    workloads = {"the references' sentences": cycled,
                  "short sentences of 5 to 15 words": short_sentences(args.sentences)}
     for what, sentences in workloads.items():
         with torch.inference_mode():

@@ -82,7 +82,7 @@ def norm_layer(config: ModelConfig) -> nn.Module:
 
 
 def attention_layer(config: ModelConfig, *, rotary: bool | None = None) -> MultiHeadAttention:
-    """A :class:`MultiHeadAttention` of this config's shape (rotary if ``positions="rotary"``, or as ``rotary`` says)."""
+    """A :class:`MultiHeadAttention` of ``config``'s shape (rotary if ``positions="rotary"``, or as ``rotary`` says)."""
     rotary = config.positions == "rotary" if rotary is None else rotary
     return MultiHeadAttention(
         config.d_model, config.n_heads, n_kv_heads=config.n_key_value_heads, d_head=config.d_head, bias=config.bias,

@@ -74,12 +74,15 @@ class ModelConfig:
         if self.d_mlp is None:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)  # frozen: the one place a field is filled in
         check_int("d_mlp", self.d_mlp, 1)
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+        dropout = self.dropout
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
-        for name, allowed in (("positions", POSITIONS), ("act_fn", ACT_FNS), ("normalization_type", NORMALIZATION_TYPES)):
+        choices = (("positions", POSITIONS), ("act_fn", ACT_FNS), ("normalization_type", NORMALIZATION_TYPES))
+        for name, allowed in choices:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        for name in ("gated_mlp", "post_norm", "post_embedding_ln", "tie_word_embeddings", "bias", "attn_only", "causal"):
+        flags = ("gated_mlp", "post_norm", "post_embedding_ln", "tie_word_embeddings", "bias", "attn_only", "causal")
+        for name in flags:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         _check_number("eps", self.eps, above=0, example="1e-5, or BERT's 1e-12")

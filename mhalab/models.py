@@ -1,4 +1,5 @@
-"""Small transformers built from :class:`mhalab.MultiHeadAttention`, sized for a laptop CPU.
+"""The models: :class:`Transformer` and :class:`EncoderDecoder`, each built from one :class:`ModelConfig`
+(:mod:`mhalab.config`) out of :class:`mhalab.blocks.Block`; sized for a laptop CPU, or as large as MiniLM and SmolLM2.
 
 Shapes: B batch, T (target) length, S source length, D d_model, H heads, V vocab size. Hook points are
 named by place (see :mod:`mhalab.hooks`): ``hook_embed``, ``hook_pos_embed``, ``blocks.{i}.*`` in a

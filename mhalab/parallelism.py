@@ -1,6 +1,7 @@
 """How many attention operations a transformer runs, in what order, and why the heads are batched.
 
-:func:`count_attention` counts them from a :class:`~mhalab.config.ModelConfig` (one per head per attention block); :func:`time_heads` times all heads
+:func:`count_attention` counts them from a :class:`~mhalab.config.ModelConfig` (one per head per attention
+block); :func:`time_heads` times all heads
 as one batched operation against a Python loop over the heads (``benchmarks/heads_parallel.py`` on any
 device). The calls themselves are seen on a real model with :mod:`mhalab.hooks`.
 """
@@ -21,7 +22,8 @@ from .config import ModelConfig
 from .device import synchronize
 
 __all__ = [
-    "AttentionCount", "count_attention", "batched_attention", "looped_attention", "HeadWeights", "head_weights", "batched_heads",
+    "AttentionCount", "count_attention", "batched_attention", "looped_attention", "HeadWeights", "head_weights",
+    "batched_heads",
     "looped_heads", "PARTS", "HeadTiming", "time_interleaved", "time_heads",
 ]
 
@@ -66,8 +68,8 @@ def count_attention(config: ModelConfig, *, encoder_decoder: bool = False) -> At
     ``config.causal``), or with ``encoder_decoder`` of ``EncoderDecoder(config)`` (``n_layers`` each in the encoder
     and the decoder, and a cross-attention in every decoder layer). Counted from the config: no model is built."""
     if not isinstance(config, ModelConfig):
-        raise TypeError(f"count_attention needs a ModelConfig, got {type(config).__name__}; e.g. "
-                        "count_attention(ModelConfig(d_vocab=32000, d_model=4096, n_heads=32, n_layers=32, causal=True))")
+        raise TypeError(f"count_attention needs a ModelConfig, got {type(config).__name__}; e.g. count_attention("
+                        "ModelConfig(d_vocab=32000, d_model=4096, n_heads=32, n_layers=32, causal=True))")
     N = config.n_layers
     if encoder_decoder:
         return AttentionCount(config.n_heads, encoder_blocks=N, decoder_blocks=N, cross_blocks=N)

@@ -483,8 +483,9 @@ def test_the_norm_mlp_and_tying_fields_build_what_they_say():
         torch.testing.assert_close(llama(x, logits_to_keep=2), llama(x)[:, -2:])
     bert = Transformer(small(**VARIANTS["bert_like"]))
     assert bert.ln_final is None and bert.blocks[0].post_norm and isinstance(bert.blocks[0].mlp, MLP)
-    assert bert.embed.ln.eps == 1e-12 and bert.blocks[0].ln_mlp.eps == 1e-12 and bert.embed.token_types.num_embeddings == 2
-    untied, tied = (sum(p.numel() for p in Transformer(small(tie_word_embeddings=t)).parameters()) for t in (False, True))
+    assert bert.embed.ln.eps == bert.blocks[0].ln_mlp.eps == 1e-12 and bert.embed.token_types.num_embeddings == 2
+    untied, tied = (sum(p.numel() for p in Transformer(small(tie_word_embeddings=t)).parameters())
+                    for t in (False, True))
     assert untied - tied == 16 * V + V  # the head's weight [V, D] and bias [V]
 
 

