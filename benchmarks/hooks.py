@@ -145,11 +145,11 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=512, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
-                         max_len=max(args.length, args.decode + 8), causal=True)
+    config = ModelConfig(d_vocab=512, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
+                         n_ctx=max(args.length, args.decode + 8), causal=True)
     model = Transformer(config).to(device).eval()
     plain, torch_mha = with_attention(model, PlainSDPA), with_attention(model, TorchMHA)
-    tokens = torch.randint(0, config.vocab_size, (args.batch, args.length), device=device)
+    tokens = torch.randint(0, config.d_vocab, (args.batch, args.length), device=device)
     qkvz = lambda name: name.rsplit(".", 1)[-1] in ("hook_q", "hook_k", "hook_v", "hook_z")  # noqa: E731
     forwards = {
         "plain_sdpa": lambda: plain(tokens),

@@ -7,7 +7,9 @@ is timed in interleaved rounds (the order rotates; medians), in one run, on the 
     decode_cached     32 greedy tokens after a 16-token prompt, with the KV cache (tokens per second)
     decode_uncached   the same 32 tokens, every step recomputing the whole prefix
     prefill_256       one forward pass over 256 tokens, logits at every position
-    minilm_64         unit-length embeddings of 64 sentences (tokenisation included on both sides)
+    minilm_64         unit-length embeddings of 64 sentences, the references' 10 cycled (tokenisation included
+                      on both sides)
+    minilm_short      the same for 64 short sentences of 5 to 15 words (seeded draws of those sentences' words)
 
 Printed: each median, and ``mhalab / library`` as a ratio of times (below 1: mhalab is faster). The
 libraries are optional: without them only mhalab's figures are printed. They belong in a throwaway venv,
@@ -15,12 +17,14 @@ never in the course's (see benchmarks/RESULTS.md for the command).
 
     python benchmarks/real_models.py                     # 2 threads, 5 rounds: a few minutes
     python benchmarks/real_models.py --threads 2 --repeats 7
+    python benchmarks/real_models.py --only minilm       # the two MiniLM workloads alone: under a minute
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -42,6 +46,13 @@ def _library(name: str, load, path: Path):
     return load(path) if importlib.util.find_spec(name) is not None else None
 
 
+def short_sentences(n: int, seed: int = 0) -> list[str]:
+    """``n`` sentences of 5 to 15 words, drawn (seeded) from the words of the reference sentences."""
+    words = " ".join(SENTENCES).replace(".", "").replace(",", "").replace("!", "").replace("?", "").split()
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 15))).capitalize() + "." for _ in range(n)]
+
+
 def _report(title: str, times: dict, unit: str, per: float) -> None:
     med = {name: statistics.median(t) for name, t in times.items()}
     print(f"\n{title}")
@@ -58,10 +69,17 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--prefill", type=int, default=256)
     parser.add_argument("--sentences", type=int, default=64)
+    parser.add_argument("--only", choices=["smollm2", "minilm"], help="run one model's workloads only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.only != "minilm":
+        _smollm2(args)
+    if args.only != "smollm2":
+        _minilm(args)
 
-    from mhalab.pretrained.files import MINILM, SMOLLM2, model_file
+
+def _smollm2(args: argparse.Namespace) -> None:
+    from mhalab.pretrained.files import SMOLLM2, model_file
     from mhalab.pretrained.smollm2 import GGUF_NAME
 
     ours = load_smollm2(allow_download=False)
@@ -98,20 +116,30 @@ def main() -> None:
         _report(f"SmolLM2 prefill, {args.prefill} tokens ({versions})", time_interleaved(fns, repeats=args.repeats),
                 "tok/s", args.prefill)
 
-    del ours, theirs
+
+def _minilm(args: argparse.Namespace) -> None:
+    from mhalab.pretrained.files import MINILM, model_file
+
     minilm = load_minilm(allow_download=False)
-    st = _library("sentence_transformers", sentence_transformers_minilm, model_file(MINILM, "model.safetensors", allow_download=False).parent)
-    sentences = [SENTENCES[i % len(SENTENCES)] + f" ({i})" for i in range(args.sentences)]
-    with torch.inference_mode():
-        fns = {"mhalab": lambda: minilm.embed(sentences)}
-        if st is not None:
-            import sentence_transformers
-            fns["library"] = lambda: st.encode(sentences, batch_size=len(sentences), convert_to_tensor=True)
-            gap = (minilm.embed(sentences) - fns["library"]()).abs().max().item()
-            print(f"\nlargest difference between the embeddings: {gap:.2e}")
-        label = "" if st is None else f", sentence-transformers {sentence_transformers.__version__}"
-        _report(f"MiniLM, {len(sentences)} sentences in one batch (torch {torch.__version__}, {args.threads} threads{label})",
-                time_interleaved(fns, repeats=args.repeats), "sentences/s", len(sentences))
+    folder = model_file(MINILM, "model.safetensors", allow_download=False).parent
+    st = _library("sentence_transformers", sentence_transformers_minilm, folder)
+    cycled = [SENTENCES[i % len(SENTENCES)] + f" ({i})" for i in range(args.sentences)]
+    workloads = {"the references' sentences": cycled,
+                 "short sentences of 5 to 15 words": short_sentences(args.sentences)}
+    for what, sentences in workloads.items():
+        with torch.inference_mode():
+            fns = {"mhalab": lambda s=sentences: minilm.encode(s)}
+            label = ""
+            if st is not None:
+                import sentence_transformers
+                fns["library"] = lambda s=sentences: st.encode(s, batch_size=len(s), convert_to_tensor=True)
+                gap = (fns["mhalab"]() - fns["library"]()).abs().max().item()
+                print(f"\nlargest difference between the embeddings ({what}): {gap:.2e}")
+                label = f", sentence-transformers {sentence_transformers.__version__}"
+            shape = list(minilm.tokenizer(sentences).tokens.shape)
+            _report(f"MiniLM, {len(sentences)} {what} in one batch, tokens {shape} (torch {torch.__version__}, "
+                    f"{args.threads} threads{label})", time_interleaved(fns, repeats=args.repeats), "sentences/s",
+                    len(sentences))
 
 
 if __name__ == "__main__":

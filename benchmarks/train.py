@@ -1,7 +1,7 @@
 """Training throughput of mhalab's Transformer against the same model built from torch.nn.
 
 Both models have the same architecture and sizes: token + learned position embeddings,
-``n_layers`` pre-norm blocks (multi-head self-attention, then a GELU MLP of width ``d_ff``),
+``n_layers`` pre-norm blocks (multi-head self-attention, then a GELU MLP of width ``d_mlp``),
 a final LayerNorm and a linear output head.  The reference uses
 ``torch.nn.TransformerEncoderLayer(norm_first=True, batch_first=True, activation="gelu")``.
 
@@ -36,15 +36,15 @@ class TorchTransformer(nn.Module):
         super().__init__()
         D = config.d_model
         self.causal = config.causal
-        self.tokens = nn.Embedding(config.vocab_size, D)
-        self.positions = nn.Embedding(config.max_len, D)
+        self.tokens = nn.Embedding(config.d_vocab, D)
+        self.positions = nn.Embedding(config.n_ctx, D)
         layer = nn.TransformerEncoderLayer(
-            D, config.n_heads, dim_feedforward=config.d_ff, dropout=config.dropout,
+            D, config.n_heads, dim_feedforward=config.d_mlp, dropout=config.dropout,
             activation="gelu", batch_first=True, norm_first=True,
         )
         self.encoder = nn.TransformerEncoder(layer, config.n_layers, enable_nested_tensor=False)
         self.ln_final = nn.LayerNorm(D)
-        self.head = nn.Linear(D, config.vocab_size)
+        self.head = nn.Linear(D, config.d_vocab)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         T = tokens.size(1)
@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> float:
 
     device = pick_device(args.device)
     config = ModelConfig(
-        vocab_size=args.vocab, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
-        d_ff=args.d_ff, max_len=args.seq, causal=args.causal,
+        d_vocab=args.vocab, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
+        d_mlp=args.d_ff, n_ctx=args.seq, causal=args.causal,
     )
     torch.manual_seed(0)
     ours = Transformer(config).to(device)
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> float:
     rate = {name: args.batch * args.seq / statistics.median(t) for name, t in times.items()}
     ratio = rate["mhalab"] / rate["torch.nn"]
     print(f"device={device} threads={torch.get_num_threads()} d_model={args.d_model} heads={args.heads} "
-          f"layers={args.layers} d_ff={config.d_ff} vocab={args.vocab} seq={args.seq} batch={args.batch} "
+          f"layers={args.layers} d_mlp={config.d_mlp} vocab={args.vocab} seq={args.seq} batch={args.batch} "
           f"causal={args.causal} params={count(ours)}")
     print(f"{args.reps} interleaved repetitions of {args.steps} steps (forward + backward + AdamW), medians:")
     for name, r in rate.items():

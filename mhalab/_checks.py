@@ -51,13 +51,13 @@ def check_task(task: Any) -> None:
 def check_model_fits_task(model: Any, task: Any) -> None:
     """Catch a model built for another task before any training happens."""
     cfg = getattr(model, "config", None)
-    if cfg is None or not hasattr(cfg, "vocab_size"):
+    if cfg is None or not hasattr(cfg, "d_vocab"):
         return
     problems = []
-    if cfg.vocab_size != task.vocab_size:
-        problems.append(f"vocab_size {cfg.vocab_size} != task's {task.vocab_size}")
-    if getattr(cfg, "max_len", task.seq_len) < task.seq_len:
-        problems.append(f"max_len {cfg.max_len} < task's seq_len {task.seq_len}")
+    if cfg.d_vocab != task.vocab_size:
+        problems.append(f"d_vocab {cfg.d_vocab} != task's vocab_size {task.vocab_size}")
+    if getattr(cfg, "n_ctx", task.seq_len) < task.seq_len:
+        problems.append(f"n_ctx {cfg.n_ctx} < task's seq_len {task.seq_len}")
     if getattr(cfg, "n_targets", 1) != getattr(task, "n_targets", 1):
         problems.append(f"n_targets {cfg.n_targets} != task's {task.n_targets}")
     if problems:

@@ -150,42 +150,35 @@ def _stack_heads(blocks, fold: bool) -> tuple[Tensor, ...]:
     return tuple(torch.stack(t).detach() for t in zip(*per_layer))
 
 
-def _toy_weights(model: nn.Module, fold: bool) -> HeadWeights:
-    if model.config.n_targets != 1:
-        raise ValueError(f"this model predicts {model.config.n_targets} targets per position; the circuits through the "
+def _transformer_weights(model: nn.Module, fold: bool) -> HeadWeights:
+    cfg = model.config
+    if cfg.n_targets != 1:
+        raise ValueError(f"this model predicts {cfg.n_targets} targets per position; the circuits through the "
                          "unembedding need one (ModelConfig(n_targets=1))")
     embed = model.embed
     table = embed.positions.weight if embed.learned else getattr(embed, "positions_table", None)
-    W_U, w = model.head.weight.detach().T, model.ln_final.weight.detach()[:, None]  # [D, V], [D, 1]
-    return HeadWeights(*_stack_heads(model.blocks, fold), embed.tokens.weight.detach(),
-                       None if table is None else table.detach(), W_U * w if fold else W_U, model.head.bias.detach(),
-                       model.ln_final, model.blocks[0].attn.n_kv_heads)
-
-
-def _smollm2_weights(model: nn.Module, fold: bool) -> HeadWeights:
-    W_E = model.token_embedding.weight.detach()  # [V, D]; tied: W_U = W_Eᵀ
-    W_U = W_E.T * model.ln_final.weight.detach()[:, None] if fold else W_E.T
-    return HeadWeights(*_stack_heads(model.blocks, fold), W_E, None, W_U, None, model.ln_final,
-                       model.config.n_kv_heads)
-
-
-def _minilm_weights(model: nn.Module, fold: bool) -> HeadWeights:
-    # Post-norm (the norm follows each sublayer): nothing to fold into W_Q, W_K, W_V; no unembedding.
-    return HeadWeights(*_stack_heads(model.blocks, False), model.token_embedding.weight.detach(),
-                       model.position_embedding.weight.detach(), None, None, None, model.config.n_heads)
+    W_E = embed.tokens.weight.detach()  # [V, D]
+    if cfg.post_norm:
+        # Post-norm (MiniLM: a norm after each sublayer): nothing to fold into W_Q, W_K, W_V, and the model's
+        # output is its last residual, with no unembedding trained (the checkpoint has no MLM head).
+        return HeadWeights(*_stack_heads(model.blocks, False), W_E, None if table is None else table.detach(),
+                           None, None, None, cfg.n_key_value_heads or cfg.n_heads)
+    W_U = W_E.T if model.head is None else model.head.weight.detach().T  # [D, V]; tied: W_U = W_Eᵀ
+    b_U = None if model.head is None or model.head.bias is None else model.head.bias.detach()
+    if fold:
+        W_U = W_U * model.ln_final.weight.detach()[:, None]  # [D, V] * [D, 1]
+    return HeadWeights(*_stack_heads(model.blocks, fold), W_E, None if table is None else table.detach(), W_U, b_U,
+                       model.ln_final, cfg.n_key_value_heads or cfg.n_heads)
 
 
 def head_weights(model: nn.Module, *, fold_ln: bool = True) -> HeadWeights:
-    """The weights every circuit here is read from (see :class:`HeadWeights`), for the toy ``Transformer``,
-    SmolLM2 and MiniLM."""
+    """The weights every circuit here is read from (see :class:`HeadWeights`), for any mhalab ``Transformer``:
+    the toy models, SmolLM2 and MiniLM (each a ``Transformer`` of one ``ModelConfig``)."""
     from .models import Transformer
-    from .pretrained.minilm import MiniLM
-    from .pretrained.smollm2 import SmolLM2
 
-    for kind, adapter in ((Transformer, _toy_weights), (SmolLM2, _smollm2_weights), (MiniLM, _minilm_weights)):
-        if isinstance(model, kind):
-            return adapter(model, fold_ln)
-    raise TypeError(f"circuits reads a mhalab Transformer, SmolLM2 or MiniLM, got {type(model).__name__}")
+    if not isinstance(model, Transformer):
+        raise TypeError(f"circuits reads a mhalab Transformer (the toy models, SmolLM2, MiniLM), got {type(model).__name__}")
+    return _transformer_weights(model, fold_ln)
 
 
 def _weights(model) -> HeadWeights:

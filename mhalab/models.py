@@ -1,4 +1,5 @@
-"""Small transformers built from :class:`mhalab.MultiHeadAttention`, sized for a laptop CPU.
+"""The models: :class:`Transformer` and :class:`EncoderDecoder`, each built from one :class:`ModelConfig`
+(:mod:`mhalab.config`) out of :class:`mhalab.blocks.Block`; sized for a laptop CPU, or as large as MiniLM and SmolLM2.
 
 Shapes: B batch, T (target) length, S source length, D d_model, H heads, V vocab size. Hook points are
 named by place (see :mod:`mhalab.hooks`): ``hook_embed``, ``hook_pos_embed``, ``blocks.{i}.*`` in a
@@ -11,99 +12,24 @@ named by place (see :mod:`mhalab.hooks`): ``hook_embed``, ``hook_pos_embed``, ``
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_head_shape, check_int
-from .attention import KVCache, MultiHeadAttention
+from ._checks import check_int
+from .attention import KVCache
+from .blocks import Block, norm_layer
+from .config import ModelConfig
 from .hook_points import HookPoint
 from .hooks import HookedRootModule
 from .kv_cache import layer_caches
 from .positions import sinusoidal_positions
 
 __all__ = [
-    "ModelConfig", "POSITIONS", "MLP", "GatedMLP", "RMSNorm", "Block", "Transformer", "EncoderDecoder",
-    "eval_mode", "batch_logits", "check_token_ids", "generate_tokens",
+    "ModelConfig", "Transformer", "EncoderDecoder", "eval_mode", "batch_logits", "check_token_ids", "generate_tokens",
 ]
-
-# ---------------------------------------------------------------------------- config
-#: Where a model's positions come from: a trained table, the fixed sinusoids, rotary embedding of queries and
-#: keys (Su et al. 2021), or nowhere (a causal mask alone still gives order away).
-POSITIONS = ("learned", "sinusoidal", "rotary", "none")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Every size of a model in one place; invalid combinations fail here, before any training.
-
-    Frozen: change a field with ``dataclasses.replace(config, n_heads=8)``, which checks again.
-    """
-
-    vocab_size: int  # distinct tokens (input and output)
-    d_model: int = 64  # width of the residual stream
-    n_heads: int = 4  # query heads; must divide d_model unless d_head is given
-    n_layers: int = 2  # blocks (EncoderDecoder: in each of encoder and decoder)
-    d_ff: int | None = None  # MLP width; None: 4 * d_model
-    max_len: int = 64  # longest sequence the model takes
-    dropout: float = 0.0  # on embeddings, attention weights and residual branches
-    causal: bool = False  # decoder-only; EncoderDecoder ignores it
-    positions: str = "learned"  # "learned" table, "sinusoidal" (fixed, 2017 paper), "rotary" (RoPE on q, k), "none"
-    n_targets: int = 1  # predictions per position: logits [B, T, V], or [B, T, n_targets, V]
-    bias: bool = True  # biases in the attention projections
-    attn_only: bool = False  # blocks without an MLP (attention-only, as in Elhage et al. 2021)
-    n_kv_heads: int | None = None  # K/V heads, grouped-query attention; None: n_heads (must divide n_heads)
-    d_head: int | None = None  # width of one head; None: d_model // n_heads (d_k in the paper)
-    rope_base: float = 10000.0  # rotary base (positions="rotary" only)
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_layers", "max_len", "n_targets"):
-            check_int(name, getattr(self, name), 1)
-        # The same messages MultiHeadAttention would give, but before any module is built. n_kv_heads and
-        # d_head stay None when not given, so dataclasses.replace(config, n_heads=8) derives them again.
-        _, d_head = check_head_shape(self.d_model, self.n_heads, n_kv_heads=self.n_kv_heads, d_head=self.d_head)
-        if self.d_ff is None:
-            object.__setattr__(self, "d_ff", 4 * self.d_model)  # frozen: the one place a field is filled in
-        check_int("d_ff", self.d_ff, 1)
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
-        if self.positions not in POSITIONS:
-            raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
-        for name in ("causal", "bias", "attn_only"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, (int, float)) or not self.rope_base > 1:
-            raise ValueError(f"rope_base must be a number above 1 (e.g. 10000), got {self.rope_base!r}")
-        if self.positions == "rotary" and d_head % 2:
-            raise ValueError(f"positions='rotary' rotates pairs of features, so the head width must be even, got "
-                             f"d_head={d_head}; choose an even d_head (or n_heads with an even d_model // n_heads)")
-
-    def attention(self, *, rotary: bool | None = None) -> MultiHeadAttention:
-        """A :class:`MultiHeadAttention` of this config's shape (rotary if ``positions="rotary"``, or as ``rotary`` says)."""
-        rotary = self.positions == "rotary" if rotary is None else rotary
-        return MultiHeadAttention(
-            self.d_model, self.n_heads, n_kv_heads=self.n_kv_heads, d_head=self.d_head, bias=self.bias,
-            dropout=self.dropout, rope_base=self.rope_base if rotary else None,
-        )
-
-    @classmethod
-    def for_task(cls, task: Any, **overrides: Any) -> "ModelConfig":
-        """A config whose vocab, length, causality and targets match ``task``; ``overrides`` set any field."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise TypeError(f"unknown ModelConfig field(s) {unknown}; the fields are {sorted(known)}")
-        derived = dict(vocab_size=task.vocab_size, max_len=task.seq_len, causal=bool(task.causal),
-                       n_targets=getattr(task, "n_targets", 1))
-        return cls(**{**derived, **overrides})
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain Python values only (what a checkpoint stores; ``ModelConfig(**d)`` reads it back)."""
-        return asdict(self)
-
 
 # ---------------------------------------------------------------------------- running
 @contextlib.contextmanager
@@ -167,181 +93,77 @@ def generate_tokens(
     return tokens
 
 
-# ---------------------------------------------------------------------------- parts
-class MLP(nn.Module):
-    """Position-wise feed-forward network: ``[B, T, D] -> [B, T, d_ff] -> [B, T, D]`` with GELU."""
-
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
-        super().__init__()
-        self.fc_in = nn.Linear(d_model, d_ff)
-        self.fc_out = nn.Linear(d_ff, d_model)
-        self.dropout = dropout
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.dropout(self.fc_out(F.gelu(self.fc_in(x))), self.dropout, self.training)
-
-
-class GatedMLP(nn.Module):
-    """SwiGLU feed-forward network (Shazeer 2020; Llama): ``down(silu(gate(x)) * up(x))``, no biases,
-    ``[B, T, D] -> [B, T, d_ff] -> [B, T, D]``."""
-
-    def __init__(self, d_model: int, d_ff: int) -> None:
-        super().__init__()
-        self.gate = nn.Linear(d_model, d_ff, bias=False)
-        self.up = nn.Linear(d_model, d_ff, bias=False)
-        self.down = nn.Linear(d_ff, d_model, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
-
-
-class RMSNorm(nn.Module):
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis (no centring, no bias), in float32 or wider."""
-
-    def __init__(self, d_model: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d_model))
-
-    def forward(self, x: Tensor) -> Tensor:
-        x32 = x.to(torch.promote_types(x.dtype, torch.float32))  # half precision in float32; float64 stays
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
-
-
-class Block(nn.Module):
-    """One transformer block, as every model here builds it: self-attention, optionally cross-attention to
-    an encoder's output, optionally an MLP, each on a residual branch.
-
-    Pre-norm (GPT-2, Llama; the toy models): ``x + attn(norm(x))``, then ``x + mlp(norm(x))``, stable without
-    warm-up. Post-norm (the 2017 paper, BERT): ``norm(x + attn(x))``, then ``norm(x + mlp(x))``. ``norm`` makes
-    the norm layers (``nn.LayerNorm``, :class:`RMSNorm`), ``mlp`` is :class:`MLP`, :class:`GatedMLP` or None
-    (attention-only). Hook points (axes in :mod:`mhalab.hooks`): ``hook_resid_pre``, ``hook_attn_out``,
-    ``hook_resid_mid`` (when a sublayer follows the attention), ``hook_cross_attn_out`` and
-    ``hook_resid_mid_cross`` (decoder blocks; the latter before an MLP), ``hook_mlp_out``, ``hook_resid_post``.
-    In a post-norm block the residual points are the sums before the norm, as in TransformerLens's BERT.
-    """
-
-    def __init__(
-        self, attn: MultiHeadAttention, mlp: nn.Module | None, norm: Callable[[], nn.Module], *,
-        cross_attn: MultiHeadAttention | None = None, post_norm: bool = False, dropout: float = 0.0,
-    ) -> None:
-        super().__init__()
-        self.post_norm, self.dropout = post_norm, dropout
-        self.has_cross, self.has_mlp = cross_attn is not None, mlp is not None
-        # Registered in the order they run, so hook_points(model) lists them so.
-        self.hook_resid_pre = HookPoint()  # [B, T, D]
-        self.ln_attn = norm()
-        self.attn = attn
-        self.hook_attn_out = HookPoint()  # [B, T, D]: what the attention adds to the stream
-        if self.has_cross or self.has_mlp:
-            self.hook_resid_mid = HookPoint()  # [B, T, D]
-        if self.has_cross:
-            self.ln_cross = norm()
-            self.cross_attn = cross_attn
-            self.hook_cross_attn_out = HookPoint()  # [B, T, D]
-            if self.has_mlp:
-                self.hook_resid_mid_cross = HookPoint()  # [B, T, D]
-        if self.has_mlp:
-            self.ln_mlp = norm()
-            self.mlp = mlp
-            self.hook_mlp_out = HookPoint()  # [B, T, D]
-        self.hook_resid_post = HookPoint()  # [B, T, D]
-        names = ["hook_resid_mid", "hook_resid_mid_cross", "hook_resid_post"]
-        self._resid_points = [p for p in (getattr(self, n, None) for n in names) if p is not None]
-
-    @classmethod
-    def from_config(cls, config: ModelConfig, *, cross: bool = False) -> "Block":
-        """The toy models' pre-norm block (LayerNorm, GELU MLP unless ``attn_only``); ``cross``: a decoder block."""
-        # Built in the order they run, so a seed gives the same weights as before the blocks were shared.
-        attn = config.attention()
-        # No rotation in cross-attention: a decoder position and an encoder position share no axis.
-        cross_attn = config.attention(rotary=False) if cross else None
-        mlp = None if config.attn_only else MLP(config.d_model, config.d_ff, config.dropout)
-        return cls(attn, mlp, lambda: nn.LayerNorm(config.d_model), cross_attn=cross_attn, dropout=config.dropout)
-
-    def _add(self, x: Tensor, added: Tensor, norm: nn.Module, out_hook: HookPoint, resid_hook: HookPoint) -> Tensor:
-        """The end of one residual branch: ``x + added``, then the norm if post-norm."""
-        x = resid_hook(x + out_hook(F.dropout(added, self.dropout, self.training)))
-        return norm(x) if self.post_norm else x
-
-    def forward(
-        self, x: Tensor, *, causal: bool, key_padding_mask: Tensor | None = None, kv_cache: KVCache | None = None,
-        memory: Tensor | None = None, memory_padding_mask: Tensor | None = None, cross_kv_cache: KVCache | None = None,
-    ) -> Tensor:
-        """``x [B, T, D]`` -> ``[B, T, D]``; a decoder block also reads the encoder's output ``memory [B, S, D]``,
-        whose projected keys/values ``cross_kv_cache`` keeps after the first call (see MultiHeadAttention)."""
-        post = self.post_norm
-        resid = iter(self._resid_points)  # the residual points after each branch, in order
-        x = self.hook_resid_pre(x)
-        attended, _ = self.attn(x if post else self.ln_attn(x), is_causal=causal, key_padding_mask=key_padding_mask,
-                                kv_cache=kv_cache, need_weights=False)
-        x = self._add(x, attended, self.ln_attn, self.hook_attn_out, next(resid))
-        if self.has_cross:
-            if memory is None:
-                raise ValueError("a decoder block (with cross-attention) needs memory=, the encoder's output [B, S, D]")
-            # Queries come from the decoder, keys and values from the encoder's output.
-            attended, _ = self.cross_attn(x if post else self.ln_cross(x), memory, memory,
-                                          key_padding_mask=memory_padding_mask, kv_cache=cross_kv_cache,
-                                          need_weights=False)
-            x = self._add(x, attended, self.ln_cross, self.hook_cross_attn_out, next(resid))
-        if self.has_mlp:
-            x = self._add(x, self.mlp(x if post else self.ln_mlp(x)), self.ln_mlp, self.hook_mlp_out, next(resid))
-        return x
-
-
 class _Embedding(nn.Module):
-    """Token embedding plus positions: ``tokens [B, T]`` (starting at position ``offset``) -> ``[B, T, D]``.
+    """Token embedding plus positions (plus segment 0's row with ``n_token_types``, then a norm with
+    ``post_embedding_ln``): ``tokens [B, T]`` (starting at
+    position ``offset``) -> ``[B, T, D]``.
 
     ``hook_embed`` and ``hook_pos_embed`` belong to the model (their names have no prefix) and are passed in.
     """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.max_len = config.max_len
-        self.tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.n_ctx = config.n_ctx
+        self.tokens = nn.Embedding(config.d_vocab, config.d_model)
         self.learned = config.positions == "learned"
         if self.learned:
-            self.positions = nn.Embedding(config.max_len, config.d_model)
+            self.positions = nn.Embedding(config.n_ctx, config.d_model)
         elif config.positions == "sinusoidal":
             # A buffer, not a parameter: it moves with .to(device) but is never trained
             # (and, not being persistent, is rebuilt rather than stored in checkpoints).
-            self.register_buffer("positions_table", sinusoidal_positions(config.max_len, config.d_model), persistent=False)
+            self.register_buffer("positions_table", sinusoidal_positions(config.n_ctx, config.d_model), persistent=False)
         self.has_table = config.positions in ("learned", "sinusoidal")  # rotary acts inside attention; "none" has none
+        self.token_types = nn.Embedding(config.n_token_types, config.d_model) if config.n_token_types else None
+        self.ln = norm_layer(config) if config.post_embedding_ln else None
         self.dropout = config.dropout
 
     def forward(self, tokens: Tensor, offset: int, hook_embed: HookPoint, hook_pos_embed: HookPoint | None) -> Tensor:
-        check_token_ids(tokens)
-        T = tokens.size(1)
-        if offset + T > self.max_len:
-            raise ValueError(f"sequence of length {offset + T} is longer than max_len={self.max_len}; "
-                             f"build the model with ModelConfig(max_len>={offset + T})")
+        T = tokens.size(1)  # (the model has checked tokens with check_token_ids)
+        if offset + T > self.n_ctx:
+            raise ValueError(f"sequence of length {offset + T} is longer than n_ctx={self.n_ctx}; "
+                             f"build the model with ModelConfig(n_ctx>={offset + T})")
         x = hook_embed(self.tokens(tokens))  # [B, T, D]
         if self.has_table:
-            table = self.positions.weight if self.learned else self.positions_table  # [max_len, D]
+            table = self.positions.weight if self.learned else self.positions_table  # [n_ctx, D]
             x = x + hook_pos_embed(table[offset : offset + T].expand_as(x))  # [T, D] as a [B, T, D] view, no copy
+        if self.token_types is not None:
+            x = x + self.token_types.weight[0]  # [D]: every token is in segment 0
+        if self.ln is not None:
+            x = self.ln(x)
         return F.dropout(x, self.dropout, self.training)
 
 
-def _output_logits(head: nn.Linear, x: Tensor, config: ModelConfig) -> Tensor:
-    """``x [B, T, D]`` -> logits ``[B, T, V]``, or ``[B, T, n_targets, V]`` when ``n_targets > 1``."""
-    logits = head(x)  # [B, T, n_targets * V]
-    if config.n_targets > 1:
-        logits = logits.unflatten(-1, (config.n_targets, config.vocab_size))  # [B, T, n_targets, V]
+def _output_head(config: ModelConfig) -> nn.Linear | None:
+    """The output matrix of its own, or None with ``tie_word_embeddings`` (the token embedding serves)."""
+    return None if config.tie_word_embeddings else nn.Linear(config.d_model, config.n_targets * config.d_vocab)
+
+
+def _output_logits(model: nn.Module, x: Tensor) -> Tensor:
+    """``x [B, T, D]`` (after the final norm) -> logits ``[B, T, V]``, or ``[B, T, n_targets, V]``."""
+    if model.head is None:
+        return F.linear(x, model.embed.tokens.weight)  # tied: [B, T, D] @ [D, V] -> [B, T, V]
+    logits = model.head(x)  # [B, T, n_targets * V]
+    if model.config.n_targets > 1:
+        logits = logits.unflatten(-1, (model.config.n_targets, model.config.d_vocab))  # [B, T, n_targets, V]
     return logits
 
 
 def _check_config(config: Any) -> ModelConfig:
     if not isinstance(config, ModelConfig):
         raise TypeError(f"expected a mhalab.models.ModelConfig, got {type(config).__name__}; "
-                        "build one with ModelConfig(vocab_size=..., d_model=..., n_heads=...)")
+                        "build one with ModelConfig(d_vocab=..., d_model=..., n_heads=...)")
     return config
 
 
 # ---------------------------------------------------------------------------- models
 class Transformer(HookedRootModule):
-    """Encoder-only (``config.causal=False``) or decoder-only (``config.causal=True``) transformer:
-    embedding + positions, pre-norm blocks, a final LayerNorm and an output head."""
+    """Encoder-only (``config.causal=False``) or decoder-only (``config.causal=True``) transformer: embedding
+    and positions, ``n_layers`` blocks (:meth:`Block.from_config`), a final norm (pre-norm models only: a
+    post-norm block ends in one) and an output head (the token embedding itself with ``tie_word_embeddings``).
+    The toy models, all-MiniLM-L6-v2 and SmolLM2 are each one :class:`ModelConfig` of it."""
+
+    #: How to make valid ``tokens``, said by the error for invalid ones.
+    tokens_hint = "add a batch axis with .unsqueeze(0) for a single sequence"
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -350,40 +172,63 @@ class Transformer(HookedRootModule):
         self.hook_embed = HookPoint()  # token embeddings [B, T, D]
         self.hook_pos_embed = HookPoint() if self.embed.has_table else None  # position rows [B, T, D]
         self.blocks = nn.ModuleList(Block.from_config(config) for _ in range(config.n_layers))
-        self.ln_final = nn.LayerNorm(config.d_model)
-        self.head = nn.Linear(config.d_model, config.n_targets * config.vocab_size)
+        self.ln_final = None if config.post_norm else norm_layer(config)
+        self.head = _output_head(config)
 
     def forward(
-        self, tokens: Tensor, *, key_padding_mask: Tensor | None = None, kv_caches: list[KVCache] | None = None
+        self, tokens: Tensor, *, key_padding_mask: Tensor | None = None, kv_caches: list[KVCache] | None = None,
+        logits_to_keep: int = 0, stop_at_layer: int | None = None,
     ) -> Tensor:
         """Logits ``[B, T, V]`` (or ``[B, T, n_targets, V]``) for ``tokens [B, T]``.
 
         ``key_padding_mask [B, T]``: True = padding. ``kv_caches`` (causal models): one :class:`KVCache`
-        per layer; ``tokens`` are then the *new* tokens, after the cached ones.
+        per layer; ``tokens`` are then the *new* tokens, after the cached ones. ``logits_to_keep``: 0 for every
+        position, else only the last that many (``[B, n, V]``; decoding needs only the last). ``stop_at_layer``
+        (TransformerLens's): run only that many blocks and return the residual stream ``[B, T, D]`` there.
         """
+        check_token_ids(tokens, self.tokens_hint)
+        check_int("logits_to_keep", logits_to_keep, 0)
         if kv_caches is not None and not self.config.causal:
             raise ValueError("kv_caches are for decoder-only models (ModelConfig(causal=True)): "
                              "a bidirectional model must re-read the whole sequence")
         past, caches = layer_caches(kv_caches, len(self.blocks))
+        blocks, n = self.blocks, len(self.blocks)
+        if stop_at_layer is not None and check_int("stop_at_layer", stop_at_layer, -n, maximum=n) != n:
+            blocks = blocks[:stop_at_layer]
         x = self.embed(tokens, past, self.hook_embed, self.hook_pos_embed)  # [B, T, D]
-        for block, cache in zip(self.blocks, caches):
+        for block, cache in zip(blocks, caches):
             x = block(x, causal=self.config.causal, key_padding_mask=key_padding_mask, kv_cache=cache)
-        return _output_logits(self.head, self.ln_final(x), self.config)
+        if stop_at_layer is not None:
+            return x
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]  # [B, n, D]
+        return _output_logits(self, x if self.ln_final is None else self.ln_final(x))
 
-    def generate(self, prompt: Tensor, new_tokens: int) -> Tensor:
-        """Greedy continuation of ``prompt [B, T0]`` with KV caches: ``[B, T0 + new_tokens]``."""
+    def new_kv_caches(self) -> list[KVCache]:
+        """One empty :class:`KVCache` per layer (each holds ``n_key_value_heads`` heads)."""
+        return [KVCache() for _ in self.blocks]
+
+    def generate(self, prompt: Tensor, new_tokens: int, *, use_cache: bool = True, stop: Sequence[int] = ()) -> Tensor:
+        """Greedy continuation of ``prompt [B, T0]``: ``[B, T0 + new_tokens]``, or shorter once every row has
+        emitted a ``stop`` token (see :func:`generate_tokens`); without ``use_cache`` every step recomputes the
+        whole prefix (same tokens, slower)."""
         if not self.config.causal:
             raise ValueError("generate needs a decoder-only model: ModelConfig(causal=True)")
         if self.config.n_targets != 1:
             raise ValueError("generate needs one prediction per position (n_targets=1)")
+        check_token_ids(prompt, self.tokens_hint)
         with eval_mode(self):
-            caches = [KVCache() for _ in self.blocks]
-            return generate_tokens(lambda ids: self(ids, kv_caches=caches), prompt, new_tokens)
+            caches = self.new_kv_caches() if use_cache else None
+            step = lambda ids: self(ids, kv_caches=caches, logits_to_keep=1)  # noqa: E731 - [B, 1, V]: the next token's
+            prompt = prompt.to(self.embed.tokens.weight.device)
+            return generate_tokens(step, prompt, new_tokens, cached=use_cache, stop=stop)
 
 
 class EncoderDecoder(HookedRootModule):
     """The original transformer's shape for sequence-to-sequence tasks (one vocabulary): the encoder reads
-    ``src [B, S]``; the decoder reads ``tgt [B, T]`` causally and cross-attends to the encoder's output."""
+    ``src [B, S]``; the decoder reads ``tgt [B, T]`` causally and cross-attends to the encoder's output. Built
+    from the same :class:`ModelConfig` as :class:`Transformer` (``n_layers`` in each of encoder and decoder;
+    ``causal`` is ignored: the encoder never is, the decoder always)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -394,17 +239,18 @@ class EncoderDecoder(HookedRootModule):
         self.hook_decoder_embed = HookPoint()  # the target's [B, T, D]
         self.hook_decoder_pos_embed = HookPoint() if self.embed.has_table else None  # [B, T, D]
         self.encoder = nn.ModuleList(Block.from_config(config) for _ in range(config.n_layers))
-        self.ln_encoder = nn.LayerNorm(config.d_model)
+        self.ln_encoder = None if config.post_norm else norm_layer(config)
         self.decoder = nn.ModuleList(Block.from_config(config, cross=True) for _ in range(config.n_layers))
-        self.ln_final = nn.LayerNorm(config.d_model)
-        self.head = nn.Linear(config.d_model, config.n_targets * config.vocab_size)
+        self.ln_final = None if config.post_norm else norm_layer(config)
+        self.head = _output_head(config)
 
     def encode(self, src: Tensor, *, src_padding_mask: Tensor | None = None) -> Tensor:
         """``src [B, S]`` -> memory ``[B, S, D]``."""
+        check_token_ids(src)
         x = self.embed(src, 0, self.hook_embed, self.hook_pos_embed)  # [B, S, D]
         for block in self.encoder:
             x = block(x, causal=False, key_padding_mask=src_padding_mask)
-        return self.ln_encoder(x)
+        return x if self.ln_encoder is None else self.ln_encoder(x)
 
     def decode(
         self, tgt: Tensor, memory: Tensor, *, src_padding_mask: Tensor | None = None,
@@ -417,13 +263,14 @@ class EncoderDecoder(HookedRootModule):
         first call and reuses those keys and values on every later one (the memory does not change while
         decoding; pass fresh caches for a new memory).
         """
+        check_token_ids(tgt)
         past, caches = layer_caches(kv_caches, len(self.decoder))
         _, cross_caches = layer_caches(cross_kv_caches, len(self.decoder))
         x = self.embed(tgt, past, self.hook_decoder_embed, self.hook_decoder_pos_embed)  # [B, T, D]
         for block, cache, cross_cache in zip(self.decoder, caches, cross_caches):
             x = block(x, causal=True, kv_cache=cache, memory=memory, memory_padding_mask=src_padding_mask,
                       cross_kv_cache=cross_cache)
-        return _output_logits(self.head, self.ln_final(x), self.config)
+        return _output_logits(self, x if self.ln_final is None else self.ln_final(x))
 
     def forward(self, src: Tensor, tgt: Tensor, *, src_padding_mask: Tensor | None = None) -> Tensor:
         """Teacher-forced logits ``[B, T, V]`` for ``src [B, S]`` and the target shifted right ``tgt [B, T]``."""

@@ -1,6 +1,7 @@
 """How many attention operations a transformer runs, in what order, and why the heads are batched.
 
-:class:`StackConfig` counts them (one per head per attention block); :func:`time_heads` times all heads
+:func:`count_attention` counts them from a :class:`~mhalab.config.ModelConfig` (one per head per attention
+block); :func:`time_heads` times all heads
 as one batched operation against a Python loop over the heads (``benchmarks/heads_parallel.py`` on any
 device). The calls themselves are seen on a real model with :mod:`mhalab.hooks`.
 """
@@ -17,44 +18,31 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._checks import check_head_count, check_int
+from .config import ModelConfig
 from .device import synchronize
 
 __all__ = [
-    "StackConfig", "batched_attention", "looped_attention", "HeadWeights", "head_weights", "batched_heads",
+    "AttentionCount", "count_attention", "batched_attention", "looped_attention", "HeadWeights", "head_weights",
+    "batched_heads",
     "looped_heads", "PARTS", "HeadTiming", "time_interleaved", "time_heads",
 ]
 
 
 # --------------------------------------------------------------------------- counting
 @dataclass(frozen=True)
-class StackConfig:
-    """The attention layout of a transformer: ``encoder_layers`` self-attention blocks, ``decoder_layers``
-    causal ones, each followed by cross-attention when ``cross_attention`` (an encoder-decoder)."""
+class AttentionCount:
+    """The attention blocks one forward pass runs (what :func:`count_attention` returns): ``encoder_blocks`` see
+    the whole input, ``decoder_blocks`` are causal, ``cross_blocks`` read an encoder's output; each has ``n_heads``."""
 
-    name: str
     n_heads: int
-    encoder_layers: int = 0
-    decoder_layers: int = 0
-    cross_attention: bool = False
-    d_model: int | None = None
-
-    def __post_init__(self) -> None:
-        check_int("n_heads", self.n_heads, 1)
-        check_int("encoder_layers", self.encoder_layers, 0)
-        check_int("decoder_layers", self.decoder_layers, 0)
-        if self.encoder_layers + self.decoder_layers == 0:
-            raise ValueError("a stack needs at least one layer: set encoder_layers or decoder_layers")
-        if self.cross_attention and (self.encoder_layers == 0 or self.decoder_layers == 0):
-            raise ValueError("cross_attention=True describes an encoder-decoder: it needs encoder_layers >= 1 "
-                             f"and decoder_layers >= 1, got {self.encoder_layers} and {self.decoder_layers}")
-        if self.d_model is not None:
-            check_head_count(self.d_model, self.n_heads)
+    encoder_blocks: int = 0
+    decoder_blocks: int = 0
+    cross_blocks: int = 0
 
     @property
     def attention_blocks(self) -> int:
         """Multi-head attention blocks per forward pass (each a separate call, run in sequence)."""
-        per_decoder_layer = 2 if self.cross_attention else 1  # self-attention (+ cross-attention)
-        return self.encoder_layers + self.decoder_layers * per_decoder_layer
+        return self.encoder_blocks + self.decoder_blocks + self.cross_blocks
 
     @property
     def attention_operations(self) -> int:
@@ -66,13 +54,28 @@ class StackConfig:
     sequential_steps = attention_blocks
 
     def breakdown(self) -> dict[str, int]:
-        """Operations per kind of attention (only the kinds this stack has)."""
+        """Operations per kind of attention (only the kinds this model has)."""
         parts = {
-            "encoder self-attention": self.encoder_layers * self.n_heads,
-            "decoder self-attention (causal)": self.decoder_layers * self.n_heads,
-            "cross-attention": self.decoder_layers * self.n_heads if self.cross_attention else 0,
+            "encoder self-attention": self.encoder_blocks * self.n_heads,
+            "decoder self-attention (causal)": self.decoder_blocks * self.n_heads,
+            "cross-attention": self.cross_blocks * self.n_heads,
         }
         return {kind: n for kind, n in parts.items() if n}
+
+
+def count_attention(config: ModelConfig, *, encoder_decoder: bool = False) -> AttentionCount:
+    """The attention blocks of ``Transformer(config)`` (``n_layers`` encoder blocks, or causal decoder blocks with
+    ``config.causal``), or with ``encoder_decoder`` of ``EncoderDecoder(config)`` (``n_layers`` each in the encoder
+    and the decoder, and a cross-attention in every decoder layer). Counted from the config: no model is built."""
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"count_attention needs a ModelConfig, got {type(config).__name__}; e.g. count_attention("
+                        "ModelConfig(d_vocab=32000, d_model=4096, n_heads=32, n_layers=32, causal=True))")
+    N = config.n_layers
+    if encoder_decoder:
+        return AttentionCount(config.n_heads, encoder_blocks=N, decoder_blocks=N, cross_blocks=N)
+    if config.causal:
+        return AttentionCount(config.n_heads, decoder_blocks=N)
+    return AttentionCount(config.n_heads, encoder_blocks=N)
 
 
 # --------------------------------------------------------------------------- two ways to run h heads

@@ -12,12 +12,13 @@ import math
 import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 import torch
 
-from ._checks import check_distinct_ints, check_int
+from ._checks import check_distinct_ints, check_int, check_model_fits_task
 from .counting import count_parameters
 from .device import pick_device
 from .models import ModelConfig, Transformer
@@ -164,30 +165,33 @@ def _train_in_worker(model_config: ModelConfig, task: Any, base: TrainConfig, se
     return row, buffer.getvalue()
 
 
-def sweep_heads(task: Any, *, d_model: int, heads: Sequence[int], seeds: Sequence[int] = (0, 1, 2), n_layers: int = 1,
-                model: dict[str, Any] | None = None, keep_models: bool = False, threads: int | None = 1,
-                workers: int = 1, progress: bool = True, config: TrainConfig | None = None,
-                **settings: Any) -> SweepResults:
-    """Train one :class:`~mhalab.models.Transformer` per (head count, seed) at fixed ``d_model``.
+def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: Sequence[int] = (0, 1, 2),
+                keep_models: bool = False, threads: int | None = 1, workers: int = 1, progress: bool = True,
+                config: TrainConfig | None = None, **settings: Any) -> SweepResults:
+    """Train one :class:`~mhalab.models.Transformer` per (head count, seed): ``model`` with ``n_heads`` set to each
+    of ``heads`` (``dataclasses.replace``), so the width, depth and everything else stay fixed.
 
     Every head count of a seed starts from ``torch.manual_seed(stream_seed(seed, "init"))`` (a stream of its
     own, not the training batches' or dropout's) and trains on the same batches.
-    ``model``: extra ModelConfig fields; ``keep_models``: keep them in ``results.models`` (eval mode);
+    ``model``: a :class:`~mhalab.models.ModelConfig` for ``task`` (``ModelConfig.for_task(task, d_model=64,
+    n_layers=1)``; its own ``n_heads`` is not used); ``keep_models``: keep them in ``results.models`` (eval mode);
     ``threads``: torch's CPU threads meanwhile (on a busy 2-core machine 100 steps at ``d_model=64`` took
     5 s on one, 20-30 s on two); ``workers``: on a CPU, train this many models at once, each in a process of
     its own forked from this one (on ``threads`` threads, one if None), with the same results as one at a time;
     on a GPU, or off Linux (where forking a process is not safe), the runs stay one at a time; ``config``/``settings``: as for :func:`mhalab.train.train` (without config,
     ``batch_size=32``, ``lr=5e-3``); each run is silent and evaluated once, at the end.
     """
+    if not isinstance(model, ModelConfig):
+        raise TypeError(f"model must be a ModelConfig (the head count is swept, every other field kept), got "
+                        f"{type(model).__name__}: sweep_heads(task, model=ModelConfig.for_task(task, d_model=64, "
+                        f"n_layers=1), heads=[1, 2, 4])")
+    check_model_fits_task(SimpleNamespace(config=model), task)
     heads = check_distinct_ints("heads", heads)
     seeds = check_distinct_ints("seeds", seeds)
-    model = dict(model or {})
-    for key in [k for k in ("d_model", "n_heads", "n_layers") if k in model]:
-        raise ValueError(f"pass {key} as sweep_heads' own argument, not inside model={{...}}")
     for key in [k for k in ("seed", "progress", "eval_every", "checkpoint") if k in settings]:
         raise ValueError(f"sweep_heads sets {key} itself (the seed comes from `seeds`); do not pass {key}=")
     # a bad head count gets the standard message naming the valid ones
-    configs = {h: ModelConfig.for_task(task, d_model=d_model, n_heads=h, n_layers=n_layers, **model) for h in heads}
+    configs = {h: replace(model, n_heads=h) for h in heads}
     if threads is not None:
         check_int("threads", threads, 1, why=" (or None)")
     check_int("workers", workers, 1)
@@ -232,4 +236,4 @@ def sweep_heads(task: Any, *, d_model: int, heads: Sequence[int], seeds: Sequenc
     finally:
         bar.close()
         torch.set_num_threads(threads_before)
-    return SweepResults(rows, d_model=d_model, steps=base.steps, task=repr(task), config=base, models=models)
+    return SweepResults(rows, d_model=model.d_model, steps=base.steps, task=repr(task), config=base, models=models)

@@ -1,6 +1,7 @@
 """Shared fixtures and markers for the mhalab test suite."""
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -125,12 +126,13 @@ class CharTokenizer:
 def text_explorer():
     """``(model, explorer)`` built from text; shared by tests/test_widgets.py and tests/test_model_view.py."""
     from mhalab import widgets
-    from mhalab.pretrained.smollm2 import SmolLM2, SmolLM2Config
+    from mhalab.pretrained.smollm2 import SMOLLM2_135M, SmolLM2
 
     torch.manual_seed(0)
-    config = SmolLM2Config(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_head=8, d_ff=32, max_len=64)
+    config = replace(SMOLLM2_135M, d_vocab=97, d_model=32, n_layers=2, n_heads=4, n_key_value_heads=2, d_head=8,
+                     d_mlp=32, n_ctx=64)
     model = SmolLM2(config).eval()
     for p in model.parameters():  # larger weights than at initialisation, so the heads differ
         p.data.normal_(0.0, 0.5)
-    model.tokenizer = CharTokenizer(config.vocab_size)
+    model.tokenizer = CharTokenizer(config.d_vocab)
     return model, widgets.head_explorer(model, "attend to this", figsize=(6, 3))

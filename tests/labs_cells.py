@@ -66,10 +66,10 @@ CELLS = {
     ],
     "08.1": [
         "def kv_cache_bytes_per_token(config, bytes_per_value):\n"
-        "    return 2 * config.n_layers * config.n_kv_heads * config.d_head * bytes_per_value\n\n"
+        "    return 2 * config.n_layers * config.n_key_value_heads * config.d_head * bytes_per_value\n\n"
         "q1.check(kv_cache_bytes_per_token)",
         "def kv_cache_bytes_per_token(config, bytes_per_value):\n"
-        "    per_layer = 2 * config.n_kv_heads * config.d_head   # one key and one value per K/V head\n"
+        "    per_layer = 2 * config.n_key_value_heads * config.d_head   # one key and one value per K/V head\n"
         "    return per_layer * config.n_layers * bytes_per_value\n\nq1.check(kv_cache_bytes_per_token)",
     ],
     "08.2": [

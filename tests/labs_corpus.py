@@ -191,8 +191,8 @@ def choose_with_valid_head_counts(d_model, n_relations, min_d_k):  # 04.3 with m
 def layout_measured(batch, n_heads, src_len, tgt_len):  # 06.2 measured on a real EncoderDecoder, as notebook 06 suggests
     from mhalab.models import EncoderDecoder, ModelConfig
 
-    model = EncoderDecoder(ModelConfig(vocab_size=4, d_model=2 * n_heads, n_heads=n_heads, n_layers=1,
-                                       max_len=max(src_len, tgt_len))).eval()
+    model = EncoderDecoder(ModelConfig(d_vocab=4, d_model=2 * n_heads, n_heads=n_heads, n_layers=1,
+                                       n_ctx=max(src_len, tgt_len))).eval()
     shapes = {}
     points = {"encoder": "encoder.0.attn.hook_pattern", "decoder": "decoder.0.attn.hook_pattern",
               "cross": "decoder.0.cross_attn.hook_pattern"}
@@ -516,7 +516,7 @@ def prev_scores_by_mhalab(cache):  # the course's own score: fair, the prompt fo
 
 def kv_bytes_dict_style(config, bytes_per_value):  # the pieces named, float arithmetic
     keys_and_values = 2.0
-    return keys_and_values * config.n_layers * config.n_kv_heads * config.d_head * bytes_per_value
+    return keys_and_values * config.n_layers * config.n_key_value_heads * config.d_head * bytes_per_value
 
 
 def induction_loop(cache, L):
@@ -531,7 +531,7 @@ def kv_bytes_by_mhalab(config, bytes_per_value):  # mhalab's counter: fair, the 
     from mhalab.counting import kv_cache_per_token
 
     c = config
-    return kv_cache_per_token(c.d_model, c.n_heads, n_kv_heads=c.n_kv_heads, d_head=c.d_head, n_layers=c.n_layers).elements * bytes_per_value
+    return kv_cache_per_token(c.d_model, c.n_heads, n_kv_heads=c.n_key_value_heads, d_head=c.d_head, n_layers=c.n_layers).elements * bytes_per_value
 
 
 def induction_by_mhalab(cache, L):  # mhalab's induction score on stand-in tokens [start, 1..L, 1..L]: fair too
@@ -895,16 +895,16 @@ CORPUS = {
         ],
     },
     "08.1": {
-        "right": [kv_bytes_dict_style, kv_bytes_by_mhalab, lambda cfg, b: torch.tensor(2 * cfg.n_kv_heads * cfg.d_head * cfg.n_layers * b)],
+        "right": [kv_bytes_dict_style, kv_bytes_by_mhalab, lambda cfg, b: torch.tensor(2 * cfg.n_key_value_heads * cfg.d_head * cfg.n_layers * b)],
         "wrong": [
             (lambda c, b: 2 * c.n_layers * c.n_heads * c.d_head * b, "full multi-head attention"),
-            (lambda c, b: c.n_layers * c.n_kv_heads * c.d_head * b, "both the keys and the values"),
-            (lambda c, b: 2 * c.n_kv_heads * c.d_head * b, "multiply by n_layers"),
-            (lambda c, b: 2 * c.n_layers * c.n_kv_heads * (c.d_model // c.n_heads) * b, "need not be d_model / n_heads"),
-            (lambda c, b: 2 * c.n_layers * c.n_kv_heads * c.d_head, "multiply by bytes_per_value"),
+            (lambda c, b: c.n_layers * c.n_key_value_heads * c.d_head * b, "both the keys and the values"),
+            (lambda c, b: 2 * c.n_key_value_heads * c.d_head * b, "multiply by n_layers"),
+            (lambda c, b: 2 * c.n_layers * c.n_key_value_heads * (c.d_model // c.n_heads) * b, "need not be d_model / n_heads"),
+            (lambda c, b: 2 * c.n_layers * c.n_key_value_heads * c.d_head, "multiply by bytes_per_value"),
             (lambda c, b: 2 * c.n_layers * c.d_model * b, "a key and a value per query head"),
-            (lambda c, b: c.n_layers * c.n_kv_heads * c.d_head * b / 7, "whole number"),
-            (lambda c, b: 3 * c.n_layers * c.n_kv_heads * c.d_head * b, "count the numbers a token leaves"),
+            (lambda c, b: c.n_layers * c.n_key_value_heads * c.d_head * b / 7, "whole number"),
+            (lambda c, b: 3 * c.n_layers * c.n_key_value_heads * c.d_head * b, "count the numbers a token leaves"),
         ],
     },
     "08.2": {

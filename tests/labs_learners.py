@@ -92,18 +92,18 @@ def prev_by_negative_layers(cache):  # cache["pattern", -1] counts from the last
 
 
 # ------------------------------------------------------------------------------------ 08.1
-def kv_bytes_getattr(config, bytes_per_value):  # n_kv_heads may be missing or None: then every head has its own
-    kv_heads = getattr(config, "n_kv_heads", None) or config.n_heads
+def kv_bytes_getattr(config, bytes_per_value):  # n_key_value_heads may be missing or None: then every head has its own
+    kv_heads = getattr(config, "n_key_value_heads", None) or config.n_heads
     per_layer = 2 * kv_heads * config.d_head
     return per_layer * config.n_layers * bytes_per_value
 
 
 def kv_bytes_prod(config, bytes_per_value):
-    return math.prod([2, config.n_layers, config.n_kv_heads, config.d_head, bytes_per_value])
+    return math.prod([2, config.n_layers, config.n_key_value_heads, config.d_head, bytes_per_value])
 
 
 def kv_bytes_numpy(config, bytes_per_value):
-    return np.int64(2) * config.n_kv_heads * config.d_head * config.n_layers * bytes_per_value
+    return np.int64(2) * config.n_key_value_heads * config.d_head * config.n_layers * bytes_per_value
 
 
 # ------------------------------------------------------------------------------------ 08.2
@@ -198,7 +198,7 @@ def second_copy_zeroing_v(model, tokens, heads, L):  # hook_v at the query head'
 
 
 def second_copy_zeroing_v_group(model, tokens, heads, L):  # hook_v at the head's K/V group: its whole group off
-    per_group = model.config.n_heads // model.config.n_kv_heads
+    per_group = model.config.n_heads // model.config.n_key_value_heads
     return _nll_second_copy(_hooked(model, tokens, heads, "v", lambda h: h // per_group), tokens, L)
 
 

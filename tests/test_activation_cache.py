@@ -11,7 +11,7 @@ from mhalab.models import ModelConfig, Transformer
 @pytest.fixture
 def run():
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=11, d_model=16, n_heads=4, n_layers=3, causal=True)).eval()
+    model = Transformer(ModelConfig(d_vocab=11, d_model=16, n_heads=4, n_layers=3, causal=True)).eval()
     with torch.no_grad():
         return model.run_with_cache(torch.randint(0, 11, (2, 5)))
 

@@ -9,7 +9,7 @@ from mhalab.models import ModelConfig, Transformer
 
 def _toy(**overrides):
     torch.manual_seed(0)
-    config = dict(vocab_size=13, d_model=16, n_heads=4, n_layers=3, max_len=10, causal=True, attn_only=True)
+    config = dict(d_vocab=13, d_model=16, n_heads=4, n_layers=3, n_ctx=10, causal=True, attn_only=True)
     model = Transformer(ModelConfig(**{**config, **overrides})).double()
     with torch.no_grad():
         for p in model.parameters():  # norms' weights away from 1, so that folding them is tested
@@ -33,7 +33,7 @@ def _direct(model):
 
 @pytest.mark.parametrize("kv", [None, 2])
 def test_qk_ov_and_their_spectra_match_the_full_matrices(kv):
-    model = _toy(n_kv_heads=kv)
+    model = _toy(n_key_value_heads=kv)
     qk, ov = C.QK(model), C.OV(model)
     assert qk.shape == ov.shape == (3, 4, 16, 16)
     for l, layer in enumerate(_direct(model)):
@@ -61,7 +61,7 @@ def test_rank_sees_a_head_of_lower_rank():
 
 @pytest.mark.parametrize("mode", "QKV")
 def test_composition_scores_against_the_full_product(mode):
-    model = _toy(n_kv_heads=2)
+    model = _toy(n_key_value_heads=2)
     scores = C.all_composition_scores(model, mode)
     heads = _direct(model)
     for l1, h1, l2, h2 in [(0, 1, 1, 3), (0, 0, 2, 2), (1, 3, 2, 0)]:
@@ -132,7 +132,7 @@ def test_bad_input_gets_clear_errors():
         C.all_composition_scores(model, "O")
     with pytest.raises(ValueError, match="no position table"):
         C.positional_qk_circuit(_toy(positions="rotary"), 0, 0)
-    with pytest.raises(TypeError, match="Transformer, SmolLM2 or MiniLM"):
+    with pytest.raises(TypeError, match="circuits reads a mhalab Transformer"):
         C.QK(torch.nn.Linear(3, 3))
     with pytest.raises(ValueError, match="the same m"):
         C.FactoredMatrix(torch.ones(4, 2), torch.ones(3, 4))

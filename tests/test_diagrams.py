@@ -46,7 +46,7 @@ def test_mechanism_shapes_are_read_off_a_forward(n_kv_heads):
 
 
 def test_plot_block_reads_the_models_shapes():
-    model = Transformer(ModelConfig(vocab_size=11, d_model=8, n_heads=2, n_layers=2, max_len=6))
+    model = Transformer(ModelConfig(d_vocab=11, d_model=8, n_heads=2, n_layers=2, n_ctx=6))
     fig = plot_block(model, torch.randint(0, 11, (3, 6)))
     texts = _texts(fig)
     for name in ("blocks.0.attn", "blocks.1.attn", "blocks.1.mlp", "learned positions", "block 1"):

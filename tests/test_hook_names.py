@@ -16,7 +16,7 @@ def test_get_act_name_follows_transformerlens_for_the_names_mhalab_has():
     assert get_act_name("attn", 1) == "blocks.1.attn.hook_pattern" and get_act_name("k6a") == "blocks.6.attn.hook_k"
     assert get_act_name("q", 0, "attn") == "blocks.0.attn.hook_q"
     assert get_act_name("blocks.0.hook_in") == "blocks.0.hook_in"  # a full name comes back as it is
-    toy = Transformer(ModelConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=1, positions="rotary"))
+    toy = Transformer(ModelConfig(d_vocab=5, d_model=8, n_heads=2, n_layers=1, positions="rotary"))
     names = set(toy.hook_dict)
     for short in SHORT_NAMES:  # every short name the toy model has resolves to one of its points
         full = get_act_name(short) if short.endswith("embed") else get_act_name(short, 0)
@@ -40,7 +40,7 @@ def test_get_act_name_refuses_a_layer_where_none_fits_and_a_missing_one():
 
 def test_transformerlens_3_names_are_aliases_where_one_to_one():
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=11, d_model=16, n_heads=4, n_layers=2, causal=True)).eval()
+    model = Transformer(ModelConfig(d_vocab=11, d_model=16, n_heads=4, n_layers=2, causal=True)).eval()
     aliases = hook_aliases(model)
     assert aliases["blocks.1.hook_in"] == "blocks.1.hook_resid_pre"
     assert aliases["blocks.1.hook_out"] == "blocks.1.hook_resid_post"
@@ -65,7 +65,7 @@ def test_a_post_norm_block_has_no_hook_out_alias(minilm):
 
 
 def test_an_encoder_decoders_stacks_have_aliases_too():
-    model = EncoderDecoder(ModelConfig(vocab_size=10, d_model=8, n_heads=2, n_layers=1))
+    model = EncoderDecoder(ModelConfig(d_vocab=10, d_model=8, n_heads=2, n_layers=1))
     aliases = hook_aliases(model)
     assert aliases["decoder.0.cross_attn.hook_out"] == "decoder.0.hook_cross_attn_out"
     assert aliases["encoder.0.hook_out"] == "encoder.0.hook_resid_post" and "decoder.0.ln2.hook_in" not in aliases

@@ -214,7 +214,7 @@ def test_pattern_hooks_fire_once_per_attention_call_in_order():
     from mhalab.models import EncoderDecoder, ModelConfig
 
     torch.manual_seed(0)
-    model = EncoderDecoder(ModelConfig(vocab_size=10, d_model=16, n_heads=4, n_layers=2)).eval()
+    model = EncoderDecoder(ModelConfig(d_vocab=10, d_model=16, n_heads=4, n_layers=2)).eval()
     src, tgt = torch.randint(0, 10, (2, 7)), torch.randint(0, 10, (2, 5))
     calls = []
     with model.hooks(fwd_hooks=[(lambda name: name.endswith("hook_pattern"),
@@ -314,7 +314,7 @@ def toy():
     from mhalab.models import ModelConfig, Transformer
 
     torch.manual_seed(0)
-    return Transformer(ModelConfig(vocab_size=11, d_model=D, n_heads=H, n_layers=2, causal=True)).eval()
+    return Transformer(ModelConfig(d_vocab=11, d_model=D, n_heads=H, n_layers=2, causal=True)).eval()
 
 
 def test_cache_reads_by_full_name_and_by_short_name_and_layer(toy):
@@ -348,7 +348,7 @@ def test_an_encoder_decoder_refuses_short_keys_and_names_its_points():
     """cache["pattern", 0] means blocks.0.attn.hook_pattern; an EncoderDecoder has three layer-0 attentions."""
     from mhalab.models import EncoderDecoder, ModelConfig
 
-    model = EncoderDecoder(ModelConfig(vocab_size=10, d_model=D, n_heads=H, n_layers=2)).eval()
+    model = EncoderDecoder(ModelConfig(d_vocab=10, d_model=D, n_heads=H, n_layers=2)).eval()
     _, cache = model.run_with_cache(torch.randint(0, 10, (1, 5)), torch.randint(0, 10, (1, 3)), names_filter=glob_filter("*.hook_pattern"))
     with pytest.raises(KeyError, match=r"hook_pattern points at that layer are encoder.0.attn.hook_pattern, "
                                        r"decoder.0.attn.hook_pattern, decoder.0.cross_attn.hook_pattern"):
@@ -445,12 +445,12 @@ def _check_residual_sums(cache, prefix, n_layers, *, post_norm=False):
                 assert torch.equal(cache[f"{prefix}.{i + 1}.hook_resid_pre"], c("hook_resid_post"))
 
 
-@pytest.mark.parametrize("options", [{}, dict(attn_only=True, n_kv_heads=2, d_head=6, positions="rotary")])
+@pytest.mark.parametrize("options", [{}, dict(attn_only=True, n_key_value_heads=2, d_head=6, positions="rotary")])
 def test_every_point_of_the_toy_transformer(options):
     from mhalab.models import ModelConfig, Transformer
 
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=11, d_model=D, n_heads=H, n_layers=2, causal=True, **options)
+    cfg = ModelConfig(d_vocab=11, d_model=D, n_heads=H, n_layers=2, causal=True, **options)
     model = Transformer(cfg).eval()
     rotary = cfg.positions == "rotary"
     attn = ["hook_q", "hook_k", "hook_v", *(("hook_rot_q", "hook_rot_k") if rotary else ()), *ATTN_POINTS[3:]]
@@ -459,7 +459,7 @@ def test_every_point_of_the_toy_transformer(options):
                                                         tables=["hook_embed"] + ([] if rotary else ["hook_pos_embed"]))
     _, cache = model.run_with_cache(torch.randint(0, 11, (3, 7)))
     assert list(cache) == list(hook_points(model))
-    _check_shapes(cache, B=3, D=D, H=H, G=cfg.n_kv_heads or H, dk=cfg.d_head or D // H, lengths=lambda name: (7, 7))
+    _check_shapes(cache, B=3, D=D, H=H, G=cfg.n_key_value_heads or H, dk=cfg.d_head or D // H, lengths=lambda name: (7, 7))
     if not cfg.attn_only:
         _check_residual_sums(cache, "blocks", 2)
         assert torch.equal(cache["blocks.0.hook_resid_pre"], cache["hook_embed"] + cache["hook_pos_embed"])
@@ -469,7 +469,7 @@ def test_every_point_of_the_encoder_decoder():
     from mhalab.models import EncoderDecoder, ModelConfig
 
     torch.manual_seed(0)
-    model = EncoderDecoder(ModelConfig(vocab_size=11, d_model=D, n_heads=H, n_layers=2)).eval()
+    model = EncoderDecoder(ModelConfig(d_vocab=11, d_model=D, n_heads=H, n_layers=2)).eval()
     assert list(hook_points(model)) == _expected_points(
         [("encoder", 2, "mlp"), ("decoder", 2, "cross")], attn=ATTN_POINTS,
         tables=["hook_embed", "hook_pos_embed", "hook_decoder_embed", "hook_decoder_pos_embed"])
@@ -510,7 +510,7 @@ def test_every_point_of_smollm2(smollm2):
     _, cache = smollm2.run_with_cache(tokens)
     attn = ["hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", *ATTN_POINTS[3:]]
     assert list(cache) == _expected_points([("blocks", cfg.n_layers, "mlp")], attn=attn, tables=["hook_embed"])
-    _check_shapes(cache, B=2, D=cfg.d_model, H=cfg.n_heads, G=cfg.n_kv_heads, dk=cfg.d_head, lengths=lambda name: (5, 5))
+    _check_shapes(cache, B=2, D=cfg.d_model, H=cfg.n_heads, G=cfg.n_key_value_heads, dk=cfg.d_head, lengths=lambda name: (5, 5))
     assert cache["k", 0].size(2) == 3  # the K/V heads as stored, not repeated for the 9 query heads
     _check_residual_sums(cache, "blocks", cfg.n_layers)
 

@@ -16,7 +16,7 @@ V, T, B = 13, 9, 3
 
 
 def small(**overrides) -> ModelConfig:
-    values = dict(vocab_size=V, d_model=16, n_heads=4, n_layers=2, max_len=16)
+    values = dict(d_vocab=V, d_model=16, n_heads=4, n_layers=2, n_ctx=16)
     values.update(overrides)
     return ModelConfig(**values)
 
@@ -159,8 +159,8 @@ def test_generate_checks_new_tokens_like_every_other_count():
         model.generate(tokens(), -1)
 
 
-def test_too_long_input_says_max_len():
-    with pytest.raises(ValueError, match="max_len=16"):
+def test_too_long_input_says_n_ctx():
+    with pytest.raises(ValueError, match="longer than n_ctx=16.*ModelConfig\\(n_ctx>=17\\)"):
         Transformer(small())(tokens(length=17))
 
 
@@ -251,7 +251,7 @@ def test_cross_attention_projects_the_memory_once_and_gives_the_same_logits():
     the cached path projects it once per layer."""
     from mhalab.attention import KVCache
 
-    model = EncoderDecoder(small(n_kv_heads=2)).eval()
+    model = EncoderDecoder(small(n_key_value_heads=2)).eval()
     src, tgt = tokens(length=7), tokens(length=6, seed=1)
     with torch.no_grad():
         memory = model.encode(src)
@@ -286,7 +286,7 @@ def test_encoder_decoder_forward_batch_needs_decoder_inputs():
 # ------------------------------------------------------------------ config
 def test_bad_head_count_fails_in_the_config_with_the_attentions_message():
     with pytest.raises(ValueError) as ours:
-        ModelConfig(vocab_size=10, d_model=64, n_heads=5)
+        ModelConfig(d_vocab=10, d_model=64, n_heads=5)
     with pytest.raises(ValueError) as attention:
         check_head_count(64, 5)
     assert str(ours.value) == str(attention.value)
@@ -296,17 +296,30 @@ def test_bad_head_count_fails_in_the_config_with_the_attentions_message():
 @pytest.mark.parametrize(
     "overrides,error,message",
     [
-        (dict(vocab_size=0), ValueError, "vocab_size must be at least 1"),
+        (dict(d_vocab=0), ValueError, "d_vocab must be at least 1"),
+        (dict(n_ctx=0), ValueError, "n_ctx must be at least 1"),
         (dict(n_layers=0), ValueError, "n_layers must be at least 1"),
         (dict(n_layers=2.0), TypeError, "n_layers must be an int"),
-        (dict(d_ff=0), ValueError, "d_ff must be at least 1"),
+        (dict(d_mlp=0), ValueError, "d_mlp must be at least 1"),
         (dict(dropout=1.0), ValueError, r"dropout must be a number in \[0, 1\)"),
         (dict(positions="rope"), ValueError, r"positions must be one of \('learned', 'sinusoidal', 'rotary', 'none'\)"),
-        (dict(n_kv_heads=3), ValueError, "n_heads=4 is not a multiple of n_kv_heads=3.*Valid n_kv_heads for n_heads=4: 1, 2, 4"),
-        (dict(n_kv_heads=8), ValueError, "n_kv_heads must be between 1 and 4"),
+        (dict(n_key_value_heads=3), ValueError,
+         "n_heads=4 is not a multiple of n_key_value_heads=3.*Valid n_key_value_heads for n_heads=4: 1, 2, 4"),
+        (dict(n_key_value_heads=8), ValueError, "n_key_value_heads must be between 1 and 4"),
         (dict(d_head=0), ValueError, "d_head must be at least 1"),
         (dict(positions="rotary", d_head=5), ValueError, "head width must be even, got d_head=5"),
-        (dict(positions="rotary", rope_base=1), ValueError, "rope_base must be a number above 1"),
+        (dict(positions="rotary", rotary_base=1), ValueError, "rotary_base must be a number above 1"),
+        (dict(act_fn="swish"), ValueError, r"act_fn must be one of \('gelu', 'gelu_new', 'relu', 'silu'\), got 'swish'"),
+        (dict(normalization_type="LNPre"), ValueError, r"normalization_type must be one of \('LN', 'RMS'\)"),
+        (dict(eps=0), ValueError, "eps must be a number above 0"),
+        (dict(eps="1e-5"), ValueError, "eps must be a number above 0"),
+        (dict(post_norm="yes"), TypeError, "post_norm must be True or False"),
+        (dict(gated_mlp=1), TypeError, "gated_mlp must be True or False"),
+        (dict(tie_word_embeddings=None), TypeError, "tie_word_embeddings must be True or False"),
+        (dict(post_embedding_ln=0), TypeError, "post_embedding_ln must be True or False"),
+        (dict(n_token_types=-1), ValueError, "n_token_types must be at least 0"),
+        (dict(tie_word_embeddings=True, n_targets=2), ValueError, "tie_word_embeddings=True .* needs n_targets=1"),
+        (dict(attn_only=True, gated_mlp=True), ValueError, "attn_only=True builds blocks without an MLP"),
         (dict(attn_only=1), TypeError, "attn_only must be True or False"),
         (dict(causal="yes"), TypeError, "causal must be True or False"),
         (dict(n_heads=0), ValueError, "n_heads must be at least 1"),
@@ -323,14 +336,14 @@ def test_config_is_checked_after_construction_too():
         cfg.n_heads = 3
     with pytest.raises(ValueError, match="not divisible by n_heads=3"):
         dataclasses.replace(cfg, n_heads=3)
-    # d_head and n_kv_heads stay None unless given, so a new head count gets its own head width
+    # d_head and n_key_value_heads stay None unless given, so a new head count gets its own head width
     assert Transformer(dataclasses.replace(cfg, n_heads=8)).blocks[0].attn.d_head == 2
 
 
 def test_config_defaults_and_round_trip():
-    cfg = ModelConfig(vocab_size=10, d_model=32, n_heads=8)
+    cfg = ModelConfig(d_vocab=10, d_model=32, n_heads=8)
     attn = Transformer(cfg).blocks[0].attn
-    assert cfg.d_ff == 128 and (attn.d_head, attn.n_kv_heads, attn.rope_base) == (4, 8, None)
+    assert cfg.d_mlp == 128 and (attn.d_head, attn.n_kv_heads, attn.rope_base) == (4, 8, None)
     assert ModelConfig(**cfg.to_dict()) == cfg
     assert all(v is None or isinstance(v, (int, float, str, bool)) for v in cfg.to_dict().values())
 
@@ -338,7 +351,7 @@ def test_config_defaults_and_round_trip():
 def test_config_for_task():
     task = SimpleNamespace(vocab_size=21, seq_len=12, causal=True, n_targets=2)
     cfg = ModelConfig.for_task(task, d_model=32, n_heads=8)
-    assert (cfg.vocab_size, cfg.max_len, cfg.causal, cfg.n_targets, cfg.d_model, cfg.n_heads) == (21, 12, True, 2, 32, 8)
+    assert (cfg.d_vocab, cfg.n_ctx, cfg.causal, cfg.n_targets, cfg.d_model, cfg.n_heads) == (21, 12, True, 2, 32, 8)
     with pytest.raises(TypeError, match="unknown ModelConfig field"):
         ModelConfig.for_task(task, heads=8)
     with pytest.raises(ValueError, match="not divisible by n_heads=3"):
@@ -347,7 +360,7 @@ def test_config_for_task():
 
 def test_model_needs_a_config():
     with pytest.raises(TypeError, match="ModelConfig"):
-        Transformer(dict(vocab_size=10))
+        Transformer(dict(d_vocab=10))
 
 
 # ------------------------------------------------------------- running helpers
@@ -377,11 +390,17 @@ def test_batch_logits_takes_a_batch_or_token_ids():
 # ------------------------------------------------------------------ what ModelConfig can say
 VARIANTS = {
     "attn_only": dict(attn_only=True),
-    "grouped_query": dict(n_kv_heads=2),
-    "multi_query_wide_heads": dict(n_kv_heads=1, d_head=8),
+    "grouped_query": dict(n_key_value_heads=2),
+    "multi_query_wide_heads": dict(n_key_value_heads=1, d_head=8),
     "rotary": dict(positions="rotary"),
     "no_positions": dict(positions="none"),
-    "all_at_once": dict(attn_only=True, n_kv_heads=2, d_head=6, positions="rotary"),
+    "all_at_once": dict(attn_only=True, n_key_value_heads=2, d_head=6, positions="rotary"),
+    "relu": dict(act_fn="relu"),
+    "gelu_new": dict(act_fn="gelu_new"),
+    # SmolLM2's choices (mhalab.pretrained.SMOLLM2_135M) and all-MiniLM-L6-v2's (MINILM_L6), at toy sizes
+    "llama_like": dict(normalization_type="RMS", gated_mlp=True, act_fn="silu", positions="rotary",
+                       tie_word_embeddings=True, bias=False, n_key_value_heads=2),
+    "bert_like": dict(post_norm=True, post_embedding_ln=True, eps=1e-12, n_token_types=2, tie_word_embeddings=True),
 }
 
 
@@ -390,13 +409,13 @@ def test_each_config_option_reaches_the_attention_and_the_blocks(name):
     cfg = small(causal=True, **VARIANTS[name])
     model = Transformer(cfg)
     H, D = cfg.n_heads, cfg.d_model
-    G = cfg.n_kv_heads or H
+    G = cfg.n_key_value_heads or H
     dk = cfg.d_head or D // H
     for block in model.blocks:
         attn = block.attn
         assert (attn.n_heads, attn.n_kv_heads, attn.d_head) == (H, G, dk)
         assert attn.qkv_proj.weight.shape == ((H + 2 * G) * dk, D) and attn.out_proj.weight.shape == (D, H * dk)
-        assert attn.rope_base == (cfg.rope_base if cfg.positions == "rotary" else None)
+        assert attn.rope_base == (cfg.rotary_base if cfg.positions == "rotary" else None)
         assert hasattr(block, "mlp") != cfg.attn_only
     names = {n for n, _ in model.named_parameters()}
     assert any(".mlp." in n for n in names) != cfg.attn_only
@@ -421,7 +440,7 @@ def test_each_config_option_trains(name):
     assert losses[-1] < losses[0] / 2, losses[::10]
 
 
-@pytest.mark.parametrize("name", ["grouped_query", "rotary", "all_at_once"])
+@pytest.mark.parametrize("name", ["grouped_query", "rotary", "all_at_once", "llama_like", "bert_like"])
 def test_generation_with_a_cache_equals_recomputing_for_rotary_and_grouped_models(name):
     model = Transformer(small(causal=True, **VARIANTS[name])).eval()
     prompt = tokens(length=4)
@@ -450,3 +469,50 @@ def test_encoder_decoder_takes_each_config_option(name):
     assert model(src, tgt).shape == (B, 5, V)
     assert all(block.cross_attn.rope_base is None for block in model.decoder)  # no rotation across two sequences
     assert model.generate(src, 3, bos_id=0).shape == (B, 4)
+
+
+def test_the_norm_mlp_and_tying_fields_build_what_they_say():
+    from mhalab.blocks import MLP, GatedMLP, RMSNorm
+
+    llama = Transformer(small(causal=True, **VARIANTS["llama_like"])).eval()
+    block = llama.blocks[0]
+    assert isinstance(block.ln_attn, RMSNorm) and isinstance(llama.ln_final, RMSNorm) and not block.post_norm
+    assert isinstance(block.mlp, GatedMLP) and block.attn.qkv_proj.bias is None and llama.head is None
+    x = tokens()
+    with torch.no_grad():  # tied: the logits are the final norm's output times the token embedding
+        resid = llama(x, stop_at_layer=2)  # [B, T, D]: after both blocks, before the final norm
+        torch.testing.assert_close(llama(x), llama.ln_final(resid) @ llama.embed.tokens.weight.T)
+        torch.testing.assert_close(llama(x, logits_to_keep=2), llama(x)[:, -2:])
+    bert = Transformer(small(**VARIANTS["bert_like"]))
+    assert bert.ln_final is None and bert.blocks[0].post_norm and isinstance(bert.blocks[0].mlp, MLP)
+    assert bert.embed.ln.eps == bert.blocks[0].ln_mlp.eps == 1e-12 and bert.embed.token_types.num_embeddings == 2
+    untied, tied = (sum(p.numel() for p in Transformer(small(tie_word_embeddings=t)).parameters())
+                    for t in (False, True))
+    assert untied - tied == 16 * V + V  # the head's weight [V, D] and bias [V]
+
+
+@pytest.mark.parametrize("act_fn, expected", [("gelu", torch.nn.functional.gelu), ("relu", torch.relu),
+                                              ("silu", torch.nn.functional.silu)])
+def test_act_fn_is_the_mlps_activation(act_fn, expected):
+    mlp = Transformer(small(act_fn=act_fn)).blocks[0].mlp
+    x = torch.randn(2, 3, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(mlp(x), mlp.fc_out(expected(mlp.fc_in(x))))
+
+
+def test_stop_at_layer_returns_the_residual_stream():
+    model = Transformer(small()).eval()
+    x = tokens()
+    _, cache = model.run_with_cache(x)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, stop_at_layer=1), cache["blocks.0.hook_resid_post"])
+        torch.testing.assert_close(model(x, stop_at_layer=-1), cache["blocks.0.hook_resid_post"])
+    with pytest.raises(ValueError, match="stop_at_layer must be between -2 and 2"):
+        model(x, stop_at_layer=3)
+
+
+def test_encoder_decoder_reads_the_same_fields():
+    model = EncoderDecoder(small(**VARIANTS["llama_like"]))
+    assert model.head is None and all(isinstance(b.mlp, type(model.encoder[0].mlp)) for b in model.decoder)
+    assert type(model.ln_encoder).__name__ == "RMSNorm"
+    assert EncoderDecoder(small(post_norm=True)).ln_final is None

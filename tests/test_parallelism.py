@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from mhalab import MultiHeadAttention
+from mhalab.models import ModelConfig
 from mhalab.parallelism import (
-    StackConfig,
+    count_attention,
     batched_attention,
     batched_heads,
     head_weights,
@@ -19,7 +20,7 @@ from mhalab.parallelism import (
 
 
 def test_decoder_only_32_by_32_is_1024_operations():
-    stack = StackConfig("llama-7b shape", n_heads=32, decoder_layers=32, d_model=4096)
+    stack = count_attention(ModelConfig(d_vocab=32000, d_model=4096, n_heads=32, n_layers=32, causal=True))
     assert stack.attention_blocks == 32
     assert stack.attention_operations == 1024
     assert stack.sequential_steps == 32
@@ -27,25 +28,29 @@ def test_decoder_only_32_by_32_is_1024_operations():
 
 
 def test_encoder_decoder_counts_cross_attention_twice_per_decoder_layer():
-    stack = StackConfig("transformer base", n_heads=8, encoder_layers=6, decoder_layers=6, cross_attention=True)
+    stack = count_attention(ModelConfig(d_vocab=37000, d_model=512, n_heads=8, n_layers=6), encoder_decoder=True)
     assert stack.attention_operations == 6 * 8 + 6 * 8 * 2 == 144
     assert stack.sequential_steps == 18
     assert sum(stack.breakdown().values()) == stack.attention_operations
 
 
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        (dict(n_heads=0, decoder_layers=2), "n_heads"),
-        (dict(n_heads=4), "at least one layer"),
-        (dict(n_heads=4, decoder_layers=2, cross_attention=True), "encoder_layers >= 1"),
-        (dict(n_heads=3, decoder_layers=2, d_model=64), "not divisible"),
-        (dict(n_heads=4, encoder_layers=-1, decoder_layers=1), "encoder_layers"),
-    ],
-)
-def test_bad_stack_configs_say_what_is_wrong(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        StackConfig("bad", **kwargs)
+def test_an_encoder_is_counted_and_the_count_matches_the_calls_of_a_built_model():
+    from mhalab.hooks import run_with_cache
+    from mhalab.models import EncoderDecoder, Transformer
+
+    config = ModelConfig(d_vocab=7, d_model=8, n_heads=2, n_layers=3)
+    assert count_attention(config).breakdown() == {"encoder self-attention": 6}
+    x = torch.zeros(1, 4, dtype=torch.long)
+    for model, count, inputs in ((Transformer(config), count_attention(config), (x,)),
+                                 (EncoderDecoder(config), count_attention(config, encoder_decoder=True), (x, x))):
+        _, cache = run_with_cache(model.eval(), *inputs, names_filter=lambda name: name.endswith("hook_pattern"))
+        assert len(cache) == count.attention_blocks
+        assert sum(p.size(1) for p in cache.values()) == count.attention_operations
+
+
+def test_count_attention_needs_a_model_config():
+    with pytest.raises(TypeError, match="count_attention needs a ModelConfig, got dict"):
+        count_attention(dict(n_heads=4, n_layers=2))
 
 
 @pytest.mark.parametrize("h", [1, 4, 16])

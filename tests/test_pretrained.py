@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -75,10 +76,10 @@ def test_minilm_embeddings_equal_sentence_transformers(minilm, dtype):
     assert len(sentences) >= 8 and reference["embeddings"].dtype == np.float64
     model = copy.deepcopy(minilm).double() if dtype == torch.float64 else minilm
     with torch.no_grad():
-        ours = model.embed(sentences).double().numpy()  # one batch, padded to the longest
+        ours = model.encode(sentences).double().numpy()  # one batch, padded to the longest
     cfg = minilm.config
     rms = np.sqrt((reference["embeddings"] ** 2).mean(1, keepdims=True))  # 1/sqrt(384): unit-length rows
-    bound = (2 if dtype == torch.float64 else 1) * rounding_bound(dtype, cfg.n_layers, cfg.d_ff, rms)
+    bound = (2 if dtype == torch.float64 else 1) * rounding_bound(dtype, cfg.n_layers, cfg.d_mlp, rms)
     diff = np.abs(ours - reference["embeddings"])
     print(f"MiniLM {dtype}: max |ours - sentence-transformers| = {diff.max():.2e}, {(diff / bound).max():.3f} of the bound")
     assert (diff <= bound).all()
@@ -91,14 +92,14 @@ def test_minilm_pads_to_the_longest_and_truncates_at_256(minilm):
     long = minilm.tokenizer("word " * 400)
     assert long.tokens.shape == (1, 256)
     with torch.no_grad():
-        alone = minilm.embed(["short one"])
-        padded = minilm.embed(["short one", "a somewhat longer sentence than the first"])[:1]
+        alone = minilm.encode(["short one"])
+        padded = minilm.encode(["short one", "a somewhat longer sentence than the first"])[:1]
     assert torch.allclose(alone, padded, atol=1e-6)  # padding keys get no attention and no pooling weight
 
 
 def test_minilm_similarity_is_meaningful(minilm):
     with torch.no_grad():
-        e = minilm.embed(["A man is playing a guitar.", "Someone plays an instrument.", "The stock market fell."])
+        e = minilm.encode(["A man is playing a guitar.", "Someone plays an instrument.", "The stock market fell."])
     similar, unrelated = float(e[0] @ e[1]), float(e[0] @ e[2])
     assert similar > unrelated + 0.3
 
@@ -114,16 +115,17 @@ def test_minilm_hook_points(minilm):
 
 
 def test_bad_input_says_what_to_pass():
-    from mhalab.pretrained import MiniLM, SmolLM2, SmolLM2Config
+    from mhalab.pretrained import SMOLLM2_135M, MiniLM, SmolLM2
 
     with pytest.raises(ValueError, match="token ids"):
         MiniLM()(torch.zeros(4, dtype=torch.long))
     with pytest.raises(TypeError, match="integer token ids"):
         MiniLM()(torch.randn(1, 4))
     with pytest.raises(RuntimeError, match="load_minilm"):
-        MiniLM().embed(["no tokenizer"])
-    tiny = SmolLM2(SmolLM2Config(vocab_size=10, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, d_head=4, d_ff=8, max_len=4))
-    with pytest.raises(ValueError, match="more than the 4"):
+        MiniLM().encode(["no tokenizer"])
+    tiny = SmolLM2(replace(SMOLLM2_135M, d_vocab=10, d_model=8, n_layers=1, n_heads=2, n_key_value_heads=1, d_head=4,
+                           d_mlp=8, n_ctx=4))
+    with pytest.raises(ValueError, match="longer than n_ctx=4"):
         tiny(torch.zeros(1, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="one KVCache per layer"):
         tiny(torch.zeros(1, 2, dtype=torch.long), kv_caches=[])
@@ -163,7 +165,7 @@ def _logit_errors(logits: np.ndarray, ref: dict, name: str) -> np.ndarray:
 
 def _logit_bound(model, dtype, scale, sides: int):
     cfg = model.config
-    return sides * rounding_bound(dtype, cfg.n_layers, max(cfg.d_model, cfg.d_ff), scale)
+    return sides * rounding_bound(dtype, cfg.n_layers, max(cfg.d_model, cfg.d_mlp), scale)
 
 
 @pytest.mark.parametrize("name", ["prompt0", "prompt1", "prompt2", "paragraph"])
@@ -290,8 +292,8 @@ def test_smollm2_kv_cache_decoding_equals_the_full_forward(smollm2, smollm2_64, 
         return
     cache = caches[0]
     cfg = smollm2.config
-    assert cache.k.shape == (1, cfg.n_kv_heads, T, cfg.d_head)  # only the 3 K/V heads are cached
-    assert cache.bytes_per_token == 2 * cfg.n_kv_heads * cfg.d_head * 4
+    assert cache.k.shape == (1, cfg.n_key_value_heads, T, cfg.d_head)  # only the 3 K/V heads are cached
+    assert cache.bytes_per_token == 2 * cfg.n_key_value_heads * cfg.d_head * 4
     prompt = smollm2.tokenizer("Once upon a time")
     assert torch.equal(smollm2.generate(prompt, 6), smollm2.generate(prompt, 6, use_cache=False))
 
@@ -302,7 +304,7 @@ def test_smollm2_can_keep_only_the_last_logits(smollm2):
     ids = smollm2.tokenizer("The capital of France is")
     with torch.no_grad():
         full, last = smollm2(ids), smollm2(ids, logits_to_keep=2)
-    assert last.shape == (1, 2, smollm2.config.vocab_size)
+    assert last.shape == (1, 2, smollm2.config.d_vocab)
     rms = full[0, -2:].pow(2).mean(-1, keepdim=True).sqrt()  # [2, 1]
     assert ((last[0] - full[0, -2:]).abs() <= rounding_bound(torch.float32, 1, smollm2.config.d_model, rms)).all()
     with pytest.raises(ValueError, match="logits_to_keep must be at least 0"):

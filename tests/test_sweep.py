@@ -10,15 +10,20 @@ from dataclasses import replace
 import pytest
 import torch
 
+from mhalab.models import ModelConfig
 from mhalab.sweep import SweepResults, SweepRow, sweep_heads
 from mhalab.tasks import MultiRelationTask
 from mhalab.train import TrainConfig
 
 
+def one_layer(task, **fields) -> ModelConfig:
+    return ModelConfig.for_task(task, d_model=8, n_layers=1, **fields)
+
+
 @pytest.fixture(scope="module")
 def tiny():
     task = MultiRelationTask((-1, 1), vocab_size=5, seq_len=6)
-    return task, sweep_heads(task, d_model=8, heads=(1, 2, 8), seeds=(0, 1), steps=3, device="cpu",
+    return task, sweep_heads(task, model=one_layer(task), heads=(1, 2, 8), seeds=(0, 1), steps=3, device="cpu",
                              eval_batches=1, eval_batch_size=16, progress=False)
 
 
@@ -56,12 +61,12 @@ def test_summaries_gaps_and_printing(tiny):
 
 def test_same_seed_same_result(tiny):
     task, results = tiny
-    again = sweep_heads(task, d_model=8, heads=(2,), seeds=(1,), steps=3, device="cpu", eval_batches=1,
+    again = sweep_heads(task, model=one_layer(task), heads=(2,), seeds=(1,), steps=3, device="cpu", eval_batches=1,
                         eval_batch_size=16, progress=False)
     first = next(r for r in results.rows if (r.heads, r.seed) == (2, 1))
     assert again.rows[0].loss == first.loss and again.rows[0].relations == first.relations
     config = TrainConfig(steps=3, batch_size=32, lr=5e-3, device="cpu", eval_batches=1, eval_batch_size=16)
-    from_config = sweep_heads(task, d_model=8, heads=(2,), seeds=(1,), config=config, progress=False)
+    from_config = sweep_heads(task, model=one_layer(task), heads=(2,), seeds=(1,), config=config, progress=False)
     assert from_config.rows[0].loss == first.loss and from_config.config == replace(config, progress=False)
 
 
@@ -70,7 +75,7 @@ def test_the_callers_random_state_is_untouched(tiny):
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    sweep_heads(task, d_model=8, heads=(1,), seeds=(0,), steps=1, device="cpu", eval_batches=1,
+    sweep_heads(task, model=one_layer(task), heads=(1,), seeds=(0,), steps=1, device="cpu", eval_batches=1,
                 eval_batch_size=4, progress=False)
     assert torch.equal(torch.rand(3), expected)
 
@@ -78,17 +83,17 @@ def test_the_callers_random_state_is_untouched(tiny):
 def test_bad_settings_fail_before_training():
     task = MultiRelationTask((-1, 1), vocab_size=5, seq_len=6)
     with pytest.raises(ValueError, match="not divisible by n_heads=3"):
-        sweep_heads(task, d_model=8, heads=(1, 3), steps=1, progress=False)
+        sweep_heads(task, model=one_layer(task), heads=(1, 3), steps=1, progress=False)
     with pytest.raises(ValueError, match="seeds has repeats"):
-        sweep_heads(task, d_model=8, heads=(1,), seeds=(0, 0), steps=1, progress=False)
-    with pytest.raises(ValueError, match="n_heads"):
-        sweep_heads(task, d_model=8, heads=(1,), steps=1, model={"n_heads": 2}, progress=False)
+        sweep_heads(task, model=one_layer(task), heads=(1,), seeds=(0, 0), steps=1, progress=False)
+    with pytest.raises(TypeError, match=r"model must be a ModelConfig .*got dict.*ModelConfig.for_task"):
+        sweep_heads(task, model={"d_model": 8}, heads=(1,), steps=1, progress=False)
+    with pytest.raises(ValueError, match="d_vocab 9 != task's vocab_size 5.*for_task"):
+        sweep_heads(task, model=ModelConfig(d_vocab=9, d_model=8), heads=(1,), steps=1, progress=False)
     with pytest.raises(ValueError, match="sets seed itself"):
-        sweep_heads(task, d_model=8, heads=(1,), steps=1, seed=3, progress=False)
+        sweep_heads(task, model=one_layer(task), heads=(1,), steps=1, seed=3, progress=False)
     with pytest.raises(TypeError, match=r"unknown training setting\(s\) \['learning_rate'\]"):
-        sweep_heads(task, d_model=8, heads=(1,), steps=1, learning_rate=0.1, progress=False)
-    with pytest.raises(TypeError, match="unknown ModelConfig field"):
-        sweep_heads(task, d_model=8, heads=(1,), steps=1, model={"width": 3}, progress=False)
+        sweep_heads(task, model=one_layer(task), heads=(1,), steps=1, learning_rate=0.1, progress=False)
 
 
 def test_results_can_be_built_by_hand():
@@ -102,11 +107,11 @@ def test_results_can_be_built_by_hand():
 def test_threads_are_restored_after_the_sweep():
     task = MultiRelationTask((-1, 1), vocab_size=5, seq_len=6)
     before = torch.get_num_threads()
-    sweep_heads(task, d_model=8, heads=(1,), seeds=(0,), steps=1, device="cpu", eval_batches=1,
+    sweep_heads(task, model=one_layer(task), heads=(1,), seeds=(0,), steps=1, device="cpu", eval_batches=1,
                 eval_batch_size=4, threads=1, progress=False)
     assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="threads must be at least 1"):
-        sweep_heads(task, d_model=8, heads=(1,), steps=1, threads=0, progress=False)
+        sweep_heads(task, model=one_layer(task), heads=(1,), steps=1, threads=0, progress=False)
 
 
 def test_initial_weights_do_not_share_bits_with_the_batches(monkeypatch):
@@ -129,7 +134,7 @@ def test_initial_weights_do_not_share_bits_with_the_batches(monkeypatch):
 
     monkeypatch.setattr(sweep_module, "Transformer", recording_transformer)
     task = Recording((-1, 1), vocab_size=5, seq_len=6)
-    sweep_heads(task, d_model=8, heads=(2,), seeds=(4,), steps=1, device="cpu", eval_batches=1,
+    sweep_heads(task, model=one_layer(task), heads=(2,), seeds=(4,), steps=1, device="cpu", eval_batches=1,
                 eval_batch_size=4, progress=False)
     assert not torch.equal(seen["init"], seen["data"])
 
@@ -139,19 +144,19 @@ def test_two_workers_give_the_results_of_one(tiny):
     task, results = tiny
     if not sys.platform.startswith("linux"):
         pytest.skip("workers=2 forks processes on Linux only; elsewhere it runs one at a time")
-    parallel = sweep_heads(task, d_model=8, heads=(1, 2, 8), seeds=(0, 1), steps=3, device="cpu", eval_batches=1,
+    parallel = sweep_heads(task, model=one_layer(task), heads=(1, 2, 8), seeds=(0, 1), steps=3, device="cpu", eval_batches=1,
                            eval_batch_size=16, progress=False, workers=2, keep_models=True)
     assert [(r.heads, r.seed) for r in parallel.rows] == [(r.heads, r.seed) for r in results.rows]
     for mine, theirs in zip(parallel.rows, results.rows):
         assert (mine.loss, mine.accuracy, mine.relations) == (theirs.loss, theirs.accuracy, theirs.relations)
-    one = sweep_heads(task, d_model=8, heads=(2,), seeds=(1,), steps=3, device="cpu", eval_batches=1,
+    one = sweep_heads(task, model=one_layer(task), heads=(2,), seeds=(1,), steps=3, device="cpu", eval_batches=1,
                       eval_batch_size=16, progress=False, keep_models=True)
     kept, expected = parallel.models[(2, 1)], one.models[(2, 1)]
     assert not kept.training
     for (name, a), (_, b) in zip(kept.state_dict().items(), expected.state_dict().items()):
         assert torch.equal(a, b), name
     with pytest.raises(ValueError, match="workers must be at least 1"):
-        sweep_heads(task, d_model=8, heads=(1,), steps=1, workers=0, progress=False)
+        sweep_heads(task, model=one_layer(task), heads=(1,), steps=1, workers=0, progress=False)
 
 
 def test_off_linux_workers_train_in_this_process(tiny, monkeypatch):
@@ -163,7 +168,7 @@ def test_off_linux_workers_train_in_this_process(tiny, monkeypatch):
     task, results = tiny
     monkeypatch.setattr(sweep_module.sys, "platform", "darwin")
     monkeypatch.setattr(sweep_module, "ProcessPoolExecutor", no_pool)
-    serial = sweep_heads(task, d_model=8, heads=(2,), seeds=(1,), steps=3, device="cpu", eval_batches=1,
+    serial = sweep_heads(task, model=one_layer(task), heads=(2,), seeds=(1,), steps=3, device="cpu", eval_batches=1,
                          eval_batch_size=16, progress=False, workers=2)
     first = next(r for r in results.rows if (r.heads, r.seed) == (2, 1))
     assert serial.rows[0].loss == first.loss and serial.rows[0].relations == first.relations

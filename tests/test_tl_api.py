@@ -72,7 +72,7 @@ def _toy_inputs():
 @pytest.mark.parametrize("kind", ["toy", "encoder_decoder"])
 def test_the_analysis_runs_on_the_toy_models(kind):
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=11, d_model=16, n_heads=4, n_layers=2, causal=kind == "toy")
+    config = ModelConfig(d_vocab=11, d_model=16, n_heads=4, n_layers=2, causal=kind == "toy")
     if kind == "toy":
         model, inputs = Transformer(config).eval(), _toy_inputs()
     else:

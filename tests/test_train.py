@@ -288,8 +288,8 @@ def test_bad_arguments_fail_before_training(overrides, error, message):
 
 def test_model_for_another_task_fails_before_training():
     task = PreviousToken()
-    wrong = Transformer(ModelConfig(vocab_size=9, d_model=16, n_heads=2, max_len=4))
-    with pytest.raises(ValueError, match=r"vocab_size 9 != task's 8; max_len 4 < task's seq_len 8.*for_task"):
+    wrong = Transformer(ModelConfig(d_vocab=9, d_model=16, n_heads=2, n_ctx=4))
+    with pytest.raises(ValueError, match=r"d_vocab 9 != task's vocab_size 8; n_ctx 4 < task's seq_len 8.*for_task"):
         train(wrong, task, steps=5, **FAST)
     assert task.samples == 0
 

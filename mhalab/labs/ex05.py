@@ -24,8 +24,8 @@ from .core import Exercise, Wrong, register
 _FORBID = ("mhalab.hooks.ablate_heads", "mhalab.hooks.gate_heads", "mhalab.ablation")
 
 _MODELS = [  # (config, seed, batch, seq_len): a bidirectional model, a causal one with two targets per position
-    (dict(vocab_size=13, d_model=24, n_heads=3, n_layers=2, max_len=16), 0, 3, 9),
-    (dict(vocab_size=10, d_model=32, n_heads=4, n_layers=3, max_len=12, causal=True, n_targets=2), 1, 2, 7),
+    (dict(d_vocab=13, d_model=24, n_heads=3, n_layers=2, n_ctx=16), 0, 3, 9),
+    (dict(d_vocab=10, d_model=32, n_heads=4, n_layers=3, n_ctx=12, causal=True, n_targets=2), 1, 2, 7),
 ]
 
 
@@ -35,9 +35,9 @@ def _models():
     for config, seed, B, T in _MODELS:
         model = hidden_model(config, seed)  # larger weights than at initialisation, so every head matters
         g = generator(seed + 10)
-        tokens = torch.randint(0, config["vocab_size"], (B, T), generator=g)
+        tokens = torch.randint(0, config["d_vocab"], (B, T), generator=g)
         shape = (B, T) + ((config["n_targets"],) if config.get("n_targets", 1) > 1 else ())
-        targets = torch.randint(0, config["vocab_size"], shape, generator=g)
+        targets = torch.randint(0, config["d_vocab"], shape, generator=g)
         targets[..., 0] = -100
         out.append((model, tokens, targets))
     return out

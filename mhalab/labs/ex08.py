@@ -2,7 +2,7 @@
 score read from a cache, and the in-context loss with chosen heads switched off by a hook.
 
 Exercise 1 runs on hidden configs (SmolLM2's, one whose d_head is not d_model / n_heads, one without grouped
-K/V heads), each a :class:`~mhalab.pretrained.smollm2.SmolLM2Config` as ``model.config`` is; exercise 2 on
+K/V heads), each a :class:`~mhalab.config.ModelConfig` as ``model.config`` is; exercise 2 on
 caches of random patterns over ``[start, copy, copy]`` sequences, each an ``ActivationCache`` as ``run_with_cache``
 returns it, one of 30 layers as SmolLM2's (sorting its names puts ``blocks.10`` before ``blocks.2``); exercise 3
 on small hidden causal models (mhalab's toy ``Transformer``) that group their K/V heads as SmolLM2 does, one of
@@ -15,26 +15,30 @@ prompt says, one that calls the course's own ablation (``ablate``, ``ablate_head
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 
-from ..pretrained.smollm2 import SmolLM2Config
+from ..config import ModelConfig
+from ..pretrained.smollm2 import SMOLLM2_135M
 from .checks import (as_float64, call_answer, expect_shape, expect_whole, generator, grading, hidden_model, judge,
                      name_miss, observe, pattern_cache, rng)
 from .core import AnswerRaised, Exercise, Wrong, register
 
 
 # ------------------------------------------------------------------------------------ exercise 1
-def _config(d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, d_head: int) -> SmolLM2Config:
-    # The config class of the notebook's model (model.config), with the sizes the KV cache depends on (and some it does not).
-    return SmolLM2Config(d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
+def _config(d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, d_head: int) -> ModelConfig:
+    # The notebook model's config (model.config) with the sizes the KV cache depends on (and some it does not).
+    return replace(SMOLLM2_135M, d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_key_value_heads=n_kv_heads,
+                   d_head=d_head)
 
 
 _CONFIGS = [
     (_config(576, 30, 9, 3, 64), 4, "SmolLM2-135M in float32, as loaded here"),
     (_config(2048, 16, 32, 8, 64), 2, "a grouped-query model in 16-bit floats"),
     (_config(3072, 28, 24, 8, 96), 2, "d_head 96, not d_model / n_heads = 128"),
-    (_config(512, 6, 8, 8, 80), 1, "full multi-head attention (n_kv_heads = n_heads), d_head 80 != 512 / 8, 1-byte values"),
+    (_config(512, 6, 8, 8, 80), 1, "full multi-head attention (as many K/V heads as query heads), d_head 80 != 512 / 8, 1-byte values"),
 ]
 
 
@@ -52,13 +56,13 @@ def _kv_cases() -> list:
     return cases
 
 
-def _describe_config(c: SmolLM2Config) -> str:
+def _describe_config(c: ModelConfig) -> str:
     return (f"config(d_model={c.d_model}, n_layers={c.n_layers}, n_heads={c.n_heads}, "
-            f"n_kv_heads={c.n_kv_heads}, d_head={c.d_head})")
+            f"n_key_value_heads={c.n_key_value_heads}, d_head={c.d_head})")
 
 
 def _kv_reference(config, bytes_per_value: int) -> int:
-    return 2 * config.n_layers * config.n_kv_heads * config.d_head * bytes_per_value
+    return 2 * config.n_layers * config.n_key_value_heads * config.d_head * bytes_per_value
 
 
 def _check_kv(kv_cache_bytes_per_token) -> None:
@@ -69,11 +73,11 @@ def _check_kv(kv_cache_bytes_per_token) -> None:
         if got != want:
             c = config
             raise Wrong(f"kv_cache_bytes_per_token({label}): got {got:,}; " + (name_miss(got, [
-                (2 * c.n_layers * c.n_heads * c.d_head * b, "that is full multi-head attention (a key and a value per query head): only the n_kv_heads K/V heads are cached"),
-                (c.n_layers * c.n_kv_heads * c.d_head * b, "the cache holds both the keys and the values"),
-                (2 * c.n_kv_heads * c.d_head * b, "every layer keeps its own cache: multiply by n_layers"),
-                (2 * c.n_layers * c.n_kv_heads * (c.d_model // c.n_heads) * b, "use the config's d_head: it need not be d_model / n_heads"),
-                (2 * c.n_layers * c.n_kv_heads * c.d_head, "multiply by bytes_per_value: that is a count of numbers, not bytes"),
+                (2 * c.n_layers * c.n_heads * c.d_head * b, "that is full multi-head attention (a key and a value per query head): only the n_key_value_heads K/V heads are cached"),
+                (c.n_layers * c.n_key_value_heads * c.d_head * b, "the cache holds both the keys and the values"),
+                (2 * c.n_key_value_heads * c.d_head * b, "every layer keeps its own cache: multiply by n_layers"),
+                (2 * c.n_layers * c.n_key_value_heads * (c.d_model // c.n_heads) * b, "use the config's d_head: it need not be d_model / n_heads"),
+                (2 * c.n_layers * c.n_key_value_heads * c.d_head, "multiply by bytes_per_value: that is a count of numbers, not bytes"),
             ]) or "count the numbers a token leaves in the cache of every layer, then their bytes"))
 
 
@@ -81,11 +85,11 @@ register(Exercise(
     "08", 1, "KV-cache bytes per token from a config",
     _check_kv,
     hint="Per token and per layer the cache holds one key and one value for each K/V head, each d_head numbers. "
-         "Read n_layers, n_kv_heads and d_head from the config (config.n_kv_heads, ...).",
+         "Read n_layers, n_key_value_heads and d_head from the config (config.n_key_value_heads, ...).",
     solution=(
         "def kv_cache_bytes_per_token(config, bytes_per_value):\n"
-        "    numbers = 2 * config.n_kv_heads * config.d_head      # a key and a value per K/V head\n"
-        "    return numbers * config.n_layers * bytes_per_value   # every layer has its own cache"
+        "    numbers = 2 * config.n_key_value_heads * config.d_head   # a key and a value per K/V head\n"
+        "    return numbers * config.n_layers * bytes_per_value       # every layer keeps its own cache"
     ),
     reference=_kv_reference,
 ))
@@ -172,8 +176,8 @@ _FORBID = ("mhalab.hooks.ablate_heads", "mhalab.hooks.gate_heads", "mhalab.ablat
 
 # Both group their K/V heads as SmolLM2 does (three query heads per K/V head): hook_v's heads are not hook_z's.
 # The second is rotary with 30 layers, as SmolLM2: a layer read from a hook's name takes two digits.
-_MODELS = [(dict(vocab_size=17, d_model=24, n_heads=6, n_kv_heads=2, n_layers=2, max_len=32, causal=True), 3, 2, 6),
-           (dict(vocab_size=23, d_model=24, n_heads=6, n_kv_heads=3, n_layers=30, max_len=32, causal=True,
+_MODELS = [(dict(d_vocab=17, d_model=24, n_heads=6, n_key_value_heads=2, n_layers=2, n_ctx=32, causal=True), 3, 2, 6),
+           (dict(d_vocab=23, d_model=24, n_heads=6, n_key_value_heads=3, n_layers=30, n_ctx=32, causal=True,
                  positions="rotary"), 4, 1, 8)]
 
 
@@ -182,7 +186,7 @@ def _models():
     for config, seed, B, L in _MODELS:
         model = hidden_model(config, seed)  # larger weights than at initialisation, so every head matters
         g = generator(seed + 10)
-        copy = torch.randint(1, config["vocab_size"], (B, L), generator=g)
+        copy = torch.randint(1, config["d_vocab"], (B, L), generator=g)
         tokens = torch.cat([torch.zeros(B, 1, dtype=torch.long), copy, copy], dim=1)  # [B, 1 + 2L]
         out.append((model, tokens, L))
     return out
@@ -193,7 +197,7 @@ def _loss_with(model, tokens, heads, L, *, positions=None, axis=2, point="z", sh
     ``point`` "v" (hook_v at the query head's index) or "v_group" (hook_v at its K/V head); the losses at
     ``positions`` of ``nll``, where ``shift=0`` scores the logits at p against the token at p."""
     H = model.config.n_heads
-    per_group = H // (model.config.n_kv_heads or H)
+    per_group = H // (model.config.n_key_value_heads or H)
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head // per_group if point == "v_group" else head)
@@ -251,7 +255,7 @@ def _stages(model, tokens, L, n: int) -> list:
 
 
 def _grouped(model) -> str:
-    H, G = model.config.n_heads, model.config.n_kv_heads or model.config.n_heads
+    H, G = model.config.n_heads, model.config.n_key_value_heads or model.config.n_heads
     return "" if G == H else f" sharing {G} K/V heads"
 
 
@@ -260,7 +264,7 @@ def _head_mistakes(model, tokens, heads, L) -> dict:
     if not heads:
         return {}
     N, H = model.config.n_layers, model.config.n_heads
-    G = model.config.n_kv_heads or H
+    G = model.config.n_key_value_heads or H
     others = [(l, h) for l in range(N) for h in range(H) if (l, h) not in heads]
     one_digit = [(k, h) for k in range(N) for l, h in heads if l == int(str(k)[0])]  # int(hook.name[7])
     return {
@@ -299,7 +303,7 @@ def _check_second_copy(second_copy_loss) -> None:
             except AnswerRaised as raised:
                 if not (_grouped(model) and "IndexError" in str(raised)):
                     raise
-                G = model.config.n_kv_heads
+                G = model.config.n_key_value_heads
                 raise AnswerRaised(f"{raised}. This model groups its K/V heads, as SmolLM2 does: hook_k and hook_v are "
                                    f"[batch, position, {G}, d_head], the K/V heads; a query head's output is z, "
                                    f"[batch, position, {H}, d_head] at blocks.{{layer}}.attn.hook_z") from None

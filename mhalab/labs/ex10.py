@@ -19,11 +19,11 @@ from .core import Exercise, Wrong, register
 
 # ------------------------------------------------------------------------------------ exercise 1
 _QK_MODELS = [
-    ("stage 1 of 3 (multi-head attention)", dict(vocab_size=11, d_model=12, n_heads=3, n_layers=2), 101, 1, 1),
+    ("stage 1 of 3 (multi-head attention)", dict(d_vocab=11, d_model=12, n_heads=3, n_layers=2), 101, 1, 1),
     ("stage 2 of 3 (grouped-query: 4 query heads share 2 K/V heads)",
-     dict(vocab_size=11, d_model=16, n_heads=4, n_kv_heads=2, n_layers=2), 102, 0, 2),
+     dict(d_vocab=11, d_model=16, n_heads=4, n_key_value_heads=2, n_layers=2), 102, 0, 2),
     ("stage 3 of 3 (a head whose rank is below d_head)",
-     dict(vocab_size=11, d_model=16, n_heads=4, n_kv_heads=1, d_head=6, n_layers=1), 103, 0, 1),
+     dict(d_vocab=11, d_model=16, n_heads=4, n_key_value_heads=1, d_head=6, n_layers=1), 103, 0, 1),
 ]
 
 
@@ -31,7 +31,7 @@ def _qk_cases() -> list:
     """(stage, model, layer, head): the paper's attention, grouped-query, a low-rank head; more drawn when grading."""
     cases = []
     for stage, config, seed, layer, head in _QK_MODELS:
-        model = hidden_model({**config, "max_len": 8, "causal": True, "bias": False}, seed)
+        model = hidden_model({**config, "n_ctx": 8, "causal": True, "bias": False}, seed)
         if "low" in stage or "rank" in stage:  # head 1 keeps only 3 of its 6 query directions
             d = model.config.d_head
             with torch.no_grad():
@@ -40,8 +40,8 @@ def _qk_cases() -> list:
     if grading():
         r = rng(104)
         g = r.choice([1, 2])
-        config = dict(vocab_size=9, d_model=r.choice([16, 24]), n_heads=2 * g, n_kv_heads=g, d_head=r.choice([3, 5]),
-                      n_layers=2, max_len=8, causal=True, bias=False)
+        config = dict(d_vocab=9, d_model=r.choice([16, 24]), n_heads=2 * g, n_key_value_heads=g, d_head=r.choice([3, 5]),
+                      n_layers=2, n_ctx=8, causal=True, bias=False)
         cases.append(("a model drawn for this grading", hidden_model(config, 105), r.randrange(2), r.randrange(2 * g)))
     return cases
 

