@@ -129,7 +129,8 @@ def _check_onset(onset_step) -> None:
             (_stays_past(steps, curve, threshold, falling, stay=False), "that is the first step past the threshold, "
              "but the curve falls back below it later: return the first step from which it stays past the threshold "
              "to the end"),
-            (_stays_past(steps, curve, start + fraction * (top - start), falling) if not falling and top > end else None,
+            (_stays_past(steps, curve, start + fraction * (top - start), falling)
+             if not falling and top > end else None,
              "the way goes from the first value to the *last* one, not to the highest"),
             (_stays_past(steps, curve, fraction * end, falling),
              "measure the way from the first value, not from zero: threshold = first + fraction * (last - first)"),
@@ -192,7 +193,7 @@ def _circuit_cases() -> list:
             other = (i_head + 1) % H
             induction[K // 2, top, other] = 0.95
         if stage.startswith("stage 3"):
-            previous[:, top, (p_head + 2) % H] += 0.8 * ramp[:, 0, 0]  # a previous-token head in the top layer: not below
+            previous[:, top, (p_head + 2) % H] += 0.8 * ramp[:, 0, 0]  # a previous-token head in the top layer
             induction[:, 0, r.randrange(H)] += 0.9 * ramp[:, 0, 0]     # layer 0 scores high, but has nothing below
         out.append((stage, induction, previous))
     return out
