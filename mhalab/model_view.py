@@ -212,19 +212,10 @@ class ModelView:
             self.pick(**{name: change["new"]})
 
     def static_png(self) -> bytes:
-        """The current picture with :attr:`STATIC_NOTE` under it."""
-        from matplotlib import font_manager
-        from PIL import Image, ImageDraw, ImageFont
+        """The current picture with :attr:`STATIC_NOTE` under it (wrapped to its width)."""
+        from .widgets.display import still_png
 
-        picture = Image.open(io.BytesIO(self.png)).convert("RGB")
-        scale = self.figure.dpi / DPI
-        font = ImageFont.truetype(font_manager.findfont("DejaVu Sans"), round(11 * scale))
-        still = Image.new("RGB", (picture.width, picture.height + round(18 * scale)), "white")
-        still.paste(picture, (0, 0))
-        ImageDraw.Draw(still).text((4 * scale, picture.height + 2 * scale), self.STATIC_NOTE, fill=(70, 70, 70), font=font)
-        buffer = io.BytesIO()
-        still.save(buffer, format="png")
-        return buffer.getvalue()
+        return still_png(self.png, self.figure.dpi / DPI, self.STATIC_NOTE)
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> tuple[dict, dict]:
         """The widget where a kernel runs, and always the still (``image/png``) for viewers without widgets."""

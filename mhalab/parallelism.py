@@ -160,13 +160,15 @@ def time_interleaved(fns: dict, *, repeats: int, warmup: int = 1, inner: int = 1
 
 @dataclass(frozen=True)
 class HeadTiming:
-    """Median seconds per call of the batched and the looped version for one head count."""
+    """Median seconds per call of the batched and the looped version for one head count, and ``round_ratios``:
+    looped / batched in each interleaved round (``[repeats]``, in round order), to compare round by round."""
 
     heads: int
     d_head: int
     batched_s: float
     looped_s: float
     repeats: int
+    round_ratios: tuple[float, ...] = field(default=(), repr=False)
 
     @property
     def ratio(self) -> float:
@@ -174,7 +176,7 @@ class HeadTiming:
         return self.looped_s / self.batched_s
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "ratio": self.ratio}
+        return {**asdict(self), "round_ratios": list(self.round_ratios), "ratio": self.ratio}
 
 
 def time_heads(heads=(1, 8, 32, 64), *, part: str = "attention", d_model: int = 512, batch: int = 1,
@@ -219,4 +221,5 @@ def time_heads(heads=(1, 8, 32, 64), *, part: str = "attention", d_model: int = 
     finally:
         torch.set_num_threads(previous_threads)
     median = {key: statistics.median(samples) for key, samples in times.items()}
-    return [HeadTiming(h, d_model // h, median["batched", h], median["looped", h], repeats) for h in heads]
+    return [HeadTiming(h, d_model // h, median["batched", h], median["looped", h], repeats,
+                       tuple(lo / ba for lo, ba in zip(times["looped", h], times["batched", h]))) for h in heads]

@@ -607,6 +607,93 @@ def second_copy_with_gate_heads(model, tokens, heads, L):  # the course's gating
     return torch.nn.functional.cross_entropy(logits[:, L:-1].flatten(0, 1), tokens[:, L + 1:].flatten()).item()
 
 
+# ------------------------------------------------------------------------------------ 09
+def icl_numpy(nll, window):
+    a = np.asarray(nll)
+    return a[:, a.shape[1] - window:].mean() - a[:, :window].mean()
+
+
+def icl_per_sequence(nll, window):  # the mean over sequences of each one's difference: the same number
+    return (nll[:, -window:].mean(dim=1) - nll[:, :window].mean(dim=1)).mean()
+
+
+def onset_loop(steps, curve, fraction):
+    values = [float(v) for v in curve]
+    threshold = values[0] + fraction * (values[-1] - values[0])
+    falling = values[-1] < values[0]
+    answer = None
+    for step, value in reversed(list(zip(steps, values))):  # walk back from the end while it stays past
+        if (value <= threshold) if falling else (value >= threshold):
+            answer = step
+        else:
+            break
+    return answer
+
+
+def onset_normalised(steps, curve, fraction):  # the way gone, 0 at the start and 1 at the end, in both directions
+    c = torch.as_tensor(curve, dtype=torch.float64)
+    along = (c - c[0]) / (c[-1] - c[0])
+    stays = torch.flip(torch.cummin(torch.flip(along, [0]), 0).values, [0]) >= fraction
+    return steps[int(stays.nonzero()[0])]
+
+
+def circuit_loop(induction, previous):
+    K, N, H = induction.shape
+    best = max(((layer, head) for layer in range(1, N) for head in range(H)), key=lambda lh: float(induction[-1][lh]))
+    below = max(((layer, head) for layer in range(best[0]) for head in range(H)), key=lambda lh: float(previous[-1][lh]))
+    return [list(best), list(below)]
+
+
+def circuit_numpy(induction, previous):
+    i, p = np.asarray(induction)[-1], np.asarray(previous)[-1]
+    layer, head = np.unravel_index(np.argmax(i[1:]), i[1:].shape)
+    p_layer, p_head = np.unravel_index(np.argmax(p[:layer + 1]), p[:layer + 1].shape)
+    return (int(layer) + 1, int(head)), (int(p_layer), int(p_head))
+
+
+def _onset_first_crossing(steps, curve, fraction):
+    c = torch.as_tensor(curve, dtype=torch.float64)
+    threshold = float(c[0] + fraction * (c[-1] - c[0]))
+    past = c <= threshold if c[-1] < c[0] else c >= threshold
+    return steps[int(past.nonzero()[0])]
+
+
+def _onset_rising_only(steps, curve, fraction):
+    c = torch.as_tensor(curve, dtype=torch.float64)
+    threshold = float(c[0] + fraction * (c[-1] - c[0]))
+    past = c >= threshold
+    return next((steps[k] for k in range(len(steps)) if bool(past[k:].all())), None)
+
+
+def _onset_from_zero(steps, curve, fraction):
+    c = torch.as_tensor(curve, dtype=torch.float64)
+    threshold = float(fraction * c[-1])
+    past = c <= threshold if c[-1] < c[0] else c >= threshold
+    return next((steps[k] for k in range(len(steps)) if bool(past[k:].all())), None)
+
+
+def _onset_index(steps, curve, fraction):
+    step = onset_loop(steps, curve, fraction)
+    return list(steps).index(step)
+
+
+def _circuit_ever(induction, previous):
+    peak = induction.amax(0)[1:]
+    layer, head = divmod(int(peak.argmax()), peak.size(1))
+    p = previous[-1, :layer + 1]
+    return (layer + 1, head), divmod(int(p.argmax()), p.size(1))
+
+
+def _circuit_anywhere(induction, previous):
+    final = induction[-1, 1:]
+    layer, head = divmod(int(final.argmax()), final.size(1))
+    return (layer + 1, head), divmod(int(previous[-1].argmax()), previous.size(2))
+
+
+def _circuit_with_layer0(induction, previous):
+    layer, head = divmod(int(induction[-1].argmax()), induction.size(2))
+    p = previous[-1, :max(layer, 1)]
+    return (layer, head), divmod(int(p.argmax()), p.size(1))
 
 # ------------------------------------------------------------------------------------ 10
 def qk_circuit_by_slicing(model, layer, head):  # qkv_proj sliced by hand, the K/V head found from the group size
@@ -931,6 +1018,39 @@ CORPUS = {
             (second_copy_with_ablate, "mhalab.ablation"),
             (second_copy_with_gate_heads, "mhalab.hooks.gate_heads"),
             (lambda m, t, heads: 0.0, "keep the given parameters"),
+        ],
+    },
+    "09.1": {
+        "right": [icl_numpy, icl_per_sequence, lambda nll, window: torch.tensor(float(nll[:, -window:].mean() - nll[:, :window].mean()))],
+        "wrong": [
+            (lambda nll, w: float(nll[:, :w].mean() - nll[:, -w:].mean()), "the sign is flipped"),
+            (lambda nll, w: float(nll[:, -w:].sum() - nll[:, :w].sum()), "difference of sums"),
+            (lambda nll, w: float(nll[:, -w - 1:].mean() - nll[:, :w + 1].mean()), "one target too many"),
+            (lambda nll, w: float(nll[:, nll.shape[1] - nll.shape[1] // 2:].mean() - nll[:, :nll.shape[1] // 2].mean()), "two halves"),
+            (lambda nll, w: float(nll[:, -w:].mean()), "subtract the loss early"),
+            (lambda nll, w: nll[:, -w:].mean(1) - nll[:, :w].mean(1), "stage 2 of 2"),
+        ],
+    },
+    "09.2": {
+        "right": [onset_loop, onset_normalised],
+        "wrong": [
+            (_onset_first_crossing, "stage 2 of 3 (a rise with an early blip)"),
+            (_onset_first_crossing, "falls back below it later"),
+            (_onset_rising_only, "this curve falls (a loss)"),
+            (_onset_from_zero, "not from zero"),
+            (_onset_index, "an index into steps"),
+            (lambda steps, curve, fraction: steps[int(torch.as_tensor(curve).argmax())], "stage 1 of 3"),
+        ],
+    },
+    "09.3": {
+        "right": [circuit_loop, circuit_numpy],
+        "wrong": [
+            (lambda i, p: tuple(t[::-1] for t in circuit_loop(i, p)), "(layer, head), in that order"),
+            (lambda i, p: circuit_loop(i, p)[::-1], "the induction head comes first"),
+            (_circuit_ever, "peaked mid-way and faded"),
+            (_circuit_anywhere, "in a layer *below* the induction head"),
+            (_circuit_with_layer0, "layers 1 and up"),
+            (lambda i, p: circuit_loop(i, p)[0], "return ((layer, head), (layer, head))"),
         ],
     },
     "10.1": {

@@ -80,6 +80,7 @@ def test_time_heads_returns_one_row_per_head_count(part):
     rows = time_heads((1, 4), part=part, d_model=32, seq_len=8, repeats=2, warmup=0)
     assert [r.heads for r in rows] == [1, 4] and [r.d_head for r in rows] == [32, 8]
     assert all(r.batched_s > 0 and r.looped_s > 0 and r.ratio == r.looped_s / r.batched_s for r in rows)
+    assert all(len(r.round_ratios) == 2 and all(x > 0 for x in r.round_ratios) for r in rows)  # one per round
     assert torch.get_num_threads() == threads  # restored
 
 

@@ -17,9 +17,18 @@ def still_png(png: bytes, scale: float, note: str) -> bytes:
 
     picture = Image.open(io.BytesIO(png)).convert("RGB")
     font = ImageFont.truetype(font_manager.findfont("DejaVu Sans"), round(12 * scale))
-    still = Image.new("RGB", (picture.width, picture.height + round(20 * scale)), "white")
+    lines = [""]  # the note wrapped to the picture's width, so that a narrow picture does not cut it off
+    for word in note.split():
+        wider = f"{lines[-1]} {word}".strip()
+        if lines[-1] and font.getlength(wider) > picture.width - 12 * scale:
+            lines.append(word)
+        else:
+            lines[-1] = wider
+    step = round(17 * scale)
+    still = Image.new("RGB", (picture.width, picture.height + step * len(lines) + round(3 * scale)), "white")
     still.paste(picture, (0, 0))
-    ImageDraw.Draw(still).text((6 * scale, picture.height + 3 * scale), note, fill=(70, 70, 70), font=font)
+    for i, line in enumerate(lines):
+        ImageDraw.Draw(still).text((6 * scale, picture.height + 3 * scale + i * step), line, fill=(70, 70, 70), font=font)
     buffer = io.BytesIO()
     still.save(buffer, format="png")
     return buffer.getvalue()
