@@ -1,4 +1,4 @@
-"""Tests for grading (``python -m mhalab.labs grade``) on the synthetic notebook of tests/labs_fixture.py: the
+"""Tests for grading (``python -m mhalab_grader grade``) on the synthetic notebook of tests/labs_fixture.py: the
 solution, the student version, wrong and missing answers, a slow cell, a dead kernel, and every attack of
 issue 22 (each scores 0 or is flagged). Judged through a grading kernel, every corpus answer gets the verdict
 it gets in the learner's kernel. Each test starts grading kernels (slow).
@@ -21,14 +21,14 @@ import mhalab.labs as labs
 from labs_corpus import CORPUS
 from labs_fixture import TESTS, answer_meta, synthetic_notebook  # also registers notebook "99"'s exercises
 from mhalab.labs import core
-from mhalab.labs.__main__ import main as labs_main
-from mhalab.labs.grade import MISSING, NOT_CHECKED, GradingKernel, _Handed, grade, similarity, student_version
+from mhalab_grader.__main__ import main as labs_main
+from mhalab_grader.grade import MISSING, NOT_CHECKED, GradingKernel, _Handed, grade, similarity, student_version
 
 pytestmark = pytest.mark.slow
 
 
 def test_command_line_entry_point():
-    run = subprocess.run([sys.executable, "-m", "mhalab.labs", "--help"], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-m", "mhalab_grader", "--help"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "release" in run.stdout and "grade" in run.stdout
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import nbformat
 
-from .core import load
+from mhalab.labs.core import load
 
 BEGIN_LINE, END_LINE = "### BEGIN SOLUTION", "### END SOLUTION"
 _GRADE_ID = re.compile(r"^ex(?P<nb>\d\d)-(?P<num>\d+)-(?P<kind>answer|written)$")
