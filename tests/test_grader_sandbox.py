@@ -188,3 +188,15 @@ def test_attacks_among_honest_learners_as_an_unprivileged_user():
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=False)
         time.sleep(0)
+
+
+def test_without_the_sandbox_the_same_read_gets_through(tmp_path):
+    """The attacks above can fail the test: unsandboxed (--no-sandbox), reading the solution costs the point."""
+    listener = Listener()
+    build(tmp_path, listener.port, os.getpid())
+    submission = tmp_path / "course" / "submitted" / "read_solution" / "99" / "99_fixture.ipynb"
+    out = tmp_path / "alone"
+    assert grader_main(["grade", str(submission), "--source", str(tmp_path / "source"), "--no-sandbox",
+                        "--timeout", "20", "--out", str(out)]) == 0
+    with open(out / "gradebook.csv") as f:
+        assert [float(r["total"]) for r in csv.DictReader(f)] == [2.0]
