@@ -29,7 +29,10 @@ from mhalab_grader import sandbox
 from mhalab_grader.__main__ import main as grader_main
 from mhalab_grader.kernel import GradingKernel
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(sandbox.problem() is not None, reason=str(sandbox.problem()))]
+# Skipped where no sandbox can be made (macOS, no bwrap), but not in CI (.ci/run sets MHALAB_REQUIRE_SANDBOX=1).
+_REQUIRED = os.environ.get("MHALAB_REQUIRE_SANDBOX") == "1"
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(sandbox.problem() is not None and not _REQUIRED,
+                                                   reason=str(sandbox.problem()))]
 ROOT = Path(__file__).resolve().parent.parent
 LIMITS = ["--memory-mb", "1024", "--processes", "64", "--disk-mb", "64", "--timeout", "20"]
 MARKER = f"mhalab-attack-{os.getpid()}"
