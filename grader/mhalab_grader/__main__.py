@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("grade", help="score learners' notebooks, one or a whole class", description=(
         "Rebuild each notebook from the instructor's copy with only the submission's answer cells, run it in a "
-        "grading kernel where the exercise modules cannot be imported, call the answers there on hidden inputs "
+        "grading kernel where the exercise modules cannot be imported (on Linux in a sandbox: no network, none of "
+        "your files, limits on memory, processes, disk and time), call the answers there on hidden inputs "
         "drawn fresh, and judge what they return in this process: passed = the exercise's points, anything else = 0. "
         "The notebook graded as comes from --assignment or the file (or folder) name, never from its contents."))
     p.add_argument("notebooks", nargs="+", metavar="notebook",

@@ -4,6 +4,14 @@ student version (``python -m mhalab.labs release``) and a copy for nbgrader's ow
 An answer cell has ``metadata.nbgrader.solution`` true, a ``grade_id`` naming its exercise (``ex03-1-answer``;
 a markdown answer ``ex03-1-written``), its solution between ``### BEGIN SOLUTION`` and ``### END SOLUTION``,
 and ends with its check, ``q1.check(answer)``.
+
+Not nbgrader's preprocessors: its ClearSolutions writes one code stub for every region (``raise
+NotImplementedError()``), where a variable answer must become ``name = None`` for its check to say
+"unanswered", and a stub must name its exercise; its OverwriteCells restores locked cells from nbgrader's
+database, where the grader rebuilds the whole notebook from the instructor's copy and takes nothing but the
+answer cells from a submission (a cell the learner added or unlocked never runs). Both would also make
+nbgrader (its database, its application) a dependency of grading; :func:`for_nbgrader` serves courses that
+use it.
 """
 
 from __future__ import annotations
