@@ -114,7 +114,7 @@ def build(root: Path, port: int, grader_pid: int) -> tuple[dict, list[Path]]:
     honest = {"correct_0": synthetic_notebook(), "correct_1": synthetic_notebook(),
               "partly_wrong_0": synthetic_notebook(answers={"double": "return x + 2"})}
     targets = [source, submitted / "correct_0" / "99" / "99_fixture.ipynb", root / "graded" / "gradebook.csv",
-               Path("/etc/mhalab-owned"), Path(sys.prefix) / "owned"]
+               Path("/etc/mhalab-owned"), Path("/dev/shm/mhalab-owned"), Path(sys.prefix) / "owned"]
     fields = {"solution": str(source), "other": str(targets[1]), "exercises": str(ROOT / "tests" / "labs_fixture.py"),
               "port": port, "targets": [str(t) for t in targets], "grader": grader_pid, "marker": MARKER}
     notebooks = {**honest, **{k: attack_notebook(code.format(**fields)) for k, code in ATTACKS.items()}}

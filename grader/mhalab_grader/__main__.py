@@ -85,6 +85,14 @@ def cmd_grade(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_gradescope(args: argparse.Namespace) -> int:
+    from .gradescope import bundle
+
+    path = bundle(args.notebook, args.output, source=args.source, timeout=args.timeout)
+    print(f"wrote {path}: upload it as the autograder of notebook {str(args.notebook).zfill(2)} on Gradescope")
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     for nb_id in args.notebooks or available_notebooks():
         for ex in load(nb_id):
@@ -128,12 +136,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--disk-mb", type=int, default=Limits.disk_mb, metavar="MB",
                    help=f"size of a submission's private /tmp (default {Limits.disk_mb})")
 
+    p = sub.add_parser("gradescope", help="write Gradescope's autograder bundle for one notebook", description=(
+        "A zip with setup.sh (installs this course version, a CPU torch and bubblewrap) and run_autograder (grades "
+        "/autograder/submission/*.ipynb into /autograder/results/results.json)."))
+    p.add_argument("notebook", metavar="NN", help="the notebook number, e.g. 04")
+    p.add_argument("-o", "--output", default="autograder.zip", metavar="ZIP", help="where to write it (autograder.zip)")
+    p.add_argument("--source", metavar="DIR", help="the instructor's solution notebooks (default: the course's notebooks/)")
+    p.add_argument("--timeout", type=float, default=300, metavar="S", help="seconds one cell may run (default 300)")
+
     p = sub.add_parser("list", help="list the exercises of each notebook")
     p.add_argument("notebooks", nargs="*", help="notebook numbers (default: all)")
 
     args = parser.parse_args(argv)
     try:
-        return {"release": cmd_release, "grade": cmd_grade, "list": cmd_list}[args.command](args)
+        return {"release": cmd_release, "grade": cmd_grade, "gradescope": cmd_gradescope, "list": cmd_list}[args.command](args)
     except (ValueError, FileNotFoundError, SandboxUnavailable) as error:  # bad input (a MarkerError is a ValueError)
         print(f"{PROG} {args.command}: {error}", file=sys.stderr)
         return 1
