@@ -47,8 +47,9 @@ ATTACKS = {
     "fork_bomb": ("import os, time\nfor _ in range(10000):\n    if os.fork() == 0:\n        while True:\n"
                   "            try:\n                os.fork()\n            except OSError:\n                time.sleep(0.05)\n"
                   "broke = False  # (the parent never gets here: its own forks fail, and it goes on forking)"),
-    "fill_disk": ("import os\nf = open('/tmp/fill', 'wb')\nfor _ in range(10000):\n    f.write(b'0' * (1 << 20))\n"
-                  "broke = True"),
+    "fill_disk": ("import os\nfor folder in ('/dev/shm', '/tmp'):\n    try:\n        f = open(folder + '/fill', 'wb')\n"
+                  "        for _ in range(10000):\n            f.write(b'0' * (1 << 20))\n            f.flush()\n"
+                  "        broke = True\n    except OSError:\n        pass\n    f.close()"),
     "memory": "import torch\nhog = torch.ones(1 << 40, dtype=torch.uint8)\nbroke = True",
     "memory_slowly": "hog = []\nfor _ in range(100000):\n    hog.append(bytearray(1 << 24))\nbroke = True",
     "write_outside": ("broke = False\nfor path in {targets!r}:\n    try:\n        open(path, 'a').write('owned')\n"
@@ -114,7 +115,7 @@ def build(root: Path, port: int, grader_pid: int) -> tuple[dict, list[Path]]:
     honest = {"correct_0": synthetic_notebook(), "correct_1": synthetic_notebook(),
               "partly_wrong_0": synthetic_notebook(answers={"double": "return x + 2"})}
     targets = [source, submitted / "correct_0" / "99" / "99_fixture.ipynb", root / "graded" / "gradebook.csv",
-               Path("/etc/mhalab-owned"), Path("/dev/shm/mhalab-owned"), Path(sys.prefix) / "owned"]
+               Path("/etc/mhalab-owned"), Path("/dev/mhalab-owned"), Path(sys.prefix) / "owned"]
     fields = {"solution": str(source), "other": str(targets[1]), "exercises": str(ROOT / "tests" / "labs_fixture.py"),
               "port": port, "targets": [str(t) for t in targets], "grader": grader_pid, "marker": MARKER}
     notebooks = {**honest, **{k: attack_notebook(code.format(**fields)) for k, code in ATTACKS.items()}}

@@ -11,8 +11,8 @@ What the submission's code sees and may do:
 - the system read-only: ``/usr``, ``/etc``, the Python it runs (its prefixes), nothing else of the machine: no
   home folders, no course checkout (the instructor's notebooks and solutions), no other submission (the
   grader sends the cells through the pipe), a ``/proc`` of its own pid namespace, a minimal ``/dev``;
-- one writable folder, ``/tmp`` (its working directory and home): a tmpfs of ``disk_mb`` and ``inodes`` at
-  most, gone with it;
+- one writable folder, ``/tmp`` (its working directory and home; ``/dev/shm`` is a folder of it): a tmpfs of
+  ``disk_mb`` and ``inodes`` at most, gone with it;
 - resource limits (:data:`Limits`, set by the worker on itself before any learner code runs, inherited by
   all it starts): memory per process (``RLIMIT_AS``), processes and threads (``RLIMIT_NPROC``, counted in
   the sandbox's own user namespace, so a fork bomb stops at the limit without touching the instructor's
@@ -129,6 +129,7 @@ def _python_paths() -> list[str]:
 _SCRIPT = r'''set -e
 scratch=$1; stage=$2; size=$3; inodes=$4; shift 4
 mount -t tmpfs -o "size=$size,nr_inodes=$inodes,mode=1777" tmpfs "$scratch"
+mkdir -m 1777 "$scratch/.shm"
 i=0
 while [ "$1" != "--" ]; do
     mkdir -p "$stage/$i"; mount --bind "$1" "$stage/$i"; mount -o remount,bind,ro "$stage/$i"; i=$((i+1)); shift
@@ -156,8 +157,9 @@ def wrap(argv: list[str], *, code: str, home: str, limits: Limits, uid: int = 65
             bwrap += ["--ro-bind", path, path]
     for i, source in enumerate(sources):
         bwrap += ["--ro-bind", f"{stage}/{i}", CODE if source == code else source]
-    bwrap += ["--proc", "/proc", "--dev", "/dev", "--bind", scratch, SCRATCH, "--remount-ro", "/",
-              "--chdir", SCRATCH, "--"]
+    # /dev is a tmpfs of bwrap's with no size: read-only, its /dev/shm in the private, bounded /tmp
+    bwrap += ["--proc", "/proc", "--dev", "/dev", "--bind", scratch, SCRATCH, "--bind", f"{scratch}/.shm", "/dev/shm",
+              "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SCRATCH, "--"]
     inner = [a.replace(code, CODE) for a in argv]
     if os.geteuid() == 0:
         drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--"]
