@@ -24,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.append(str(ROOT / "grader"))  # the grader, where the environment predates its distribution
 
 import nbformat  # noqa: E402
 
