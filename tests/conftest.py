@@ -1,10 +1,18 @@
 """Shared fixtures and markers for the mhalab test suite."""
 
+import importlib.util
 import os
 from dataclasses import replace
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+# The grader is a distribution of its own (grader/), which course.py and tools/floors.py install; in an
+# environment made before it existed, its tests import it from the checkout.
+if importlib.util.find_spec("mhalab_grader") is None:
+    sys.path.append(str(Path(__file__).resolve().parent.parent / "grader"))
 
 from chromium import chromium_executable
 from mhalab.models import ModelConfig, Transformer

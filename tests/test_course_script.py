@@ -41,6 +41,7 @@ def test_extras_are_installed_once_and_kept(course):
     course.ensure_environment()  # `lab`
     installs = _mhalab_installs(course.calls)
     assert len(installs) == 1 and _installed_extras(installs[0]) == {"lab", "test", "pretrained"}
+    assert str(course.ROOT / "grader") in installs[0]  # the grader, for the instructor's commands and its tests
     course.ensure_environment()
     assert len(_mhalab_installs(course.calls)) == 1  # nothing to do
     course.ensure_environment(course.ALL_EXTRAS)  # `test`, `site`

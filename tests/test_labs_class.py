@@ -1,4 +1,4 @@
-"""A whole class through ``python -m mhalab.labs grade submitted/ -j 2``: correct, partly wrong, crashing,
+"""A whole class through ``python -m mhalab_grader grade submitted/ -j 2``: correct, partly wrong, crashing,
 endless, forged, relabelled and unreadable submissions (tests/labs_fixture.py), every row of the gradebook
 checked, a feedback page and a Gradescope results.json per learner. Starts some 30 grading kernels (slow)."""
 
@@ -11,7 +11,7 @@ import nbformat
 import pytest
 
 from labs_fixture import CLASS_KINDS, build_class, synthetic_notebook  # also registers notebook "99"'s exercises
-from mhalab.labs.__main__ import main as labs_main
+from mhalab_grader.__main__ import main as labs_main
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ import labs_fixture  # noqa: F401  (registers notebook "99")
 import mhalab.labs as labs
 from labs_corpus import CORPUS
 from labs_cells import CELLS
-from mhalab.labs.grade import COPY_FLAG_RATIO, COPY_FLAG_TOKENS, _tokens, copy_flag, similarity
+from mhalab_grader.grade import COPY_FLAG_RATIO, COPY_FLAG_TOKENS, _tokens, copy_flag, similarity
 
 EXERCISES = [ex for nb in labs.available_notebooks() for ex in labs.load(nb) if ex.template]
 

@@ -1,4 +1,4 @@
-"""Tests for grading (``python -m mhalab.labs grade``) on the synthetic notebook of tests/labs_fixture.py: the
+"""Tests for grading (``python -m mhalab_grader grade``) on the synthetic notebook of tests/labs_fixture.py: the
 solution, the student version, wrong and missing answers, a slow cell, a dead kernel, and every attack of
 issue 22 (each scores 0 or is flagged). Judged through a grading kernel, every corpus answer gets the verdict
 it gets in the learner's kernel. Each test starts grading kernels (slow).
@@ -21,14 +21,14 @@ import mhalab.labs as labs
 from labs_corpus import CORPUS
 from labs_fixture import TESTS, answer_meta, synthetic_notebook  # also registers notebook "99"'s exercises
 from mhalab.labs import core
-from mhalab.labs.__main__ import main as labs_main
-from mhalab.labs.grade import MISSING, NOT_CHECKED, GradingKernel, _Handed, grade, similarity, student_version
+from mhalab_grader.__main__ import main as labs_main
+from mhalab_grader.grade import MISSING, NOT_CHECKED, GradingKernel, _Handed, grade, similarity, student_version
 
 pytestmark = pytest.mark.slow
 
 
 def test_command_line_entry_point():
-    run = subprocess.run([sys.executable, "-m", "mhalab.labs", "--help"], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-m", "mhalab_grader", "--help"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "release" in run.stdout and "grade" in run.stdout
 
 
@@ -180,7 +180,8 @@ def test_a_lookup_table_learned_from_a_failing_run_scores_zero(tmp_path, instruc
     seen = tmp_path / "seen.jsonl"
     spy = (f"import json\ndef double(x):\n    open({str(seen)!r}, 'a').write(json.dumps(x) + '\\n')\n    return 0\n"
            "q1.check(double)")
-    first = _grade(tmp_path, instructor, _student({"double": spy}))
+    # unsandboxed: in the sandbox the spy could not even write the inputs out (tests/test_grader_sandbox.py)
+    first = _grade(tmp_path, instructor, _student({"double": spy}), sandboxed=False)
     assert first.exercises[0].status == core.FAILED
     inputs = [json.loads(line) for line in seen.read_text().splitlines()]
     table = [(x, labs_fixture._double(x)) for x in inputs]  # the reference's outputs on every input seen so far
@@ -247,7 +248,11 @@ def test_copying_the_published_code_is_flagged():
 def kernel(tmp_path_factory):
     spec = {nb: [[ex.number, ex.title] for ex in labs.load(nb)] for nb in labs.available_notebooks()}
     k = GradingKernel(spec, cwd=tmp_path_factory.mktemp("kernel"), timeout=120)
-    assert k.run_cell(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport labs_corpus, _mhalab_grading") is None
+    # tests/ is not in the sandbox: the corpus (numpy and torch only) is sent over as a cell
+    corpus = (TESTS / "labs_corpus.py").read_text()
+    assert k.run_cell(f"import sys, types\nlabs_corpus = sys.modules['labs_corpus'] = types.ModuleType('labs_corpus')\n"
+                      f"exec(compile({corpus!r}, 'labs_corpus.py', 'exec'), labs_corpus.__dict__)\n"
+                      "import _mhalab_grading") is None
     yield k
     k.close()
 

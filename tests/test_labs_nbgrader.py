@@ -1,6 +1,6 @@
 """nbgrader end to end: in a throwaway venv that adds nbgrader to this environment (it is not a dependency of
 the course), ``nbgrader generate_assignment`` and ``autograde`` on a course notebook give every submission the
-score ``python -m mhalab.labs grade`` gives it. Installs nbgrader and runs the notebook several times (slow);
+score ``python -m mhalab_grader grade`` gives it. Installs nbgrader and runs the notebook several times (slow);
 it needs PyPI, as the rest of `python3 course.py test` does, and so runs in CI (.ci/run) rather than skipping.
 """
 
@@ -19,7 +19,7 @@ import pytest
 
 from labs_fixture import NOTEBOOKS, lab_notebooks, synthetic_notebook
 from mhalab.labs import load as report_exercises
-from mhalab.labs.grade import answers, for_nbgrader, grade
+from mhalab_grader.grade import answers, for_nbgrader, grade
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """Tests for the exercise map read from nbgrader's cell metadata and the student release
-(``python -m mhalab.labs release``): on the synthetic notebook of tests/labs_fixture.py, and on every
+(``python -m mhalab_grader release``): on the synthetic notebook of tests/labs_fixture.py, and on every
 course notebook with answer cells (its student version executed end to end is marked slow).
 """
 
@@ -12,8 +12,8 @@ import pytest
 
 from labs_fixture import answer_meta, lab_notebooks, synthetic_notebook  # also registers notebook "99"'s exercises
 import mhalab.labs as labs
-from mhalab.labs.__main__ import main as labs_main
-from mhalab.labs.grade import MarkerError, answers, for_nbgrader, grade, solution_regions, student_version
+from mhalab_grader.__main__ import main as labs_main
+from mhalab_grader.grade import MarkerError, answers, for_nbgrader, grade, solution_regions, student_version
 
 LAB_NOTEBOOKS = lab_notebooks()
 nb_ids = [p.stem for p in LAB_NOTEBOOKS]

@@ -139,7 +139,7 @@ class TestPyprojectIsTheOneSourceOfFloors:
         runs = [line for line in lines if line.startswith("python3 tools/floors.py test ")]
         assert [line.split()[3] for line in runs] == ["newest", "floor"], runs
         floors = declared_floors()
-        assert {"torch", "numpy", "matplotlib", "ipywidgets", "tqdm", "pillow", "nbformat", "nbclient",
+        assert {"torch", "numpy", "matplotlib", "ipywidgets", "tqdm", "pillow",
                 "safetensors", "tokenizers", "gguf", "huggingface-hub"} == set(floors)
         assert floor_pins(["torch"]) == [f"torch=={floors['torch']}"]
 

@@ -48,7 +48,14 @@ def test_debian_as_root_for_chromium(job):
         f"the job must run in a Debian python image (root, with Debian's chromium package), got {image!r}"
     )
     assert any("apt-get install" in line and "chromium" in line for line in _ci_lines())
-    assert "export MHALAB_REQUIRE_BROWSER=1" in _ci_lines()
+    assert "export MHALAB_REQUIRE_BROWSER=1 MHALAB_REQUIRE_SANDBOX=1" in _ci_lines()
+
+
+def test_the_grading_sandbox_can_be_made(job):
+    """bubblewrap installed, and the container allowed the namespaces the sandbox makes."""
+    assert any("apt-get install" in line and "bubblewrap" in line for line in _ci_lines())
+    options = job["container"]["options"].split()
+    assert "seccomp=unconfined" in options and "SYS_ADMIN" in options
 
 
 def test_cpu_torch(job):

@@ -76,7 +76,7 @@ def instructors_page() -> str:
     times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
     lines = ["## The course map", "",
              "Times are the processor time of one run of the whole notebook (`python3 course.py execute` records them); "
-             "the points are what `python -m mhalab.labs grade` gives for a passed exercise.", ""]
+             "the points are what `python -m mhalab_grader grade` gives for a passed exercise.", ""]
     mistakes = ["## Common wrong answers and what the check says", "",
                 "Each row is a wrong answer the course's tests hand in, and the message the learner gets for it.", ""]
     for path in course_notebooks():

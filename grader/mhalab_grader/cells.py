@@ -1,9 +1,17 @@
 """Answer cells, from nbgrader's cell metadata (README, "For instructors"), and what is made of them: the
-student version (``python -m mhalab.labs release``) and a copy for nbgrader's own autograder.
+student version (``python -m mhalab_grader release``) and a copy for nbgrader's own autograder.
 
 An answer cell has ``metadata.nbgrader.solution`` true, a ``grade_id`` naming its exercise (``ex03-1-answer``;
 a markdown answer ``ex03-1-written``), its solution between ``### BEGIN SOLUTION`` and ``### END SOLUTION``,
 and ends with its check, ``q1.check(answer)``.
+
+Not nbgrader's preprocessors: its ClearSolutions writes one code stub for every region (``raise
+NotImplementedError()``), where a variable answer must become ``name = None`` for its check to say
+"unanswered", and a stub must name its exercise; its OverwriteCells restores locked cells from nbgrader's
+database, where the grader rebuilds the whole notebook from the instructor's copy and takes nothing but the
+answer cells from a submission (a cell the learner added or unlocked never runs). Both would also make
+nbgrader (its database, its application) a dependency of grading; :func:`for_nbgrader` serves courses that
+use it.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from typing import Any
 
 import nbformat
 
-from .core import load
+from mhalab.labs.core import load
 
 BEGIN_LINE, END_LINE = "### BEGIN SOLUTION", "### END SOLUTION"
 _GRADE_ID = re.compile(r"^ex(?P<nb>\d\d)-(?P<num>\d+)-(?P<kind>answer|written)$")
@@ -141,7 +149,7 @@ def for_nbgrader(nb: Any) -> Any:
     """A copy of ``nb`` for an nbgrader course's ``source/<assignment>/``: after every code answer cell (an
     nbgrader "autograded answer", left as it is), a locked autograder test cell worth the exercise's points
     (``grade_id`` ``exNN-K-test``) that passes when that answer's check passed, so that ``nbgrader autograde``
-    scores each exercise as ``mhalab.labs grade`` does (in the learner's kernel, on the check's own cases).
+    scores each exercise as ``mhalab_grader grade`` does (in the learner's kernel, on the check's own cases).
 
     nbgrader gives points only to cells with ``grade`` true, and a cell with both ``grade`` and ``solution``
     true is a *manually* graded answer, which autograde leaves at 0 until a person grades it: hence a

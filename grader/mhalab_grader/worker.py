@@ -2,18 +2,19 @@
 
 ``python worker.py FD_IN FD_OUT`` runs a notebook's cells as the grader sends them, then calls the
 learner's answers on the inputs the grader sends and sends back what they returned. It is copied out of
-the package for the grading kernel and imports nothing of ``mhalab.labs``: that kernel gets a stub
-``mhalab.labs`` (``q.check(answer)`` only notes the answer) and an import hook that refuses the rest.
+the package for the grading kernel (beside ``_mhalab_invoke.py``, a copy of :mod:`mhalab.labs.invoke`) and
+imports nothing of ``mhalab.labs``: that kernel gets a stub ``mhalab.labs`` (``q.check(answer)`` only notes
+the answer) and an import hook that refuses the rest. Before any of the learner's code runs it lowers its own
+resource limits (:func:`limit`), which nothing it starts can raise again.
 
 Everything that crosses is JSON plus an ``.npz`` of arrays (``allow_pickle=False``): no code is loaded on
-either side. :func:`invoke` is also how ``q.check`` calls an answer in the learner's own kernel.
+either side, over two pipes the grader opened (no socket, so the kernel needs no network at all).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 import io
 import json
 import os
@@ -22,50 +23,19 @@ import select
 import struct
 import sys
 import time
-import tracemalloc
-import traceback
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
+try:  # in the grading kernel: the copy beside this file (mhalab.labs cannot be imported there)
+    from _mhalab_invoke import Opaque, describe, invoke, where
+except ImportError:  # in the grader
+    from mhalab.labs.invoke import Opaque, describe, invoke, where
+
 MAX_FRAME = 1 << 30  # bytes one message may take (a learner's answer could return anything)
 
 # --------------------------------------------------------------------------- plain data
-
-
-def describe(value: Any) -> str:
-    """A short description that shows no more than needed: shapes for tensors, ``an int (3)`` for numbers."""
-    if isinstance(value, Opaque):
-        return value.description
-    if isinstance(value, torch.Tensor):
-        dtype = str(value.dtype).replace("torch.", "")
-        return f"tensor{list(value.shape)} {dtype}" if value.dim() else f"tensor({value.item():.4g})"
-    if hasattr(value, "shape") and hasattr(value, "dtype"):  # NumPy
-        return f"array{list(value.shape)} {value.dtype}"
-    if isinstance(value, bool) or value is None:
-        return repr(value)
-    if isinstance(value, int):
-        return f"an int ({value})"
-    if isinstance(value, float):
-        return f"a float ({value:.4g})"
-    if isinstance(value, str):
-        return f"a string ({value!r})" if len(value) < 40 else "a string"
-    if isinstance(value, (list, tuple)) and len(value) <= 6:
-        inner = ", ".join(describe(v) for v in value)
-        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
-    article = "an" if type(value).__name__[:1].lower() in "aeiou" else "a"
-    return f"{article} {type(value).__name__}"
-
-
-class Opaque:
-    """Stands in (when grading) for a returned object that plain data cannot carry: only its description."""
-
-    def __init__(self, description: str):
-        self.description = str(description)[:200]
-
-    def __repr__(self) -> str:
-        return self.description
 
 
 def encode(value: Any, arrays: list, depth: int = 0) -> Any:
@@ -212,136 +182,6 @@ def receive(fd: int, timeout: float | None = None) -> tuple[dict, Any]:
     return unpack(_read_exactly(fd, n_header, deadline), _read_exactly(fd, n_blob, deadline))
 
 
-# --------------------------------------------------------------------------- calling an answer
-
-
-def _matches(name: str, prefixes: tuple) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in prefixes)
-
-
-def _qualname(frame) -> str:
-    """The running function's qualified name (``MultiHeadAttention.__init__``). Python 3.10's code objects
-    have no co_qualname: there a method is named after the class in its first argument's MRO that holds it."""
-    code = frame.f_code
-    if hasattr(code, "co_qualname"):
-        return code.co_qualname
-    if code.co_argcount:
-        first = frame.f_locals.get(code.co_varnames[0])
-        for klass in getattr(first if isinstance(first, type) else type(first), "__mro__", ()):
-            function = klass.__dict__.get(code.co_name)
-            if getattr(getattr(function, "__func__", function), "__code__", None) is code:
-                return f"{klass.__qualname__}.{code.co_name}"
-    return code.co_name
-
-
-class ForbidWatch:
-    """A profile function noting the first call of an mhalab function that ``forbid`` names (module or
-    function prefixes, e.g. "mhalab.ablation"), also when it runs inside other mhalab code."""
-
-    def __init__(self, forbid: tuple, package: str):
-        self.forbid, self.package = tuple(forbid), package
-        self.found: str | None = None
-
-    def __call__(self, frame, event, arg):
-        if self.found is not None or event != "call":
-            return
-        filename = frame.f_code.co_filename
-        if not filename.startswith(self.package + os.sep) or filename == __file__:  # (this file: the size watch)
-            return
-        module = os.path.relpath(filename, os.path.dirname(self.package))[:-3].replace(os.sep, ".")
-        if frame.f_code.co_name != "<module>" and _matches(f"{module}.{_qualname(frame)}", self.forbid):
-            self.found = f"{module}.{_qualname(frame)}"
-
-
-class SizeWatch(torch.overrides.TorchFunctionMode):
-    """Notes the bytes of the largest tensor any torch function makes while it is active."""
-
-    largest = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel() * t.element_size())
-        return out
-
-
-def _model_output(args: tuple) -> Any:
-    model, tokens = args[0], args[1]
-    with torch.no_grad():
-        out = model(tokens)
-    return out.detach().clone() if isinstance(out, torch.Tensor) else None
-
-
-def invoke(fn: Callable, args: tuple, *, facts: tuple = (), forbid: tuple = (), package: str = "",
-           allow: tuple = ()) -> tuple[str, Any, dict]:
-    """Call ``fn(*args)``: ("returned", value, facts) or ("raised", (class name, message, where), facts).
-    ``facts`` to measure: "shares_memory" (the result shares args[0]'s storage), "largest_bytes" (the
-    largest tensor or NumPy allocation made, in bytes), "model_changed" (args[0], a model, gives another
-    output on args[1] after the call); with ``forbid``, "borrowed" (the forbidden mhalab function that ran)
-    and "tampered" (the answer replaced the watch)."""
-    found: dict[str, Any] = {}
-    try:
-        inspect.signature(fn).bind(*args)
-    except ValueError:  # a builtin without a signature is just called
-        pass
-    except TypeError:
-        try:
-            return "unbound", list(inspect.signature(fn).parameters), found
-        except (TypeError, ValueError):
-            pass
-    before = _model_output(args) if "model_changed" in facts else None
-    watch, previous = (ForbidWatch(forbid, package), sys.getprofile()) if forbid else (None, None)
-    sizes = SizeWatch() if "largest_bytes" in facts else None
-    tracing = sizes is not None and not tracemalloc.is_tracing()
-    if tracing:
-        tracemalloc.start()
-    if sizes is not None:
-        tracemalloc.reset_peak()
-        start = tracemalloc.get_traced_memory()[0]
-    if watch is not None:
-        sys.setprofile(watch)
-    outcome: tuple
-    try:
-        if sizes is not None:
-            with sizes:
-                result = fn(*args)
-        else:
-            result = fn(*args)
-        outcome = ("returned", result)
-    except BaseException as error:  # noqa: B036 (a KeyboardInterrupt is the grader stopping an endless call)
-        if isinstance(error, (SystemExit, GeneratorExit)) and not isinstance(error, allow):
-            error = RuntimeError(f"{type(error).__name__} ({error})")
-        outcome = ("raised", error)
-    finally:
-        if watch is not None:
-            found["tampered"] = sys.getprofile() is not watch
-            sys.setprofile(previous)
-            found["borrowed"] = watch.found
-        if sizes is not None:
-            found["largest_bytes"] = max(sizes.largest, tracemalloc.get_traced_memory()[1] - start)
-            if tracing:
-                tracemalloc.stop()
-    if outcome[0] == "returned":
-        if "shares_memory" in facts:
-            r, x = outcome[1], args[0] if args else None
-            found["shares_memory"] = (isinstance(r, torch.Tensor) and isinstance(x, torch.Tensor)
-                                      and r.untyped_storage().data_ptr() == x.untyped_storage().data_ptr())
-        if before is not None:
-            after = _model_output(args)
-            found["model_changed"] = after is None or not torch.equal(after, before)
-    return outcome[0], outcome[1], found
-
-
-def where(error: BaseException, skip: tuple) -> str:
-    """Where ``error`` was raised in the learner's code, "line 3 of d_k_for" (``skip``: folders of libraries)."""
-    for frame in reversed(traceback.extract_tb(error.__traceback__)):
-        name = frame.filename
-        if not name or name.startswith("<") or not os.path.abspath(name).startswith(skip):
-            return f"line {frame.lineno} of {frame.name}"
-    return ""
-
-
 # --------------------------------------------------------------------------- the grading kernel
 
 BLOCKED = "mhalab.labs."  # every submodule: the exercises (references, solutions) and the checkers
@@ -447,6 +287,23 @@ def serve(fd_in: int, fd_out: int) -> None:
             send(fd_out, {"failed": f"{type(error).__name__}: {error}"[:500]})
 
 
+#: The resource limits of the grading kernel, and of every process it starts (``resource`` names, values).
+LIMITS = ("RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_CORE")
+
+
+def limit(limits: dict) -> None:
+    """Lower this process's soft and hard limits to ``limits`` ({"RLIMIT_AS": bytes, ...}), for good: an
+    unprivileged process cannot raise a hard limit, and every process it starts inherits them."""
+    import resource
+
+    for name, value in limits.items():
+        if name in LIMITS and hasattr(resource, name):
+            soft, hard = resource.getrlimit(getattr(resource, name))
+            value = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+            resource.setrlimit(getattr(resource, name), (value, value))
+
+
 if __name__ == "__main__":
     sys.modules["_mhalab_grading"] = sys.modules[__name__]  # the stub mhalab.labs hands answers to ANSWERS here
+    limit(json.loads(os.environ.pop("MHALAB_GRADING_LIMITS", "{}")))
     serve(int(sys.argv[1]), int(sys.argv[2]))

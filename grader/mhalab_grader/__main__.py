@@ -1,4 +1,4 @@
-"""Instructor commands for the course's lab exercises (``python -m mhalab.labs --help``)."""
+"""Instructor commands for the course's lab exercises (``python -m mhalab_grader --help``)."""
 
 from __future__ import annotations
 
@@ -9,26 +9,49 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .core import available_notebooks, load
+from mhalab.labs.core import available_notebooks, load
+
 from .grade import grade, release
 from .gradebook import Submission, find_submissions, grade_class, gradescope_results, write_outputs
+from .sandbox import Limits, SandboxUnavailable, problem
+
+PROG = "python -m mhalab_grader"
 
 
 def cmd_release(args: argparse.Namespace) -> int:
     if not args.check and args.out_dir is None:
-        sys.exit("mhalab.labs release: give an output folder (release notebooks/ OUT_DIR), or --check to only list")
+        sys.exit(f"{PROG} release: give an output folder (release notebooks/ OUT_DIR), or --check to only list")
     release(args.source, args.out_dir or ".", dry_run=args.check)
     return 0
 
 
+def sandbox_or_refuse(args: argparse.Namespace) -> bool:
+    """Say before grading whether the submissions run sandboxed; refuse where no sandbox can be made unless
+    told --no-sandbox. True: sandboxed."""
+    if args.no_sandbox:
+        print("WARNING: --no-sandbox: each submission's code runs as you, with your files and your network",
+              file=sys.stderr)
+        return False
+    why = problem()
+    if why:
+        raise SandboxUnavailable(why)
+    limits = args.limits
+    print(f"sandbox: bubblewrap, no network, read-only system, private /tmp of {limits.disk_mb} MB, "
+          f"{limits.memory_mb} MB per process, {limits.processes} processes", file=sys.stderr)
+    return True
+
+
 def cmd_grade(args: argparse.Namespace) -> int:
     timeout = args.timeout if args.timeout > 0 else None
+    args.limits = Limits(memory_mb=args.memory_mb, processes=args.processes, disk_mb=args.disk_mb)
+    sandboxed = sandbox_or_refuse(args)
     folders = [p for p in args.notebooks if Path(p).is_dir()]
     if folders:  # a class in nbgrader's layout
         if len(args.notebooks) > 1:
-            sys.exit("mhalab.labs grade: give one folder (nbgrader's submitted/) or notebooks, not both")
+            sys.exit(f"{PROG} grade: give one folder (nbgrader's submitted/) or notebooks, not both")
         start = time.perf_counter()
-        results = grade_class(find_submissions(folders[0], args.assignment), source=args.source, timeout=timeout, jobs=args.jobs)
+        results = grade_class(find_submissions(folders[0], args.assignment), source=args.source, timeout=timeout,
+                              jobs=args.jobs, sandboxed=sandboxed, limits=args.limits)
         out = Path(args.out or "graded")
         write_outputs(results, out, gradescope=args.gradescope is not None)
         print(f"graded {len(results)} submission(s) in {time.perf_counter() - start:.0f} s with -j {args.jobs}; wrote "
@@ -39,9 +62,10 @@ def cmd_grade(args: argparse.Namespace) -> int:
     reports, failed = [], 0
     for notebook in args.notebooks:
         try:
-            report = grade(notebook, assignment=args.assignment, source=args.source, timeout=timeout)
+            report = grade(notebook, assignment=args.assignment, source=args.source, timeout=timeout,
+                           sandboxed=sandboxed, limits=args.limits)
         except (ValueError, FileNotFoundError) as error:
-            print(f"mhalab.labs grade: {notebook}: {error}", file=sys.stderr)
+            print(f"{PROG} grade: {notebook}: {error}", file=sys.stderr)
             failed += 1
             continue
         print(report.format())
@@ -53,12 +77,20 @@ def cmd_grade(args: argparse.Namespace) -> int:
         print(f"wrote {args.json}")
     if args.gradescope and reports:
         if len(reports) > 1:
-            sys.exit("mhalab.labs grade: --gradescope FILE takes one submission (a class folder writes one per learner)")
+            sys.exit(f"{PROG} grade: --gradescope FILE takes one submission (a class folder writes one per learner)")
         Path(args.gradescope).parent.mkdir(parents=True, exist_ok=True)
         Path(args.gradescope).write_text(json.dumps(gradescope_results(reports[0]), indent=2) + "\n")
     if args.out and reports:
         write_outputs([(Submission(Path(r.notebook).stem, r.notebooks[0], Path(r.notebook)), r) for r in reports], args.out)
     return 1 if failed else 0
+
+
+def cmd_gradescope(args: argparse.Namespace) -> int:
+    from .gradescope import bundle
+
+    path = bundle(args.notebook, args.output, source=args.source, timeout=args.timeout)
+    print(f"wrote {path}: upload it as the autograder of notebook {str(args.notebook).zfill(2)} on Gradescope")
+    return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -69,7 +101,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mhalab.labs", description="Student releases and grading for the mhalab lab exercises.")
+    parser = argparse.ArgumentParser(prog=PROG, description="Student releases and grading for the mhalab lab exercises.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("release", help="write student versions of the notebooks", description=(
@@ -81,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("grade", help="score learners' notebooks, one or a whole class", description=(
         "Rebuild each notebook from the instructor's copy with only the submission's answer cells, run it in a "
-        "grading kernel where the exercise modules cannot be imported, call the answers there on hidden inputs "
+        "grading kernel where the exercise modules cannot be imported (on Linux in a sandbox: no network, none of "
+        "your files, limits on memory, processes, disk and time), call the answers there on hidden inputs "
         "drawn fresh, and judge what they return in this process: passed = the exercise's points, anything else = 0. "
         "The notebook graded as comes from --assignment or the file (or folder) name, never from its contents."))
     p.add_argument("notebooks", nargs="+", metavar="notebook",
@@ -94,15 +127,31 @@ def main(argv: list[str] | None = None) -> int:
                    help="also write Gradescope's results.json: to FILE for one submission; per learner under --out for a class")
     p.add_argument("--json", metavar="OUT", help="also write the grade as JSON to OUT (a list when several notebooks are graded)")
     p.add_argument("--timeout", type=float, default=600, metavar="S", help="seconds one cell or one call of an answer may run (default 600; 0 = no limit)")
+    p.add_argument("--no-sandbox", action="store_true", help="run submissions as you, unconfined (only for notebooks "
+                   "you trust; where no sandbox can be made, macOS and Windows, grading refuses without it)")
+    p.add_argument("--memory-mb", type=int, default=Limits.memory_mb, metavar="MB", help="memory of each process of a "
+                   f"submission (default {Limits.memory_mb})")
+    p.add_argument("--processes", type=int, default=Limits.processes, metavar="N",
+                   help=f"processes and threads a submission may run at once (default {Limits.processes})")
+    p.add_argument("--disk-mb", type=int, default=Limits.disk_mb, metavar="MB",
+                   help=f"size of a submission's private /tmp (default {Limits.disk_mb})")
+
+    p = sub.add_parser("gradescope", help="write Gradescope's autograder bundle for one notebook", description=(
+        "A zip with setup.sh (installs this course version, a CPU torch and bubblewrap) and run_autograder (grades "
+        "/autograder/submission/*.ipynb into /autograder/results/results.json)."))
+    p.add_argument("notebook", metavar="NN", help="the notebook number, e.g. 04")
+    p.add_argument("-o", "--output", default="autograder.zip", metavar="ZIP", help="where to write it (autograder.zip)")
+    p.add_argument("--source", metavar="DIR", help="the instructor's solution notebooks (default: the course's notebooks/)")
+    p.add_argument("--timeout", type=float, default=300, metavar="S", help="seconds one cell may run (default 300)")
 
     p = sub.add_parser("list", help="list the exercises of each notebook")
     p.add_argument("notebooks", nargs="*", help="notebook numbers (default: all)")
 
     args = parser.parse_args(argv)
     try:
-        return {"release": cmd_release, "grade": cmd_grade, "list": cmd_list}[args.command](args)
-    except (ValueError, FileNotFoundError) as error:  # bad input (a MarkerError is a ValueError): no traceback
-        print(f"mhalab.labs {args.command}: {error}", file=sys.stderr)
+        return {"release": cmd_release, "grade": cmd_grade, "gradescope": cmd_gradescope, "list": cmd_list}[args.command](args)
+    except (ValueError, FileNotFoundError, SandboxUnavailable) as error:  # bad input (a MarkerError is a ValueError)
+        print(f"{PROG} {args.command}: {error}", file=sys.stderr)
         return 1
 
 

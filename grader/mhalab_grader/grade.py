@@ -1,13 +1,12 @@
-"""Grading a submission (``python -m mhalab.labs grade``; README, "For instructors").
+"""Grading a submission (``python -m mhalab_grader grade``; README, "For instructors").
 
 :func:`grade` rebuilds the notebook from the instructor's copy, taking only the answer cells from the
-submission (:mod:`mhalab.labs.cells`), and runs it in a grading kernel (:mod:`mhalab.labs.kernel`, a process of
-its own) where the exercise modules cannot be imported. The grader calls each answer there, as soon as its cell
+submission (:mod:`mhalab_grader.cells`), and runs it in a grading kernel (:mod:`mhalab_grader.kernel`, a process
+of its own, in the sandbox of :mod:`mhalab_grader.sandbox`) where the exercise modules cannot be imported. The grader calls each answer there, as soon as its cell
 has run, on hidden inputs drawn fresh from a secret seed, gets back what it returned as plain data, and judges
 it here against references computed here. The grade is returned only once every process the submission
-started is gone. What this does not stop (the learner's code reads files with your permissions): README,
-"For instructors". The class side (a folder of submissions, the gradebook, feedback) is
-:mod:`mhalab.labs.gradebook`.
+started is gone. The hidden inputs' seed and the kernel are passed to each exercise's verdict as arguments.
+The class side (a folder of submissions, the gradebook, feedback) is :mod:`mhalab_grader.gradebook`.
 """
 
 from __future__ import annotations
@@ -28,8 +27,9 @@ import nbformat
 
 from .cells import (_GRADE_ID, BEGIN_LINE, END_LINE, Answer, MarkerError, answers, for_nbgrader, release,
                     solution_regions, student_version)
-from .core import PACKAGE, PASSED, load
+from mhalab.labs.core import PACKAGE, PASSED, load
 from .kernel import GradingKernel, KernelGone, _Handed, sandbox
+from .sandbox import Limits
 
 __all__ = [  # the answer cells' and the kernel's names too, where they were before those had modules of their own
     "BEGIN_LINE", "END_LINE", "MISSING", "NOT_CHECKED", "Answer", "ExerciseGrade", "GradeReport", "GradingKernel",
@@ -155,11 +155,13 @@ def copy_flag(answer_source: str, ex: Any) -> float | None:
 
 
 def grade(path: str | Path, *, assignment: str | None = None, source: str | Path | None = None,
-          timeout: float | None = 600, seed: int | None = None) -> GradeReport:
+          timeout: float | None = 600, seed: int | None = None, sandboxed: bool = True,
+          limits: Limits | None = None) -> GradeReport:
     """Grade the submission at ``path`` as notebook ``assignment`` (default: from its file or folder name):
     the instructor's copy (from ``source``, default notebooks/) with the submission's answer cells, run in a
     :class:`GradingKernel`, each answer judged here. ``timeout``: seconds one cell or one call may run;
-    ``seed``: of the hidden inputs (default: a secret one per run)."""
+    ``seed``: of the hidden inputs (default: a secret one per run); ``sandboxed`` (default): the kernel runs in
+    the sandbox (SandboxUnavailable where none can be made), within ``limits``."""
     path = Path(path)
     nb_id = str(assignment).zfill(2) if assignment is not None else assignment_of(path)
     exercises = load(nb_id)
@@ -203,7 +205,7 @@ def grade(path: str | Path, *, assignment: str | None = None, source: str | Path
         judged[ex.key] = _judge(ex, kernel, handed, missing, seed, problem)
 
     with tempfile.TemporaryDirectory(prefix="mhalab-grade-") as cwd:
-        kernel = GradingKernel(spec, cwd=cwd, timeout=timeout)
+        kernel = GradingKernel(spec, cwd=cwd, timeout=timeout, sandboxed=sandboxed, limits=limits)
         try:
             # Each answer is judged as soon as its cell has run, as q.check does in the learner's kernel, so
             # that a kernel dying later (os._exit, a segfault, a cell killed for its time) keeps what was judged.

@@ -1,6 +1,12 @@
 """The grading kernel: a process of its own that runs a submission's cells and calls its answers on request
-(:mod:`mhalab.labs.worker` is its side), with a copy of mhalab whose ``mhalab.labs`` is a stub that only hands
-answers over; and the sweep that kills whatever the submission started and left behind.
+(:mod:`mhalab_grader.worker` is its side), with a copy of mhalab whose ``mhalab.labs`` is a stub that only hands
+answers over, in the sandbox of :mod:`mhalab_grader.sandbox` (or, told ``sandbox=False``, as the grader's own
+user, with the sweep that kills whatever the submission started and left behind).
+
+Not a Jupyter kernel run by nbclient: nbclient executes cells (with per-cell timeouts) but talks to its kernel
+over ZMQ sockets, and grading needs more than running cells: calling the learner's functions on hidden inputs
+and getting back plain data, a request nbclient has no message for. Two inherited pipes carry both, and need
+no network in the sandbox.
 """
 
 from __future__ import annotations
@@ -18,8 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mhalab.labs import invoke
+from mhalab.labs.core import PACKAGE, STRICT_ENV
+
+from . import sandbox as jail
 from . import worker
-from .core import PACKAGE, STRICT_ENV
 
 _STUB = '''"""mhalab.labs while a notebook is graded: ``q.check(answer)`` hands the answer to the grader, which
 judges it in its own process. Hints, solutions and references are not available here."""
@@ -94,6 +103,11 @@ def sandbox() -> str:
         os.makedirs(os.path.join(root, "pkg", "mhalab", "labs"))
         Path(root, "pkg", "mhalab", "labs", "__init__.py").write_text(_STUB)
         shutil.copy(worker.__file__, os.path.join(root, "_mhalab_grading.py"))
+        shutil.copy(invoke.__file__, os.path.join(root, "_mhalab_invoke.py"))
+        for folder, dirs, files in os.walk(root):  # readable by the sandbox's user
+            os.chmod(folder, 0o755)
+            for name in files:
+                os.chmod(os.path.join(folder, name), 0o644)
         _SANDBOX["path"] = root
         return root
 
@@ -164,27 +178,41 @@ class GradingKernel:
 
     GRACE_S = 10.0  # after an interrupt, how long the kernel gets to report back before it is killed
 
-    def __init__(self, spec: dict, *, cwd: str | Path, timeout: float | None = 600):
+    def __init__(self, spec: dict, *, cwd: str | Path, timeout: float | None = 600, sandboxed: bool = True,
+                 limits: jail.Limits | None = None):
+        """``sandboxed``: in the sandbox (:class:`mhalab_grader.sandbox.SandboxUnavailable` where none can be
+        made); else as this user, in ``cwd``. ``limits``: what the kernel may use (default :class:`Limits`)."""
         _become_subreaper()
+        limits = limits or jail.Limits()
+        if sandboxed and jail.problem():
+            raise jail.SandboxUnavailable(jail.problem())
         root = sandbox()
-        self.timeout, self.dead = timeout, False
+        self.timeout, self.dead, self.sandboxed = timeout, False, sandboxed
         self.home = tempfile.mkdtemp(prefix="mhalab-kernel-")
         to_child, self._w = os.pipe()
         self._r, from_child = os.pipe()
-        keep = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not os.path.isdir(os.path.join(p, "mhalab"))]
-        env = {k: v for k, v in os.environ.items() if k not in (STRICT_ENV, "PYTHONPATH")}
-        env.update(PYTHONPATH=os.pathsep.join([root, os.path.join(root, "pkg"), *keep]), MPLBACKEND="Agg",
-                   MHALAB_GRADING_SPEC=json.dumps(spec), IPYTHONDIR=self.home, PYTHONDONTWRITEBYTECODE="1")
-        self.log = open(os.path.join(self.home, "kernel.log"), "wb")
+        argv = [sys.executable, os.path.join(root, "_mhalab_grading.py"), str(to_child), str(from_child)]
+        if sandboxed:
+            argv, env = jail.wrap(argv, code=root, home=self.home, limits=limits)
+            cwd = self.home
+        else:
+            keep = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                    if p and not os.path.isdir(os.path.join(p, "mhalab"))]
+            env = {k: v for k, v in os.environ.items() if k not in (STRICT_ENV, "PYTHONPATH")}
+            env.update(PYTHONPATH=os.pathsep.join([root, os.path.join(root, "pkg"), *keep]), MPLBACKEND="Agg",
+                       IPYTHONDIR=self.home, PYTHONDONTWRITEBYTECODE="1")
+        env.update(MHALAB_GRADING_SPEC=json.dumps(spec),
+                   MHALAB_GRADING_LIMITS=json.dumps(limits.rlimits(processes=sandboxed)))
         with _ACTIVE_LOCK:  # (held from the start: another thread's sweep must not take it for a stray)
+            # what the submission prints goes nowhere: the grader reads answers, not output (no size to fill)
             self.process = subprocess.Popen(
-                [sys.executable, os.path.join(root, "_mhalab_grading.py"), str(to_child), str(from_child)],
-                pass_fds=(to_child, from_child), cwd=str(cwd), env=env, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True)
+                argv, pass_fds=(to_child, from_child), cwd=str(cwd), env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             _ACTIVE.add(self.process.pid)
         os.close(to_child)
         os.close(from_child)
         self._request(None, timeout=max(120.0, timeout or 0))  # its "ready"
+        self.worker_pid = _find_worker(self.process.pid) if sandboxed else self.process.pid
 
     def _request(self, message: dict | None, arrays: list | None = None, *, timeout: float | None) -> tuple[dict, Any]:
         if self.dead:
@@ -207,7 +235,7 @@ class GradingKernel:
 
     def interrupt(self) -> None:
         try:
-            os.kill(self.process.pid, signal.SIGINT)
+            os.kill(self.worker_pid, signal.SIGINT)
         except ProcessLookupError:
             pass
 
@@ -281,8 +309,31 @@ class GradingKernel:
                 os.close(fd)
             except OSError:
                 pass
-        self.log.close()
         shutil.rmtree(self.home, ignore_errors=True)
+
+
+def _find_worker(top: int) -> int:
+    """The pid (here) of the worker, the first python under ``top`` (the sandbox's outer process) that runs it;
+    the grader interrupts a cell by signalling it (bwrap does not pass SIGINT on)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path("/proc", entry, "stat").read_text() if entry.isdigit() else ""
+        except OSError:
+            continue
+        if stat:
+            children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry))
+    queue = [top]
+    while queue:  # breadth first: the worker before anything it started
+        pid = queue.pop(0)
+        try:
+            command = Path("/proc", str(pid), "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(part.endswith(b"_mhalab_grading.py") for part in command[1:2]):
+            return pid
+        queue += sorted(children.get(pid, []))
+    return top
 
 
 class _Handed:

@@ -1,0 +1,206 @@
+"""Submissions that try to break out of the grading sandbox (grader/mhalab_grader/sandbox.py), each among
+honest ones in one class run: as the user running the tests (root in CI) and, when that is root, again as an
+unprivileged user. Each attack gets its honest score (3 when it fails: it then hands in right answers) or 0,
+no other learner's grade moves, the gradebook is whole and nothing on the machine changes.
+
+The limits are lowered for the run (--memory-mb 1024 --processes 64 --disk-mb 64) and the test process itself
+runs under ``RLIMIT_AS``-free but process-bounded guards: the fork bomb stops at the sandbox's process limit
+(probed first by ``test_the_process_limit_holds``), the memory hog at 1 GiB per process.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import pwd
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labs_fixture import synthetic_notebook  # also registers notebook "99"'s exercises
+from mhalab_grader import sandbox
+from mhalab_grader.__main__ import main as grader_main
+from mhalab_grader.kernel import GradingKernel
+
+# Skipped where no sandbox can be made (macOS, no bwrap), but not in CI (.ci/run sets MHALAB_REQUIRE_SANDBOX=1).
+_REQUIRED = os.environ.get("MHALAB_REQUIRE_SANDBOX") == "1"
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(sandbox.problem() is not None and not _REQUIRED,
+                                                   reason=str(sandbox.problem()))]
+ROOT = Path(__file__).resolve().parent.parent
+LIMITS = ["--memory-mb", "1024", "--processes", "64", "--disk-mb", "64", "--timeout", "20"]
+MARKER = f"mhalab-attack-{os.getpid()}"
+
+# Each attack runs at the top of exercise 99.2's answer cell; `broke` is set when it got through, and then
+# the cell hands in a wrong head count: an attack that works costs its point, one that fails scores 3.
+ATTACKS = {
+    "read_solution": "broke = len(open({solution!r}).read()) > 0",
+    "read_other": "broke = len(open({other!r}).read()) > 0",
+    "read_exercises": "broke = len(open({exercises!r}).read()) > 0",
+    "network": "import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3).sendall(b'hello')\nbroke = True",
+    "fork_bomb": ("import os, time\nfor _ in range(10000):\n    if os.fork() == 0:\n        while True:\n"
+                  "            try:\n                os.fork()\n            except OSError:\n                time.sleep(0.05)\n"
+                  "broke = False  # (the parent never gets here: its own forks fail, and it goes on forking)"),
+    "fill_disk": ("import os\nfor folder in ('/dev/shm', '/tmp'):\n    try:\n        f = open(folder + '/fill', 'wb')\n"
+                  "        for _ in range(10000):\n            f.write(b'0' * (1 << 20))\n            f.flush()\n"
+                  "        broke = True\n    except OSError:\n        pass\n    f.close()"),
+    "memory": "import torch\nhog = torch.ones(1 << 40, dtype=torch.uint8)\nbroke = True",
+    "memory_slowly": "hog = []\nfor _ in range(100000):\n    hog.append(bytearray(1 << 24))\nbroke = True",
+    "write_outside": ("broke = False\nfor path in {targets!r}:\n    try:\n        open(path, 'a').write('owned')\n"
+                      "        broke = True\n    except OSError:\n        pass"),
+    "kill_grader": ("import os, signal\nfor pid in ({grader}, os.getppid(), -1):\n    try:\n        os.kill(pid, signal.SIGKILL)\n"
+                    "    except OSError:\n        pass\nbroke = False"),
+    "leave_process": ("import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(900)  # {marker}'],"
+                      " start_new_session=True)\nimport os\nif os.fork() == 0:\n    os.setsid()\n"
+                      "    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(900)  # {marker}'])\n"
+                      "broke = False"),
+    "print_gigabytes": ("import os, sys\nchunk = 'x' * (1 << 20)\nfor _ in range(1024):\n    print(chunk)\n"
+                        "    sys.stderr.write(chunk)\nfor _ in range(1024):\n    os.write(1, chunk.encode())\nbroke = False"),
+}
+# What a failed attack leaves the submission: the exceptions it raised were caught, the answers are right
+# (it may also get 0: a fork bomb or a memory hog can leave its own kernel unable to go on).
+HONEST = {kind: 3 for kind in ATTACKS}
+
+
+def attack_notebook(code: str) -> nbformat.NotebookNode:
+    nb = synthetic_notebook(answers={"n_heads": "n_heads = 3 if broke else 4"})
+    body = "\n".join("    " + line for line in code.split("\n"))
+    nb.cells[5].source = f"broke = False\ntry:\n{body}\nexcept BaseException:\n    broke = False\n" + nb.cells[5].source
+    return nb
+
+
+class Listener:
+    """A TCP server on 127.0.0.1 that notes every connection (there must be none)."""
+
+    def __init__(self):
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen()
+        self.port, self.connections = self.server.getsockname()[1], []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                self.connections.append(self.server.accept()[1])
+            except OSError:
+                return
+
+
+def strays() -> list[str]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and MARKER.encode() in Path("/proc", entry, "cmdline").read_bytes():
+                found.append(entry)
+        except OSError:
+            pass
+    return found
+
+
+def build(root: Path, port: int, grader_pid: int) -> tuple[dict, list[Path]]:
+    """A class in ``root``: honest learners and one of each attack; {student: expected total}, host files
+    the attacks try to write."""
+    source = root / "source" / "99_fixture.ipynb"
+    source.parent.mkdir(parents=True)
+    nbformat.write(synthetic_notebook(), source)
+    submitted = root / "course" / "submitted"
+    expected = {"correct_0": 3, "correct_1": 3, "partly_wrong_0": 2}
+    honest = {"correct_0": synthetic_notebook(), "correct_1": synthetic_notebook(),
+              "partly_wrong_0": synthetic_notebook(answers={"double": "return x + 2"})}
+    targets = [source, submitted / "correct_0" / "99" / "99_fixture.ipynb", root / "graded" / "gradebook.csv",
+               Path("/etc/mhalab-owned"), Path("/dev/mhalab-owned"), Path(sys.prefix) / "owned"]
+    fields = {"solution": str(source), "other": str(targets[1]), "exercises": str(ROOT / "tests" / "labs_fixture.py"),
+              "port": port, "targets": [str(t) for t in targets], "grader": grader_pid, "marker": MARKER}
+    notebooks = {**honest, **{k: attack_notebook(code.format(**fields)) for k, code in ATTACKS.items()}}
+    for student, nb in notebooks.items():
+        path = submitted / student / "99" / "99_fixture.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(nb, path)
+    return {**expected, **HONEST}, targets
+
+
+def check_outcome(root: Path, expected: dict, targets: list[Path], listener: Listener, before: dict) -> None:
+    with open(root / "graded" / "gradebook.csv") as f:
+        rows = {r["student"]: r for r in csv.DictReader(f)}
+    assert set(rows) == set(expected)
+    got = {student: float(row["total"]) for student, row in rows.items()}
+    print("totals:", got)
+    assert {s: got[s] for s in expected if s not in ATTACKS} == {s: t for s, t in expected.items() if s not in ATTACKS}
+    assert {s: got[s] for s in ATTACKS if got[s] not in (0, HONEST[s])} == {}, "an attack got more than 0 or its honest score"
+    assert listener.connections == []
+    assert strays() == [], "a submission's process outlived its grading"
+    for target in targets:
+        text = target.read_text() if target.exists() else None
+        assert text is None or "owned" not in text, target
+    assert before == {t: t.read_bytes() for t in targets if t.exists() and t.name != "gradebook.csv"}
+
+
+def test_the_process_limit_holds(tmp_path):
+    """A harmless probe before the fork bomb: 80 sleeping children against a limit of 32 processes."""
+    kernel = GradingKernel({"99": [[1, "double a number"]]}, cwd=tmp_path, timeout=30,
+                           limits=sandbox.Limits(processes=32, memory_mb=1024))
+    try:
+        assert kernel.run_cell("import os, time\nstarted = 0\nfor _ in range(80):\n    pid = os.fork()\n"
+                               "    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    started += 1\n") == "BlockingIOError"
+        kernel.run_cell("import socket\ntry:\n    socket.create_connection(('1.1.1.1', 80), timeout=2)\n    net = 1\n"
+                        "except OSError:\n    net = 0\nimport _mhalab_grading\n_mhalab_grading.ANSWERS['99.1'] = (started, net)")
+        assert kernel.value("99.1") == (pytest.approx(32, abs=31), 0)
+        assert kernel.value("99.1")[0] < 32
+    finally:
+        kernel.close()
+
+
+def test_attacks_among_honest_learners_as_this_user(tmp_path):
+    listener = Listener()
+    expected, targets = build(tmp_path, listener.port, os.getpid())
+    before = {t: t.read_bytes() for t in targets if t.exists()}
+    assert grader_main(["grade", str(tmp_path / "course"), "--source", str(tmp_path / "source"), "-j", "2",
+                        "--out", str(tmp_path / "graded"), *LIMITS]) == 0
+    check_outcome(tmp_path, expected, targets, listener, before)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs the grader as another user: needs root (CI runs as root)")
+def test_attacks_among_honest_learners_as_an_unprivileged_user():
+    user = next((p for p in pwd.getpwall() if p.pw_name == "nobody"), None)
+    uid = user.pw_uid if user else 65534
+    root = Path(tempfile.mkdtemp(prefix="mhalab-unprivileged-"))
+    try:
+        listener = Listener()
+        expected, targets = build(root, listener.port, os.getpid())
+        before = {t: t.read_bytes() for t in targets if t.exists()}
+        for folder, _, files in os.walk(root):
+            os.chmod(folder, 0o777)
+            for name in files:
+                os.chmod(os.path.join(folder, name), 0o644)  # the grader's user reads them; they stay root's
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "grader"), str(ROOT / "tests")]),
+               "HOME": str(root)}
+        args = ["grade", str(root / "course"), "--source", str(root / "source"), "-j", "2", "--out",
+                str(root / "graded"), *LIMITS]
+        code = ("import sys, labs_fixture  # registers notebook 99\nfrom mhalab_grader.__main__ import main\n"
+                f"sys.exit(main({args!r}))")
+        command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable, "-c", code]
+        run = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True, timeout=1200)
+        assert run.returncode == 0, run.stderr[-3000:]
+        check_outcome(root, expected, targets, listener, before)
+    finally:
+        subprocess.run(["rm", "-rf", str(root)], check=False)
+        time.sleep(0)
+
+
+def test_without_the_sandbox_the_same_read_gets_through(tmp_path):
+    """The attacks above can fail the test: unsandboxed (--no-sandbox), reading the solution costs the point."""
+    listener = Listener()
+    build(tmp_path, listener.port, os.getpid())
+    submission = tmp_path / "course" / "submitted" / "read_solution" / "99" / "99_fixture.ipynb"
+    out = tmp_path / "alone"
+    assert grader_main(["grade", str(submission), "--source", str(tmp_path / "source"), "--no-sandbox",
+                        "--timeout", "20", "--out", str(out)]) == 0
+    with open(out / "gradebook.csv") as f:
+        assert [float(r["total"]) for r in csv.DictReader(f)] == [2.0]
