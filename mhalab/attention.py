@@ -51,6 +51,8 @@ def attention_scores(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Ten
 def softmax_over_keys(scores: Tensor) -> Tensor:
     """``scores [..., L, S]`` -> weights ``[..., L, S]``; a row of all ``-inf`` (a query that may see no key)
     gets all zeros, not NaN."""
+    if scores.size(-1) == 0:
+        return scores.softmax(dim=-1)  # no keys at all: an empty [..., L, 0]
     # softmax of an all -inf row is 0/0: a query that sees nothing gets nothing. Found from the row maxima
     # ([..., L, 1]), and fixed only where such a row exists, so an unmasked call makes no second [L, S] tensor.
     blind = scores.amax(dim=-1, keepdim=True) == float("-inf")  # [..., L, 1]
@@ -81,13 +83,6 @@ def scaled_dot_product_attention(
     weights = attention_weights(q, k, mask=mask)  # [..., L, S]
     out = F.dropout(weights, p=dropout_p) @ v  # [..., L, dv]: weighted sum of the values
     return out, weights
-
-
-def _autocast_enabled(device_type: str) -> bool:
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except TypeError:  # torch < 2.4 asks per device kind
-        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
 
 
 class HeadProjections(NamedTuple):
@@ -214,95 +209,132 @@ class MultiHeadAttention(nn.Module):
         pass ``need_weights=False`` for the fused kernel. ``kv_cache``: in self-attention decoding the new
         keys/values join the cached ones (a multi-token prompt must be causal); in cross-attention the first
         call keeps the projected ``key``/``value`` (an encoder's output) and later calls reuse them, so
-        ``hook_k``/``hook_v`` fire only on that first call.
+        ``hook_k``/``hook_v`` fire only on that first call. An empty sequence gives an empty result, as torch's.
         Returns ``(out [B, L, D] (or [L, B, D]), weights or None)``.
         """
+        query, key, value, self_attention = self._batch_first(query, key, value)  # each [B, T, D]
+        self._check_inputs(query, key, value)
+        B, L, _ = query.shape
+        past, reuse_memory = self._cache_state(kv_cache, query, key, self_attention=self_attention, is_causal=is_causal)
+        S = past + key.size(1)  # every key the queries will see
+        explicit = need_weights or self.hook_attn_scores.is_hooked or self.hook_pattern.is_hooked
+        # Only is_causal over a square score matrix: the fused kernel builds that mask itself (and skips the masked
+        # blocks). Otherwise all masks become one float tensor added to the scores, built before anything is cached.
+        fused_causal = is_causal and not explicit and attn_mask is None and key_padding_mask is None and L == S
+        for name, m in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
+            check_forbidden_mask(m, name, L, S, self_attention=self_attention)
+        mask = None if fused_causal else combine_forbidden_masks(
+            B, self.n_heads, L, S, key_padding_mask, attn_mask, is_causal, query.dtype, query.device
+        )  # None, or float [B or 1, H or 1, L, S] added to the scores
+
+        q, k, v = self._project(query, key, value, self_attention=self_attention, keys=not reuse_memory)
+        q = self._hooked(self.hook_q, self.split_heads(q))  # [B, L, H dk] -> [B, H, L, dk]
+        if not reuse_memory:
+            k = self._hooked(self.hook_k, self.split_heads(k))  # [B, S_new, G dk] -> [B, G, S_new, dk]
+            v = self._hooked(self.hook_v, self.split_heads(v))  # [B, S_new, G dk] -> [B, G, S_new, dk]
+        if self.rope_base is not None:  # positions turn queries and keys, after hook_q / hook_k
+            q = self._hooked(self.hook_rot_q, apply_rotary(q, past, self.rope_base))  # [B, H, L, dk]
+            if not reuse_memory:
+                k = self._hooked(self.hook_rot_k, apply_rotary(k, past, self.rope_base))  # [B, G, S_new, dk]
+        k, v = self._with_cache(kv_cache, k, v, reuse_memory)  # [B, G, S, dk] each
+
+        heads, weights = self._attend(q, k, v, mask, explicit=explicit, is_causal=fused_causal)  # [B, H, L, dk]
+        z = self._hooked(self.hook_z, heads)  # each head's output; a hook may replace it
+        out = self.out_proj(self.merge_heads(z))  # [B, H, L, dk] -> [B, L, H dk] -> mix with W_O -> [B, L, D]
+        if not self.batch_first:
+            out = out.transpose(0, 1)  # [B, L, D] -> [L, B, D]
+        if not need_weights:
+            return out, None
+        return out, weights.mean(dim=1) if average_attn_weights else weights  # [B, L, S] or [B, H, L, S]
+
+    @staticmethod
+    def _hooked(hook: HookPoint, x: Tensor) -> Tensor:
+        """``x [B, n, T, dk]`` through ``hook``, which sees TransformerLens's ``[B, T, n, dk]`` (views, no copy)."""
+        return hook(x.transpose(1, 2)).transpose(1, 2)  # [B, n, T, dk] -> [B, T, n, dk] -> hook -> back
+
+    def _batch_first(self, query: Tensor, key: Tensor | None, value: Tensor | None) -> tuple[Tensor, Tensor, Tensor, bool]:
+        """``(query, key, value, self_attention)`` as ``[B, T, D]``; self-attention when both are omitted or ``query``."""
         self_attention = (key is None and value is None) or (key is query and value is query)
         if not self.batch_first:  # [T, B, D] -> [B, T, D]: views; the output goes back the same way
             query, key, value = (t.transpose(0, 1) if isinstance(t, Tensor) and t.dim() == 3 else t
                                  for t in (query, key, value))
         if self_attention:
-            key = value = query
-        elif key is None or value is None:
+            return query, query, query, True
+        if key is None or value is None:
             raise ValueError("pass both key and value for cross-attention, or neither for self-attention")
-        self._check_inputs(query, key, value)
-        B, L, D = query.shape
-        H, G, dk = self.n_heads, self.n_kv_heads, self.d_head
-        # Cross-attention with a cache: the first call projects the memory and keeps its K/V, later calls reuse them.
-        cross_cached = kv_cache is not None and not self_attention and len(kv_cache) > 0
-        if cross_cached and (key.size(1) != len(kv_cache) or key.size(0) != kv_cache.k.size(0)):
+        return query, key, value, False
+
+    def _cache_state(
+        self, kv_cache: KVCache | None, query: Tensor, key: Tensor, *, self_attention: bool, is_causal: bool
+    ) -> tuple[int, bool]:
+        """``(past, reuse_memory)``: the tokens already in a self-attention cache, and whether a cross-attention
+        cache already holds the memory's keys/values (projected on the first call, reused on later ones)."""
+        if kv_cache is None:
+            return 0, False
+        if self_attention:
+            if query.size(1) > 1 and not is_causal:
+                raise ValueError(f"{query.size(1)} tokens at once into a kv_cache need is_causal=True: a cache holds "
+                                 "a causal decoder's keys, and without the causal mask earlier tokens would see later ones")
+            return len(kv_cache), False
+        if len(kv_cache) == 0:
+            return 0, False
+        if key.size(1) != len(kv_cache) or key.size(0) != kv_cache.k.size(0):
             raise ValueError(f"this cross-attention kv_cache holds the keys of a memory [batch {kv_cache.k.size(0)}, "
                              f"length {len(kv_cache)}], but key is [batch {key.size(0)}, length {key.size(1)}]: "
                              "use a fresh KVCache for each new encoder output")
-        past = len(kv_cache) if kv_cache is not None and self_attention else 0  # tokens already in a self-attention cache
-        S_new = key.size(1)
-        S = past + S_new  # every key the queries will see
-        if kv_cache is not None and self_attention and L > 1 and not is_causal:
-            raise ValueError(f"{L} tokens at once into a kv_cache need is_causal=True: a cache holds a causal "
-                             "decoder's keys, and without the causal mask earlier tokens would see later ones")
+        return 0, True
 
-        # Build the masks before anything is computed or appended to the cache.
-        for name, mask in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
-            check_forbidden_mask(mask, name, L, S, self_attention=self_attention)
-        want_scores = need_weights or self.hook_attn_scores.is_hooked or self.hook_pattern.is_hooked
-        # Only is_causal, over a square score matrix: the fused kernel builds the causal mask itself
-        # (and skips the masked blocks). Otherwise all masks become one float tensor added to the scores.
-        fused_causal = (
-            is_causal and not want_scores and attn_mask is None and key_padding_mask is None and past == 0 and L == S
-        )
-        mask = None if fused_causal else combine_forbidden_masks(
-            B, H, L, S, key_padding_mask, attn_mask, is_causal, query.dtype, query.device
-        )  # None, or float [B or 1, H or 1, L, S] added to the scores
-
-        # Project: one matmul for self-attention, three slices of the same weight for cross-attention.
-        sizes = (H * dk, G * dk, G * dk)
+    def _project(
+        self, query: Tensor, key: Tensor, value: Tensor, *, self_attention: bool, keys: bool
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """``q [B, L, H dk]``, ``k, v [B, S, G dk]`` (None unless ``keys``): one matmul for self-attention,
+        three slices of the same weight for cross-attention."""
+        sizes = (self.n_heads * self.d_head, self.n_kv_heads * self.d_head, self.n_kv_heads * self.d_head)
         if self_attention:
-            q, k, v = self.qkv_proj(query).split(sizes, dim=-1)  # [B, L, H dk], 2 x [B, L, G dk]
-        else:
-            w_q, w_k, w_v = self.qkv_proj.weight.split(sizes, dim=0)
-            b_q, b_k, b_v = self.qkv_proj.bias.split(sizes) if self.bias else (None, None, None)
-            q = F.linear(query, w_q, b_q)
-            k, v = (None, None) if cross_cached else (F.linear(key, w_k, b_k), F.linear(value, w_v, b_v))
-        q = self.hook_q(q.view(B, L, H, dk)).transpose(1, 2)  # [B, L, H dk] -> [B, L, H, dk] -> [B, H, L, dk]
-        if not cross_cached:
-            k = self.hook_k(k.view(B, S_new, G, dk)).transpose(1, 2)  # -> [B, G, S_new, dk]
-            v = self.hook_v(v.view(B, S_new, G, dk)).transpose(1, 2)  # -> [B, G, S_new, dk]
-        if self.rope_base is not None:  # the hooks see [B, T, heads, dk], the maths [B, heads, T, dk]
-            q = self.hook_rot_q(apply_rotary(q, past, self.rope_base).transpose(1, 2)).transpose(1, 2)
-            if not cross_cached:
-                k = self.hook_rot_k(apply_rotary(k, past, self.rope_base).transpose(1, 2)).transpose(1, 2)
-        if cross_cached:
-            k, v = kv_cache.k, kv_cache.v  # [B, G, S, dk]: the memory's keys/values, projected on the first call
-        elif kv_cache is not None:
-            k, v = kv_cache.append(k, v)  # [B, G, past + L, dk]: the new keys/values join the old ones (or the memory's)
+            return self.qkv_proj(query).split(sizes, dim=-1)  # [B, L, (H + 2G) dk] -> three slices
+        w_q, w_k, w_v = self.qkv_proj.weight.split(sizes, dim=0)
+        b_q, b_k, b_v = self.qkv_proj.bias.split(sizes) if self.bias else (None, None, None)
+        if not keys:
+            return F.linear(query, w_q, b_q), None, None
+        return F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
 
+    @staticmethod
+    def _with_cache(kv_cache: KVCache | None, k: Tensor | None, v: Tensor | None, reuse_memory: bool
+                    ) -> tuple[Tensor, Tensor]:
+        """The keys/values ``[B, G, S, dk]`` the queries see: the new ones, after the cached ones, or the memory's."""
+        if reuse_memory:
+            return kv_cache.k, kv_cache.v  # the memory's keys/values, projected on the first call
+        if kv_cache is None:
+            return k, v
+        return kv_cache.append(k, v)  # [B, G, past + S_new, dk] (self-attention), or the memory kept for later
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, explicit: bool, is_causal: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """``q [B, H, L, dk]``, ``k, v [B, G, S, dk]`` -> each head's output ``[B, H, L, dk]`` and, written out
+        (``explicit``), the weights ``[B, H, L, S]`` after dropout; else the fused kernel and None."""
         dropout_p = self.dropout if self.training else 0.0
-        if G != H and (want_scores or not sdpa_shares_kv_heads(q.device)):  # each query head gets its group's K/V head
-            k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # [B, H, S, dk]
-        if want_scores:
-            scores = self.hook_attn_scores(attention_scores(q, k, mask=mask))  # [B, H, L, S]; a hook may replace it
-            pattern = self.hook_pattern(softmax_over_keys(scores))  # [B, H, L, S]
-            weights = F.dropout(pattern, p=dropout_p)  # what torch returns: the weights the values are summed with
-            heads = weights @ v  # [B, H, L, dk]: each head's weighted sum of its values
-        else:
-            gqa = {"enable_gqa": True} if k.size(1) != H else {}  # the kernel shares the K/V heads itself
-            blind = None  # a query that may see no key gets zeros from the kernel on CPU and CUDA, NaN on MPS:
-            if mask is not None and not sdpa_zeroes_blind_rows(q.device):
-                blind = mask.amax(dim=-1, keepdim=True) == float("-inf")  # [B or 1, H or 1, L, 1]
-                mask = mask.masked_fill(blind, 0.0)  # finite scores there, so no NaN reaches a gradient ...
-            heads = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=fused_causal, **gqa
-            )  # [B, H, L, dk]
-            if blind is not None:
-                heads = heads.masked_fill(blind, 0.0)  # ... and zeros, as the explicit path and other devices give
+        H, G = self.n_heads, k.size(1)
+        if G != H and (explicit or not sdpa_shares_kv_heads(q.device)):  # each query head gets its group's K/V head
+            k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # [B, G, S, dk] -> [B, H, S, dk]
+        if not explicit:
+            return self._fused(q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal), None
+        scores = self.hook_attn_scores(attention_scores(q, k, mask=mask))  # [B, H, L, S]; a hook may replace it
+        pattern = self.hook_pattern(softmax_over_keys(scores))  # [B, H, L, S]
+        weights = F.dropout(pattern, p=dropout_p)  # what torch returns: the weights the values are summed with
+        return weights @ v, weights  # [B, H, L, dk]: each head's weighted sum of its values
 
-        z = self.hook_z(heads.transpose(1, 2))  # [B, L, H, dk]: each head's output; a hook may replace it
-        out = self.out_proj(z.reshape(B, L, H * dk))  # concatenate the heads -> [B, L, H dk], mix with W_O -> [B, L, D]
-        if not self.batch_first:
-            out = out.transpose(0, 1)  # [L, B, D]
-        if not need_weights:
-            return out, None
-        return out, weights.mean(dim=1) if average_attn_weights else weights  # [B, L, S] or [B, H, L, S]
+    @staticmethod
+    def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, dropout_p: float, is_causal: bool) -> Tensor:
+        """``F.scaled_dot_product_attention`` -> ``[B, H, L, dk]``, with zeros for a query that may see no key on
+        every device: the kernel gives them on CPU and CUDA, NaN on MPS."""
+        gqa = {"enable_gqa": True} if k.size(1) != q.size(1) else {}  # the kernel shares the K/V heads itself
+        blind = None
+        if mask is not None and not sdpa_zeroes_blind_rows(q.device):
+            blind = (mask == float("-inf")).all(dim=-1, keepdim=True)  # [B or 1, H or 1, L, 1]; True with no keys
+            mask = mask.masked_fill(blind, 0.0)  # finite scores there, so no NaN reaches a gradient ...
+        heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, **gqa)
+        return heads if blind is None else heads.masked_fill(blind, 0.0)  # ... and zeros, as the explicit path gives
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, t in (("query", query), ("key", key), ("value", value)):
@@ -319,7 +351,7 @@ class MultiHeadAttention(nn.Module):
             if not t.is_floating_point():
                 raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
             weight_dtype = self.qkv_proj.weight.dtype
-            if t.dtype != weight_dtype and not _autocast_enabled(t.device.type):
+            if t.dtype != weight_dtype and not torch.is_autocast_enabled(t.device.type):
                 raise TypeError(f"{name} is {t.dtype} but this module's weights are {weight_dtype}: convert the input "
                                 f"with .to({weight_dtype}) or the module with .to({t.dtype})")
         if key.size(1) != value.size(1):

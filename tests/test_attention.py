@@ -929,6 +929,24 @@ def test_the_fused_path_zeroes_a_query_that_sees_no_key_where_the_kernel_gives_n
     assert_close(grad_there, grad, what="input gradient with the NaN-giving kernel")
 
 
+@pytest.mark.parametrize("need_weights", [True, False])
+@pytest.mark.parametrize("L_, S_", [(0, 0), (0, 3), (3, 0)])
+def test_an_empty_sequence_gives_an_empty_result_as_torch(need_weights, L_, S_):
+    """No queries, or no keys, give the shapes torch's module gives (out [B, L, D], weights [B, L, S]); a
+    query with no key to see gets a zero head output, so only the output bias is left."""
+    theirs, ours = pair()
+    query, memory = rand(B, L_, D), rand(B, S_, D)
+    kv = () if L_ == S_ else (memory, memory)  # self-attention on an empty sequence, else cross-attention
+    expected, expected_w = theirs(query, *(kv or (query, query)), need_weights=need_weights)
+    out, weights = ours(query, *kv, need_weights=need_weights)
+    assert out.shape == expected.shape == (B, L_, D)
+    assert torch.allclose(out, ours.out_proj.bias.expand(B, L_, D), atol=TOL)
+    if need_weights:
+        assert weights.shape == expected_w.shape == (B, L_, S_)
+    else:
+        assert weights is None
+
+
 def test_a_prompt_into_an_empty_cache_must_be_causal():
     m = MultiHeadAttention(D, H)
     cache = KVCache()
