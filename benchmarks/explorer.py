@@ -103,7 +103,7 @@ def fit_to_cap(explorer, text: str) -> str:
 
 
 def text_benchmark(args) -> None:
-    from mhalab.model_view import model_view
+    from mhalab.widgets.model_view import model_view
     from mhalab.pretrained import load_minilm, load_smollm2
 
     model = load_smollm2() if args.model == "smollm2" else load_minilm()

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_index
+from .arguments import check_index
 from .hooks import ablate_heads, attention_modules, gate_heads, hooks_attached
 from .models import batch_logits, eval_mode
 from .plotting import figure

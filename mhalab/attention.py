@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_head_count, check_head_shape, check_index, valid_head_counts
+from .arguments import check_head_shape, check_index
 from .device import sdpa_shares_kv_heads, sdpa_zeroes_blind_rows
 from .kv_cache import KVCache
 from .hook_points import HookPoint
@@ -28,11 +28,9 @@ from .masks import check_forbidden_mask, combine_forbidden_masks
 from .positions import apply_rotary
 
 __all__ = [
-    "attention_scores", "attention_weights", "scaled_dot_product_attention", "valid_head_counts",
-    "check_head_count", "check_head_shape", "HeadProjections", "HookPoint", "KVCache", "MultiHeadAttention",
-    "apply_rotary",
+    "attention_scores", "attention_weights", "softmax_over_keys", "scaled_dot_product_attention", "HeadProjections",
+    "MultiHeadAttention",
 ]
-
 
 
 def attention_scores(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Tensor:

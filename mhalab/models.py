@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_head_shape, check_int
-from .attention import KVCache, MultiHeadAttention
+from .arguments import check_head_shape, check_int
+from .attention import MultiHeadAttention
+from .kv_cache import KVCache
 from .hook_points import HookPoint
 from .kv_cache import layer_caches
 from .positions import sinusoidal_positions

@@ -16,15 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from mhalab.attention import (
-    HeadProjections,
-    KVCache,
-    MultiHeadAttention,
-    check_head_count,
-    scaled_dot_product_attention,
-    valid_head_counts,
-)
+from mhalab.arguments import check_head_count, valid_head_counts
+from mhalab.attention import HeadProjections, MultiHeadAttention, scaled_dot_product_attention
 from mhalab.counting import count_parameters
+from mhalab.kv_cache import KVCache
 from mhalab.masks import causal_allowed_mask, causal_forbidden_mask
 
 TOL = 1e-5  # float32: max abs difference allowed against torch and between our two paths
@@ -819,7 +814,7 @@ class TestHeadSize:
 class TestRotary:
     def test_scores_depend_only_on_the_distance(self):
         """RoPE's point: q at position m and k at position n score as a function of m - n."""
-        from mhalab.attention import apply_rotary
+        from mhalab.positions import apply_rotary
 
         torch.manual_seed(0)
         q, k = rand(1, 1, 1, 8), rand(1, 1, 1, 8)
@@ -829,7 +824,7 @@ class TestRotary:
         assert abs(score(5, 2) - score(5, 4)) > 1e-3
 
     def test_rotation_keeps_the_norm(self):
-        from mhalab.attention import apply_rotary
+        from mhalab.positions import apply_rotary
 
         x = rand(2, 3, 6, 8)
         rotated = apply_rotary(x, torch.arange(6), 10000.0)

@@ -1,4 +1,4 @@
-"""mhalab.model_view: every head as a thumbnail, sink heads and K/V groups marked, picking drives the explorer."""
+"""mhalab.widgets.model_view: every head as a thumbnail, sink heads and K/V groups marked, picking drives the explorer."""
 
 import base64
 
@@ -7,8 +7,8 @@ import pytest
 from matplotlib import colormaps
 
 from mhalab import model_view as mv_module
-from mhalab.model_view import SINK_THRESHOLD, model_view
-from mhalab.scores import first_token_score
+from mhalab.widgets.model_view import SINK_THRESHOLD, model_view
+from mhalab.head_roles import first_token_score
 from mhalab.widgets import hide_keys
 
 

@@ -6,7 +6,7 @@ import torch
 
 from mhalab import widgets
 from mhalab.hooks import run_with_cache
-from mhalab.scores import GENERIC_SCORES, stack_attention
+from mhalab.head_roles import GENERIC_SCORES, stack_attention
 
 
 

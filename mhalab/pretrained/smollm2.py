@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import KVCache, MultiHeadAttention
-from .._checks import check_int
+from ..attention import MultiHeadAttention
+from ..kv_cache import KVCache
+from ..arguments import check_int
 from ..kv_cache import layer_caches
 from ..hook_points import HookPoint
 from ..models import Block, GatedMLP, RMSNorm, check_token_ids, generate_tokens

@@ -21,12 +21,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._checks import check_index
+from ..arguments import check_index
 from ..ablation import AblationTable, ablate_each_head
 from ..hooks import run_with_cache
 from ..models import eval_mode
 from ..plotting import DPI, fit_tick_labels, relation_style, short_label
-from ..scores import FRACTION_SCORES, NO_ROLE, fraction_keys, head_scores, role_of, stack_attention
+from ..head_roles import FRACTION_SCORES, NO_ROLE, fraction_keys, head_scores, role_of, stack_attention
 from .display import still_png, widget_bundle
 
 __all__ = ["HeadExplorer", "head_explorer", "MAX_TOKENS", "SPECIAL_LABELS", "hide_keys"]
@@ -249,7 +249,7 @@ class HeadExplorer:
         return [(l, h) for l in range(self.n_layers) for h in range(self.n_heads)]
 
     def role_name(self, layer: int, head: int) -> str:
-        """The head's role (:func:`mhalab.scores.role_of`): a relation, a generic score or ``"none"``."""
+        """The head's role (:func:`mhalab.head_roles.role_of`): a relation, a generic score or ``"none"``."""
         return role_of(self.scores, layer, head, self.relations, self.threshold)
 
     def role(self, layer: int, head: int) -> str:

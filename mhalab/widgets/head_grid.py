@@ -1,6 +1,6 @@
 """Every head of one layer at a glance: small attention maps, each titled and coloured by its role.
 
-Roles are named as the :class:`~mhalab.widgets.HeadExplorer` names them (:func:`mhalab.scores.role_of`).
+Roles are named as the :class:`~mhalab.widgets.HeadExplorer` names them (:func:`mhalab.head_roles.role_of`).
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import Any
 
 from torch import nn
 
-from ._checks import check_index
-from .plotting import figure, relation_style
-from .scores import NO_ROLE
-from .widgets import HeadExplorer
+from ..arguments import check_index
+from ..plotting import figure, relation_style
+from ..head_roles import NO_ROLE
+from .heads import HeadExplorer
 
 __all__ = ["head_grid"]
 

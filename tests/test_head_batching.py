@@ -1,4 +1,4 @@
-"""Tests for mhalab.parallelism: counting attention operations, batched vs looped heads.
+"""Tests for mhalab.head_batching: counting attention operations, batched vs looped heads.
 
 (Seeing the calls on a real model is done with hooks: tests/test_hooks.py.)
 """
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mhalab import MultiHeadAttention
-from mhalab.parallelism import (
+from mhalab.head_batching import (
     StackConfig,
     batched_attention,
     batched_heads,
@@ -60,13 +60,10 @@ def test_batched_and_looped_compute_the_same(h):
 
 def test_batched_heads_matches_multi_head_attention_module():
     g = torch.Generator().manual_seed(1)
-    w = head_weights(32, 4, generator=g)
-    m = MultiHeadAttention(32, 4, bias=False)
-    with torch.no_grad():
-        m.qkv_proj.weight.copy_(w.W_qkv)
-        m.out_proj.weight.copy_(w.W_o)
+    layer = head_weights(32, 4, generator=g)
+    assert isinstance(layer, MultiHeadAttention) and not layer.bias
     x = torch.randn(2, 6, 32, generator=g)
-    torch.testing.assert_close(batched_heads(x, w), m(x)[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batched_heads(x, layer), layer(x)[0], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("part", ["attention", "layer"])

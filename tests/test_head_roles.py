@@ -1,4 +1,4 @@
-"""mhalab.scores: one number per head from attention patterns, on hand-made patterns and on a model's cache."""
+"""mhalab.head_roles: one number per head from attention patterns, on hand-made patterns and on a model's cache."""
 
 import math
 

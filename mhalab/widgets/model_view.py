@@ -18,9 +18,10 @@ import io
 
 import numpy as np
 
-from ._checks import check_index
-from .plotting import DPI
-from .widgets import HeadExplorer, widgets_available
+from ..arguments import check_index
+from ..plotting import DPI
+from .display import widgets_available
+from .heads import HeadExplorer
 
 __all__ = ["ModelView", "model_view", "SINK_THRESHOLD"]
 
@@ -76,7 +77,7 @@ class ModelView:
         ki = np.arange(P) * ex.S // P
         weights = ex.attention[:, 0]  # [N, H, T, S]
         if ex.hide_special:
-            from .widgets import hide_keys
+            from .heads import hide_keys
 
             weights = hide_keys(weights, ex.special_keys())
         cells = colormaps["viridis"](weights[:, :, qi][:, :, :, ki])[..., :3]  # [N, H, P, P, 3], one colormap call
