@@ -115,10 +115,11 @@ class AblationTable:
 def ablate_each_head(model: nn.Module, task: Any, batch: Any) -> AblationTable:
     """Zero each head in turn and record ``task.metrics`` on ``batch``."""
     N, H = model_shape(model)
+    points = _z_points(model)  # looked up once, not once per head
     baseline = evaluate_batch(model, task, batch)
     table = {name: torch.zeros(N, H) for name in baseline}
     for layer, head in np.ndindex(N, H):
-        with ablate(model, (layer, head)):
+        with hooks_attached(model, [(points[layer], ablate_heads([head]))]):
             for name, value in evaluate_batch(model, task, batch).items():
                 table[name][layer, head] = value
     return AblationTable(baseline, table)

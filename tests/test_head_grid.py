@@ -18,8 +18,8 @@ def test_head_grid(explorer_setup):
     titles = [ax.get_title() for ax in fig.axes]
     assert len(titles) == 4 and all(t.split("\n")[0].split(" ")[0] == f"H{h}" for h, t in enumerate(titles))
     # the grid and the explorer name every head the same way (mhalab.head_roles.role_of)
-    assert [t.split("\n")[1] for t in titles] == [ex.role_name(1, h) for h in range(4)]
-    assert all(ex.role(1, h).split(" ")[0] == ex.role_name(1, h) for h in range(4))
+    assert [t.split("\n")[1] for t in titles] == [ex.data.role_name(1, h) for h in range(4)]
+    assert all(ex.data.role(1, h).split(" ")[0] == ex.data.role_name(1, h) for h in range(4))
     plt.close(fig)
     fig = head_grid(model, batch, 0, task=task, columns=2)
     assert len(fig.axes) == 4

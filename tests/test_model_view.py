@@ -9,16 +9,16 @@ from matplotlib import colormaps
 from mhalab import model_view as mv_module
 from mhalab.widgets.model_view import SINK_THRESHOLD, model_view
 from mhalab.head_roles import first_token_score
-from mhalab.widgets import hide_keys
+from mhalab.head_data import hide_keys
 
 
 def test_every_head_is_a_thumbnail_of_its_map(text_explorer):
     _, ex = text_explorer
-    view = model_view(ex, pixels=ex.T)  # one mosaic pixel per query and key: the map itself
+    view = model_view(ex, pixels=ex.data.T)  # one mosaic pixel per query and key: the map itself
     for layer, head in [(0, 0), (1, 3)]:
         r, c = view.cell_origin(layer, head)
-        cell = view.mosaic[r : r + ex.T, c : c + ex.S]
-        np.testing.assert_allclose(cell, colormaps["viridis"](ex.attention[layer, 0, head])[..., :3])
+        cell = view.mosaic[r : r + ex.data.T, c : c + ex.data.S]
+        np.testing.assert_allclose(cell, colormaps["viridis"](ex.data.attention[layer, 0, head])[..., :3])
     # heads 0-1 share a K/V head, as do 2-3: a wider gap between the groups than inside them
     inside = view.cell_origin(0, 1)[1] - view.cell_origin(0, 0)[1]
     between = view.cell_origin(0, 2)[1] - view.cell_origin(0, 1)[1]
@@ -59,8 +59,8 @@ def test_new_text_and_the_toggle_redraw_the_view(text_explorer):
     view.set_hidden(True)
     assert ex.hide_special
     r, c = view.cell_origin(0, 0)
-    hidden = hide_keys(ex.attention[0, 0, 0], ex.special_keys())
-    index = np.arange(8) * ex.T // 8
+    hidden = hide_keys(ex.data.attention[0, 0, 0], ex.data.special_keys())
+    index = np.arange(8) * ex.data.T // 8
     np.testing.assert_allclose(view.mosaic[r : r + 8, c : c + 8], colormaps["viridis"](hidden[np.ix_(index, index)])[..., :3])
     checkbox = view.widget.children[1]
     checkbox.value = False

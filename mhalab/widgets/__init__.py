@@ -13,8 +13,8 @@ touches no GPU.
 from .display import widgets_available
 from .formation import FormationExplorer, formation_explorer
 from .head_grid import head_grid
-from .heads import MAX_TOKENS, SPECIAL_LABELS, HeadExplorer, head_explorer, hide_keys
+from .heads import MAX_TOKENS, HeadExplorer, head_explorer
 from .model_view import SINK_THRESHOLD, ModelView, model_view
 
 __all__ = ["HeadExplorer", "head_explorer", "ModelView", "model_view", "SINK_THRESHOLD", "head_grid",
-           "FormationExplorer", "formation_explorer", "widgets_available", "MAX_TOKENS", "SPECIAL_LABELS", "hide_keys"]
+           "FormationExplorer", "formation_explorer", "widgets_available", "MAX_TOKENS"]
