@@ -20,7 +20,7 @@ import numpy as np
 
 from ..arguments import check_index
 from ..head_data import hide_keys
-from ..plotting import DPI
+from ..plotting import DPI, short_label
 from .display import widgets_available
 from .heads import HeadExplorer
 
@@ -47,7 +47,7 @@ class ModelView:
         if not isinstance(explorer, HeadExplorer):
             raise TypeError(f"model_view takes a HeadExplorer (head_explorer(model, text)), got {type(explorer).__name__}")
         self.explorer = explorer
-        self.pixels = self._fitting_pixels(explorer.css_width) if pixels is None else pixels
+        self.pixels = self._fitting_pixels(explorer.css_width - 24)  # a little inside the explorer's width if pixels is None else pixels
         self.layer, self.head = explorer.layer, explorer.head
         self._widget = None
         explorer.observe(self.refresh)  # new text in the explorer: redraw here too
@@ -56,8 +56,8 @@ class ModelView:
     # ------------------------------------------------------------------ layout
     @property
     def group_size(self) -> int:
-        data = self.explorer.data
-        return data.n_heads // data.n_kv_heads
+        data = self.explorer.data  # without grouped-query attention, one group of all heads (no K/V labels)
+        return data.n_heads // data.n_kv_heads if data.n_kv_heads != data.n_heads else data.n_heads
 
     def _fitting_pixels(self, width: int) -> int:
         """The largest thumbnail side in ``[SMALLEST, LARGEST]`` that fits ``width`` CSS pixels and :data:`TALLEST`."""
@@ -121,7 +121,8 @@ class ModelView:
                                                           edgecolor="tab:orange", lw=0.9))
                              for r, c in (self.cell_origin(l, h) for l, h in self.sinks)]
         hidden = "hidden: first token, [CLS], [SEP] (rows renormalised)" if ex.hide_special else "all keys shown"
-        lines = [f"{data.n_layers} layers x {data.n_heads} heads, {data.T} tokens", hidden,
+        text = "" if data.text is None else f" of {short_label(data.text, 60)!r}"  # which text: a printed count may be older
+        lines = [f"{data.n_layers} layers x {data.n_heads} heads, {data.T} tokens{text}", hidden,
                  f"orange: sink head (>= {SINK_THRESHOLD:.0%} on the first token): {len(self.sinks)} of "
                  f"{data.n_layers * data.n_heads}", "red: picked head" + ("; dashed: same K/V head" if self.group_size < data.n_heads else "")]
         self._header.set_text("\n".join(lines))
