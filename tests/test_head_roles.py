@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mhalab import scores as S
+from mhalab import head_roles as S
 from mhalab.hooks import run_with_cache
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from matplotlib import colormaps
 
-from mhalab import model_view as mv_module
+from mhalab import widgets
 from mhalab.widgets.model_view import SINK_THRESHOLD, model_view
 from mhalab.head_roles import first_token_score
 from mhalab.head_data import hide_keys
@@ -75,4 +75,17 @@ def test_static_fallback(text_explorer):
     assert base64.b64decode(bundle["image/png"]) == view.static_png()
     assert view.STATIC_NOTE in bundle["text/plain"] and metadata["image/png"]["width"] > 0
     with pytest.raises(TypeError, match="takes a HeadExplorer"):
-        mv_module.ModelView(object())
+        widgets.ModelView(object())
+
+
+def test_thumbnails_grow_to_the_explorers_width_and_stay_within_it(text_explorer):
+    """The mosaic spans the explorer's width (less a margin) rather than a fixed 24 px per head."""
+    from mhalab.widgets.model_view import LEFT, RIGHT
+
+    model, _ = text_explorer
+    for figsize in ((3.0, 3.0), (6.0, 3.0)):
+        ex = widgets.head_explorer(model, "attend to this", figsize=figsize)
+        view = model_view(ex)
+        width = view.mosaic.shape[1] + LEFT + RIGHT
+        assert width <= ex.css_width - 24
+        assert view.pixels == 72 or width + 4 * 4 > ex.css_width - 24  # one more pixel per head would not fit

@@ -47,7 +47,8 @@ class ModelView:
         if not isinstance(explorer, HeadExplorer):
             raise TypeError(f"model_view takes a HeadExplorer (head_explorer(model, text)), got {type(explorer).__name__}")
         self.explorer = explorer
-        self.pixels = self._fitting_pixels(explorer.css_width - 24)  # a little inside the explorer's width if pixels is None else pixels
+        # by default a little inside the explorer's width, so that the two line up
+        self.pixels = self._fitting_pixels(explorer.css_width - 24) if pixels is None else pixels
         self.layer, self.head = explorer.layer, explorer.head
         self._widget = None
         explorer.observe(self.refresh)  # new text in the explorer: redraw here too
