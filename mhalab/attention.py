@@ -8,7 +8,8 @@ follows ``F.scaled_dot_product_attention`` (bool True = **may** attend); :class:
 follows ``torch.nn.MultiheadAttention`` (bool True = **forbidden**), and refuses a bool mask that is
 plainly the other one (:mod:`mhalab.masks`, whose helpers are named by what True means). Float masks are
 added to the scores in both. A query that may see no key gets zero weights, a zero output and finite
-gradients on both paths and every device (torch's module returns NaN on one path and zeros on the other). Hook points: :mod:`mhalab.hooks`.
+gradients on both paths and every device (torch's module returns NaN on one path and zeros on the other).
+Hook points: :mod:`mhalab.hooks`.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from torch import Tensor, nn
 
 from .arguments import check_head_shape, check_index
 from .device import sdpa_shares_kv_heads, sdpa_zeroes_blind_rows
-from .kv_cache import KVCache
 from .hook_points import HookPoint
+from .kv_cache import KVCache
 from .masks import check_forbidden_mask, combine_forbidden_masks
 from .positions import apply_rotary
 
@@ -105,7 +106,8 @@ class MultiHeadAttention(nn.Module):
     order with the same defaults and mask meanings, returning ``(out, weights)``, the weights after
     dropout. The constructor takes torch's first four arguments in their order (``d_model`` = ``embed_dim``,
     ``n_heads`` = ``num_heads``, ``dropout``, ``bias``) and its ``device=``/``dtype=``; unlike torch's,
-    ``batch_first`` defaults to True (``[B, T, D]``), and ``from_torch`` copies torch's flag. Off by default: ``n_kv_heads`` (grouped-query attention, Ainslie et al. 2023;
+    ``batch_first`` defaults to True (``[B, T, D]``), and ``from_torch`` copies torch's flag.
+    Off by default: ``n_kv_heads`` (grouped-query attention, Ainslie et al. 2023;
     1 = multi-query, Shazeer 2019; query head j reads K/V head ``j // (H // G)``), ``d_head`` (head size
     other than D / H) and ``rope_base`` (rotary positions on queries and keys).
 
@@ -126,13 +128,16 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads, d_head = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
         if rope_base is not None:
             if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)) or rope_base <= 1:
-                raise ValueError(f"rope_base must be a number above 1 (e.g. 10000), or None for no rotary embedding, got {rope_base!r}")
+                raise ValueError(f"rope_base must be a number above 1 (e.g. 10000), or None for no rotary embedding, "
+                                 f"got {rope_base!r}")
             if d_head % 2:
-                raise ValueError(f"rotary embedding rotates pairs of features, so d_head must be even, got d_head={d_head}")
+                raise ValueError(f"rotary embedding rotates pairs of features, so d_head must be even, "
+                                 f"got d_head={d_head}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if not isinstance(batch_first, bool):
-            raise TypeError(f"batch_first must be True ([batch, seq, d_model]) or False ([seq, batch, d_model]), got {batch_first!r}")
+            raise TypeError(f"batch_first must be True ([batch, seq, d_model]) or False ([seq, batch, d_model]), "
+                            f"got {batch_first!r}")
         self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
         self.dropout, self.rope_base, self.batch_first = dropout, rope_base, batch_first
         made = {"device": device, "dtype": dtype}  # where and in which dtype the weights are made, as torch's
@@ -166,7 +171,8 @@ class MultiHeadAttention(nn.Module):
         extra = "" if self.n_kv_heads == self.n_heads else f", n_kv_heads={self.n_kv_heads}"
         extra += "" if self.rope_base is None else f", rope_base={self.rope_base:g}"
         extra += "" if self.batch_first else ", batch_first=False"
-        return f"d_model={self.d_model}, n_heads={self.n_heads}, d_head={self.d_head}{extra}, bias={self.bias}, dropout={self.dropout}"
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}, d_head={self.d_head}{extra}, bias={self.bias}, "
+                f"dropout={self.dropout}")
 
     def head_projections(self, i: int) -> HeadProjections:
         """Views of W_Q, W_K, W_V (``[d_model, d_head]``) and W_O (``[d_head, d_model]``) for head ``i``."""
@@ -250,8 +256,11 @@ class MultiHeadAttention(nn.Module):
         """``x [B, n, T, dk]`` through ``hook``, which sees TransformerLens's ``[B, T, n, dk]`` (views, no copy)."""
         return hook(x.transpose(1, 2)).transpose(1, 2)  # [B, n, T, dk] -> [B, T, n, dk] -> hook -> back
 
-    def _batch_first(self, query: Tensor, key: Tensor | None, value: Tensor | None) -> tuple[Tensor, Tensor, Tensor, bool]:
-        """``(query, key, value, self_attention)`` as ``[B, T, D]``; self-attention when both are omitted or ``query``."""
+    def _batch_first(
+        self, query: Tensor, key: Tensor | None, value: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, bool]:
+        """``(query, key, value, self_attention)``, each ``[B, T, D]``; self-attention when ``key`` and ``value``
+        are both omitted or ``query`` itself."""
         self_attention = (key is None and value is None) or (key is query and value is query)
         if not self.batch_first:  # [T, B, D] -> [B, T, D]: views; the output goes back the same way
             query, key, value = (t.transpose(0, 1) if isinstance(t, Tensor) and t.dim() == 3 else t
@@ -272,7 +281,8 @@ class MultiHeadAttention(nn.Module):
         if self_attention:
             if query.size(1) > 1 and not is_causal:
                 raise ValueError(f"{query.size(1)} tokens at once into a kv_cache need is_causal=True: a cache holds "
-                                 "a causal decoder's keys, and without the causal mask earlier tokens would see later ones")
+                                 "a causal decoder's keys, and without the causal mask earlier tokens would see "
+                                 "later ones")
             return len(kv_cache), False
         if len(kv_cache) == 0:
             return 0, False
@@ -314,7 +324,8 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         H, G = self.n_heads, k.size(1)
         if G != H and (explicit or not sdpa_shares_kv_heads(q.device)):  # each query head gets its group's K/V head
-            k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # [B, G, S, dk] -> [B, H, S, dk]
+            # [B, G, S, dk] -> [B, H, S, dk]
+            k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)
         if not explicit:
             return self._fused(q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal), None
         scores = self.hook_attn_scores(attention_scores(q, k, mask=mask))  # [B, H, L, S]; a hook may replace it
@@ -339,7 +350,8 @@ class MultiHeadAttention(nn.Module):
             if not isinstance(t, Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if t.dim() != 3:
-                layout = "[batch, seq, d_model] (batch_first=True)" if self.batch_first else "[seq, batch, d_model] (batch_first=False)"
+                layout = ("[batch, seq, d_model] (batch_first=True)" if self.batch_first
+                          else "[seq, batch, d_model] (batch_first=False)")
                 raise ValueError(f"{name} must be 3-D {layout}, got shape {tuple(t.shape)}; add a batch axis "
                                  f"with .unsqueeze({0 if self.batch_first else 1}) for a single sequence")
             if t.size(-1) != self.d_model:
@@ -360,7 +372,7 @@ class MultiHeadAttention(nn.Module):
                              f"{key.size(0)} and {value.size(0)}")
 
     @classmethod
-    def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadAttention":
+    def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
         """A ``MultiHeadAttention`` with the same weights and ``batch_first`` as a ``torch.nn.MultiheadAttention``."""
         if not isinstance(m, nn.MultiheadAttention):
             raise TypeError(f"from_torch expects a torch.nn.MultiheadAttention, got {type(m).__name__}")

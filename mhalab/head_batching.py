@@ -90,7 +90,8 @@ def looped_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 def head_weights(d_model: int, n_heads: int, *, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, generator: torch.Generator | None = None) -> MultiHeadAttention:
-    """A bias-free ``n_heads``-head :class:`MultiHeadAttention` of width ``d_model``, weights drawn from ``generator``."""
+    """A bias-free ``n_heads``-head :class:`MultiHeadAttention` of width ``d_model``, its weights drawn from
+    ``generator``."""
     check_head_count(d_model, n_heads)
     layer = MultiHeadAttention(d_model, n_heads, bias=False, device=device, dtype=dtype).requires_grad_(False)
     for weight in (layer.qkv_proj.weight, layer.out_proj.weight):  # W_QKV [3 D, D] (rows: Q, K, V), then W_O [D, D]

@@ -8,16 +8,17 @@ slider move never runs the model again; new text does, once.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from .ablation import AblationTable, ablate_each_head
-from .hooks import attention_modules, run_with_cache
 from .head_roles import FRACTION_SCORES, NO_ROLE, fraction_keys, head_scores, role_of, stack_attention
+from .hooks import attention_modules, run_with_cache
 from .models import eval_mode
 
 __all__ = ["HeadData", "head_data", "AttentionLayers", "SPECIAL_LABELS", "hide_keys"]
@@ -136,7 +137,8 @@ def head_data(model: nn.Module, batch: Any, task: Any = None, *, examples: int =
     ``layers``: the model's :class:`AttentionLayers`, when already looked up."""
     tokens = getattr(batch, "inputs", batch)  # [B, T]
     if not isinstance(tokens, torch.Tensor):
-        raise TypeError(f"expected text, a task Batch or a [batch, seq] tensor of token ids, got {type(batch).__name__}")
+        raise TypeError(f"expected text, a task Batch or a [batch, seq] tensor of token ids, "
+                        f"got {type(batch).__name__}")
     layers = layers or AttentionLayers(model)
     device = next(model.parameters()).device
     with eval_mode(model), _one_thread():

@@ -11,9 +11,10 @@ import math
 import os
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -96,7 +97,8 @@ class TrainConfig:
     warmup_steps: int | None = None  # linear warm-up to lr, then cosine to final_lr_fraction * lr
     final_lr_fraction: float = 0.1
     grad_clip: float | None = 1.0  # global gradient-norm clip; None: off
-    seed: int = 0  # training batches and dropout, each its own stream (the caller's RNG is left alone; seed the init yourself)
+    # training batches and dropout, each its own stream (the caller's RNG is left alone; seed the init yourself)
+    seed: int = 0
     device: str = "auto"  # "auto" (cuda, mps, cpu), "cpu", "cuda", "cuda:1", "mps"
     precision: str = "fp32"  # or, on CUDA, "bf16"/"fp16" autocast, or "auto" (the fastest there)
     eval_every: int | None = None  # held-out evaluation every this many steps (and always at the end)

@@ -10,8 +10,6 @@ import pytest
 from mhalab.widgets.head_grid import head_grid
 
 
-
-
 def test_head_grid(explorer_setup):
     task, model, batch, ex = explorer_setup
     fig = head_grid(ex, layer=1)
@@ -44,6 +42,5 @@ def test_head_grid_titles_never_overlap(explorer_setup, columns, size):
     boxes = [ax.title.get_window_extent(renderer) for ax in fig.axes if ax.get_title()]
     assert len(boxes) == 4
     assert not any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
-    panels = [ax.get_window_extent(renderer) for ax in fig.axes if ax.get_title()]
     assert all(box.width <= size * fig.dpi for box in boxes)  # no title wider than its panel's share
     plt.close(fig)

@@ -22,7 +22,9 @@ from labs_corpus import CORPUS
 from labs_fixture import TESTS, answer_meta, synthetic_notebook  # also registers notebook "99"'s exercises
 from mhalab.labs import core
 from mhalab.labs.__main__ import main as labs_main
-from mhalab.labs.grade import MISSING, NOT_CHECKED, GradingKernel, _Handed, grade, similarity, student_version
+from mhalab.labs.cells import student_version
+from mhalab.labs.grade import MISSING, NOT_CHECKED, grade, similarity
+from mhalab.labs.kernel import GradingKernel, _Handed
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,5 @@
-"""mhalab.widgets.model_view: every head as a thumbnail, sink heads and K/V groups marked, picking drives the explorer."""
+"""mhalab.widgets.model_view: every head as a thumbnail, sink heads and K/V groups marked, picking drives the
+explorer."""
 
 import base64
 
@@ -7,9 +8,9 @@ import pytest
 from matplotlib import colormaps
 
 from mhalab import widgets
-from mhalab.widgets.model_view import SINK_THRESHOLD, model_view
-from mhalab.head_roles import first_token_score
 from mhalab.head_data import hide_keys
+from mhalab.head_roles import first_token_score
+from mhalab.widgets.model_view import SINK_THRESHOLD, model_view
 
 
 def test_every_head_is_a_thumbnail_of_its_map(text_explorer):
@@ -61,7 +62,8 @@ def test_new_text_and_the_toggle_redraw_the_view(text_explorer):
     r, c = view.cell_origin(0, 0)
     hidden = hide_keys(ex.data.attention[0, 0, 0], ex.data.special_keys())
     index = np.arange(8) * ex.data.T // 8
-    np.testing.assert_allclose(view.mosaic[r : r + 8, c : c + 8], colormaps["viridis"](hidden[np.ix_(index, index)])[..., :3])
+    expected = colormaps["viridis"](hidden[np.ix_(index, index)])[..., :3]
+    np.testing.assert_allclose(view.mosaic[r : r + 8, c : c + 8], expected)
     checkbox = view.widget.children[1]
     checkbox.value = False
     assert not ex.hide_special

@@ -10,8 +10,6 @@ from mhalab.head_roles import GENERIC_SCORES, stack_attention
 from mhalab.hooks import run_with_cache
 
 
-
-
 def test_explorer_precomputes_everything(explorer_setup):
     task, model, batch, ex = explorer_setup
     assert ex.data.attention.shape == (2, 3, 4, 8, 8)  # [layer, example, head, query, key]
@@ -77,8 +75,9 @@ def test_sliders_drive_the_same_update(explorer_setup):
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
-    from PIL import Image
     import io
+
+    from PIL import Image
 
     return Image.open(io.BytesIO(data)).size
 
@@ -93,7 +92,8 @@ def test_static_fallback_without_a_frontend(explorer_setup):
     still = base64.b64decode(bundle["image/png"])
     assert still.startswith(b"\x89PNG") and still == ex.static_png()
     width, height = _png_size(still)
-    assert width == _png_size(ex.png)[0] and height > _png_size(ex.png)[1]  # the current picture, a band for the note below
+    # the current picture, a band for the note below
+    assert width == _png_size(ex.png)[0] and height > _png_size(ex.png)[1]
     # Drawn at 1.5x the CSS pixels it is shown at (96 px per inch): sharp on HiDPI, not stretched.
     inches = ex.figure.get_size_inches()[0]
     assert metadata["image/png"]["width"] == round(inches * 96) and width == round(1.5 * 96 * inches)

@@ -9,8 +9,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from .cells import release
 from .core import available_notebooks, load
-from .grade import grade, release
+from .grade import grade
 from .gradebook import Submission, find_submissions, grade_class, gradescope_results, write_outputs
 
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import html
 import io
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
 from ..ablation import AblationTable
@@ -79,7 +79,8 @@ class HeadExplorer:
         n = tokens.size(1)
         if n > MAX_TOKENS:
             raise ValueError(f"that text is {n} tokens; the explorer takes at most {MAX_TOKENS} (special tokens "
-                             f"such as {self.tokenizer.token_labels(tokens[0, :1])[0]!r} included): shorten it and press Enter")
+                             f"such as {self.tokenizer.token_labels(tokens[0, :1])[0]!r} included): shorten it and "
+                             "press Enter")
         return head_data(self.model, tokens, self.tokenizer, examples=1, ablation=False, text=text, layers=self._layers)
 
     def set_text(self, text: str) -> None:
@@ -112,7 +113,8 @@ class HeadExplorer:
         self.ax_map, self.ax_bar = self.figure.subplots(1, 2, width_ratios=[1.25, 1])
 
         T, S = self.data.T, self.data.S
-        self.image = self.ax_map.imshow(np.zeros((T, S)), vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto", interpolation="nearest")
+        self.image = self.ax_map.imshow(np.zeros((T, S)), vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto",
+                                        interpolation="nearest")
         bar = self.figure.colorbar(self.image, ax=self.ax_map, fraction=0.046, pad=0.02)
         bar.set_label("attention weight", fontsize=8)
         bar.ax.tick_params(labelsize=7)
@@ -128,7 +130,8 @@ class HeadExplorer:
         self.ax_bar.invert_yaxis()
         self.ax_bar.set_xlim(0, 1)
         self.ax_bar.axvline(self.data.threshold, color="k", lw=0.6, ls=":")
-        self.ax_bar.set_xlabel("fraction of attention" + (" (whole text)" if self.data.text is not None else " (whole batch)"), fontsize=8)
+        over = " (whole text)" if self.data.text is not None else " (whole batch)"
+        self.ax_bar.set_xlabel("fraction of attention" + over, fontsize=8)
         self.ax_bar.tick_params(axis="x", labelsize=7)
         self.bar_text = [self.ax_bar.text(0.0, i, "", va="center", fontsize=7) for i in y]
         self.bar_title = self.ax_bar.set_title("", fontsize=9)
@@ -137,7 +140,8 @@ class HeadExplorer:
         # Blitting: everything that changes with a slider is "animated", i.e. left out of the full draw.
         # The full draw (axes, ticks, colour bar) is cached as a background; a move restores it and
         # draws only these artists on top, which is several times faster than redrawing the figure.
-        self._dynamic = [self.image, self.markers, self.map_title, *self.bars, *self.bar_text, self.bar_title, self.footer]
+        self._dynamic = [self.image, self.markers, self.map_title, *self.bars, *self.bar_text, self.bar_title,
+                         self.footer]
         for artist in self._dynamic:
             artist.set_animated(True)
 
@@ -203,7 +207,8 @@ class HeadExplorer:
         for i, name in enumerate(self.data.bar_names):
             value = float(self.data.scores[name][l, h])
             self.bars[i].set_width(value)
-            self.bars[i].set_color("tab:red" if name == self.highlight else relation_style(name, self.data.relations)[1])
+            colour = "tab:red" if name == self.highlight else relation_style(name, self.data.relations)[1]
+            self.bars[i].set_color(colour)
             self.bar_text[i].set_position((min(value, 0.8) + 0.02, i))
             self.bar_text[i].set_text(f"{value:.2f}")
         entropy, distance = float(self.data.scores["entropy"][l, h]), float(self.data.scores["distance"][l, h])
@@ -280,7 +285,8 @@ class HeadExplorer:
     def _message_html(self, error: str) -> str:
         if error:
             return f"<span style='color:#b00'>{html.escape(error)}</span>"
-        return html.escape(f"{self.data.T} tokens (at most {MAX_TOKENS}); edit the text and press Enter to re-run the model")
+        return html.escape(f"{self.data.T} tokens (at most {MAX_TOKENS}); edit the text and press Enter to re-run "
+                           "the model")
 
     def _on_text(self, change) -> None:
         try:
@@ -296,7 +302,8 @@ class HeadExplorer:
             self.update(**{name: change["new"]})
 
     #: The line under the still picture, for viewers that cannot run the sliders.
-    STATIC_NOTE = "A still of the head explorer: run this notebook (Jupyter or Colab) to move its sliders and type text."
+    STATIC_NOTE = ("A still of the head explorer: run this notebook (Jupyter or Colab) to move its sliders and "
+                   "type text.")
 
     def static_png(self) -> bytes:
         """The current picture with :attr:`STATIC_NOTE` written under it, as PNG bytes."""
@@ -310,7 +317,8 @@ class HeadExplorer:
     def __repr__(self) -> str:
         return (
             f"<HeadExplorer: {self.data.n_layers} layers x {self.data.n_heads} heads, {self.data.n_examples} examples, "
-            f"showing layer {self.layer} head {self.head} example {self.example}: {self.data.role(self.layer, self.head)}>"
+            f"showing layer {self.layer} head {self.head} example {self.example}: "
+            f"{self.data.role(self.layer, self.head)}>"
         )
 
 

@@ -45,7 +45,8 @@ class ModelView:
 
     def __init__(self, explorer: HeadExplorer, *, pixels: int | None = None) -> None:
         if not isinstance(explorer, HeadExplorer):
-            raise TypeError(f"model_view takes a HeadExplorer (head_explorer(model, text)), got {type(explorer).__name__}")
+            raise TypeError(f"model_view takes a HeadExplorer (head_explorer(model, text)), "
+                            f"got {type(explorer).__name__}")
         self.explorer = explorer
         # by default a little inside the explorer's width, so that the two line up
         self.pixels = self._fitting_pixels(explorer.css_width - 24) if pixels is None else pixels
@@ -122,10 +123,12 @@ class ModelView:
                                                           edgecolor="tab:orange", lw=0.9))
                              for r, c in (self.cell_origin(l, h) for l, h in self.sinks)]
         hidden = "hidden: first token, [CLS], [SEP] (rows renormalised)" if ex.hide_special else "all keys shown"
-        text = "" if data.text is None else f" of {short_label(data.text, 60)!r}"  # which text: a printed count may be older
+        # which text: a printed count may be older
+        text = "" if data.text is None else f" of {short_label(data.text, 60)!r}"
         lines = [f"{data.n_layers} layers x {data.n_heads} heads, {data.T} tokens{text}", hidden,
                  f"orange: sink head (>= {SINK_THRESHOLD:.0%} on the first token): {len(self.sinks)} of "
-                 f"{data.n_layers * data.n_heads}", "red: picked head" + ("; dashed: same K/V head" if self.group_size < data.n_heads else "")]
+                 f"{data.n_layers * data.n_heads}",
+                 "red: picked head" + ("; dashed: same K/V head" if self.group_size < data.n_heads else "")]
         self._header.set_text("\n".join(lines))
         self.pick(self.layer, self.head, follow=False)
 
@@ -154,7 +157,8 @@ class ModelView:
             ax.text(self.cell_origin(0, h)[1] + P / 2, -4, f"H{h}", ha="center", va="bottom", fontsize=7)
         if gqa:  # grouped-query attention: name the K/V head above each group
             for g in range(data.n_heads // self.group_size):
-                first, last = self.cell_origin(0, g * self.group_size)[1], self.cell_origin(0, (g + 1) * self.group_size - 1)[1] + P
+                first = self.cell_origin(0, g * self.group_size)[1]
+                last = self.cell_origin(0, (g + 1) * self.group_size - 1)[1] + P
                 ax.plot([first, last], [-16, -16], color="0.3", lw=0.8, clip_on=False)
                 ax.text((first + last) / 2, -18, f"K/V head {g}", ha="center", va="bottom", fontsize=7, color="0.3")
         self._header = self.figure.text(4 / width, 1 - 3 / height, "", fontsize=7, va="top", linespacing=1.3)
@@ -183,7 +187,8 @@ class ModelView:
         self.figure.canvas.draw()
         from PIL import Image
 
-        Image.fromarray(np.asarray(self.figure.canvas.buffer_rgba())[..., :3]).save(buffer, format="png", compress_level=1)
+        rgb = np.asarray(self.figure.canvas.buffer_rgba())[..., :3]  # [height, width, 3]
+        Image.fromarray(rgb).save(buffer, format="png", compress_level=1)
         self.png = buffer.getvalue()
         if follow and (ex.layer, ex.head) != (self.layer, self.head):
             ex.update(layer=self.layer, head=self.head)
@@ -208,8 +213,10 @@ class ModelView:
             ex = self.explorer
             style = {"description_width": "initial"}  # as wide as the words: "pick layer" is never cut
             self._controls = {
-                "layer": W.IntSlider(value=self.layer, min=0, max=ex.data.n_layers - 1, description="pick layer", style=style),
-                "head": W.IntSlider(value=self.head, min=0, max=ex.data.n_heads - 1, description="pick head", style=style),
+                "layer": W.IntSlider(value=self.layer, min=0, max=ex.data.n_layers - 1, description="pick layer",
+                                     style=style),
+                "head": W.IntSlider(value=self.head, min=0, max=ex.data.n_heads - 1, description="pick head",
+                                    style=style),
                 "hide_special": W.Checkbox(value=ex.hide_special, indent=False, layout=W.Layout(width="auto"),
                                            description="hide the first token, [CLS], [SEP] (rows renormalised)"),
             }
@@ -240,7 +247,8 @@ class ModelView:
         font = ImageFont.truetype(font_manager.findfont("DejaVu Sans"), round(11 * scale))
         still = Image.new("RGB", (picture.width, picture.height + round(18 * scale)), "white")
         still.paste(picture, (0, 0))
-        ImageDraw.Draw(still).text((4 * scale, picture.height + 2 * scale), self.STATIC_NOTE, fill=(70, 70, 70), font=font)
+        where = (4 * scale, picture.height + 2 * scale)
+        ImageDraw.Draw(still).text(where, self.STATIC_NOTE, fill=(70, 70, 70), font=font)
         buffer = io.BytesIO()
         still.save(buffer, format="png")
         return buffer.getvalue()
@@ -256,7 +264,8 @@ class ModelView:
 
     def __repr__(self) -> str:
         data = self.explorer.data
-        return (f"<ModelView: {data.n_layers} layers x {data.n_heads} heads on {data.T} tokens, {len(self.sinks)} sink heads, "
+        return (f"<ModelView: {data.n_layers} layers x {data.n_heads} heads on {data.T} tokens, "
+                f"{len(self.sinks)} sink heads, "
                 f"picked layer {self.layer} head {self.head}>")
 
 
