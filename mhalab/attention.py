@@ -187,15 +187,23 @@ class MultiHeadAttention(nn.Module):
         W_O = self.out_proj.weight.view(D, H, dk)[:, i].t()  # [D, H dk] -> [D, H, dk] -> [dk, D]
         return HeadProjections(W_Q, W_K, W_V, W_O, b_Q, b_K, b_V)
 
-    def split_heads(self, x: Tensor) -> Tensor:
-        """``[B, T, n dk] -> [B, n, T, dk]`` for n query or K/V heads: a view, no copy."""
+    def split_heads(self, x: Tensor, hook: HookPoint | None = None) -> Tensor:
+        """``[B, T, n dk] -> [B, n, T, dk]`` for n query or K/V heads: a view, no copy. ``hook`` sees the heads
+        as ``[B, T, n, dk]`` (TransformerLens's layout) and may replace them."""
         B, T, width = x.shape
-        return x.view(B, T, width // self.d_head, self.d_head).transpose(1, 2)  # [B, T, n, dk] -> [B, n, T, dk]
+        x = x.view(B, T, width // self.d_head, self.d_head)  # [B, T, n dk] -> [B, T, n, dk]
+        if hook is not None:
+            x = hook(x)
+        return x.transpose(1, 2)  # [B, T, n, dk] -> [B, n, T, dk]
 
-    def merge_heads(self, x: Tensor) -> Tensor:
-        """``[B, H, T, dk] -> [B, T, H dk]``: concatenate the heads along the feature axis."""
+    def merge_heads(self, x: Tensor, hook: HookPoint | None = None) -> Tensor:
+        """``[B, H, T, dk] -> [B, T, H dk]``: concatenate the heads along the feature axis. ``hook`` sees each
+        head's output as ``[B, T, H, dk]`` and may replace it."""
         B, H, T, dk = x.shape
-        return x.transpose(1, 2).reshape(B, T, H * dk)  # [B, T, H, dk] -> [B, T, H dk]
+        x = x.transpose(1, 2)  # [B, H, T, dk] -> [B, T, H, dk]
+        if hook is not None:
+            x = hook(x)
+        return x.reshape(B, T, H * dk)  # [B, T, H, dk] -> [B, T, H dk]
 
     def forward(
         self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
@@ -232,19 +240,22 @@ class MultiHeadAttention(nn.Module):
         )  # None, or float [B or 1, H or 1, L, S] added to the scores
 
         q, k, v = self._project(query, key, value, self_attention=self_attention, keys=not reuse_memory)
-        q = self._hooked(self.hook_q, self.split_heads(q))  # [B, L, H dk] -> [B, H, L, dk]
+        q = self.split_heads(q, self.hook_q)  # [B, L, H dk] -> [B, H, L, dk]
         if not reuse_memory:
-            k = self._hooked(self.hook_k, self.split_heads(k))  # [B, S_new, G dk] -> [B, G, S_new, dk]
-            v = self._hooked(self.hook_v, self.split_heads(v))  # [B, S_new, G dk] -> [B, G, S_new, dk]
+            k = self.split_heads(k, self.hook_k)  # [B, S_new, G dk] -> [B, G, S_new, dk]
+            v = self.split_heads(v, self.hook_v)  # [B, S_new, G dk] -> [B, G, S_new, dk]
         if self.rope_base is not None:  # positions turn queries and keys, after hook_q / hook_k
             q = self._hooked(self.hook_rot_q, apply_rotary(q, past, self.rope_base))  # [B, H, L, dk]
             if not reuse_memory:
                 k = self._hooked(self.hook_rot_k, apply_rotary(k, past, self.rope_base))  # [B, G, S_new, dk]
-        k, v = self._with_cache(kv_cache, k, v, reuse_memory)  # [B, G, S, dk] each
+        if reuse_memory:
+            k, v = kv_cache.k, kv_cache.v  # [B, G, S, dk]: the memory's keys/values, projected on the first call
+        elif kv_cache is not None:
+            k, v = kv_cache.append(k, v)  # [B, G, past + S_new, dk]: after the cached ones (or kept: a memory)
 
         heads, weights = self._attend(q, k, v, mask, explicit=explicit, is_causal=fused_causal)  # [B, H, L, dk]
-        z = self._hooked(self.hook_z, heads)  # each head's output; a hook may replace it
-        out = self.out_proj(self.merge_heads(z))  # [B, H, L, dk] -> [B, L, H dk] -> mix with W_O -> [B, L, D]
+        # [B, H, L, dk] -> [B, L, H dk] (hook_z sees each head's output, and may replace it) -> W_O -> [B, L, D]
+        out = self.out_proj(self.merge_heads(heads, self.hook_z))
         if not self.batch_first:
             out = out.transpose(0, 1)  # [B, L, D] -> [L, B, D]
         if not need_weights:
@@ -281,8 +292,7 @@ class MultiHeadAttention(nn.Module):
         if self_attention:
             if query.size(1) > 1 and not is_causal:
                 raise ValueError(f"{query.size(1)} tokens at once into a kv_cache need is_causal=True: a cache holds "
-                                 "a causal decoder's keys, and without the causal mask earlier tokens would see "
-                                 "later ones")
+                                 "a causal decoder's keys; without the mask, earlier tokens would see later ones")
             return len(kv_cache), False
         if len(kv_cache) == 0:
             return 0, False
@@ -302,19 +312,8 @@ class MultiHeadAttention(nn.Module):
             return self.qkv_proj(query).split(sizes, dim=-1)  # [B, L, (H + 2G) dk] -> three slices
         w_q, w_k, w_v = self.qkv_proj.weight.split(sizes, dim=0)
         b_q, b_k, b_v = self.qkv_proj.bias.split(sizes) if self.bias else (None, None, None)
-        if not keys:
-            return F.linear(query, w_q, b_q), None, None
-        return F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
-
-    @staticmethod
-    def _with_cache(kv_cache: KVCache | None, k: Tensor | None, v: Tensor | None, reuse_memory: bool
-                    ) -> tuple[Tensor, Tensor]:
-        """The keys/values ``[B, G, S, dk]`` the queries see: the new ones, after the cached ones, or the memory's."""
-        if reuse_memory:
-            return kv_cache.k, kv_cache.v  # the memory's keys/values, projected on the first call
-        if kv_cache is None:
-            return k, v
-        return kv_cache.append(k, v)  # [B, G, past + S_new, dk] (self-attention), or the memory kept for later
+        kv = (F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)) if keys else (None, None)
+        return F.linear(query, w_q, b_q), *kv
 
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, explicit: bool, is_causal: bool
@@ -323,9 +322,8 @@ class MultiHeadAttention(nn.Module):
         (``explicit``), the weights ``[B, H, L, S]`` after dropout; else the fused kernel and None."""
         dropout_p = self.dropout if self.training else 0.0
         H, G = self.n_heads, k.size(1)
-        if G != H and (explicit or not sdpa_shares_kv_heads(q.device)):  # each query head gets its group's K/V head
-            # [B, G, S, dk] -> [B, H, S, dk]
-            k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)
+        if G != H and (explicit or not sdpa_shares_kv_heads(q.device)):  # each query head its group's K/V head:
+            k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # -> [B, H, S, dk]
         if not explicit:
             return self._fused(q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal), None
         scores = self.hook_attn_scores(attention_scores(q, k, mask=mask))  # [B, H, L, S]; a hook may replace it
