@@ -34,7 +34,7 @@ from torch import nn
 from mhalab.attention import MultiHeadAttention
 from mhalab.masks import causal_forbidden_mask
 from mhalab.device import pick_device
-from mhalab.parallelism import time_interleaved
+from mhalab.head_batching import time_interleaved
 
 TARGET = 1.05  # ours_sdpa / torch must not exceed this
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -61,12 +61,12 @@ def naive_new_figure(explorer, layer: int, head: int) -> float:
 
     start = time.perf_counter()
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9, 3.8), dpi=72)
-    ax0.imshow(explorer.attention[layer, 0, head], vmin=0, vmax=1)
-    ax0.set_xticks(range(explorer.S), explorer.labels[0])
-    ax0.set_yticks(range(explorer.T), explorer.labels[0])
-    values = [float(explorer.scores[n][layer, head]) for n in explorer.bar_names]
+    ax0.imshow(explorer.data.attention[layer, 0, head], vmin=0, vmax=1)
+    ax0.set_xticks(range(explorer.data.S), explorer.data.labels[0])
+    ax0.set_yticks(range(explorer.data.T), explorer.data.labels[0])
+    values = [float(explorer.data.scores[n][layer, head]) for n in explorer.data.bar_names]
     ax1.barh(range(len(values)), values)
-    ax1.set_yticks(range(len(values)), explorer.bar_names)
+    ax1.set_yticks(range(len(values)), explorer.data.bar_names)
     fig.colorbar(ax0.images[0], ax=ax0)
     fig.text(0.01, 0.02, explorer.ablation_text(layer, head))
     buffer = io.BytesIO()
@@ -103,7 +103,7 @@ def fit_to_cap(explorer, text: str) -> str:
 
 
 def text_benchmark(args) -> None:
-    from mhalab.model_view import model_view
+    from mhalab.widgets.model_view import model_view
     from mhalab.pretrained import load_minilm, load_smollm2
 
     model = load_smollm2() if args.model == "smollm2" else load_minilm()
@@ -120,16 +120,16 @@ def text_benchmark(args) -> None:
                 start = time.perf_counter()
                 explorer.set_text(text)
                 elapsed = time.perf_counter() - start
-                timings.setdefault(explorer.T, []).append(elapsed)
+                timings.setdefault(explorer.data.T, []).append(elapsed)
         for T, values in sorted(timings.items()):
             rows.append((with_view, T, statistics.median(values), max(values)))
     pick = []
     for i in range(args.rounds * 3):
         start = time.perf_counter()
-        view.pick(layer=(i * 7) % explorer.n_layers, head=(i * 5) % explorer.n_heads)
+        view.pick(layer=(i * 7) % explorer.data.n_layers, head=(i * 5) % explorer.data.n_heads)
         pick.append(time.perf_counter() - start)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"{args.model}, {explorer.n_layers} layers x {explorer.n_heads} heads, torch threads {args.threads}, "
+    print(f"{args.model}, {explorer.data.n_layers} layers x {explorer.data.n_heads} heads, torch threads {args.threads}, "
           f"{args.rounds} rounds; load average {load} on {os.cpu_count()} CPUs")
     print(f"{'what':<28}{'tokens':>7}{'median ms':>11}{'max ms':>9}")
     for with_view, T, median, top in rows:
@@ -159,14 +159,14 @@ def main() -> None:
     start = time.perf_counter()
     explorer = head_explorer(model, batch, task)
     build = time.perf_counter() - start
-    heads = explorer.heads
+    heads = explorer.data.heads
 
     timings: dict[str, list[float]] = {k: [] for k in ("head move", "example move", "highlight move", "full redraw", "new figure")}
     options = explorer.highlight_options
     for i in range(args.moves):  # interleaved, so that load on a shared machine hits every kind alike
         layer, head = heads[(i * 5 + 3) % len(heads)]
         timings["head move"].append(timed_update(explorer, layer=layer, head=head))
-        timings["example move"].append(timed_update(explorer, example=(explorer.example + 1) % explorer.n_examples))
+        timings["example move"].append(timed_update(explorer, example=(explorer.example + 1) % explorer.data.n_examples))
         timings["highlight move"].append(timed_update(explorer, highlight=options[i % len(options)]))
         timings["full redraw"].append(full_redraw(explorer))
         timings["new figure"].append(naive_new_figure(explorer, layer, head))

@@ -1,6 +1,6 @@
 """All heads as one batched operation against a Python loop over heads, at a fixed total width.
 
-The same measurement as notebook 06 (``mhalab.parallelism.time_heads``), on any device:
+The same measurement as notebook 06 (``mhalab.head_batching.time_heads``), on any device:
 
     python benchmarks/heads_parallel.py                              # CPU, notebook 06's sizes (< 1 minute)
     python benchmarks/heads_parallel.py --device cuda --dtype bfloat16 \\
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from mhalab.device import pick_device
-from mhalab.parallelism import PARTS, time_heads
+from mhalab.head_batching import PARTS, time_heads
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

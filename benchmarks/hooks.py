@@ -37,7 +37,7 @@ from mhalab.device import pick_device
 from mhalab.kv_cache import KVCache
 from mhalab.masks import causal_forbidden_mask
 from mhalab.models import ModelConfig, Transformer
-from mhalab.parallelism import time_interleaved
+from mhalab.head_batching import time_interleaved
 
 TARGET = 1.05  # mhalab / plain_sdpa and mhalab / torch_mha must not exceed this
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from mhalab.parallelism import time_interleaved
+from mhalab.head_batching import time_interleaved
 from mhalab.pretrained import load_minilm, load_smollm2
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -26,7 +26,7 @@ from torch import nn
 
 from mhalab.device import pick_device
 from mhalab.models import ModelConfig, Transformer
-from mhalab.parallelism import time_interleaved
+from mhalab.head_batching import time_interleaved
 
 
 class TorchTransformer(nn.Module):

@@ -6,7 +6,9 @@ The two mask helpers say what True means in them: ``causal_allowed_mask`` (True 
 ``scaled_dot_product_attention``; ``causal_forbidden_mask`` (True = forbidden) with ``MultiHeadAttention``.
 """
 
-from .attention import KVCache, MultiHeadAttention, scaled_dot_product_attention, valid_head_counts
+from .arguments import valid_head_counts
+from .attention import MultiHeadAttention, scaled_dot_product_attention
+from .kv_cache import KVCache
 from .masks import causal_allowed_mask, causal_forbidden_mask
 from .models import EncoderDecoder, ModelConfig, Transformer
 from .sweep import sweep_heads

@@ -10,18 +10,19 @@ Importance and pruning follow Michel, Levy & Neubig (2019), "Are Sixteen Heads R
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_index
+from .arguments import check_index
 from .hooks import ablate_heads, attention_modules, gate_heads, hooks_attached
 from .models import batch_logits, eval_mode
-from .plotting import figure
+from .plotting import plot_pruning_curve
 from .tasks import IGNORE
 
 __all__ = [
@@ -115,10 +116,11 @@ class AblationTable:
 def ablate_each_head(model: nn.Module, task: Any, batch: Any) -> AblationTable:
     """Zero each head in turn and record ``task.metrics`` on ``batch``."""
     N, H = model_shape(model)
+    points = _z_points(model)  # looked up once, not once per head
     baseline = evaluate_batch(model, task, batch)
     table = {name: torch.zeros(N, H) for name in baseline}
     for layer, head in np.ndindex(N, H):
-        with ablate(model, (layer, head)):
+        with hooks_attached(model, [(points[layer], ablate_heads([head]))]):
             for name, value in evaluate_batch(model, task, batch).items():
                 table[name][layer, head] = value
     return AblationTable(baseline, table)
@@ -196,19 +198,8 @@ class PruningCurve:
         return int(below[0] - 1) if len(below) else int(self.removed[-1])
 
     def plot(self, ax=None, *, title: str | None = None):
-        """Both curves against the fraction of heads removed, random orders as mean ± one std."""
-        if ax is None:
-            ax = figure(width=5.5, height=3.4)[1][0, 0]
-        x = self.removed / max(self.n_heads, 1)
-        label = "by importance" + (" (recomputed)" if self.recompute else "")
-        ax.plot(x, self.by_importance, "o-", ms=3, label=label)
-        mean, std = self.random.mean(axis=0), self.random.std(axis=0)
-        ax.plot(x, mean, "s--", ms=3, color="gray", label=f"random order (mean of {len(self.random)})")
-        ax.fill_between(x, mean - std, mean + std, color="gray", alpha=0.25, lw=0)
-        ax.axhline(self.baseline - 0.01, color="k", lw=0.6, ls=":", label="1 point below the full model")
-        ax.set(xlabel="fraction of heads removed", ylabel="accuracy", title=title or "Pruning heads")
-        ax.legend(fontsize=8, loc="lower left")
-        return ax
+        """Both curves against the fraction of heads removed: :func:`mhalab.plotting.plot_pruning_curve`."""
+        return plot_pruning_curve(self, ax=ax, title=title)
 
 
 def pruning_curve(model: nn.Module, task: Any, batch: Any, *, recompute: bool = False, random_orders: int = 5,

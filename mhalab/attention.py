@@ -8,7 +8,8 @@ follows ``F.scaled_dot_product_attention`` (bool True = **may** attend); :class:
 follows ``torch.nn.MultiheadAttention`` (bool True = **forbidden**), and refuses a bool mask that is
 plainly the other one (:mod:`mhalab.masks`, whose helpers are named by what True means). Float masks are
 added to the scores in both. A query that may see no key gets zero weights, a zero output and finite
-gradients on both paths and every device (torch's module returns NaN on one path and zeros on the other). Hook points: :mod:`mhalab.hooks`.
+gradients on both paths and every device (torch's module returns NaN on one path and zeros on the other).
+Hook points: :mod:`mhalab.hooks`.
 """
 
 from __future__ import annotations
@@ -20,19 +21,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_head_count, check_head_shape, check_index, valid_head_counts
+from .arguments import check_head_shape, check_index
 from .device import sdpa_shares_kv_heads, sdpa_zeroes_blind_rows
-from .kv_cache import KVCache
 from .hook_points import HookPoint
+from .kv_cache import KVCache
 from .masks import check_forbidden_mask, combine_forbidden_masks
 from .positions import apply_rotary
 
 __all__ = [
-    "attention_scores", "attention_weights", "scaled_dot_product_attention", "valid_head_counts",
-    "check_head_count", "check_head_shape", "HeadProjections", "HookPoint", "KVCache", "MultiHeadAttention",
-    "apply_rotary",
+    "attention_scores", "attention_weights", "softmax_over_keys", "scaled_dot_product_attention", "HeadProjections",
+    "MultiHeadAttention",
 ]
-
 
 
 def attention_scores(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Tensor:
@@ -51,6 +50,8 @@ def attention_scores(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Ten
 def softmax_over_keys(scores: Tensor) -> Tensor:
     """``scores [..., L, S]`` -> weights ``[..., L, S]``; a row of all ``-inf`` (a query that may see no key)
     gets all zeros, not NaN."""
+    if scores.size(-1) == 0:
+        return scores.softmax(dim=-1)  # no keys at all: an empty [..., L, 0]
     # softmax of an all -inf row is 0/0: a query that sees nothing gets nothing. Found from the row maxima
     # ([..., L, 1]), and fixed only where such a row exists, so an unmasked call makes no second [L, S] tensor.
     blind = scores.amax(dim=-1, keepdim=True) == float("-inf")  # [..., L, 1]
@@ -83,13 +84,6 @@ def scaled_dot_product_attention(
     return out, weights
 
 
-def _autocast_enabled(device_type: str) -> bool:
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except TypeError:  # torch < 2.4 asks per device kind
-        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
-
-
 class HeadProjections(NamedTuple):
     """Views of one head's slices: ``W_Q, W_K, W_V [D, dk]`` (``x @ W_Q``), ``W_O [dk, D]``, biases ``[dk]`` or None.
 
@@ -112,7 +106,8 @@ class MultiHeadAttention(nn.Module):
     order with the same defaults and mask meanings, returning ``(out, weights)``, the weights after
     dropout. The constructor takes torch's first four arguments in their order (``d_model`` = ``embed_dim``,
     ``n_heads`` = ``num_heads``, ``dropout``, ``bias``) and its ``device=``/``dtype=``; unlike torch's,
-    ``batch_first`` defaults to True (``[B, T, D]``), and ``from_torch`` copies torch's flag. Off by default: ``n_kv_heads`` (grouped-query attention, Ainslie et al. 2023;
+    ``batch_first`` defaults to True (``[B, T, D]``), and ``from_torch`` copies torch's flag.
+    Off by default: ``n_kv_heads`` (grouped-query attention, Ainslie et al. 2023;
     1 = multi-query, Shazeer 2019; query head j reads K/V head ``j // (H // G)``), ``d_head`` (head size
     other than D / H) and ``rope_base`` (rotary positions on queries and keys).
 
@@ -133,13 +128,16 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads, d_head = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
         if rope_base is not None:
             if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)) or rope_base <= 1:
-                raise ValueError(f"rope_base must be a number above 1 (e.g. 10000), or None for no rotary embedding, got {rope_base!r}")
+                raise ValueError(f"rope_base must be a number above 1 (e.g. 10000), or None for no rotary embedding, "
+                                 f"got {rope_base!r}")
             if d_head % 2:
-                raise ValueError(f"rotary embedding rotates pairs of features, so d_head must be even, got d_head={d_head}")
+                raise ValueError(f"rotary embedding rotates pairs of features, so d_head must be even, "
+                                 f"got d_head={d_head}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if not isinstance(batch_first, bool):
-            raise TypeError(f"batch_first must be True ([batch, seq, d_model]) or False ([seq, batch, d_model]), got {batch_first!r}")
+            raise TypeError(f"batch_first must be True ([batch, seq, d_model]) or False ([seq, batch, d_model]), "
+                            f"got {batch_first!r}")
         self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
         self.dropout, self.rope_base, self.batch_first = dropout, rope_base, batch_first
         made = {"device": device, "dtype": dtype}  # where and in which dtype the weights are made, as torch's
@@ -173,7 +171,8 @@ class MultiHeadAttention(nn.Module):
         extra = "" if self.n_kv_heads == self.n_heads else f", n_kv_heads={self.n_kv_heads}"
         extra += "" if self.rope_base is None else f", rope_base={self.rope_base:g}"
         extra += "" if self.batch_first else ", batch_first=False"
-        return f"d_model={self.d_model}, n_heads={self.n_heads}, d_head={self.d_head}{extra}, bias={self.bias}, dropout={self.dropout}"
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}, d_head={self.d_head}{extra}, bias={self.bias}, "
+                f"dropout={self.dropout}")
 
     def head_projections(self, i: int) -> HeadProjections:
         """Views of W_Q, W_K, W_V (``[d_model, d_head]``) and W_O (``[d_head, d_model]``) for head ``i``."""
@@ -188,15 +187,23 @@ class MultiHeadAttention(nn.Module):
         W_O = self.out_proj.weight.view(D, H, dk)[:, i].t()  # [D, H dk] -> [D, H, dk] -> [dk, D]
         return HeadProjections(W_Q, W_K, W_V, W_O, b_Q, b_K, b_V)
 
-    def split_heads(self, x: Tensor) -> Tensor:
-        """``[B, T, n dk] -> [B, n, T, dk]`` for n query or K/V heads: a view, no copy."""
+    def split_heads(self, x: Tensor, hook: HookPoint | None = None) -> Tensor:
+        """``[B, T, n dk] -> [B, n, T, dk]`` for n query or K/V heads: a view, no copy. ``hook`` sees the heads
+        as ``[B, T, n, dk]`` (TransformerLens's layout) and may replace them."""
         B, T, width = x.shape
-        return x.view(B, T, width // self.d_head, self.d_head).transpose(1, 2)  # [B, T, n, dk] -> [B, n, T, dk]
+        x = x.view(B, T, width // self.d_head, self.d_head)  # [B, T, n dk] -> [B, T, n, dk]
+        if hook is not None:
+            x = hook(x)
+        return x.transpose(1, 2)  # [B, T, n, dk] -> [B, n, T, dk]
 
-    def merge_heads(self, x: Tensor) -> Tensor:
-        """``[B, H, T, dk] -> [B, T, H dk]``: concatenate the heads along the feature axis."""
+    def merge_heads(self, x: Tensor, hook: HookPoint | None = None) -> Tensor:
+        """``[B, H, T, dk] -> [B, T, H dk]``: concatenate the heads along the feature axis. ``hook`` sees each
+        head's output as ``[B, T, H, dk]`` and may replace it."""
         B, H, T, dk = x.shape
-        return x.transpose(1, 2).reshape(B, T, H * dk)  # [B, T, H, dk] -> [B, T, H dk]
+        x = x.transpose(1, 2)  # [B, H, T, dk] -> [B, T, H, dk]
+        if hook is not None:
+            x = hook(x)
+        return x.reshape(B, T, H * dk)  # [B, T, H, dk] -> [B, T, H dk]
 
     def forward(
         self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
@@ -214,102 +221,135 @@ class MultiHeadAttention(nn.Module):
         pass ``need_weights=False`` for the fused kernel. ``kv_cache``: in self-attention decoding the new
         keys/values join the cached ones (a multi-token prompt must be causal); in cross-attention the first
         call keeps the projected ``key``/``value`` (an encoder's output) and later calls reuse them, so
-        ``hook_k``/``hook_v`` fire only on that first call.
+        ``hook_k``/``hook_v`` fire only on that first call. An empty sequence gives an empty result, as torch's.
         Returns ``(out [B, L, D] (or [L, B, D]), weights or None)``.
         """
+        query, key, value, self_attention = self._batch_first(query, key, value)  # each [B, T, D]
+        self._check_inputs(query, key, value)
+        B, L, _ = query.shape
+        past, reuse_memory = self._cache_state(kv_cache, query, key, self_attention=self_attention, is_causal=is_causal)
+        S = past + key.size(1)  # every key the queries will see
+        explicit = need_weights or self.hook_attn_scores.is_hooked or self.hook_pattern.is_hooked
+        # Only is_causal over a square score matrix: the fused kernel builds that mask itself (and skips the masked
+        # blocks). Otherwise all masks become one float tensor added to the scores, built before anything is cached.
+        fused_causal = is_causal and not explicit and attn_mask is None and key_padding_mask is None and L == S
+        for name, m in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
+            check_forbidden_mask(m, name, L, S, self_attention=self_attention)
+        mask = None if fused_causal else combine_forbidden_masks(
+            B, self.n_heads, L, S, key_padding_mask, attn_mask, is_causal, query.dtype, query.device
+        )  # None, or float [B or 1, H or 1, L, S] added to the scores
+
+        q, k, v = self._project(query, key, value, self_attention=self_attention, keys=not reuse_memory)
+        q = self.split_heads(q, self.hook_q)  # [B, L, H dk] -> [B, H, L, dk]
+        if not reuse_memory:
+            k = self.split_heads(k, self.hook_k)  # [B, S_new, G dk] -> [B, G, S_new, dk]
+            v = self.split_heads(v, self.hook_v)  # [B, S_new, G dk] -> [B, G, S_new, dk]
+        if self.rope_base is not None:  # positions turn queries and keys, after hook_q / hook_k
+            q = self._hooked(self.hook_rot_q, apply_rotary(q, past, self.rope_base))  # [B, H, L, dk]
+            if not reuse_memory:
+                k = self._hooked(self.hook_rot_k, apply_rotary(k, past, self.rope_base))  # [B, G, S_new, dk]
+        if reuse_memory:
+            k, v = kv_cache.k, kv_cache.v  # [B, G, S, dk]: the memory's keys/values, projected on the first call
+        elif kv_cache is not None:
+            k, v = kv_cache.append(k, v)  # [B, G, past + S_new, dk]: after the cached ones (or kept: a memory)
+
+        heads, weights = self._attend(q, k, v, mask, explicit=explicit, is_causal=fused_causal)  # [B, H, L, dk]
+        # [B, H, L, dk] -> [B, L, H dk] (hook_z sees each head's output, and may replace it) -> W_O -> [B, L, D]
+        out = self.out_proj(self.merge_heads(heads, self.hook_z))
+        if not self.batch_first:
+            out = out.transpose(0, 1)  # [B, L, D] -> [L, B, D]
+        if not need_weights:
+            return out, None
+        return out, weights.mean(dim=1) if average_attn_weights else weights  # [B, L, S] or [B, H, L, S]
+
+    @staticmethod
+    def _hooked(hook: HookPoint, x: Tensor) -> Tensor:
+        """``x [B, n, T, dk]`` through ``hook``, which sees TransformerLens's ``[B, T, n, dk]`` (views, no copy)."""
+        return hook(x.transpose(1, 2)).transpose(1, 2)  # [B, n, T, dk] -> [B, T, n, dk] -> hook -> back
+
+    def _batch_first(
+        self, query: Tensor, key: Tensor | None, value: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, bool]:
+        """``(query, key, value, self_attention)``, each ``[B, T, D]``; self-attention when ``key`` and ``value``
+        are both omitted or ``query`` itself."""
         self_attention = (key is None and value is None) or (key is query and value is query)
         if not self.batch_first:  # [T, B, D] -> [B, T, D]: views; the output goes back the same way
             query, key, value = (t.transpose(0, 1) if isinstance(t, Tensor) and t.dim() == 3 else t
                                  for t in (query, key, value))
         if self_attention:
-            key = value = query
-        elif key is None or value is None:
+            return query, query, query, True
+        if key is None or value is None:
             raise ValueError("pass both key and value for cross-attention, or neither for self-attention")
-        self._check_inputs(query, key, value)
-        B, L, D = query.shape
-        H, G, dk = self.n_heads, self.n_kv_heads, self.d_head
-        # Cross-attention with a cache: the first call projects the memory and keeps its K/V, later calls reuse them.
-        cross_cached = kv_cache is not None and not self_attention and len(kv_cache) > 0
-        if cross_cached and (key.size(1) != len(kv_cache) or key.size(0) != kv_cache.k.size(0)):
+        return query, key, value, False
+
+    def _cache_state(
+        self, kv_cache: KVCache | None, query: Tensor, key: Tensor, *, self_attention: bool, is_causal: bool
+    ) -> tuple[int, bool]:
+        """``(past, reuse_memory)``: the tokens already in a self-attention cache, and whether a cross-attention
+        cache already holds the memory's keys/values (projected on the first call, reused on later ones)."""
+        if kv_cache is None:
+            return 0, False
+        if self_attention:
+            if query.size(1) > 1 and not is_causal:
+                raise ValueError(f"{query.size(1)} tokens at once into a kv_cache need is_causal=True: a cache holds "
+                                 "a causal decoder's keys; without the mask, earlier tokens would see later ones")
+            return len(kv_cache), False
+        if len(kv_cache) == 0:
+            return 0, False
+        if key.size(1) != len(kv_cache) or key.size(0) != kv_cache.k.size(0):
             raise ValueError(f"this cross-attention kv_cache holds the keys of a memory [batch {kv_cache.k.size(0)}, "
                              f"length {len(kv_cache)}], but key is [batch {key.size(0)}, length {key.size(1)}]: "
                              "use a fresh KVCache for each new encoder output")
-        past = len(kv_cache) if kv_cache is not None and self_attention else 0  # tokens already in a self-attention cache
-        S_new = key.size(1)
-        S = past + S_new  # every key the queries will see
-        if kv_cache is not None and self_attention and L > 1 and not is_causal:
-            raise ValueError(f"{L} tokens at once into a kv_cache need is_causal=True: a cache holds a causal "
-                             "decoder's keys, and without the causal mask earlier tokens would see later ones")
+        return 0, True
 
-        # Build the masks before anything is computed or appended to the cache.
-        for name, mask in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
-            check_forbidden_mask(mask, name, L, S, self_attention=self_attention)
-        want_scores = need_weights or self.hook_attn_scores.is_hooked or self.hook_pattern.is_hooked
-        # Only is_causal, over a square score matrix: the fused kernel builds the causal mask itself
-        # (and skips the masked blocks). Otherwise all masks become one float tensor added to the scores.
-        fused_causal = (
-            is_causal and not want_scores and attn_mask is None and key_padding_mask is None and past == 0 and L == S
-        )
-        mask = None if fused_causal else combine_forbidden_masks(
-            B, H, L, S, key_padding_mask, attn_mask, is_causal, query.dtype, query.device
-        )  # None, or float [B or 1, H or 1, L, S] added to the scores
-
-        # Project: one matmul for self-attention, three slices of the same weight for cross-attention.
-        sizes = (H * dk, G * dk, G * dk)
+    def _project(
+        self, query: Tensor, key: Tensor, value: Tensor, *, self_attention: bool, keys: bool
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """``q [B, L, H dk]``, ``k, v [B, S, G dk]`` (None unless ``keys``): one matmul for self-attention,
+        three slices of the same weight for cross-attention."""
+        sizes = (self.n_heads * self.d_head, self.n_kv_heads * self.d_head, self.n_kv_heads * self.d_head)
         if self_attention:
-            q, k, v = self.qkv_proj(query).split(sizes, dim=-1)  # [B, L, H dk], 2 x [B, L, G dk]
-        else:
-            w_q, w_k, w_v = self.qkv_proj.weight.split(sizes, dim=0)
-            b_q, b_k, b_v = self.qkv_proj.bias.split(sizes) if self.bias else (None, None, None)
-            q = F.linear(query, w_q, b_q)
-            k, v = (None, None) if cross_cached else (F.linear(key, w_k, b_k), F.linear(value, w_v, b_v))
-        q = self.hook_q(q.view(B, L, H, dk)).transpose(1, 2)  # [B, L, H dk] -> [B, L, H, dk] -> [B, H, L, dk]
-        if not cross_cached:
-            k = self.hook_k(k.view(B, S_new, G, dk)).transpose(1, 2)  # -> [B, G, S_new, dk]
-            v = self.hook_v(v.view(B, S_new, G, dk)).transpose(1, 2)  # -> [B, G, S_new, dk]
-        if self.rope_base is not None:  # the hooks see [B, T, heads, dk], the maths [B, heads, T, dk]
-            q = self.hook_rot_q(apply_rotary(q, past, self.rope_base).transpose(1, 2)).transpose(1, 2)
-            if not cross_cached:
-                k = self.hook_rot_k(apply_rotary(k, past, self.rope_base).transpose(1, 2)).transpose(1, 2)
-        if cross_cached:
-            k, v = kv_cache.k, kv_cache.v  # [B, G, S, dk]: the memory's keys/values, projected on the first call
-        elif kv_cache is not None:
-            k, v = kv_cache.append(k, v)  # [B, G, past + L, dk]: the new keys/values join the old ones (or the memory's)
+            return self.qkv_proj(query).split(sizes, dim=-1)  # [B, L, (H + 2G) dk] -> three slices
+        w_q, w_k, w_v = self.qkv_proj.weight.split(sizes, dim=0)
+        b_q, b_k, b_v = self.qkv_proj.bias.split(sizes) if self.bias else (None, None, None)
+        kv = (F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)) if keys else (None, None)
+        return F.linear(query, w_q, b_q), *kv
 
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, explicit: bool, is_causal: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """``q [B, H, L, dk]``, ``k, v [B, G, S, dk]`` -> each head's output ``[B, H, L, dk]`` and, written out
+        (``explicit``), the weights ``[B, H, L, S]`` after dropout; else the fused kernel and None."""
         dropout_p = self.dropout if self.training else 0.0
-        if G != H and (want_scores or not sdpa_shares_kv_heads(q.device)):  # each query head gets its group's K/V head
-            k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # [B, H, S, dk]
-        if want_scores:
-            scores = self.hook_attn_scores(attention_scores(q, k, mask=mask))  # [B, H, L, S]; a hook may replace it
-            pattern = self.hook_pattern(softmax_over_keys(scores))  # [B, H, L, S]
-            weights = F.dropout(pattern, p=dropout_p)  # what torch returns: the weights the values are summed with
-            heads = weights @ v  # [B, H, L, dk]: each head's weighted sum of its values
-        else:
-            gqa = {"enable_gqa": True} if k.size(1) != H else {}  # the kernel shares the K/V heads itself
-            blind = None  # a query that may see no key gets zeros from the kernel on CPU and CUDA, NaN on MPS:
-            if mask is not None and not sdpa_zeroes_blind_rows(q.device):
-                blind = mask.amax(dim=-1, keepdim=True) == float("-inf")  # [B or 1, H or 1, L, 1]
-                mask = mask.masked_fill(blind, 0.0)  # finite scores there, so no NaN reaches a gradient ...
-            heads = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=fused_causal, **gqa
-            )  # [B, H, L, dk]
-            if blind is not None:
-                heads = heads.masked_fill(blind, 0.0)  # ... and zeros, as the explicit path and other devices give
+        H, G = self.n_heads, k.size(1)
+        if G != H and (explicit or not sdpa_shares_kv_heads(q.device)):  # each query head its group's K/V head:
+            k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # -> [B, H, S, dk]
+        if not explicit:
+            return self._fused(q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal), None
+        scores = self.hook_attn_scores(attention_scores(q, k, mask=mask))  # [B, H, L, S]; a hook may replace it
+        pattern = self.hook_pattern(softmax_over_keys(scores))  # [B, H, L, S]
+        weights = F.dropout(pattern, p=dropout_p)  # what torch returns: the weights the values are summed with
+        return weights @ v, weights  # [B, H, L, dk]: each head's weighted sum of its values
 
-        z = self.hook_z(heads.transpose(1, 2))  # [B, L, H, dk]: each head's output; a hook may replace it
-        out = self.out_proj(z.reshape(B, L, H * dk))  # concatenate the heads -> [B, L, H dk], mix with W_O -> [B, L, D]
-        if not self.batch_first:
-            out = out.transpose(0, 1)  # [L, B, D]
-        if not need_weights:
-            return out, None
-        return out, weights.mean(dim=1) if average_attn_weights else weights  # [B, L, S] or [B, H, L, S]
+    @staticmethod
+    def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, dropout_p: float, is_causal: bool) -> Tensor:
+        """``F.scaled_dot_product_attention`` -> ``[B, H, L, dk]``, with zeros for a query that may see no key on
+        every device: the kernel gives them on CPU and CUDA, NaN on MPS."""
+        gqa = {"enable_gqa": True} if k.size(1) != q.size(1) else {}  # the kernel shares the K/V heads itself
+        blind = None
+        if mask is not None and not sdpa_zeroes_blind_rows(q.device):
+            blind = (mask == float("-inf")).all(dim=-1, keepdim=True)  # [B or 1, H or 1, L, 1]; True with no keys
+            mask = mask.masked_fill(blind, 0.0)  # finite scores there, so no NaN reaches a gradient ...
+        heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, **gqa)
+        return heads if blind is None else heads.masked_fill(blind, 0.0)  # ... and zeros, as the explicit path gives
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if t.dim() != 3:
-                layout = "[batch, seq, d_model] (batch_first=True)" if self.batch_first else "[seq, batch, d_model] (batch_first=False)"
+                layout = ("[batch, seq, d_model] (batch_first=True)" if self.batch_first
+                          else "[seq, batch, d_model] (batch_first=False)")
                 raise ValueError(f"{name} must be 3-D {layout}, got shape {tuple(t.shape)}; add a batch axis "
                                  f"with .unsqueeze({0 if self.batch_first else 1}) for a single sequence")
             if t.size(-1) != self.d_model:
@@ -319,7 +359,7 @@ class MultiHeadAttention(nn.Module):
             if not t.is_floating_point():
                 raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
             weight_dtype = self.qkv_proj.weight.dtype
-            if t.dtype != weight_dtype and not _autocast_enabled(t.device.type):
+            if t.dtype != weight_dtype and not torch.is_autocast_enabled(t.device.type):
                 raise TypeError(f"{name} is {t.dtype} but this module's weights are {weight_dtype}: convert the input "
                                 f"with .to({weight_dtype}) or the module with .to({t.dtype})")
         if key.size(1) != value.size(1):
@@ -330,7 +370,7 @@ class MultiHeadAttention(nn.Module):
                              f"{key.size(0)} and {value.size(0)}")
 
     @classmethod
-    def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadAttention":
+    def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
         """A ``MultiHeadAttention`` with the same weights and ``batch_first`` as a ``torch.nn.MultiheadAttention``."""
         if not isinstance(m, nn.MultiheadAttention):
             raise TypeError(f"from_torch expects a torch.nn.MultiheadAttention, got {type(m).__name__}")

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import KVCache, MultiHeadAttention
+from .attention import MultiHeadAttention
+from .kv_cache import KVCache
 from .config import ModelConfig
 from .hook_points import HookPoint
 

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_index, check_int
+from .arguments import check_index, check_int
 
 __all__ = [
     "FactoredMatrix", "HeadWeights", "head_weights", "QK", "OV", "full_qk_circuit", "positional_qk_circuit",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from ._checks import check_head_shape, check_int
+from .arguments import check_head_shape, check_int
 
 __all__ = ["ModelConfig", "POSITIONS", "ACT_FNS", "NORMALIZATION_TYPES"]
 

@@ -9,8 +9,9 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ._checks import check_head_shape, check_int
-from .attention import KVCache, MultiHeadAttention
+from .arguments import check_head_shape, check_int
+from .attention import MultiHeadAttention
+from .kv_cache import KVCache
 
 __all__ = [
     "count_parameters", "AttentionParameters", "attention_parameters", "KVCacheSize", "kv_cache_per_token",

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_int
+from .arguments import check_int
 from .hooks import run_with_cache
 from .models import eval_mode
-from .scores import induction_score, previous_token_score, stack_attention
+from .head_roles import induction_score, previous_token_score, stack_attention
 from .tasks import IGNORE
 from .train import EVAL_SEED, stream_seed
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from ._checks import check_int
+from .arguments import check_int
 
 __all__ = ["KVCache", "layer_caches"]
 

@@ -18,13 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_int
-from .attention import KVCache
+from .arguments import check_int
 from .blocks import Block, norm_layer
 from .config import ModelConfig
 from .hook_points import HookPoint
 from .hooks import HookedRootModule
-from .kv_cache import layer_caches
+from .kv_cache import KVCache, layer_caches
 from .positions import sinusoidal_positions
 
 __all__ = [

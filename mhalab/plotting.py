@@ -6,7 +6,7 @@ Figures are made at :data:`DPI` (a point of text is a point on screen); matplotl
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -224,6 +224,23 @@ def plot_history(history, *, smooth: int = 20, title: str | None = None):
     if title:
         fig.suptitle(title)
     return fig
+
+
+def plot_pruning_curve(curve, *, ax=None, title: str | None = None):
+    """A :class:`~mhalab.ablation.PruningCurve`: accuracy against the fraction of heads removed, least
+    important first and in random orders (mean ± one std)."""
+    if ax is None:
+        ax = figure(width=5.5, height=3.4)[1][0, 0]
+    x = curve.removed / max(curve.n_heads, 1)
+    label = "by importance" + (" (recomputed)" if curve.recompute else "")
+    ax.plot(x, curve.by_importance, "o-", ms=3, label=label)
+    mean, std = curve.random.mean(axis=0), curve.random.std(axis=0)
+    ax.plot(x, mean, "s--", ms=3, color="gray", label=f"random order (mean of {len(curve.random)})")
+    ax.fill_between(x, mean - std, mean + std, color="gray", alpha=0.25, lw=0)
+    ax.axhline(curve.baseline - 0.01, color="k", lw=0.6, ls=":", label="1 point below the full model")
+    ax.set(xlabel="fraction of heads removed", ylabel="accuracy", title=title or "Pruning heads")
+    ax.legend(fontsize=8, loc="lower left")
+    return ax
 
 
 def plot_sweep(results, metric: str = "accuracy", *, relations: bool = True, ax=None, title: str | None = None):

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ._checks import check_distinct_ints, check_int, check_model_fits_task
+from .arguments import check_distinct_ints, check_int, check_model_fits_task
 from .counting import count_parameters
 from .device import pick_device
 from .models import ModelConfig, Transformer

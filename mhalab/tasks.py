@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_distinct_ints, check_int
+from .arguments import check_distinct_ints, check_int
 
 __all__ = ["Batch", "Task", "MultiRelationTask", "KeyValueRecall", "RepeatedSegments", "Seq2SeqBatch", "Seq2SeqTask",
            "IGNORE"]

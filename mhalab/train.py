@@ -11,18 +11,19 @@ import math
 import os
 import time
 import warnings
-from dataclasses import asdict, dataclass, fields, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_float, check_int, check_model_fits_task, check_task
+from .arguments import check_float, check_int, check_model_fits_task, check_task
 from .checkpoint import load_checkpoint, restore, save_checkpoint, snapshot
 from .device import autocast, foreach_supported, pick_device, resolve_precision
-from .history import History
 from .models import batch_logits, eval_mode
+from .plotting import plot_history
 
 __all__ = ["train", "evaluate", "TrainConfig", "make_config", "History", "TrainingDiverged", "CallbackFailed", "EVAL_SEED",
            "stream_seed"]
@@ -31,6 +32,40 @@ EVAL_SEED = 987_654_321  # evaluate's default seed: the held-out batches are the
 _FLUSH_EVERY = 16  # read losses back from the device (and check them) at most this many steps apart
 # Settings a resumed run must share with the run that wrote the checkpoint (steps may grow: the schedule stretches).
 _RESUME_MUST_MATCH = ("batch_size", "lr", "weight_decay", "warmup_steps", "final_lr_fraction", "seed", "grad_clip")
+
+
+@dataclass
+class History:
+    """What happened during training, one entry per optimizer step, plus every held-out evaluation."""
+
+    steps: list[int] = field(default_factory=list)  # 1..n
+    train_loss: list[float] = field(default_factory=list)  # one batch each, so noisy
+    lr: list[float] = field(default_factory=list)
+    evals: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # (step, metrics)
+    elapsed: float = 0.0  # seconds, summed over resumed runs
+    device: str = ""
+    precision: str = ""
+
+    @property
+    def final(self) -> dict[str, float]:
+        """Metrics of the last evaluation (``{}`` if there was none)."""
+        return dict(self.evals[-1][1]) if self.evals else {}
+
+    def metric(self, name: str) -> tuple[list[int], list[float]]:
+        """``(steps, values)`` of one evaluation metric, e.g. ``history.metric("accuracy")``."""
+        pairs = [(s, m[name]) for s, m in self.evals if name in m]
+        if not pairs and self.evals:
+            raise KeyError(f"no metric {name!r}; evaluations recorded {sorted(self.evals[-1][1])}")
+        return [s for s, _ in pairs], [v for _, v in pairs]
+
+    def __repr__(self) -> str:
+        final = ", ".join(f"{k}={v:.4g}" for k, v in self.final.items() if "/" not in k)
+        return (f"History({len(self.steps)} steps on {self.device or '?'} ({self.precision or '?'}), "
+                f"{self.elapsed:.1f} s; final: {final or 'no evaluation'})")
+
+    def plot(self, *, smooth: int = 20, title: str | None = None):
+        """Training loss (per step and smoothed) and held-out metrics: :func:`mhalab.plotting.plot_history`."""
+        return plot_history(self, smooth=smooth, title=title)
 
 
 class TrainingDiverged(FloatingPointError):
@@ -62,7 +97,8 @@ class TrainConfig:
     warmup_steps: int | None = None  # linear warm-up to lr, then cosine to final_lr_fraction * lr
     final_lr_fraction: float = 0.1
     grad_clip: float | None = 1.0  # global gradient-norm clip; None: off
-    seed: int = 0  # training batches and dropout, each its own stream (the caller's RNG is left alone; seed the init yourself)
+    # training batches and dropout, each its own stream (the caller's RNG is left alone; seed the init yourself)
+    seed: int = 0
     device: str = "auto"  # "auto" (cuda, mps, cpu), "cpu", "cuda", "cuda:1", "mps"
     precision: str = "fp32"  # or, on CUDA, "bf16"/"fp16" autocast, or "auto" (the fastest there)
     eval_every: int | None = None  # held-out evaluation every this many steps (and always at the end)

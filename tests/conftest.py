@@ -49,7 +49,7 @@ def _seed():
     yield
 
 
-# A small untrained model on a two-relation task, shared by tests/test_scores.py and tests/test_ablation.py.
+# A small untrained model on a two-relation task, shared by tests/test_head_roles.py and tests/test_ablation.py.
 @pytest.fixture
 def task():
     return MultiRelationTask((-1, 1), vocab_size=8, seq_len=8)

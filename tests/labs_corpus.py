@@ -178,7 +178,7 @@ def batch_with_kv_cache_per_token(config, seq_len, memory_bytes, bytes_per_value
 
 
 def choose_with_valid_head_counts(d_model, n_relations, min_d_k):  # 04.3 with mhalab's list of head counts
-    from mhalab._checks import valid_head_counts
+    from mhalab.arguments import valid_head_counts
 
     for h in valid_head_counts(d_model):
         if h >= n_relations:
@@ -509,7 +509,7 @@ def gap_numpy(S):
 
 # ------------------------------------------------------------------------------------ 08
 def prev_scores_by_mhalab(cache):  # the course's own score: fair, the prompt forbids nothing (dicts keep layer order)
-    from mhalab.scores import previous_token_score
+    from mhalab.head_roles import previous_token_score
 
     return previous_token_score(cache)
 
@@ -535,7 +535,7 @@ def kv_bytes_by_mhalab(config, bytes_per_value):  # mhalab's counter: fair, the 
 
 
 def induction_by_mhalab(cache, L):  # mhalab's induction score on stand-in tokens [start, 1..L, 1..L]: fair too
-    from mhalab.scores import induction_score
+    from mhalab.head_roles import induction_score
 
     B = next(iter(cache.values())).shape[0]
     copy = torch.arange(1, L + 1)

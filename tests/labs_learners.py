@@ -72,7 +72,7 @@ def prev_by_short_name(cache):  # cache["pattern", i], as notebook 05 and the RE
 
 
 def prev_by_stack_attention(cache):  # mhalab's stack, then a band mask
-    from mhalab.scores import stack_attention
+    from mhalab.head_roles import stack_attention
 
     A = stack_attention(cache)  # [N, B, H, T, T]
     T = A.shape[-1]
@@ -113,7 +113,7 @@ def induction_by_short_name(cache, L):  # cache["pattern", i]
 
 
 def induction_by_mask(cache, L):  # a [T, T] mask of the targets, stack_attention
-    from mhalab.scores import stack_attention
+    from mhalab.head_roles import stack_attention
 
     A = stack_attention(cache)  # [N, B, H, T, T]
     target = torch.zeros(2 * L + 1, 2 * L + 1)

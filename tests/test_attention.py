@@ -16,15 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from mhalab.attention import (
-    HeadProjections,
-    KVCache,
-    MultiHeadAttention,
-    check_head_count,
-    scaled_dot_product_attention,
-    valid_head_counts,
-)
+from mhalab.arguments import check_head_count, valid_head_counts
+from mhalab.attention import HeadProjections, MultiHeadAttention, scaled_dot_product_attention
 from mhalab.counting import count_parameters
+from mhalab.kv_cache import KVCache
 from mhalab.masks import causal_allowed_mask, causal_forbidden_mask
 
 TOL = 1e-5  # float32: max abs difference allowed against torch and between our two paths
@@ -819,7 +814,7 @@ class TestHeadSize:
 class TestRotary:
     def test_scores_depend_only_on_the_distance(self):
         """RoPE's point: q at position m and k at position n score as a function of m - n."""
-        from mhalab.attention import apply_rotary
+        from mhalab.positions import apply_rotary
 
         torch.manual_seed(0)
         q, k = rand(1, 1, 1, 8), rand(1, 1, 1, 8)
@@ -829,7 +824,7 @@ class TestRotary:
         assert abs(score(5, 2) - score(5, 4)) > 1e-3
 
     def test_rotation_keeps_the_norm(self):
-        from mhalab.attention import apply_rotary
+        from mhalab.positions import apply_rotary
 
         x = rand(2, 3, 6, 8)
         rotated = apply_rotary(x, torch.arange(6), 10000.0)
@@ -927,6 +922,24 @@ def test_the_fused_path_zeroes_a_query_that_sees_no_key_where_the_kernel_gives_n
     assert_close(out, expected, what="output with the NaN-giving kernel")
     (grad_there,) = torch.autograd.grad(out.square().sum(), x)
     assert_close(grad_there, grad, what="input gradient with the NaN-giving kernel")
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+@pytest.mark.parametrize("L_, S_", [(0, 0), (0, 3), (3, 0)])
+def test_an_empty_sequence_gives_an_empty_result_as_torch(need_weights, L_, S_):
+    """No queries, or no keys, give the shapes torch's module gives (out [B, L, D], weights [B, L, S]); a
+    query with no key to see gets a zero head output, so only the output bias is left."""
+    theirs, ours = pair()
+    query, memory = rand(B, L_, D), rand(B, S_, D)
+    kv = () if L_ == S_ else (memory, memory)  # self-attention on an empty sequence, else cross-attention
+    expected, expected_w = theirs(query, *(kv or (query, query)), need_weights=need_weights)
+    out, weights = ours(query, *kv, need_weights=need_weights)
+    assert out.shape == expected.shape == (B, L_, D)
+    assert torch.allclose(out, ours.out_proj.bias.expand(B, L_, D), atol=TOL)
+    if need_weights:
+        assert weights.shape == expected_w.shape == (B, L_, S_)
+    else:
+        assert weights is None
 
 
 def test_a_prompt_into_an_empty_cache_must_be_causal():

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from mhalab.attention import KVCache, MultiHeadAttention
+from mhalab.attention import MultiHeadAttention
+from mhalab.kv_cache import KVCache
 from mhalab.counting import (
     attention_parameters,
     cost_table,
@@ -150,7 +151,8 @@ class TestBadInput:
 def test_formulas_match_real_modules_for_grouped_query_and_any_head_size(d_model, n_heads, n_kv_heads, d_head, bias):
     import torch
 
-    from mhalab.attention import KVCache, MultiHeadAttention
+    from mhalab.attention import MultiHeadAttention
+    from mhalab.kv_cache import KVCache
     from mhalab.counting import attention_parameters, count_parameters, kv_cache_per_token
 
     module = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head, bias=bias)

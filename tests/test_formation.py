@@ -7,7 +7,7 @@ import torch
 
 from mhalab.formation import FormationRecorder
 from mhalab.models import ModelConfig, Transformer
-from mhalab.scores import induction_score, previous_token_score
+from mhalab.head_roles import induction_score, previous_token_score
 from mhalab.tasks import MultiRelationTask, RepeatedSegments
 from mhalab.train import train
 
@@ -50,7 +50,7 @@ def test_the_numbers_are_those_of_the_model_at_that_step():
     recorder = FormationRecorder(TASK, batch_size=8, icl_window=3)
     model = small(TASK)
     recorder(7, model)
-    from mhalab.scores import stack_attention
+    from mhalab.head_roles import stack_attention
 
     batch = recorder.batch
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""mhalab.head_grid: every head of a layer at a glance, named as the explorer names it."""
+"""mhalab.widgets.head_grid: every head of a layer at a glance, named as the explorer names it."""
 
 import matplotlib
 
@@ -7,9 +7,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pytest
 
-from mhalab.head_grid import head_grid
-
-
+from mhalab.widgets.head_grid import head_grid
 
 
 def test_head_grid(explorer_setup):
@@ -17,9 +15,9 @@ def test_head_grid(explorer_setup):
     fig = head_grid(ex, layer=1)
     titles = [ax.get_title() for ax in fig.axes]
     assert len(titles) == 4 and all(t.split("\n")[0].split(" ")[0] == f"H{h}" for h, t in enumerate(titles))
-    # the grid and the explorer name every head the same way (mhalab.scores.role_of)
-    assert [t.split("\n")[1] for t in titles] == [ex.role_name(1, h) for h in range(4)]
-    assert all(ex.role(1, h).split(" ")[0] == ex.role_name(1, h) for h in range(4))
+    # the grid and the explorer name every head the same way (mhalab.head_roles.role_of)
+    assert [t.split("\n")[1] for t in titles] == [ex.data.role_name(1, h) for h in range(4)]
+    assert all(ex.data.role(1, h).split(" ")[0] == ex.data.role_name(1, h) for h in range(4))
     plt.close(fig)
     fig = head_grid(model, batch, 0, task=task, columns=2)
     assert len(fig.axes) == 4
@@ -44,6 +42,5 @@ def test_head_grid_titles_never_overlap(explorer_setup, columns, size):
     boxes = [ax.title.get_window_extent(renderer) for ax in fig.axes if ax.get_title()]
     assert len(boxes) == 4
     assert not any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
-    panels = [ax.get_window_extent(renderer) for ax in fig.axes if ax.get_title()]
     assert all(box.width <= size * fig.dpi for box in boxes)  # no title wider than its panel's share
     plt.close(fig)

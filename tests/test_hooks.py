@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from mhalab.attention import KVCache, MultiHeadAttention
+from mhalab.attention import MultiHeadAttention
+from mhalab.kv_cache import KVCache
 from mhalab.hooks import (
     ActivationCache, HookedRootModule, ablate_heads, attention_modules, gate_heads, get_act_name, glob_filter, hook_points,
     hooks_attached, patch_heads, run_with_cache, run_with_hooks,

@@ -13,7 +13,6 @@ import logging
 import re
 import sys
 
-import numpy as np
 import pytest
 import torch
 
@@ -148,7 +147,7 @@ def test_calling_the_reference_scores_zero_but_every_other_helper_is_fair():
     assert status == core.FAILED and "course's own reference or checker (`mhalab.labs.ex01._attention_reference`)" in message
     # the course's library and torch are fair wherever the prompt forbids nothing (issue 22's eight refusals)
     assert q1.verdict(lambda Q, K, V: mhalab.scaled_dot_product_attention(Q, K, V)[0]) == (core.PASSED, "correct.")
-    assert labs.exercise("05", 3).verdict(lambda a: mhalab.scores.previous_token_score(a[None])[0]) == (core.PASSED, "correct.")
+    assert labs.exercise("05", 3).verdict(lambda a: mhalab.head_roles.previous_token_score(a[None])[0]) == (core.PASSED, "correct.")
 
 
 def test_importing_an_mhalab_module_is_not_calling_the_course_code(monkeypatch):

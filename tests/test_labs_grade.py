@@ -19,10 +19,12 @@ import torch
 import labs_fixture
 import mhalab.labs as labs
 from labs_corpus import CORPUS
-from labs_fixture import TESTS, answer_meta, synthetic_notebook  # also registers notebook "99"'s exercises
+from labs_fixture import TESTS, synthetic_notebook  # also registers notebook "99"'s exercises
 from mhalab.labs import core
 from mhalab_grader.__main__ import main as labs_main
-from mhalab_grader.grade import MISSING, NOT_CHECKED, GradingKernel, _Handed, grade, similarity, student_version
+from mhalab_grader.cells import student_version
+from mhalab_grader.grade import MISSING, NOT_CHECKED, grade, similarity
+from mhalab_grader.kernel import GradingKernel, _Handed
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,8 @@ import pytest
 
 from labs_fixture import NOTEBOOKS, lab_notebooks, synthetic_notebook
 from mhalab.labs import load as report_exercises
-from mhalab_grader.grade import answers, for_nbgrader, grade
+from mhalab_grader.cells import answers, for_nbgrader
+from mhalab_grader.grade import grade
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,8 @@ import pytest
 from labs_fixture import answer_meta, lab_notebooks, synthetic_notebook  # also registers notebook "99"'s exercises
 import mhalab.labs as labs
 from mhalab_grader.__main__ import main as labs_main
-from mhalab_grader.grade import MarkerError, answers, for_nbgrader, grade, solution_regions, student_version
+from mhalab_grader.cells import MarkerError, answers, for_nbgrader, solution_regions, student_version
+from mhalab_grader.grade import grade
 
 LAB_NOTEBOOKS = lab_notebooks()
 nb_ids = [p.stem for p in LAB_NOTEBOOKS]

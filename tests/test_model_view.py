@@ -1,4 +1,5 @@
-"""mhalab.model_view: every head as a thumbnail, sink heads and K/V groups marked, picking drives the explorer."""
+"""mhalab.widgets.model_view: every head as a thumbnail, sink heads and K/V groups marked, picking drives the
+explorer."""
 
 import base64
 
@@ -6,19 +7,19 @@ import numpy as np
 import pytest
 from matplotlib import colormaps
 
-from mhalab import model_view as mv_module
-from mhalab.model_view import SINK_THRESHOLD, model_view
-from mhalab.scores import first_token_score
-from mhalab.widgets import hide_keys
+from mhalab import widgets
+from mhalab.head_data import hide_keys
+from mhalab.head_roles import first_token_score
+from mhalab.widgets.model_view import SINK_THRESHOLD, model_view
 
 
 def test_every_head_is_a_thumbnail_of_its_map(text_explorer):
     _, ex = text_explorer
-    view = model_view(ex, pixels=ex.T)  # one mosaic pixel per query and key: the map itself
+    view = model_view(ex, pixels=ex.data.T)  # one mosaic pixel per query and key: the map itself
     for layer, head in [(0, 0), (1, 3)]:
         r, c = view.cell_origin(layer, head)
-        cell = view.mosaic[r : r + ex.T, c : c + ex.S]
-        np.testing.assert_allclose(cell, colormaps["viridis"](ex.attention[layer, 0, head])[..., :3])
+        cell = view.mosaic[r : r + ex.data.T, c : c + ex.data.S]
+        np.testing.assert_allclose(cell, colormaps["viridis"](ex.data.attention[layer, 0, head])[..., :3])
     # heads 0-1 share a K/V head, as do 2-3: a wider gap between the groups than inside them
     inside = view.cell_origin(0, 1)[1] - view.cell_origin(0, 0)[1]
     between = view.cell_origin(0, 2)[1] - view.cell_origin(0, 1)[1]
@@ -59,9 +60,10 @@ def test_new_text_and_the_toggle_redraw_the_view(text_explorer):
     view.set_hidden(True)
     assert ex.hide_special
     r, c = view.cell_origin(0, 0)
-    hidden = hide_keys(ex.attention[0, 0, 0], ex.special_keys())
-    index = np.arange(8) * ex.T // 8
-    np.testing.assert_allclose(view.mosaic[r : r + 8, c : c + 8], colormaps["viridis"](hidden[np.ix_(index, index)])[..., :3])
+    hidden = hide_keys(ex.data.attention[0, 0, 0], ex.data.special_keys())
+    index = np.arange(8) * ex.data.T // 8
+    expected = colormaps["viridis"](hidden[np.ix_(index, index)])[..., :3]
+    np.testing.assert_allclose(view.mosaic[r : r + 8, c : c + 8], expected)
     checkbox = view.widget.children[1]
     checkbox.value = False
     assert not ex.hide_special
@@ -75,4 +77,17 @@ def test_static_fallback(text_explorer):
     assert base64.b64decode(bundle["image/png"]) == view.static_png()
     assert view.STATIC_NOTE in bundle["text/plain"] and metadata["image/png"]["width"] > 0
     with pytest.raises(TypeError, match="takes a HeadExplorer"):
-        mv_module.ModelView(object())
+        widgets.ModelView(object())
+
+
+def test_thumbnails_grow_to_the_explorers_width_and_stay_within_it(text_explorer):
+    """The mosaic spans the explorer's width (less a margin) rather than a fixed 24 px per head."""
+    from mhalab.widgets.model_view import LEFT, RIGHT
+
+    model, _ = text_explorer
+    for figsize in ((3.0, 3.0), (6.0, 3.0)):
+        ex = widgets.head_explorer(model, "attend to this", figsize=figsize)
+        view = model_view(ex)
+        width = view.mosaic.shape[1] + LEFT + RIGHT
+        assert width <= ex.css_width - 24
+        assert view.pixels == 72 or width + 4 * 4 > ex.css_width - 24  # one more pixel per head would not fit

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mhalab.attention import check_head_count
+from mhalab.arguments import check_head_count
 from mhalab.hooks import ablate_heads, attention_modules
 from mhalab.models import EncoderDecoder, ModelConfig, Transformer, eval_mode
 from mhalab.positions import sinusoidal_positions
@@ -249,7 +249,7 @@ def test_cross_attention_projects_the_memory_once_and_gives_the_same_logits():
     """Decoding token by token with cached cross-attention K/V gives exactly the logits of the uncached path,
     where every step re-projects the encoder's output (the same matmul on the same memory: bit for bit);
     the cached path projects it once per layer."""
-    from mhalab.attention import KVCache
+    from mhalab.kv_cache import KVCache
 
     model = EncoderDecoder(small(n_key_value_heads=2)).eval()
     src, tgt = tokens(length=7), tokens(length=6, seed=1)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from mhalab.models import EncoderDecoder, ModelConfig, Transformer
 from mhalab.checkpoint import load_checkpoint
-from mhalab.train import EVAL_SEED, CallbackFailed, History, TrainConfig, TrainingDiverged, evaluate, make_config, stream_seed, train
+from mhalab.train import CallbackFailed, History, TrainConfig, TrainingDiverged, evaluate, make_config, stream_seed, train
 
 
 @dataclass

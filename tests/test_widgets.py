@@ -5,20 +5,21 @@ import pytest
 import torch
 
 from mhalab import widgets
-from mhalab.scores import GENERIC_SCORES, stack_attention
+from mhalab.head_data import hide_keys
+from mhalab.head_roles import GENERIC_SCORES, stack_attention
 
 
 
 
 def test_explorer_precomputes_everything(explorer_setup):
     task, model, batch, ex = explorer_setup
-    assert ex.attention.shape == (2, 3, 4, 8, 8)  # [layer, example, head, query, key]
+    assert ex.data.attention.shape == (2, 3, 4, 8, 8)  # [layer, example, head, query, key]
     _, cache = model.eval().run_with_cache(batch.inputs, names_filter=lambda name: name.endswith("hook_pattern"))
     stacked = stack_attention(cache)
-    np.testing.assert_allclose(ex.attention, stacked[:, :3].numpy())
-    assert set(ex.scores) == {"left1", "right2", *GENERIC_SCORES}
-    assert ex.ablation is not None and ex.ablation.ablated["accuracy"].shape == (2, 4)
-    assert ex.labels[0] == task.token_labels(batch.inputs[0])
+    np.testing.assert_allclose(ex.data.attention, stacked[:, :3].numpy())
+    assert set(ex.data.scores) == {"left1", "right2", *GENERIC_SCORES}
+    assert ex.data.ablation is not None and ex.data.ablation.ablated["accuracy"].shape == (2, 4)
+    assert ex.data.labels[0] == task.token_labels(batch.inputs[0])
     assert ex.png.startswith(b"\x89PNG")
 
 
@@ -28,10 +29,10 @@ def test_update_changes_the_picture(explorer_setup):
     before_png, before_map = ex.png, np.array(ex.image.get_array())
     ex.update(layer=1, head=2)
     assert ex.png != before_png
-    np.testing.assert_array_equal(ex.image.get_array(), ex.attention[1, 0, 2])
+    np.testing.assert_array_equal(ex.image.get_array(), ex.data.attention[1, 0, 2])
     assert not np.array_equal(ex.image.get_array(), before_map)
     ex.update(example=2)  # new tick labels
-    assert [t.get_text() for t in ex.ax_map.get_xticklabels()] == ex.labels[2]
+    assert [t.get_text() for t in ex.ax_map.get_xticklabels()] == ex.data.labels[2]
     assert "layer 1, head 2, example 2" in ex.map_title.get_text()
 
 
@@ -76,8 +77,9 @@ def test_sliders_drive_the_same_update(explorer_setup):
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
-    from PIL import Image
     import io
+
+    from PIL import Image
 
     return Image.open(io.BytesIO(data)).size
 
@@ -92,7 +94,8 @@ def test_static_fallback_without_a_frontend(explorer_setup):
     still = base64.b64decode(bundle["image/png"])
     assert still.startswith(b"\x89PNG") and still == ex.static_png()
     width, height = _png_size(still)
-    assert width == _png_size(ex.png)[0] and height > _png_size(ex.png)[1]  # the current picture, a band for the note below
+    # the current picture, a band for the note below
+    assert width == _png_size(ex.png)[0] and height > _png_size(ex.png)[1]
     # Drawn at 1.5x the CSS pixels it is shown at (96 px per inch): sharp on HiDPI, not stretched.
     inches = ex.figure.get_size_inches()[0]
     assert metadata["image/png"]["width"] == round(inches * 96) and width == round(1.5 * 96 * inches)
@@ -116,39 +119,39 @@ def test_one_output_holds_the_widget_and_the_still(explorer_setup, monkeypatch):
 
 def test_reuses_a_precomputed_ablation_and_skips_it_when_asked(explorer_setup):
     task, model, batch, ex = explorer_setup
-    again = widgets.HeadExplorer(model, batch, task, ablation=ex.ablation)
-    assert again.ablation is ex.ablation and "head off" in again.ablation_text(0, 0)
+    again = widgets.HeadExplorer(model, batch, task, ablation=ex.data.ablation)
+    assert again.data.ablation is ex.data.ablation and "head off" in again.data.ablation_text(0, 0)
     bare = widgets.HeadExplorer(model, batch.inputs, ablation=False)
-    assert bare.relations == [] and bare.ablation is None and bare.ablation_text(0, 0) == ""
+    assert bare.data.relations == [] and bare.data.ablation is None and bare.data.ablation_text(0, 0) == ""
     assert "on the first token" in bare.footer_text(0, 0) and "task=" not in bare.footer_text(0, 0)
-    assert bare.labels[0] == [str(int(t)) for t in batch.inputs[0]]
+    assert bare.data.labels[0] == [str(int(t)) for t in batch.inputs[0]]
 
 
 # ------------------------------------------------------------------------------------ text in, maps out
 def test_an_explorer_on_text_reruns_the_model_on_new_text(text_explorer):
     model, ex = text_explorer
-    assert (ex.T, ex.n_heads) == (len("attend to this") + 1, 4)
-    assert ex.labels[0][:3] == ["<|endoftext|>", "a", "t"]
+    assert (ex.data.T, ex.data.n_heads) == (len("attend to this") + 1, 4)
+    assert ex.data.labels[0][:3] == ["<|endoftext|>", "a", "t"]
     ex.update(layer=1, head=3)
     before = ex.png
     ex.set_text("a much longer sentence.")
-    assert ex.T == len("a much longer sentence.") + 1 and (ex.layer, ex.head) == (1, 3)
+    assert ex.data.T == len("a much longer sentence.") + 1 and (ex.layer, ex.head) == (1, 3)
     tokens = model.tokenizer("a much longer sentence.")
     stacked = stack_attention(model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_pattern"))[1])
-    np.testing.assert_allclose(ex.attention[:, 0], stacked[:, 0].numpy())
+    np.testing.assert_allclose(ex.data.attention[:, 0], stacked[:, 0].numpy())
     assert ex.png != before and "layer 1, head 3" in ex.map_title.get_text()
 
 
 def test_text_limits_are_stated_and_leave_the_explorer_as_it_was(text_explorer):
     _, ex = text_explorer
-    T, png = ex.T, ex.png
+    T, png = ex.data.T, ex.png
     with pytest.raises(ValueError, match="empty"):
         ex.set_text("   ")
     with pytest.raises(ValueError, match=rf"40 tokens; the explorer takes at most {widgets.MAX_TOKENS}"):
         ex.set_text("x" * 39)
-    assert (ex.T, ex.png) == (T, png)
+    assert (ex.data.T, ex.png) == (T, png)
     ex.set_text("x" * (widgets.MAX_TOKENS - 1))  # exactly the cap
-    assert ex.T == widgets.MAX_TOKENS
+    assert ex.data.T == widgets.MAX_TOKENS
     with pytest.raises(TypeError, match="takes text"):
         widgets.HeadExplorer(text_explorer[0], torch.tensor([[0, 1, 2]]), ablation=False).set_text("hi")
 
@@ -161,38 +164,38 @@ def test_the_text_box_redraws_on_enter_and_says_what_is_wrong(text_explorer):
     assert type(box).__name__ == "Text" and box.continuous_update is False  # a new value on Enter, not per key
     shown = image.value
     box.value = "new words here"
-    assert ex.T == len("new words here") + 1 and image.value == ex.png != shown
-    assert f"{ex.T} tokens" in message.value
+    assert ex.data.T == len("new words here") + 1 and image.value == ex.png != shown
+    assert f"{ex.data.T} tokens" in message.value
     box.value = ""
-    assert "empty" in message.value and image.value == ex.png and ex.T == len("new words here") + 1
+    assert "empty" in message.value and image.value == ex.png and ex.data.T == len("new words here") + 1
     box.value = "y" * 50
     assert "at most 32" in message.value
 
 
 def test_hide_keys_renormalises_what_is_left():
     weights = np.array([[1.0, 0.0, 0.0], [0.5, 0.25, 0.25], [0.2, 0.2, 0.6]])
-    shown = widgets.hide_keys(weights, [0])
+    shown = hide_keys(weights, [0])
     np.testing.assert_allclose(shown, [[0.0, 0.0, 0.0], [0.0, 0.5, 0.5], [0.0, 0.25, 0.75]])  # row 0 had only key 0
 
 
 def test_the_toggle_hides_the_first_token_and_special_tokens(text_explorer):
     _, ex = text_explorer
     ex.set_text("ab")
-    assert ex.special_keys() == [0]
+    assert ex.data.special_keys() == [0]
     ex.update(layer=0, head=1, hide_special=True)
     shown = np.array(ex.image.get_array())
-    np.testing.assert_allclose(shown, widgets.hide_keys(ex.attention[0, 0, 1], [0]))
+    np.testing.assert_allclose(shown, hide_keys(ex.data.attention[0, 0, 1], [0]))
     assert (shown[:, 0] == 0).all() and np.allclose(shown[1:].sum(-1), 1.0)
     assert "hidden" in ex.map_title.get_text()
     ex.update(hide_special=False)
-    np.testing.assert_allclose(ex.image.get_array(), ex.attention[0, 0, 1])
+    np.testing.assert_allclose(ex.image.get_array(), ex.data.attention[0, 0, 1])
 
 
 def test_the_line_under_the_map_names_the_heads_sharing_keys_and_values(text_explorer):
     _, ex = text_explorer
-    assert ex.kv_group(3) == [2, 3] and ex.kv_group(0) == [0, 1]
+    assert ex.data.kv_group(3) == [2, 3] and ex.data.kv_group(0) == [0, 1]
     assert "K/V head 1 of 2, shared with heads 2" in ex.footer_text(0, 3)
-    first = float(ex.scores["first-token"][0, 3])
+    first = float(ex.data.scores["first-token"][0, 3])
     assert f"{first:.0%} of its attention on the first token" in ex.footer_text(0, 3)
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from mhalab.labs.core import available_notebooks, load
 
-from .grade import grade, release
+from .cells import release
+from .grade import grade
 from .gradebook import Submission, find_submissions, grade_class, gradescope_results, write_outputs
 from .sandbox import Limits, SandboxUnavailable, problem
 

@@ -25,17 +25,14 @@ from typing import Any
 
 import nbformat
 
-from .cells import (_GRADE_ID, BEGIN_LINE, END_LINE, Answer, MarkerError, answers, for_nbgrader, release,
-                    solution_regions, student_version)
 from mhalab.labs.core import PACKAGE, PASSED, load
-from .kernel import GradingKernel, KernelGone, _Handed, sandbox
+
+from .cells import _GRADE_ID, answers, student_version
+from .kernel import GradingKernel, KernelGone, _Handed
 from .sandbox import Limits
 
-__all__ = [  # the answer cells' and the kernel's names too, where they were before those had modules of their own
-    "BEGIN_LINE", "END_LINE", "MISSING", "NOT_CHECKED", "Answer", "ExerciseGrade", "GradeReport", "GradingKernel",
-    "KernelGone", "MarkerError", "answers", "assignment_of", "for_nbgrader", "grade", "instructor_notebook", "release",
-    "sandbox", "similarity", "copy_flag", "solution_regions", "student_version",
-]
+__all__ = ["MISSING", "NOT_CHECKED", "ExerciseGrade", "GradeReport", "assignment_of", "copy_flag", "grade",
+           "instructor_notebook", "similarity"]
 
 NOT_CHECKED, MISSING = "not checked", "missing"
 

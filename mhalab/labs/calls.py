@@ -9,7 +9,8 @@ import copy
 import inspect
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .core import PACKAGE, AnswerRaised, Wrong, session
 from .invoke import Opaque, describe, invoke, where
@@ -42,12 +43,11 @@ _RAISED = {cls.__name__: cls for cls in (NotImplementedError, Wrong, AnswerRaise
 
 
 def call_answer(fn: Callable, *args: Any, label: str | None = None, allow: tuple = (), copy_args: bool = True,
-                uses: tuple = (), forbid: tuple = (), facts: tuple = ()) -> Any:
+                forbid: tuple = (), facts: tuple = ()) -> Any:
     """Call the learner's ``fn(*args)`` (positionally, on copies) and return what it returned. :class:`Wrong`
     when ``fn`` cannot take the template's arguments or runs mhalab code that ``forbid`` names (module or
     function prefixes: only what the exercise's prompt forbids; every other helper is fair); :class:`AnswerRaised`
-    when it raises (but ``allow``). ``facts`` to measure during the call, read with :func:`observe`.
-    ``uses`` is accepted for older exercise modules and means nothing: whatever is not forbidden may run."""
+    when it raises (but ``allow``). ``facts`` to measure during the call, read with :func:`observe`."""
     state = session()
     name = state.template[0] if state.template else getattr(fn, "__name__", "your function")
     if label is None:

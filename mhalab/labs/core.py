@@ -40,7 +40,7 @@ class _Session:
     """What one check knows while it runs: the template, where the answer runs, and what its last call measured."""
 
     template: tuple[str, tuple[str, ...]] | None = None
-    remote: Any = None            # grading: the kernel the answer runs in (mhalab.labs.kernel.GradingKernel)
+    remote: Any = None            # grading: the kernel the answer runs in (mhalab_grader.kernel.GradingKernel)
     key: str = ""                 # the exercise ("03.1")
     trusted: bool = False         # the course's own answers (tests): the reference may be handed in
     seed: int | None = None       # grading: hidden inputs drawn fresh from it (None: the fixed cases of q.check)

@@ -6,7 +6,7 @@ several targets per position) and compare with :mod:`mhalab.hooks`/:mod:`mhalab.
 run a model and attach hooks (``model.run_with_hooks``, ``model.hooks``, ``register_forward_hook``); in exercise 1,
 as its prompt says, an answer that calls the course's own ablation (``ablate_heads``, ``gate_heads``,
 ``mhalab.ablation``) scores 0. Exercise 2 may use anything, ``ablate`` included.
-Heads' roles are named as everywhere in the course (:func:`mhalab.scores.role_of`).
+Heads' roles are named as everywhere in the course (:func:`mhalab.head_roles.role_of`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..hooks import ablate_heads
-from ..scores import previous_token_score
+from ..head_roles import previous_token_score
 from .checks import (as_float64, call_answer, expect_shape, generator, hidden_model, judge, observe,
                      previous_token_mistakes)
 from .core import Exercise, Wrong, register

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_index
+from ..arguments import check_index
 from ..plotting import DPI
 from .display import still_png, widget_bundle
 

@@ -12,95 +12,64 @@ off-screen matplotlib figure and re-renders it to the PNG an ``ipywidgets.Image`
 
 from __future__ import annotations
 
-import contextlib
 import html
 import io
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
-from .._checks import check_index
-from ..ablation import AblationTable, ablate_each_head
-from ..hooks import run_with_cache
-from ..models import eval_mode
+from ..ablation import AblationTable
+from ..arguments import check_index
+from ..head_data import AttentionLayers, HeadData, head_data
+from ..head_roles import NO_ROLE
 from ..plotting import DPI, fit_tick_labels, relation_style, short_label
-from ..scores import FRACTION_SCORES, NO_ROLE, fraction_keys, head_scores, role_of, stack_attention
 from .display import still_png, widget_bundle
 
-__all__ = ["HeadExplorer", "head_explorer", "MAX_TOKENS", "SPECIAL_LABELS", "hide_keys"]
+__all__ = ["HeadExplorer", "head_explorer", "MAX_TOKENS"]
 
 #: The most tokens the explorer takes from typed text (special tokens included): the maps stay readable
 #: and a re-run answers within a second on two CPU cores (``benchmarks/explorer.py``).
 MAX_TOKENS = 32
-#: Token labels that are bookkeeping rather than text; with the first token they can be hidden.
-SPECIAL_LABELS = ("[CLS]", "[SEP]", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
 #: How many characters of a token label an axis shows.
 LABEL_CHARS = 10
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """torch on one CPU thread for the explorer's small forward passes: on a busy machine two OpenMP threads
-    wait for each other at every matrix product (benchmarks/RESULTS.md: 5-9 s per new text against 0.4-0.7 s)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def hide_keys(attention: np.ndarray, keys) -> np.ndarray:
-    """``attention [..., T, S]`` without the weight on key positions ``keys``, each row renormalised to sum
-    to 1 over the keys left (a row with nothing left, e.g. a causal query 0 that only sees token 0, is 0)."""
-    shown = np.array(attention, dtype=np.float64, copy=True)
-    shown[..., list(keys)] = 0.0
-    total = shown.sum(-1, keepdims=True)
-    return np.divide(shown, total, out=np.zeros_like(shown), where=total > 0)
-
-
 class HeadExplorer:
-    """Sliders over every head of a model (layer, head, example, highlight), answered from precomputed arrays.
+    """Sliders over every head of a model (layer, head, example, highlight), answered from :attr:`data`.
 
     ``batch``: a task ``Batch`` (its ``sources`` give relation scores) or ``[B, T]`` token ids; scores and
     ablation effects use the whole batch, the example slider its first ``examples``. ``task``: for token
     labels and ``task.metrics``. ``ablation``: zero each head once (needs ``task``), or an
     :class:`~mhalab.ablation.AblationTable` computed on the same batch. ``figsize``: inches, shown at
     :data:`~mhalab.plotting.DPI` CSS pixels each and rendered at 1.5x that, sharp on HiDPI screens.
-    ``attention`` is ``[N, E, H, T, S]``, ``scores`` ``{name: [N, H]}`` (numpy), ``png`` the current picture.
+    ``data`` is the :class:`~mhalab.head_data.HeadData` every view reads; ``png`` the current picture.
     """
-
-    threshold = 0.5  # a head follows a relation/score when at least this fraction of its attention lands there
 
     def __init__(self, model: nn.Module, batch: Any, task: Any = None, *, examples: int = 8,
                  ablation: bool | AblationTable = True, figsize: tuple[float, float] = (9.0, 3.8),
                  layer: int = 0, head: int = 0) -> None:
         self.model = model
         self.tokenizer = getattr(model, "tokenizer", None) if isinstance(batch, str) else None
-        attn = next((m for m in model.modules() if hasattr(m, "n_kv_heads") and hasattr(m, "hook_pattern")), None)
-        self.n_kv_heads = getattr(attn, "n_kv_heads", None)
-        self.hide_special = False
-        self._listeners: list = []  # called after set_text (the model view redraws)
+        self._layers = AttentionLayers(model)  # the attention modules and hook names, looked up once
+        self._observers: list[Callable[[], None]] = []
         self._widget = None
-        self._figsize = figsize
+        self.hide_special = False
         if isinstance(batch, str):
             if self.tokenizer is None:
                 raise TypeError(f"{type(model).__name__} has no .tokenizer to turn text into tokens: pass token ids "
                                 "or a task Batch, or a pretrained model (mhalab.pretrained.load_minilm/load_smollm2)")
-            self.text = batch
-            batch, task, ablation = self._encode(batch), self.tokenizer, False
+            self.data = self._run(batch)
         else:
-            self.text = None
-        self._compute(batch, task, examples, ablation)
+            self.data = head_data(model, batch, task, examples=examples, ablation=ablation, layers=self._layers)
         self.layer, self.head, self.example = 0, 0, 0
         self.highlight = NO_ROLE
         self._build_figure(figsize)
         self.update(layer=layer, head=head)
 
-    def _encode(self, text: str) -> torch.Tensor:
-        """``text`` as ``[1, T]`` ids; ValueError (shown in the widget) when empty or over :data:`MAX_TOKENS`."""
+    def _run(self, text: str) -> HeadData:
+        """The model on ``text``; ValueError (shown in the widget) when empty or over :data:`MAX_TOKENS` tokens."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         if not text.strip():
@@ -110,69 +79,26 @@ class HeadExplorer:
         n = tokens.size(1)
         if n > MAX_TOKENS:
             raise ValueError(f"that text is {n} tokens; the explorer takes at most {MAX_TOKENS} (special tokens "
-                             f"such as {self.tokenizer.token_labels(tokens[0, :1])[0]!r} included): shorten it and press Enter")
-        return tokens
-
-    def _compute(self, batch: Any, task: Any, examples: int, ablation: bool | AblationTable) -> None:
-        """Everything the sliders look up: attention, scores, labels, ablation (the expensive part)."""
-        model = self.model
-        tokens = getattr(batch, "inputs", batch)  # [B, T]
-        if not isinstance(tokens, torch.Tensor):
-            raise TypeError(f"expected text, a task Batch or a [batch, seq] tensor of token ids, got {type(batch).__name__}")
-        device = next(model.parameters()).device
-        with eval_mode(model), _one_thread(), torch.no_grad():
-            _, cache = run_with_cache(model, tokens.to(device), names_filter=lambda n: n.endswith("hook_pattern"))
-        attention = stack_attention(cache)  # [N, B, H, T, S]
-        self.n_layers, B, self.n_heads, self.T, self.S = attention.shape
-        self.n_examples = max(1, min(int(examples), B))
-        has_sources = getattr(batch, "sources", None) is not None
-        self.relations: list[str] = list(batch.sources) if has_sources else []
-        scores = head_scores(attention, batch if has_sources else None)
-        self.scores = {name: s.cpu().numpy() for name, s in scores.items()}
-        self.attention = attention[:, : self.n_examples].float().cpu().numpy()  # [N, E, H, T, S]
-        # Where each highlight says a head should look: {name: [E, T] key per query, -1 for none}.
-        E, T = self.n_examples, self.T
-        self.keys = {r: batch.sources[r][:E].cpu().numpy() for r in self.relations}
-        for name in FRACTION_SCORES:  # the same keys in every example
-            self.keys[name] = np.broadcast_to(fraction_keys(name, T, self.S).numpy(), (E, T))
-        self.keys[NO_ROLE] = np.full((E, T), -1)
-        labels = getattr(task, "token_labels", None) or (lambda ids: [str(int(t)) for t in ids])
-        self.labels = [list(labels(tokens[e].cpu())) for e in range(self.n_examples)]
-        self.bar_names = self.relations + list(FRACTION_SCORES)  # fractions in [0, 1]
-        if not isinstance(ablation, AblationTable):  # else computed already (e.g. by the notebook): reuse it
-            ablation = ablate_each_head(model, task, batch) if ablation and task is not None else None
-        self.ablation = ablation
+                             f"such as {self.tokenizer.token_labels(tokens[0, :1])[0]!r} included): shorten it and "
+                             "press Enter")
+        return head_data(self.model, tokens, self.tokenizer, examples=1, ablation=False, text=text, layers=self._layers)
 
     def set_text(self, text: str) -> None:
-        """Run the model on new ``text`` (explorers built from text only) and redraw, keeping layer and head."""
+        """Run the model on new ``text`` (explorers built from text only) and redraw, keeping layer and head;
+        then tell every view that :meth:`observe` s this explorer."""
         if self.tokenizer is None:
             raise TypeError("this explorer was built from token ids, not text: head_explorer(model, 'some text') "
                             "takes text (with a pretrained model)")
-        tokens = self._encode(text)  # raises before anything changes
-        self.text = text
-        self._compute(tokens, self.tokenizer, 1, False)
+        self.data = self._run(text)  # raises before anything changes
         self.example = 0
         self._reshape()
         self.update()
-        for listener in self._listeners:
-            listener()
+        for callback in self._observers:
+            callback()
 
-    def special_keys(self, example: int = 0) -> list[int]:
-        """Key positions :attr:`hide_special` hides: the first token, and any [CLS]/[SEP]-like token."""
-        labels = self.labels[example]
-        return sorted({0, *(i for i, label in enumerate(labels) if label in SPECIAL_LABELS)})
-
-    def shown_map(self, layer: int, head: int, example: int = 0) -> np.ndarray:
-        """The ``[T, S]`` map drawn for a head: as computed, or with :meth:`special_keys` hidden."""
-        weights = self.attention[layer, example, head]
-        return hide_keys(weights, self.special_keys(example)) if self.hide_special else weights
-
-    def kv_group(self, head: int) -> list[int]:
-        """The query heads that share ``head``'s K/V head (grouped-query attention); ``[head]`` without it."""
-        if not self.n_kv_heads or self.n_kv_heads == self.n_heads:
-            return [head]
-        size = self.n_heads // self.n_kv_heads
-        return list(range(head // size * size, (head // size + 1) * size))
+    def observe(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after each new text (another view of the same data, e.g. the model view, redraws)."""
+        self._observers.append(callback)
 
     # ------------------------------------------------------------------ figure
     def _build_figure(self, figsize: tuple[float, float]) -> None:
@@ -182,12 +108,13 @@ class HeadExplorer:
         # A pyplot-free Figure: it never pops up or gets shown twice by the inline backend.
         self.figure = Figure(figsize=figsize, dpi=1.5 * DPI)
         FigureCanvasAgg(self.figure)
-        self._css_width = round(figsize[0] * DPI)  # shown at this width whatever the pixel density
+        self.css_width = round(figsize[0] * DPI)  # shown at this width whatever the pixel density
         self.figure.subplots_adjust(left=0.1, right=0.97, top=0.88, bottom=0.3, wspace=0.55)
         self.ax_map, self.ax_bar = self.figure.subplots(1, 2, width_ratios=[1.25, 1])
 
-        T, S = self.T, self.S
-        self.image = self.ax_map.imshow(np.zeros((T, S)), vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto", interpolation="nearest")
+        T, S = self.data.T, self.data.S
+        self.image = self.ax_map.imshow(np.zeros((T, S)), vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto",
+                                        interpolation="nearest")
         bar = self.figure.colorbar(self.image, ax=self.ax_map, fraction=0.046, pad=0.02)
         bar.set_label("attention weight", fontsize=8)
         bar.ax.tick_params(labelsize=7)
@@ -197,13 +124,14 @@ class HeadExplorer:
         self.markers = self.ax_map.scatter([], [], s=40, facecolors="none", edgecolors="red", linewidths=1.2)
         self.map_title = self.ax_map.set_title("", fontsize=9)
 
-        y = np.arange(len(self.bar_names))
+        y = np.arange(len(self.data.bar_names))
         self.bars = self.ax_bar.barh(y, np.zeros(len(y)), color="tab:gray")
-        self.ax_bar.set_yticks(y, self.bar_names, fontsize=8)
+        self.ax_bar.set_yticks(y, self.data.bar_names, fontsize=8)
         self.ax_bar.invert_yaxis()
         self.ax_bar.set_xlim(0, 1)
-        self.ax_bar.axvline(self.threshold, color="k", lw=0.6, ls=":")
-        self.ax_bar.set_xlabel("fraction of attention" + (" (whole text)" if self.text is not None else " (whole batch)"), fontsize=8)
+        self.ax_bar.axvline(self.data.threshold, color="k", lw=0.6, ls=":")
+        over = " (whole text)" if self.data.text is not None else " (whole batch)"
+        self.ax_bar.set_xlabel("fraction of attention" + over, fontsize=8)
         self.ax_bar.tick_params(axis="x", labelsize=7)
         self.bar_text = [self.ax_bar.text(0.0, i, "", va="center", fontsize=7) for i in y]
         self.bar_title = self.ax_bar.set_title("", fontsize=9)
@@ -212,14 +140,15 @@ class HeadExplorer:
         # Blitting: everything that changes with a slider is "animated", i.e. left out of the full draw.
         # The full draw (axes, ticks, colour bar) is cached as a background; a move restores it and
         # draws only these artists on top, which is several times faster than redrawing the figure.
-        self._dynamic = [self.image, self.markers, self.map_title, *self.bars, *self.bar_text, self.bar_title, self.footer]
+        self._dynamic = [self.image, self.markers, self.map_title, *self.bars, *self.bar_text, self.bar_title,
+                         self.footer]
         for artist in self._dynamic:
             artist.set_animated(True)
 
     def _reshape(self) -> None:
         """Fit the map to a new length in the same axes (new tick labels at the next update): far cheaper
         than new axes, whose ticks matplotlib would build again one by one."""
-        T, S = self.T, self.S
+        T, S = self.data.T, self.data.S
         self.image.set_data(np.zeros((T, S)))
         self.image.set_extent((-0.5, S - 0.5, T - 0.5, -0.5))
         self.ax_map.set_xlim(-0.5, S - 0.5)
@@ -243,23 +172,6 @@ class HeadExplorer:
         Image.fromarray(rgba[..., :3]).save(buffer, format="png", compress_level=1)  # fast, still lossless
         return buffer.getvalue()
 
-    @property
-    def heads(self) -> list[tuple[int, int]]:
-        """Every ``(layer, head)`` pair, in order."""
-        return [(l, h) for l in range(self.n_layers) for h in range(self.n_heads)]
-
-    def role_name(self, layer: int, head: int) -> str:
-        """The head's role (:func:`mhalab.scores.role_of`): a relation, a generic score or ``"none"``."""
-        return role_of(self.scores, layer, head, self.relations, self.threshold)
-
-    def role(self, layer: int, head: int) -> str:
-        """:meth:`role_name` with its score, or ``"none"`` with why (spread out, or no single position)."""
-        best = self.role_name(layer, head)
-        if best != NO_ROLE:
-            return f"{best} ({float(self.scores[best][layer, head]):.2f})"
-        spread = float(self.scores["entropy"][layer, head]) > 0.75 * np.log(self.S)
-        return f"{NO_ROLE} ({'spread out' if spread else 'no single position'})"
-
     def update(self, layer: int | None = None, head: int | None = None, example: int | None = None,
                highlight: str | None = None, hide_special: bool | None = None) -> None:
         """Show another head/example/highlight: array lookups, the artists' data, one PNG render.
@@ -277,28 +189,29 @@ class HeadExplorer:
             self.highlight = highlight
         l, h, e = self.layer, self.head, self.example
 
-        self.image.set_data(self.shown_map(l, h, e))  # [T, S]
+        self.image.set_data(self.data.shown_map(l, h, e, hide_special=self.hide_special))  # [T, S]
         relabel = e != self._labelled_example
         if relabel:  # tick labels change only with the example; they live in the cached background
-            labels = [short_label(t, LABEL_CHARS) for t in self.labels[e]]
+            labels = [short_label(t, LABEL_CHARS) for t in self.data.labels[e]]
             fit_tick_labels(self.ax_map, "x", labels)  # flat, upright, or every k-th: never overlapping
-            fit_tick_labels(self.ax_map, "y", labels[-self.T :])
+            fit_tick_labels(self.ax_map, "y", labels[-self.data.T :])
             self._labelled_example = e
-        keys = self.keys[self.highlight][e]  # [T]
+        keys = self.data.keys[self.highlight][e]  # [T]
         queries = np.flatnonzero(keys >= 0)
         self.markers.set_offsets(np.stack([keys[queries], queries], axis=1))  # [P, 2] (key, query) points
-        where = f"layer {l}, head {h}" + (f", example {e}" if self.n_examples > 1 else "")
-        names = ", ".join(short_label(self.labels[e][k], LABEL_CHARS) for k in self.special_keys(e))
+        where = f"layer {l}, head {h}" + (f", example {e}" if self.data.n_examples > 1 else "")
+        names = ", ".join(short_label(self.data.labels[e][k], LABEL_CHARS) for k in self.data.special_keys(e))
         hidden = f" ({names} hidden)" if self.hide_special else ""
-        self.map_title.set_text(f"{where}: {self.role(l, h)}{hidden}")
+        self.map_title.set_text(f"{where}: {self.data.role(l, h)}{hidden}")
 
-        for i, name in enumerate(self.bar_names):
-            value = float(self.scores[name][l, h])
+        for i, name in enumerate(self.data.bar_names):
+            value = float(self.data.scores[name][l, h])
             self.bars[i].set_width(value)
-            self.bars[i].set_color("tab:red" if name == self.highlight else relation_style(name, self.relations)[1])
+            colour = "tab:red" if name == self.highlight else relation_style(name, self.data.relations)[1]
+            self.bars[i].set_color(colour)
             self.bar_text[i].set_position((min(value, 0.8) + 0.02, i))
             self.bar_text[i].set_text(f"{value:.2f}")
-        entropy, distance = float(self.scores["entropy"][l, h]), float(self.scores["distance"][l, h])
+        entropy, distance = float(self.data.scores["entropy"][l, h]), float(self.data.scores["distance"][l, h])
         self.bar_title.set_text(f"scores: entropy {entropy:.2f} nats, distance {distance:.1f}")
         self.footer.set_text(self.footer_text(l, h))
 
@@ -311,36 +224,25 @@ class HeadExplorer:
     @property
     def sizes(self) -> dict[str, int]:
         """How many layers, heads and examples the sliders offer."""
-        return {"layer": self.n_layers, "head": self.n_heads, "example": self.n_examples}
+        return {"layer": self.data.n_layers, "head": self.data.n_heads, "example": self.data.n_examples}
 
     @property
     def highlight_options(self) -> list[str]:
-        return [NO_ROLE] + self.bar_names
+        return [NO_ROLE] + self.data.bar_names
 
     def footer_text(self, layer: int, head: int) -> str:
         """The line under the picture: the ablation's effect when there is one, else which heads share this
         head's keys and values (grouped-query attention) and its share of attention on the first token."""
-        if self.ablation is not None:
-            return self.ablation_text(layer, head)
+        if self.data.ablation is not None:
+            return self.data.ablation_text(layer, head)
         parts = []
-        group = self.kv_group(head)
+        group = self.data.kv_group(head)
         if len(group) > 1:
             others = ", ".join(str(g) for g in group if g != head)
-            parts.append(f"K/V head {head // len(group)} of {self.n_kv_heads}, shared with heads {others}")
-        first = float(self.scores["first-token"][layer, head])
-        parts.append(f"{first:.0%} of its attention on the first token (queries 1..{self.T - 1})")
+            parts.append(f"K/V head {head // len(group)} of {self.data.n_kv_heads}, shared with heads {others}")
+        first = float(self.data.scores["first-token"][layer, head])
+        parts.append(f"{first:.0%} of its attention on the first token (queries 1..{self.data.T - 1})")
         return "   |  ".join(parts)
-
-    def ablation_text(self, layer: int, head: int) -> str:
-        """One line: what switching this head off does to accuracy (overall and per relation); "" without one."""
-        if self.ablation is None:
-            return ""
-        base, after = self.ablation.baseline, self.ablation.ablated
-        after_accuracy = float(after["accuracy"][layer, head])
-        text = f"head off (zero): accuracy {base['accuracy']:.3f} -> {after_accuracy:.3f}"
-        per_relation = [f"{r} {float(after[f'accuracy/{r}'][layer, head]):.2f}"
-                        for r in self.relations if f"accuracy/{r}" in after]
-        return text + ("   |  " + "  ".join(per_relation) if per_relation else "")
 
     # ----------------------------------------------------------------- widgets
     @property
@@ -356,9 +258,10 @@ class HeadExplorer:
             }
             self._controls["highlight"] = W.Dropdown(options=self.highlight_options, value=self.highlight,
                                                      description="highlight", style=style)
-            self._controls["hide_special"] = W.Checkbox(value=self.hide_special, indent=False,
-                                                        description="hide the first token, [CLS], [SEP]")
-            width = W.Layout(width=f"{self._css_width}px")
+            self._controls["hide_special"] = W.Checkbox(value=self.hide_special, indent=False,  # as wide as its words
+                                                        description="hide the first token, [CLS], [SEP]",
+                                                        layout=W.Layout(width="auto"))
+            width = W.Layout(width=f"{self.css_width}px")
             self._image_widget = W.Image(value=self.png, format="png", layout=width)
             self._image_widget.add_class("mhalab-head-map")
             for control in self._controls.values():
@@ -368,8 +271,8 @@ class HeadExplorer:
                                      W.Label("(rows renormalised over the keys left)")])]
             if self.tokenizer is not None:  # built from text: a box to type new text in
                 # continuous_update=False: the value changes on Enter (or leaving the box), not per key.
-                box = W.Text(value=self.text, description="text", continuous_update=False, style=style,
-                             layout=W.Layout(width=f"{min(self._css_width, 760)}px"))
+                box = W.Text(value=self.data.text, description="text", continuous_update=False, style=style,
+                             layout=W.Layout(width=f"{min(self.css_width, 760)}px"))
                 box.add_class("mhalab-text")
                 box.observe(self._on_text, names="value")
                 self._message = W.HTML(value=self._message_html(""))
@@ -382,7 +285,8 @@ class HeadExplorer:
     def _message_html(self, error: str) -> str:
         if error:
             return f"<span style='color:#b00'>{html.escape(error)}</span>"
-        return html.escape(f"{self.T} tokens (at most {MAX_TOKENS}); edit the text and press Enter to re-run the model")
+        return html.escape(f"{self.data.T} tokens (at most {MAX_TOKENS}); edit the text and press Enter to re-run "
+                           "the model")
 
     def _on_text(self, change) -> None:
         try:
@@ -398,7 +302,8 @@ class HeadExplorer:
             self.update(**{name: change["new"]})
 
     #: The line under the still picture, for viewers that cannot run the sliders.
-    STATIC_NOTE = "A still of the head explorer: run this notebook (Jupyter or Colab) to move its sliders and type text."
+    STATIC_NOTE = ("A still of the head explorer: run this notebook (Jupyter or Colab) to move its sliders and "
+                   "type text.")
 
     def static_png(self) -> bytes:
         """The current picture with :attr:`STATIC_NOTE` written under it, as PNG bytes."""
@@ -407,12 +312,13 @@ class HeadExplorer:
     def _repr_mimebundle_(self, include=None, exclude=None) -> tuple[dict, dict]:
         """The widget view where a kernel runs, and always the still picture (``image/png``, with
         :attr:`STATIC_NOTE`) for viewers that cannot draw widgets (GitHub, nbviewer, the course website)."""
-        return widget_bundle(self, self.static_png(), self._css_width)
+        return widget_bundle(self, self.static_png(), self.css_width)
 
     def __repr__(self) -> str:
         return (
-            f"<HeadExplorer: {self.n_layers} layers x {self.n_heads} heads, {self.n_examples} examples, "
-            f"showing layer {self.layer} head {self.head} example {self.example}: {self.role(self.layer, self.head)}>"
+            f"<HeadExplorer: {self.data.n_layers} layers x {self.data.n_heads} heads, {self.data.n_examples} examples, "
+            f"showing layer {self.layer} head {self.head} example {self.example}: "
+            f"{self.data.role(self.layer, self.head)}>"
         )
 
 

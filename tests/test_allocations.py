@@ -1,12 +1,12 @@
-"""Tests for mhalab.memory: the tensors a call creates, and the most bytes of them alive at once."""
+"""Tests for mhalab.allocations: the tensors a call creates, and the most bytes of them alive at once."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from mhalab import MultiHeadAttention
+from mhalab.allocations import Footprint, NewTensor, footprint
 from mhalab.attention import attention_weights
-from mhalab.memory import Footprint, NewTensor, footprint
 
 
 def test_one_new_tensor_is_recorded_with_its_operator_shape_and_bytes():

@@ -13,12 +13,13 @@ the count is what the operators hand back to PyTorch, exactly and the same on ev
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 __all__ = ["NewTensor", "Footprint", "footprint"]
 

@@ -18,40 +18,61 @@ import io
 
 import numpy as np
 
-from ._checks import check_index
-from .plotting import DPI
-from .widgets import HeadExplorer, widgets_available
+from ..arguments import check_index
+from ..head_data import hide_keys
+from ..plotting import DPI, short_label
+from .display import still_png, widgets_available
+from .heads import HeadExplorer
 
 __all__ = ["ModelView", "model_view", "SINK_THRESHOLD"]
 
 #: A head is a sink head when at least this fraction of its attention (queries 1..T-1) is on the first token.
 SINK_THRESHOLD = 0.5
-PIXELS = 24  # each thumbnail, in mosaic pixels (drawn at 1.5 device pixels per CSS pixel)
+SMALLEST, LARGEST = 16, 72  # a thumbnail's side, in mosaic pixels = CSS pixels (drawn at 1.5 device pixels each)
+TALLEST = 900  # CSS pixels: a deep model gets smaller thumbnails rather than a taller picture
 GAP, GROUP_GAP = 3, 9  # between thumbnails; between K/V groups (and layers get GAP)
+LEFT, RIGHT, BOTTOM = 34, 8, 6  # margins, CSS pixels: the layer labels on the left
 
 
 class ModelView:
     """All heads of ``explorer``'s model as thumbnails; :meth:`pick` a head to show it in the explorer.
 
-    ``mosaic`` ``[rows, cols, 3]`` float RGB, ``png`` the current picture, ``sinks`` the sink heads."""
+    ``pixels``: a thumbnail's side; by default as large as lets the picture span the explorer's width (and
+    stay under :data:`TALLEST`). ``mosaic`` ``[rows, cols, 3]`` float RGB, ``png`` the current picture,
+    ``sinks`` the sink heads."""
 
     STATIC_NOTE = "A still of the model view: run this notebook (Jupyter or Colab) to pick heads."
 
-    def __init__(self, explorer: HeadExplorer, *, pixels: int = PIXELS) -> None:
+    def __init__(self, explorer: HeadExplorer, *, pixels: int | None = None) -> None:
         if not isinstance(explorer, HeadExplorer):
-            raise TypeError(f"model_view takes a HeadExplorer (head_explorer(model, text)), got {type(explorer).__name__}")
+            raise TypeError(f"model_view takes a HeadExplorer (head_explorer(model, text)), "
+                            f"got {type(explorer).__name__}")
         self.explorer = explorer
-        self.pixels = pixels
+        # by default a little inside the explorer's width, so that the two line up
+        self.pixels = self._fitting_pixels(explorer.css_width - 24) if pixels is None else pixels
         self.layer, self.head = explorer.layer, explorer.head
         self._widget = None
-        explorer._listeners.append(self.refresh)
+        explorer.observe(self.refresh)  # new text in the explorer: redraw here too
         self.refresh()
 
     # ------------------------------------------------------------------ layout
     @property
     def group_size(self) -> int:
-        ex = self.explorer
-        return ex.n_heads // ex.n_kv_heads if ex.n_kv_heads and ex.n_kv_heads != ex.n_heads else ex.n_heads
+        data = self.explorer.data  # without grouped-query attention, one group of all heads (no K/V labels)
+        return data.n_heads // data.n_kv_heads if data.n_kv_heads != data.n_heads else data.n_heads
+
+    def _fitting_pixels(self, width: int) -> int:
+        """The largest thumbnail side in ``[SMALLEST, LARGEST]`` that fits ``width`` CSS pixels and :data:`TALLEST`."""
+        data = self.explorer.data
+        group_gaps = (data.n_heads // self.group_size - 1) * (GROUP_GAP - GAP) if self.group_size < data.n_heads else 0
+        across = (width - LEFT - RIGHT - group_gaps) // data.n_heads - GAP
+        down = (TALLEST - self._top - BOTTOM) // data.n_layers - GAP
+        return int(max(SMALLEST, min(LARGEST, across, down)))
+
+    @property
+    def _top(self) -> int:
+        """The top margin, CSS pixels: the header's four lines, the head labels and (GQA) the K/V labels."""
+        return 96 if self.group_size < self.explorer.data.n_heads else 80
 
     def cell_origin(self, layer: int, head: int) -> tuple[int, int]:
         """(row, column) of the top-left pixel of a head's thumbnail in :attr:`mosaic`."""
@@ -62,26 +83,24 @@ class ModelView:
     @property
     def sinks(self) -> list[tuple[int, int]]:
         """Sink heads: first-token score >= :data:`SINK_THRESHOLD` on this text."""
-        first = self.explorer.scores["first-token"]
+        first = self.explorer.data.scores["first-token"]
         return [(int(l), int(h)) for l, h in zip(*np.nonzero(first >= SINK_THRESHOLD))]
 
     def _build_mosaic(self) -> np.ndarray:
         from matplotlib import colormaps
 
-        ex, P = self.explorer, self.pixels
-        rows = ex.n_layers * (P + GAP) - GAP
-        cols = self.cell_origin(0, ex.n_heads - 1)[1] + P
+        data, P = self.explorer.data, self.pixels
+        rows = data.n_layers * (P + GAP) - GAP
+        cols = self.cell_origin(0, data.n_heads - 1)[1] + P
         mosaic = np.ones((rows, cols, 3))
-        qi = np.arange(P) * ex.T // P  # nearest-neighbour resize of a [T, S] map to P x P
-        ki = np.arange(P) * ex.S // P
-        weights = ex.attention[:, 0]  # [N, H, T, S]
-        if ex.hide_special:
-            from .widgets import hide_keys
-
-            weights = hide_keys(weights, ex.special_keys())
+        qi = np.arange(P) * data.T // P  # nearest-neighbour resize of a [T, S] map to P x P
+        ki = np.arange(P) * data.S // P
+        weights = data.attention[:, 0]  # [N, H, T, S]
+        if self.explorer.hide_special:
+            weights = hide_keys(weights, data.special_keys())
         cells = colormaps["viridis"](weights[:, :, qi][:, :, :, ki])[..., :3]  # [N, H, P, P, 3], one colormap call
-        for l in range(ex.n_layers):
-            for h in range(ex.n_heads):
+        for l in range(data.n_layers):
+            for h in range(data.n_heads):
                 r, c = self.cell_origin(l, h)
                 mosaic[r : r + P, c : c + P] = cells[l, h]
         return mosaic
@@ -92,7 +111,7 @@ class ModelView:
         and labels are built once (the mosaic's size does not depend on the text)."""
         from matplotlib.patches import Rectangle
 
-        ex = self.explorer
+        ex, data = self.explorer, self.explorer.data
         self.mosaic = self._build_mosaic()
         if getattr(self, "figure", None) is None:
             self._build_figure()
@@ -104,9 +123,12 @@ class ModelView:
                                                           edgecolor="tab:orange", lw=0.9))
                              for r, c in (self.cell_origin(l, h) for l, h in self.sinks)]
         hidden = "hidden: first token, [CLS], [SEP] (rows renormalised)" if ex.hide_special else "all keys shown"
-        lines = [f"{ex.n_layers} layers x {ex.n_heads} heads, {ex.T} tokens", hidden,
-                 f"orange: sink head (>= {SINK_THRESHOLD:.0%} on the first token): {len(self.sinks)} of {ex.n_layers * ex.n_heads}",
-                 "red: picked head" + ("; dashed: same K/V head" if self.group_size < ex.n_heads else "")]
+        # which text: a printed count may be older
+        text = "" if data.text is None else f" of {short_label(data.text, 60)!r}"
+        lines = [f"{data.n_layers} layers x {data.n_heads} heads, {data.T} tokens{text}", hidden,
+                 f"orange: sink head (>= {SINK_THRESHOLD:.0%} on the first token): {len(self.sinks)} of "
+                 f"{data.n_layers * data.n_heads}",
+                 "red: picked head" + ("; dashed: same K/V head" if self.group_size < data.n_heads else "")]
         self._header.set_text("\n".join(lines))
         self.pick(self.layer, self.head, follow=False)
 
@@ -114,10 +136,10 @@ class ModelView:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
-        ex = self.explorer
+        data = self.explorer.data
         rows, cols = self.mosaic.shape[:2]
-        gqa = self.group_size < ex.n_heads
-        left, top, bottom, right = 34, 96 if gqa else 80, 6, 8  # margins, CSS pixels: layer labels; header, K/V and head labels
+        gqa = self.group_size < data.n_heads
+        left, top, bottom, right = LEFT, self._top, BOTTOM, RIGHT
         width, height = max(cols + left + right, 300), rows + top + bottom  # one CSS pixel per mosaic pixel
         self.figure = Figure(figsize=(width / DPI, height / DPI), dpi=1.5 * DPI)
         FigureCanvasAgg(self.figure)
@@ -129,13 +151,14 @@ class ModelView:
         ax.axis("off")
         P = self.pixels
         step = 1 if P >= 12 else 2
-        for l in range(0, ex.n_layers, step):
+        for l in range(0, data.n_layers, step):
             ax.text(-4, self.cell_origin(l, 0)[0] + P / 2, f"L{l}", ha="right", va="center", fontsize=7)
-        for h in range(ex.n_heads):
+        for h in range(data.n_heads):
             ax.text(self.cell_origin(0, h)[1] + P / 2, -4, f"H{h}", ha="center", va="bottom", fontsize=7)
         if gqa:  # grouped-query attention: name the K/V head above each group
-            for g in range(ex.n_heads // self.group_size):
-                first, last = self.cell_origin(0, g * self.group_size)[1], self.cell_origin(0, (g + 1) * self.group_size - 1)[1] + P
+            for g in range(data.n_heads // self.group_size):
+                first = self.cell_origin(0, g * self.group_size)[1]
+                last = self.cell_origin(0, (g + 1) * self.group_size - 1)[1] + P
                 ax.plot([first, last], [-16, -16], color="0.3", lw=0.8, clip_on=False)
                 ax.text((first + last) / 2, -18, f"K/V head {g}", ha="center", va="bottom", fontsize=7, color="0.3")
         self._header = self.figure.text(4 / width, 1 - 3 / height, "", fontsize=7, va="top", linespacing=1.3)
@@ -147,14 +170,14 @@ class ModelView:
         from matplotlib.patches import Rectangle
 
         ex = self.explorer
-        layer = self.layer if layer is None else check_index("layer", layer, ex.n_layers)
-        head = self.head if head is None else check_index("head", head, ex.n_heads)  # both checked, then set
+        layer = self.layer if layer is None else check_index("layer", layer, ex.data.n_layers)
+        head = self.head if head is None else check_index("head", head, ex.data.n_heads)  # both checked, then set
         self.layer, self.head = layer, head
         for frame in self._frames:
             frame.remove()
         P = self.pixels
         self._frames = []
-        for h in ex.kv_group(self.head):
+        for h in ex.data.kv_group(self.head):
             r, c = self.cell_origin(self.layer, h)
             main = h == self.head
             self._frames.append(self._ax.add_patch(Rectangle(
@@ -164,7 +187,8 @@ class ModelView:
         self.figure.canvas.draw()
         from PIL import Image
 
-        Image.fromarray(np.asarray(self.figure.canvas.buffer_rgba())[..., :3]).save(buffer, format="png", compress_level=1)
+        rgb = np.asarray(self.figure.canvas.buffer_rgba())[..., :3]  # [height, width, 3]
+        Image.fromarray(rgb).save(buffer, format="png", compress_level=1)
         self.png = buffer.getvalue()
         if follow and (ex.layer, ex.head) != (self.layer, self.head):
             ex.update(layer=self.layer, head=self.head)
@@ -187,11 +211,13 @@ class ModelView:
             import ipywidgets as W
 
             ex = self.explorer
-            style = {"description_width": "60px"}
+            style = {"description_width": "initial"}  # as wide as the words: "pick layer" is never cut
             self._controls = {
-                "layer": W.IntSlider(value=self.layer, min=0, max=ex.n_layers - 1, description="pick layer", style=style),
-                "head": W.IntSlider(value=self.head, min=0, max=ex.n_heads - 1, description="pick head", style=style),
-                "hide_special": W.Checkbox(value=ex.hide_special, indent=False,
+                "layer": W.IntSlider(value=self.layer, min=0, max=ex.data.n_layers - 1, description="pick layer",
+                                     style=style),
+                "head": W.IntSlider(value=self.head, min=0, max=ex.data.n_heads - 1, description="pick head",
+                                    style=style),
+                "hide_special": W.Checkbox(value=ex.hide_special, indent=False, layout=W.Layout(width="auto"),
                                            description="hide the first token, [CLS], [SEP] (rows renormalised)"),
             }
             for control in self._controls.values():
@@ -213,8 +239,6 @@ class ModelView:
 
     def static_png(self) -> bytes:
         """The current picture with :attr:`STATIC_NOTE` under it (wrapped to its width)."""
-        from .widgets.display import still_png
-
         return still_png(self.png, self.figure.dpi / DPI, self.STATIC_NOTE)
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> tuple[dict, dict]:
@@ -227,8 +251,9 @@ class ModelView:
         return bundle, {"image/png": {"width": self._css_width}}
 
     def __repr__(self) -> str:
-        ex = self.explorer
-        return (f"<ModelView: {ex.n_layers} layers x {ex.n_heads} heads on {ex.T} tokens, {len(self.sinks)} sink heads, "
+        data = self.explorer.data
+        return (f"<ModelView: {data.n_layers} layers x {data.n_heads} heads on {data.T} tokens, "
+                f"{len(self.sinks)} sink heads, "
                 f"picked layer {self.layer} head {self.head}>")
 
 

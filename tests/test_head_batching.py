@@ -1,4 +1,4 @@
-"""Tests for mhalab.parallelism: counting attention operations, batched vs looped heads.
+"""Tests for mhalab.head_batching: counting attention operations, batched vs looped heads.
 
 (Seeing the calls on a real model is done with hooks: tests/test_hooks.py.)
 """
@@ -7,16 +7,16 @@ import pytest
 import torch
 
 from mhalab import MultiHeadAttention
-from mhalab.models import ModelConfig
-from mhalab.parallelism import (
-    count_attention,
+from mhalab.head_batching import (
     batched_attention,
     batched_heads,
     head_weights,
     looped_attention,
     looped_heads,
+    count_attention,
     time_heads,
 )
+from mhalab.models import ModelConfig
 
 
 def test_decoder_only_32_by_32_is_1024_operations():
@@ -65,13 +65,10 @@ def test_batched_and_looped_compute_the_same(h):
 
 def test_batched_heads_matches_multi_head_attention_module():
     g = torch.Generator().manual_seed(1)
-    w = head_weights(32, 4, generator=g)
-    m = MultiHeadAttention(32, 4, bias=False)
-    with torch.no_grad():
-        m.qkv_proj.weight.copy_(w.W_qkv)
-        m.out_proj.weight.copy_(w.W_o)
+    layer = head_weights(32, 4, generator=g)
+    assert isinstance(layer, MultiHeadAttention) and not layer.bias
     x = torch.randn(2, 6, 32, generator=g)
-    torch.testing.assert_close(batched_heads(x, w), m(x)[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batched_heads(x, layer), layer(x)[0], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("part", ["attention", "layer"])

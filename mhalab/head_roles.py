@@ -7,7 +7,8 @@ averaged over the batch and the query positions where it is defined.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -19,7 +20,7 @@ __all__ = [
 ]
 
 Head = tuple[int, int]  # (layer, head)
-Attention = Union[Sequence[Tensor], Mapping[str, Tensor], Tensor]
+Attention = Sequence[Tensor] | Mapping[str, Tensor] | Tensor
 
 #: Scores that need no ground truth and are fractions of attention in [0, 1]: each on one key per query.
 FRACTION_SCORES = ("previous-token", "next-token", "self", "first-token")

@@ -17,14 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_head_count, check_int
+from .arguments import check_head_count, check_int
+from .attention import MultiHeadAttention
 from .config import ModelConfig
 from .device import synchronize
 
 __all__ = [
-    "AttentionCount", "count_attention", "batched_attention", "looped_attention", "HeadWeights", "head_weights",
-    "batched_heads",
-    "looped_heads", "PARTS", "HeadTiming", "time_interleaved", "time_heads",
+    "AttentionCount", "count_attention", "batched_attention", "looped_attention", "head_weights", "separate_heads",
+    "batched_heads", "looped_heads", "PARTS", "HeadTiming", "time_interleaved", "time_heads",
 ]
 
 
@@ -90,48 +90,39 @@ def looped_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return torch.cat(heads, dim=1)  # H x [B, 1, T, d_head] -> [B, H, T, d_head]
 
 
-@dataclass
-class HeadWeights:
-    """One layer's ``W_qkv`` ``[3 D, D]`` and ``W_o`` ``[D, D]``, and ``per_head``: each head's own contiguous
-    ``(W_q, W_k, W_v)`` ``[d_head, D]`` cut from ``W_qkv``, as if every head were its own small module."""
-
-    n_heads: int
-    d_head: int
-    W_qkv: Tensor
-    W_o: Tensor
-    per_head: list[tuple[Tensor, Tensor, Tensor]] = field(repr=False)
-
-
 def head_weights(d_model: int, n_heads: int, *, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32, generator: torch.Generator | None = None) -> HeadWeights:
-    """Random weights for an ``n_heads``-head layer of width ``d_model`` (no biases)."""
-    d_head = check_head_count(d_model, n_heads)
-    scale = d_model**-0.5  # keeps activations at unit scale
-    W_qkv = torch.randn(3 * d_model, d_model, generator=generator) * scale  # rows: Q, K, V outputs
-    W_o = torch.randn(d_model, d_model, generator=generator) * scale
-    W_qkv, W_o = W_qkv.to(device=device, dtype=dtype), W_o.to(device=device, dtype=dtype)
-    blocks = [W.split(d_head) for W in W_qkv.split(d_model)]  # the Q, K and V rows, each H x [d_head, D]
-    per_head = [tuple(W.contiguous() for W in qkv) for qkv in zip(*blocks)]  # H x (W_q, W_k, W_v)
-    return HeadWeights(n_heads, d_head, W_qkv, W_o, per_head)
+                 dtype: torch.dtype = torch.float32, generator: torch.Generator | None = None) -> MultiHeadAttention:
+    """A bias-free ``n_heads``-head :class:`MultiHeadAttention` of width ``d_model``, its weights drawn from
+    ``generator``."""
+    check_head_count(d_model, n_heads)
+    layer = MultiHeadAttention(d_model, n_heads, bias=False, device=device, dtype=dtype).requires_grad_(False)
+    for weight in (layer.qkv_proj.weight, layer.out_proj.weight):  # W_QKV [3 D, D] (rows: Q, K, V), then W_O [D, D]
+        weight.copy_(torch.randn(weight.shape, generator=generator) * d_model**-0.5)  # keeps activations at unit scale
+    return layer
 
 
-def batched_heads(x: Tensor, w: HeadWeights) -> Tensor:
+def separate_heads(layer: MultiHeadAttention) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Each head's ``(W_Q, W_K, W_V)`` ``[D, dk]`` (:meth:`~MultiHeadAttention.head_projections`) copied into
+    tensors of its own, as if every head were its own small module."""
+    return [tuple(W.contiguous() for W in layer.head_projections(i)[:3]) for i in range(layer.n_heads)]
+
+
+def batched_heads(x: Tensor, layer: MultiHeadAttention) -> Tensor:
     """A whole layer ``[B, T, D]`` -> ``[B, T, D]``, all heads at once: one projection, one attention call."""
-    B, T, D = x.shape
-    q, k, v = F.linear(x, w.W_qkv).split(D, dim=-1)  # 3 x [B, T, D]: every head's projection in one matmul
-    q, k, v = (t.view(B, T, w.n_heads, w.d_head).transpose(1, 2) for t in (q, k, v))  # [B, H, T, d_head]
-    heads = batched_attention(q, k, v)  # [B, H, T, d_head]: all heads in one call
-    return F.linear(heads.transpose(1, 2).reshape(B, T, D), w.W_o)  # [B, T, H, d_head] -> [B, T, D] -> W_O
+    q, k, v = layer.qkv_proj(x).split(layer.d_model, dim=-1)  # 3 x [B, T, D]: every head's projection in one matmul
+    q, k, v = (layer.split_heads(t) for t in (q, k, v))  # [B, T, D] -> [B, H, T, dk]
+    return layer.out_proj(layer.merge_heads(batched_attention(q, k, v)))  # [B, H, T, dk] -> [B, T, D] -> W_O
 
 
-def looped_heads(x: Tensor, w: HeadWeights) -> Tensor:
-    """:func:`batched_heads` one head at a time, each with its own projections: the same FLOPs, as about
-    ``4 h`` small operations instead of a few large ones. ``[B, T, D]`` -> ``[B, T, D]``."""
+def looped_heads(x: Tensor, layer: MultiHeadAttention, heads: list | None = None) -> Tensor:
+    """:func:`batched_heads` one head at a time, each with its own projections (``heads``: :func:`separate_heads`,
+    made once for timing): the same FLOPs, as about ``4 h`` small operations instead of a few large ones.
+    ``[B, T, D]`` -> ``[B, T, D]``."""
     outputs = []
-    for W_q, W_k, W_v in w.per_head:
-        q, k, v = (F.linear(x, W).unsqueeze(1) for W in (W_q, W_k, W_v))  # 3 x [B, 1, T, d_head]
-        outputs.append(F.scaled_dot_product_attention(q, k, v).squeeze(1))  # [B, T, d_head]: this head alone
-    return F.linear(torch.cat(outputs, dim=-1), w.W_o)  # concat -> [B, T, D] -> W_O
+    for W_Q, W_K, W_V in separate_heads(layer) if heads is None else heads:
+        q, k, v = ((x @ W).unsqueeze(1) for W in (W_Q, W_K, W_V))  # 3 x [B, T, dk] -> [B, 1, T, dk]
+        outputs.append(F.scaled_dot_product_attention(q, k, v).squeeze(1))  # [B, 1, T, dk] -> [B, T, dk]: one head
+    return layer.out_proj(torch.cat(outputs, dim=-1))  # H x [B, T, dk] -> [B, T, D] -> W_O
 
 
 # --------------------------------------------------------------------------- timing
@@ -204,8 +195,8 @@ def time_heads(heads=(1, 8, 32, 64), *, part: str = "attention", d_model: int = 
             versions[h] = (partial(batched_attention, *qkv), partial(looped_attention, *qkv))
         else:
             x = torch.randn(batch, seq_len, d_model, generator=g).to(device, dtype)  # [B, T, D]
-            w = head_weights(d_model, h, device=device, dtype=dtype, generator=g)
-            versions[h] = (partial(batched_heads, x, w), partial(looped_heads, x, w))
+            layer = head_weights(d_model, h, device=device, dtype=dtype, generator=g)
+            versions[h] = (partial(batched_heads, x, layer), partial(looped_heads, x, layer, separate_heads(layer)))
 
     previous_threads = torch.get_num_threads()
     if threads is not None and device.type == "cpu":

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 def check_int(name: str, value: Any, minimum: int, *, maximum: int | None = None, why: str = "") -> int:

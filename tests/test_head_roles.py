@@ -1,11 +1,11 @@
-"""mhalab.scores: one number per head from attention patterns, on hand-made patterns and on a model's cache."""
+"""mhalab.head_roles: one number per head from attention patterns, on hand-made patterns and on a model's cache."""
 
 import math
 
 import pytest
 import torch
 
-from mhalab import scores as S
+from mhalab import head_roles as S
 
 
 def patterns(model, batch):
