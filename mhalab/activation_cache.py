@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
-from typing import Any, Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -91,12 +91,12 @@ class ActivationCache(Mapping):
     def __repr__(self) -> str:
         return f"ActivationCache({len(self)} activations of {self._model_name}: {describe(self.cache_dict)})"
 
-    def to(self, device: str | torch.device) -> "ActivationCache":
+    def to(self, device: str | torch.device) -> ActivationCache:
         """Move every activation to ``device`` (in place); returns the cache."""
         self.cache_dict = {name: act.to(device) for name, act in self.cache_dict.items()}
         return self
 
-    def remove_batch_dim(self) -> "ActivationCache":
+    def remove_batch_dim(self) -> ActivationCache:
         """Drop the batch axis of a batch of one (in place); returns the cache."""
         if self.has_batch_dim:
             for name, act in self.cache_dict.items():

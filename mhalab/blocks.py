@@ -5,17 +5,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
-from .kv_cache import KVCache
 from .config import ModelConfig
 from .hook_points import HookPoint
+from .kv_cache import KVCache
 
 __all__ = ["activation", "MLP", "GatedMLP", "RMSNorm", "norm_layer", "attention_layer", "Block"]
 
@@ -133,7 +133,7 @@ class Block(nn.Module):
         self._resid_points = [p for p in (getattr(self, n, None) for n in names) if p is not None]
 
     @classmethod
-    def from_config(cls, config: ModelConfig, *, cross: bool = False) -> "Block":
+    def from_config(cls, config: ModelConfig, *, cross: bool = False) -> Block:
         """The block ``config`` describes (norm, placement, MLP kind); ``cross``: a decoder block."""
         # Built in the order they run, so a seed gives the same weights as before the blocks were shared.
         attn = attention_layer(config)

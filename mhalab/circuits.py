@@ -60,18 +60,18 @@ class FactoredMatrix:
         return self.B @ self.A
 
     @property
-    def T(self) -> "FactoredMatrix":
+    def T(self) -> FactoredMatrix:
         return FactoredMatrix(self.B.transpose(-2, -1), self.A.transpose(-2, -1))
 
-    def __matmul__(self, other: "FactoredMatrix | Tensor") -> "FactoredMatrix":
+    def __matmul__(self, other: FactoredMatrix | Tensor) -> FactoredMatrix:
         if isinstance(other, FactoredMatrix):  # A (B A') B': the inner width stays this one's m
             return FactoredMatrix(self.A, (self.B @ other.A) @ other.B)
         return FactoredMatrix(self.A, self.B @ other)
 
-    def __rmatmul__(self, other: Tensor) -> "FactoredMatrix":
+    def __rmatmul__(self, other: Tensor) -> FactoredMatrix:
         return FactoredMatrix(other @ self.A, self.B)
 
-    def __getitem__(self, index) -> "FactoredMatrix":
+    def __getitem__(self, index) -> FactoredMatrix:
         """Index the leading axes only (``QK(model)[layer, head]``)."""
         index = index if isinstance(index, tuple) else (index,)
         if len(index) > self.ndim - 2:
@@ -177,7 +177,8 @@ def head_weights(model: nn.Module, *, fold_ln: bool = True) -> HeadWeights:
     from .models import Transformer
 
     if not isinstance(model, Transformer):
-        raise TypeError(f"circuits reads a mhalab Transformer (the toy models, SmolLM2, MiniLM), got {type(model).__name__}")
+        raise TypeError(f"circuits reads a mhalab Transformer (the toy models, SmolLM2, MiniLM), "
+                        f"got {type(model).__name__}")
     return _transformer_weights(model, fold_ln)
 
 

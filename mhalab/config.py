@@ -98,7 +98,7 @@ class ModelConfig:
                              "set one of them")
 
     @classmethod
-    def for_task(cls, task: Any, **overrides: Any) -> "ModelConfig":
+    def for_task(cls, task: Any, **overrides: Any) -> ModelConfig:
         """A config whose vocab, length, causality and targets match ``task``; ``overrides`` set any field."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(overrides) - known)

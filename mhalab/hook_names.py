@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from torch import nn
 

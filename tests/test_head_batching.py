@@ -10,10 +10,10 @@ from mhalab import MultiHeadAttention
 from mhalab.head_batching import (
     batched_attention,
     batched_heads,
+    count_attention,
     head_weights,
     looped_attention,
     looped_heads,
-    count_attention,
     time_heads,
 )
 from mhalab.models import ModelConfig

@@ -12,13 +12,13 @@ import re
 import textwrap
 import types
 
-import pytest
-
 import labs_fixture  # noqa: F401  (registers notebook "99")
-import mhalab.labs as labs
-from labs_corpus import CORPUS
+import pytest
 from labs_cells import CELLS
+from labs_corpus import CORPUS
 from mhalab_grader.grade import COPY_FLAG_RATIO, COPY_FLAG_TOKENS, _tokens, copy_flag, similarity
+
+import mhalab.labs as labs
 
 EXERCISES = [ex for nb in labs.available_notebooks() for ex in labs.load(nb) if ex.template]
 

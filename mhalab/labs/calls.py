@@ -1,6 +1,7 @@
 """Calling the learner's code, the one place a checker runs it (:func:`call_answer`): here, in the learner's
 own kernel (``q.check``), or, when grading, in the grading kernel, which gets the inputs and sends back the
-result as plain data (:mod:`mhalab_grader.worker`, in the separate grader distribution). The session of :mod:`mhalab.labs.core` says which."""
+result as plain data (:mod:`mhalab_grader.worker`, in the separate grader distribution). The session of
+:mod:`mhalab.labs.core` says which."""
 
 from __future__ import annotations
 

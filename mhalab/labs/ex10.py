@@ -16,7 +16,6 @@ import torch
 from .checks import call_answer, expect_equal, generator, grading, hidden_model, judge, name_miss, rng
 from .core import Exercise, Wrong, register
 
-
 # ------------------------------------------------------------------------------------ exercise 1
 _QK_MODELS = [
     ("stage 1 of 3 (multi-head attention)", dict(d_vocab=11, d_model=12, n_heads=3, n_layers=2), 101, 1, 1),
@@ -40,8 +39,8 @@ def _qk_cases() -> list:
     if grading():
         r = rng(104)
         g = r.choice([1, 2])
-        config = dict(d_vocab=9, d_model=r.choice([16, 24]), n_heads=2 * g, n_key_value_heads=g, d_head=r.choice([3, 5]),
-                      n_layers=2, n_ctx=8, causal=True, bias=False)
+        config = dict(d_vocab=9, d_model=r.choice([16, 24]), n_heads=2 * g, n_key_value_heads=g,
+                      d_head=r.choice([3, 5]), n_layers=2, n_ctx=8, causal=True, bias=False)
         cases.append(("a model drawn for this grading", hidden_model(config, 105), r.randrange(2), r.randrange(2 * g)))
     return cases
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-import tracemalloc
 import traceback
-from typing import Any, Callable
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -28,7 +28,8 @@ def still_png(png: bytes, scale: float, note: str) -> bytes:
     still = Image.new("RGB", (picture.width, picture.height + step * len(lines) + round(3 * scale)), "white")
     still.paste(picture, (0, 0))
     for i, line in enumerate(lines):
-        ImageDraw.Draw(still).text((6 * scale, picture.height + 3 * scale + i * step), line, fill=(70, 70, 70), font=font)
+        where = (6 * scale, picture.height + 3 * scale + i * step)
+        ImageDraw.Draw(still).text(where, line, fill=(70, 70, 70), font=font)
     buffer = io.BytesIO()
     still.save(buffer, format="png")
     return buffer.getvalue()
