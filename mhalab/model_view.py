@@ -21,6 +21,7 @@ import numpy as np
 from ._checks import check_index
 from .plotting import DPI
 from .widgets import HeadExplorer, widgets_available
+from .widgets.display import still_png
 
 __all__ = ["ModelView", "model_view", "SINK_THRESHOLD"]
 
@@ -213,18 +214,7 @@ class ModelView:
 
     def static_png(self) -> bytes:
         """The current picture with :attr:`STATIC_NOTE` under it."""
-        from matplotlib import font_manager
-        from PIL import Image, ImageDraw, ImageFont
-
-        picture = Image.open(io.BytesIO(self.png)).convert("RGB")
-        scale = self.figure.dpi / DPI
-        font = ImageFont.truetype(font_manager.findfont("DejaVu Sans"), round(11 * scale))
-        still = Image.new("RGB", (picture.width, picture.height + round(18 * scale)), "white")
-        still.paste(picture, (0, 0))
-        ImageDraw.Draw(still).text((4 * scale, picture.height + 2 * scale), self.STATIC_NOTE, fill=(70, 70, 70), font=font)
-        buffer = io.BytesIO()
-        still.save(buffer, format="png")
-        return buffer.getvalue()
+        return still_png(self.png, self.figure.dpi / DPI, self.STATIC_NOTE)
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> tuple[dict, dict]:
         """The widget where a kernel runs, and always the still (``image/png``) for viewers without widgets."""

@@ -11,15 +11,26 @@ __all__ = ["widgets_available", "still_png", "widget_bundle"]
 
 
 def still_png(png: bytes, scale: float, note: str) -> bytes:
-    """``png`` with ``note`` written under it (``scale``: pixels per CSS pixel), for viewers without widgets."""
+    """``png`` with ``note`` written under it (``scale``: pixels per CSS pixel), for viewers without widgets;
+    the note wraps onto as many lines as the picture's width needs, so no word is cut off."""
     from matplotlib import font_manager
     from PIL import Image, ImageDraw, ImageFont
 
     picture = Image.open(io.BytesIO(png)).convert("RGB")
     font = ImageFont.truetype(font_manager.findfont("DejaVu Sans"), round(12 * scale))
-    still = Image.new("RGB", (picture.width, picture.height + round(20 * scale)), "white")
+    margin, room = round(6 * scale), picture.width - round(12 * scale)
+    lines: list[str] = []
+    for word in note.split():
+        if lines and font.getlength(f"{lines[-1]} {word}") <= room:
+            lines[-1] += f" {word}"
+        else:
+            lines.append(word)
+    height = round(16 * scale)  # one line of 12-point text and its spacing
+    still = Image.new("RGB", (picture.width, picture.height + height * len(lines) + round(4 * scale)), "white")
     still.paste(picture, (0, 0))
-    ImageDraw.Draw(still).text((6 * scale, picture.height + 3 * scale), note, fill=(70, 70, 70), font=font)
+    for i, line in enumerate(lines):
+        ImageDraw.Draw(still).text((margin, picture.height + round(3 * scale) + i * height), line,
+                                   fill=(70, 70, 70), font=font)
     buffer = io.BytesIO()
     still.save(buffer, format="png")
     return buffer.getvalue()
