@@ -268,3 +268,19 @@ def test_formation_explorer_slider_and_still(formation_setup, monkeypatch):
     assert base64.b64decode(bundle["image/png"]) == ex.static_png()
     monkeypatch.setattr(widgets.display, "widgets_available", lambda: True)  # where the explorers ask
     assert widgets.FormationExplorer._repr_mimebundle_(ex)[0]["application/vnd.jupyter.widget-view+json"]["model_id"] == ex.widget.model_id
+
+
+def test_still_note_wraps_to_the_picture_width():
+    import io
+
+    from PIL import Image
+
+    from mhalab.widgets.display import still_png
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (150, 40), "white").save(buffer, format="png")
+    note = "A still of the model view: run this notebook (Jupyter or Colab) to pick heads."
+    one_line = _png_size(still_png(buffer.getvalue(), 1.0, "short"))
+    wrapped = _png_size(still_png(buffer.getvalue(), 1.0, note))
+    assert wrapped[0] == one_line[0] == 150                  # the width stays the picture's
+    assert wrapped[1] >= one_line[1] + 2 * 16                # a note wider than the picture takes more lines, not cut off

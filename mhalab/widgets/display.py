@@ -11,7 +11,8 @@ __all__ = ["widgets_available", "still_png", "widget_bundle"]
 
 
 def still_png(png: bytes, scale: float, note: str) -> bytes:
-    """``png`` with ``note`` written under it (``scale``: pixels per CSS pixel), for viewers without widgets."""
+    """``png`` with ``note`` written under it (``scale``: pixels per CSS pixel), for viewers without widgets;
+    the note wraps onto as many lines as the picture's width needs, so no word is cut off."""
     from matplotlib import font_manager
     from PIL import Image, ImageDraw, ImageFont
 
