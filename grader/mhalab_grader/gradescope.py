@@ -11,7 +11,9 @@ notebook that reads the real pretrained models, their wheels) into ``/autograder
 ``run_autograder`` grades the first ``*.ipynb`` of the submission as notebook NN in the grader's sandbox where
 Gradescope's container lets bubblewrap make one, else (saying so) in that container, which is then the
 sandbox: one submission per container. ``MHALAB_AUTOGRADER_ROOT`` (default ``/autograder``) and
-``MHALAB_AUTOGRADER_PYTHON`` (default its venv's python) let a test run it against a simulated tree.
+``MHALAB_AUTOGRADER_PYTHON`` (default its venv's python) let a test run it against a simulated tree; there
+``setup.sh`` honours the same root, ``MHALAB_AUTOGRADER_APT=0`` (no apt-get) and ``MHALAB_AUTOGRADER_TORCH``
+(torch's pip requirement, e.g. ``torch==2.13.0``).
 """
 
 from __future__ import annotations
