@@ -41,3 +41,17 @@ def test_a_class_is_graded_row_by_row(tmp_path, capsys):
         assert all({"name", "score", "max_score", "output", "visibility"} <= set(t) for t in results["tests"])
     assert "No answer cell for 99.1, 99.2, 99.3" in (out / "feedback" / "relabelled_0" / "99.html").read_text()
     assert f"graded {len(expected)} submission(s)" in capsys.readouterr().out
+
+
+def test_each_learner_is_reported_as_graded(tmp_path, capsys):
+    """A line per learner as each is graded (above tqdm's bar on a terminal), then the summary."""
+    expected = build_class(tmp_path / "course", {k: (*CLASS_KINDS[k][:2], 1) for k in ("correct", "not_a_notebook")})
+    source = tmp_path / "source"
+    source.mkdir()
+    nbformat.write(synthetic_notebook(), source / "99_fixture.ipynb")
+    assert labs_main(["grade", str(tmp_path / "course"), "--source", str(source), "--timeout", "10",
+                      "--out", str(tmp_path / "graded")]) == 0
+    out = capsys.readouterr().out
+    for student, total in expected.items():
+        assert f"{student} 99: {total:g}/" in out, out
+    assert "graded 2 submission(s)" in out

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from mhalab.labs.core import available_notebooks, load
+from tqdm import tqdm
 
 from .cells import release
 from .grade import grade
@@ -51,8 +52,14 @@ def cmd_grade(args: argparse.Namespace) -> int:
         if len(args.notebooks) > 1:
             sys.exit(f"{PROG} grade: give one folder (nbgrader's submitted/) or notebooks, not both")
         start = time.perf_counter()
-        results = grade_class(find_submissions(folders[0], args.assignment), source=args.source, timeout=timeout,
-                              jobs=args.jobs, sandboxed=sandboxed, limits=args.limits)
+        submissions = find_submissions(folders[0], args.assignment)
+        # a bar on a terminal (tqdm leaves it out elsewhere); each learner's line above it either way
+        with tqdm(total=len(submissions), unit="notebook", desc="grading", file=sys.stderr, disable=None) as bar:
+            def progress(line: str) -> None:
+                bar.write(line)
+                bar.update(1)
+            results = grade_class(submissions, source=args.source, timeout=timeout, jobs=args.jobs,
+                                  sandboxed=sandboxed, limits=args.limits, progress=progress)
         out = Path(args.out or "graded")
         write_outputs(results, out, gradescope=args.gradescope is not None)
         print(f"graded {len(results)} submission(s) in {time.perf_counter() - start:.0f} s with -j {args.jobs}; wrote "

