@@ -21,7 +21,6 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
-
 from labs_fixture import CRASH, FORGED, NOTEBOOKS, _prepend, synthetic_notebook
 from mhalab_grader.__main__ import main as grader_main
 from mhalab_grader.grade import student_version

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from labs_fixture import synthetic_notebook  # also registers notebook "99"'s exercises
 from mhalab_grader import sandbox
 from mhalab_grader.__main__ import main as grader_main
@@ -43,9 +42,11 @@ ATTACKS = {
     "read_solution": "broke = len(open({solution!r}).read()) > 0",
     "read_other": "broke = len(open({other!r}).read()) > 0",
     "read_exercises": "broke = len(open({exercises!r}).read()) > 0",
-    "network": "import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3).sendall(b'hello')\nbroke = True",
+    "network": ("import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3).sendall(b'hello')\n"
+                "broke = True"),
     "fork_bomb": ("import os, time\nfor _ in range(10000):\n    if os.fork() == 0:\n        while True:\n"
-                  "            try:\n                os.fork()\n            except OSError:\n                time.sleep(0.05)\n"
+                  "            try:\n                os.fork()\n"
+                  "            except OSError:\n                time.sleep(0.05)\n"
                   "broke = False  # (the parent never gets here: its own forks fail, and it goes on forking)"),
     "fill_disk": ("import os\nfor folder in ('/dev/shm', '/tmp'):\n    try:\n        f = open(folder + '/fill', 'wb')\n"
                   "        for _ in range(10000):\n            f.write(b'0' * (1 << 20))\n            f.flush()\n"
@@ -54,14 +55,18 @@ ATTACKS = {
     "memory_slowly": "hog = []\nfor _ in range(100000):\n    hog.append(bytearray(1 << 24))\nbroke = True",
     "write_outside": ("broke = False\nfor path in {targets!r}:\n    try:\n        open(path, 'a').write('owned')\n"
                       "        broke = True\n    except OSError:\n        pass"),
-    "kill_grader": ("import os, signal\nfor pid in ({grader}, os.getppid(), -1):\n    try:\n        os.kill(pid, signal.SIGKILL)\n"
+    "kill_grader": ("import os, signal\nfor pid in ({grader}, os.getppid(), -1):\n"
+                    "    try:\n        os.kill(pid, signal.SIGKILL)\n"
                     "    except OSError:\n        pass\nbroke = False"),
-    "leave_process": ("import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(900)  # {marker}'],"
+    "leave_process": ("import subprocess, sys\n"
+                      "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(900)  # {marker}'],"
                       " start_new_session=True)\nimport os\nif os.fork() == 0:\n    os.setsid()\n"
-                      "    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(900)  # {marker}'])\n"
+                      "    os.execv(sys.executable,"
+                      " [sys.executable, '-c', 'import time; time.sleep(900)  # {marker}'])\n"
                       "broke = False"),
     "print_gigabytes": ("import os, sys\nchunk = 'x' * (1 << 20)\nfor _ in range(1024):\n    print(chunk)\n"
-                        "    sys.stderr.write(chunk)\nfor _ in range(1024):\n    os.write(1, chunk.encode())\nbroke = False"),
+                        "    sys.stderr.write(chunk)\nfor _ in range(1024):\n    os.write(1, chunk.encode())\n"
+                        "broke = False"),
 }
 # What a failed attack leaves the submission: the exceptions it raised were caught, the answers are right
 # (it may also get 0: a fork bomb or a memory hog can leave its own kernel unable to go on).
@@ -133,7 +138,8 @@ def check_outcome(root: Path, expected: dict, targets: list[Path], listener: Lis
     got = {student: float(row["total"]) for student, row in rows.items()}
     print("totals:", got)
     assert {s: got[s] for s in expected if s not in ATTACKS} == {s: t for s, t in expected.items() if s not in ATTACKS}
-    assert {s: got[s] for s in ATTACKS if got[s] not in (0, HONEST[s])} == {}, "an attack got more than 0 or its honest score"
+    beyond = {s: got[s] for s in ATTACKS if got[s] not in (0, HONEST[s])}
+    assert beyond == {}, "an attack got more than 0 or its honest score"
     assert listener.connections == []
     assert strays() == [], "a submission's process outlived its grading"
     for target in targets:
@@ -148,9 +154,11 @@ def test_the_process_limit_holds(tmp_path):
                            limits=sandbox.Limits(processes=32, memory_mb=1024))
     try:
         assert kernel.run_cell("import os, time\nstarted = 0\nfor _ in range(80):\n    pid = os.fork()\n"
-                               "    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    started += 1\n") == "BlockingIOError"
-        kernel.run_cell("import socket\ntry:\n    socket.create_connection(('1.1.1.1', 80), timeout=2)\n    net = 1\n"
-                        "except OSError:\n    net = 0\nimport _mhalab_grading\n_mhalab_grading.ANSWERS['99.1'] = (started, net)")
+                               "    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n"
+                               "    started += 1\n") == "BlockingIOError"
+        kernel.run_cell("import socket\ntry:\n    socket.create_connection(('127.0.0.1', 9), timeout=2)\n    net = 1\n"
+                        "except OSError:\n    net = 0\n"
+                        "import _mhalab_grading\n_mhalab_grading.ANSWERS['99.1'] = (started, net)")
         assert kernel.value("99.1") == (pytest.approx(32, abs=31), 0)
         assert kernel.value("99.1")[0] < 32
     finally:

@@ -85,7 +85,7 @@ def _missing_tool() -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def problem(uid: int = 65534) -> str | None:
     """Why no sandbox can be made here (None: it can): tried once per process with this Python."""
     if not sys.platform.startswith("linux"):
