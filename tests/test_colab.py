@@ -34,7 +34,7 @@ from nbtools import SOURCE_VARIABLE, colab_cell_source  # noqa: E402
 NOTEBOOK = ROOT / "notebooks" / "03_it_costs_nothing.ipynb"  # fast: counting, no training
 # At the floors pyproject.toml declares (tools/floors.py, which CI's floor run uses too); the ipywidgets
 # floor is what Colab has shipped for years, 7.7.1.
-COLAB_PACKAGES = ["numpy", "matplotlib", "ipywidgets", "tqdm", "pillow", "nbformat", "nbclient"]
+COLAB_PACKAGES = ["numpy", "matplotlib", "ipywidgets", "tqdm", "pillow"]
 
 
 def _installed(python: Path) -> dict[str, str]:

@@ -250,11 +250,14 @@ def test_copying_the_published_code_is_flagged():
 def kernel(tmp_path_factory):
     spec = {nb: [[ex.number, ex.title] for ex in labs.load(nb)] for nb in labs.available_notebooks()}
     k = GradingKernel(spec, cwd=tmp_path_factory.mktemp("kernel"), timeout=120)
-    # tests/ is not in the sandbox: the corpus (numpy and torch only) is sent over as a cell
-    corpus = (TESTS / "labs_corpus.py").read_text()
-    assert k.run_cell(f"import sys, types\nlabs_corpus = sys.modules['labs_corpus'] = types.ModuleType('labs_corpus')\n"
-                      f"exec(compile({corpus!r}, 'labs_corpus.py', 'exec'), labs_corpus.__dict__)\n"
-                      "import _mhalab_grading") is None
+    # tests/ is not in the sandbox: the corpus (numpy and torch only) and the two modules it imports, in the order
+    # they import each other, are sent over as a cell
+    cell = "import sys, types\n"
+    for name in ("labs_cells", "labs_learners", "labs_corpus"):
+        source = (TESTS / f"{name}.py").read_text()
+        cell += (f"{name} = sys.modules[{name!r}] = types.ModuleType({name!r})\n"
+                 f"exec(compile({source!r}, '{name}.py', 'exec'), {name}.__dict__)\n")
+    assert k.run_cell(cell + "import _mhalab_grading") is None
     yield k
     k.close()
 
