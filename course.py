@@ -95,7 +95,7 @@ def ensure_environment(extras: str = EXTRAS) -> Path:
     The stamp file records pyproject.toml's hash, the extras, the venv's Python and its torch build: a
     changed pyproject.toml or torch reinstalls; a changed Python (the venv's interpreter upgraded under it)
     makes a new venv, since packages built for one Python do not load in another."""
-    if sys.version_info < (3, 10):
+    if sys.version_info < (3, 10):  # noqa: UP036 - a learner's python3 may be older than mhalab's floor
         sys.exit(f"course.py: mhalab needs Python >= 3.10, this is {sys.version.split()[0]}")
     python = venv_python()
     stamp = VENV / STAMP_NAME  # "<pyproject.toml's hash> <extras installed> python=<version> torch=<version>"
@@ -181,7 +181,8 @@ def cmd_set_repo(args: list[str]) -> int:
     if github:  # the README's Binder link names the repository too
         readme = ROOT / "README.md"
         owner, name = github.groups()
-        readme.write_text(re.sub(r"mybinder\.org/v2/gh/[^/]+/[^/]+/", f"mybinder.org/v2/gh/{owner}/{name}/", readme.read_text()))
+        binder = f"mybinder.org/v2/gh/{owner}/{name}/"
+        readme.write_text(re.sub(r"mybinder\.org/v2/gh/[^/]+/[^/]+/", binder, readme.read_text()))
     python = ensure_environment()  # the notebook tools need nbformat
     return run([python, str(ROOT / "tools" / "colab_cells.py"), "--write"], cwd=ROOT)
 

@@ -32,9 +32,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from mhalab.attention import MultiHeadAttention
-from mhalab.masks import causal_forbidden_mask
 from mhalab.device import pick_device
 from mhalab.head_batching import time_interleaved
+from mhalab.masks import causal_forbidden_mask
 
 TARGET = 1.05  # ours_sdpa / torch must not exceed this
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -61,7 +61,8 @@ class LoopOfHeads(nn.Module):
                     if b is not None:
                         lin.bias.copy_(b)
                 projections.append(lin)
-        self.out_proj = nn.Linear(D, D, bias=mha.bias, device=mha.out_proj.weight.device, dtype=mha.out_proj.weight.dtype)
+        weight = mha.out_proj.weight
+        self.out_proj = nn.Linear(D, D, bias=mha.bias, device=weight.device, dtype=weight.dtype)
         self.out_proj.load_state_dict(mha.out_proj.state_dict())
 
     def forward(self, x: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
@@ -83,7 +84,8 @@ def make_steps(n_heads: int, args, device: torch.device, dtype: torch.dtype) -> 
     x = torch.randn(args.batch, args.length, args.d_model, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
     causal = args.causal
-    forbidden = causal_forbidden_mask(args.length, device=device) if causal else None  # torch wants the mask with is_causal
+    # torch wants the mask with is_causal
+    forbidden = causal_forbidden_mask(args.length, device=device) if causal else None
 
     forwards = {
         "torch": (theirs, lambda: theirs(x, x, x, need_weights=False, attn_mask=forbidden, is_causal=causal)[0]),

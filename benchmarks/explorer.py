@@ -103,8 +103,8 @@ def fit_to_cap(explorer, text: str) -> str:
 
 
 def text_benchmark(args) -> None:
-    from mhalab.widgets.model_view import model_view
     from mhalab.pretrained import load_minilm, load_smollm2
+    from mhalab.widgets.model_view import model_view
 
     model = load_smollm2() if args.model == "smollm2" else load_minilm()
     explorer = head_explorer(model, TEXTS[0])
@@ -129,11 +129,13 @@ def text_benchmark(args) -> None:
         view.pick(layer=(i * 7) % explorer.data.n_layers, head=(i * 5) % explorer.data.n_heads)
         pick.append(time.perf_counter() - start)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"{args.model}, {explorer.data.n_layers} layers x {explorer.data.n_heads} heads, torch threads {args.threads}, "
+    print(f"{args.model}, {explorer.data.n_layers} layers x {explorer.data.n_heads} heads, "
+          f"torch threads {args.threads}, "
           f"{args.rounds} rounds; load average {load} on {os.cpu_count()} CPUs")
     print(f"{'what':<28}{'tokens':>7}{'median ms':>11}{'max ms':>9}")
     for with_view, T, median, top in rows:
-        print(f"{'new text + model view' if with_view else 'new text (explorer)':<28}{T:>7}{1000 * median:>11.0f}{1000 * top:>9.0f}")
+        what = "new text + model view" if with_view else "new text (explorer)"
+        print(f"{what:<28}{T:>7}{1000 * median:>11.0f}{1000 * top:>9.0f}")
     print(f"{'pick in the model view':<28}{'':>7}{1000 * statistics.median(pick):>11.0f}{1000 * max(pick):>9.0f}")
     worst = max(median for _, _, median, _ in rows)
     verdict = "PASS" if worst <= TEXT_TARGET_S else "FAIL"
@@ -161,12 +163,14 @@ def main() -> None:
     build = time.perf_counter() - start
     heads = explorer.data.heads
 
-    timings: dict[str, list[float]] = {k: [] for k in ("head move", "example move", "highlight move", "full redraw", "new figure")}
+    kinds = ("head move", "example move", "highlight move", "full redraw", "new figure")
+    timings: dict[str, list[float]] = {k: [] for k in kinds}
     options = explorer.highlight_options
     for i in range(args.moves):  # interleaved, so that load on a shared machine hits every kind alike
         layer, head = heads[(i * 5 + 3) % len(heads)]
         timings["head move"].append(timed_update(explorer, layer=layer, head=head))
-        timings["example move"].append(timed_update(explorer, example=(explorer.example + 1) % explorer.data.n_examples))
+        next_example = (explorer.example + 1) % explorer.data.n_examples
+        timings["example move"].append(timed_update(explorer, example=next_example))
         timings["highlight move"].append(timed_update(explorer, highlight=options[i % len(options)]))
         timings["full redraw"].append(full_redraw(explorer))
         timings["new figure"].append(naive_new_figure(explorer, layer, head))
@@ -175,10 +179,12 @@ def main() -> None:
     print(f"explorer built in {build:.2f} s (attention, scores and 16 ablations, once)")
     print(f"{'move':<16}{'median ms':>10}{'max ms':>9}{'vs head move':>14}")
     for kind, values in timings.items():
-        print(f"{kind:<16}{1000 * medians[kind]:>10.1f}{1000 * max(values):>9.1f}{medians[kind] / medians['head move']:>13.1f}x")
+        ratio = medians[kind] / medians["head move"]
+        print(f"{kind:<16}{1000 * medians[kind]:>10.1f}{1000 * max(values):>9.1f}{ratio:>13.1f}x")
     worst_move = max(medians["head move"], medians["example move"], medians["highlight move"])
     verdict = "PASS" if worst_move < TARGET_S else "FAIL"
-    print(f"slowest kind of slider move: median {1000 * worst_move:.0f} ms; target < {1000 * TARGET_S:.0f} ms: {verdict}")
+    print(f"slowest kind of slider move: median {1000 * worst_move:.0f} ms; "
+          f"target < {1000 * TARGET_S:.0f} ms: {verdict}")
 
 
 if __name__ == "__main__":

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="BATCHxSEQ_LEN list; default 1x64 on CPU (notebook 06), 1x64,8x1024 on a GPU")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"which of {','.join(PARTS)} to time (default both)")
     parser.add_argument("--repeats", type=int, default=51, help="interleaved rounds; the median is reported")
-    parser.add_argument("--inner", type=int, default=None, help="calls per timed sample (default 1 on CPU, 20 on a GPU)")
+    parser.add_argument("--inner", type=int, default=None,
+                        help="calls per timed sample (default 1 on CPU, 20 on a GPU)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads during the measurement (default 1)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"\n{part}, batch {batch}, seq_len {seq_len}")
             print(f"{'heads':>5} {'d_k':>4} {'batched ms':>11} {'looped ms':>10} {'looped/batched':>15}")
             for r in rows:
-                print(f"{r.heads:>5} {r.d_head:>4} {r.batched_s * 1e3:>11.4f} {r.looped_s * 1e3:>10.4f} {r.ratio:>14.2f}x")
+                print(f"{r.heads:>5} {r.d_head:>4} {r.batched_s * 1e3:>11.4f} {r.looped_s * 1e3:>10.4f} "
+                      f"{r.ratio:>14.2f}x")
             runs.append({"part": part, "batch": batch, "seq_len": seq_len, "rows": [r.as_dict() for r in rows]})
     print(f"\nmeasured in {time.perf_counter() - start:.1f} s")
 

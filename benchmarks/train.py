@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mhalab.device import pick_device
-from mhalab.models import ModelConfig, Transformer
 from mhalab.head_batching import time_interleaved
+from mhalab.models import ModelConfig, Transformer
 
 
 class TorchTransformer(nn.Module):

@@ -1,7 +1,8 @@
 """Switch heads off and see what breaks: ablation, head importance and pruning.
 
 Nothing here changes a model's parameters: heads are switched off or gated by hooks on their ``hook_z``
-points (:mod:`mhalab.hooks`, which documents the axes), attached only while needed. Layer ``i`` is the model's ``i``-th attention module.
+points (:mod:`mhalab.hooks`, which documents the axes), attached only while needed. Layer ``i`` is the model's
+``i``-th attention module.
 Importance and pruning follow Michel, Levy & Neubig (2019), "Are Sixteen Heads Really Better than One?".
 
     N  layers      B  batch      H  heads per layer      T  positions      dk  width of one head
@@ -35,7 +36,8 @@ Head = tuple[int, int]  # (layer, head)
 
 # ----------------------------------------------------------------------------------- heads
 def _z_points(model: nn.Module) -> list[str]:
-    """The ``hook_z`` point of each attention layer, in order (``blocks.0.attn.hook_z``, ...; ``hook_z`` for a lone layer)."""
+    """The ``hook_z`` point of each attention layer, in order (``blocks.0.attn.hook_z``, ...; ``hook_z`` for a
+    lone layer)."""
     return [f"{name}.hook_z" if name else "hook_z" for name in attention_modules(model)]
 
 
@@ -86,7 +88,8 @@ def ablate(model: nn.Module, heads: Iterable[Head] | Head, *, method: str = "zer
     means: dict[str, Tensor] = {}
     if method == "mean":
         if reference is None:
-            raise ValueError("mean ablation needs a reference batch: ablate(model, heads, method='mean', reference=batch)")
+            raise ValueError("mean ablation needs a reference batch: "
+                             "ablate(model, heads, method='mean', reference=batch)")
 
         def mean_over_batch(z: Tensor, hook) -> None:  # z: [B, T, H, dk]
             means[hook.name] = z.detach().float().mean(dim=0)  # [T, H, dk]
@@ -131,7 +134,8 @@ def per_example_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """``[B]``: each example's mean cross-entropy over the targets it has (not ``IGNORE``), from ``logits``
     ``[B, T, V]`` and ``targets`` ``[B, T]``, or ``[B, T, R, V]`` and ``[B, T, R]``."""
     if logits.shape[:-1] != targets.shape:
-        raise ValueError(f"logits {tuple(logits.shape)} do not match targets {tuple(targets.shape)} (expected [..., V] vs [...])")
+        raise ValueError(f"logits {tuple(logits.shape)} do not match targets {tuple(targets.shape)} "
+                         "(expected [..., V] vs [...])")
     V = logits.size(-1)
     logits = logits if logits.dtype == torch.float64 else logits.float()  # half precision -> float32
     ce = F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=IGNORE, reduction="none")

@@ -69,7 +69,8 @@ def kv_cache_per_token(
     d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None, n_layers: int = 1,
     dtype: torch.dtype | None = None,
 ) -> KVCacheSize:
-    """Keys and values cached per token: ``2 * n_kv_heads * d_head * n_layers`` (``2 * d_model * n_layers`` by default)."""
+    """Keys and values cached per token: ``2 * n_kv_heads * d_head * n_layers`` (``2 * d_model * n_layers`` by
+    default)."""
     g, d_head = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
     check_int("n_layers", n_layers, 1)
     if dtype is not None and not isinstance(dtype, torch.dtype):

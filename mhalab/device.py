@@ -29,7 +29,8 @@ def pick_device(device: str | torch.device = "auto") -> torch.device:
     try:
         chosen = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"cannot read device {device!r}: write 'cpu', 'cuda', 'cuda:N' (N a GPU number) or 'mps'") from None
+        raise ValueError(f"cannot read device {device!r}: write 'cpu', 'cuda', 'cuda:N' (N a GPU number) "
+                         "or 'mps'") from None
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} was asked for but torch sees no CUDA GPU; use device='auto' or 'cpu'")
     if kind == "cuda" and chosen.index is not None and chosen.index >= torch.cuda.device_count():
@@ -116,7 +117,7 @@ def sdpa_shares_kv_heads(device: torch.device, version: str | None = None) -> bo
     return _sdpa_gqa(device.type, version or torch.__version__)
 
 
-@functools.lru_cache(maxsize=None)  # asked on every attention call: parse the version once per device kind
+@functools.cache  # asked on every attention call: parse the version once per device kind
 def _sdpa_gqa(kind: str, version: str) -> bool:
     from torch.torch_version import TorchVersion
 

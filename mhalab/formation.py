@@ -8,16 +8,17 @@ every head's attention pattern on one fixed example. Shapes: K recorded steps, N
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .arguments import check_int
+from .head_roles import induction_score, previous_token_score, stack_attention
 from .hooks import run_with_cache
 from .models import eval_mode
-from .head_roles import induction_score, previous_token_score, stack_attention
 from .tasks import IGNORE
 from .train import EVAL_SEED, stream_seed
 
@@ -32,7 +33,8 @@ LOSSES = ("loss", "repeated", "fresh", "icl")
 class FormationRecorder:
     """A ``callback(step, model)`` for :func:`~mhalab.train.train` that records how a model's heads form.
 
-    ``task``: a task whose ``sources["induction"]`` marks the repeated targets (:class:`~mhalab.tasks.RepeatedSegments`).
+    ``task``: a task whose ``sources["induction"]`` marks the repeated targets
+    (:class:`~mhalab.tasks.RepeatedSegments`).
     ``every``: record every this many steps (train reads it; step 0 and the last step are always recorded).
     ``batch_size`` sequences are drawn once from a held-out stream (``seed``); example 0 of them is the fixed
     example whose patterns are kept. ``icl_window``: how many positions at each end of the context the
@@ -124,7 +126,8 @@ class FormationRecorder:
         """The first recorded step at which ``values`` ``[K]`` reach ``threshold`` (fall to it with
         ``below``) and stay there to the end; None if they never do."""
         if values.shape != (len(self.steps),):
-            raise ValueError(f"values must hold one number per recorded step, [{len(self.steps)}], got {tuple(values.shape)}")
+            raise ValueError(f"values must hold one number per recorded step, [{len(self.steps)}], "
+                             f"got {tuple(values.shape)}")
         reached = values <= threshold if below else values >= threshold  # [K]
         for k in range(len(self.steps)):
             if bool(reached[k:].all()):

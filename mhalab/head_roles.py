@@ -15,8 +15,8 @@ from torch import Tensor
 
 __all__ = [
     "FRACTION_SCORES", "GENERIC_SCORES", "NO_ROLE", "stack_attention", "relation_score", "fraction_keys",
-    "previous_token_score", "induction_score", "self_score", "first_token_score", "attention_entropy", "attention_distance",
-    "head_scores", "format_scores", "best_heads", "heads_matching", "role_of",
+    "previous_token_score", "induction_score", "self_score", "first_token_score", "attention_entropy",
+    "attention_distance", "head_scores", "format_scores", "best_heads", "heads_matching", "role_of",
 ]
 
 Head = tuple[int, int]  # (layer, head)
@@ -36,7 +36,8 @@ def stack_attention(attention: Attention) -> Tensor:
         attention = list(attention.values())
     if isinstance(attention, Tensor):
         if attention.dim() != 5:
-            raise ValueError(f"stacked attention must be [layer, batch, head, query, key], got shape {tuple(attention.shape)}")
+            raise ValueError("stacked attention must be [layer, batch, head, query, key], "
+                             f"got shape {tuple(attention.shape)}")
         return attention
     shapes = {tuple(a.shape) for a in attention}
     if len(shapes) != 1:
@@ -126,7 +127,8 @@ def relation_score(attention: Attention, sources: Tensor, *, name: str = "relati
     N, B, H, T, S = A.shape
     if tuple(sources.shape) != (B, T):
         raise ValueError(
-            f"sources for {name!r} must be [batch, query] = [{B}, {T}] to match the attention, got {tuple(sources.shape)}"
+            f"sources for {name!r} must be [batch, query] = [{B}, {T}] to match the attention, "
+            f"got {tuple(sources.shape)}"
         )
     sources = sources.to(A.device)
     valid = sources >= 0  # [B, T]
@@ -180,10 +182,12 @@ def heads_matching(scores: dict[str, Tensor], names: Sequence[str], threshold: f
     stacked = torch.stack([scores[n] for n in names], dim=0)  # [R, N, H]
     value, which = stacked.max(dim=0)  # [N, H]
     N, H = value.shape
-    return {(l, h): (names[int(which[l, h])] if float(value[l, h]) >= threshold else None) for l in range(N) for h in range(H)}
+    return {(l, h): (names[int(which[l, h])] if float(value[l, h]) >= threshold else None)
+            for l in range(N) for h in range(H)}
 
 
-def role_of(scores: Mapping[str, Any], layer: int, head: int, relations: Sequence[str] = (), threshold: float = 0.5) -> str:
+def role_of(scores: Mapping[str, Any], layer: int, head: int, relations: Sequence[str] = (),
+            threshold: float = 0.5) -> str:
     """The head's role, as the explorer, the head grid and the exercises name it: the best of ``relations``
     scoring at least ``threshold``, else the best such :data:`FRACTION_SCORES` name, else :data:`NO_ROLE`.
     A relation wins: on these tasks ``left1`` *is* the previous token, and says more."""

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Union
+from typing import Any, Literal
 
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
@@ -19,7 +20,7 @@ __all__ = ["HookPoint", "HookFn", "LensHandle", "name_hook_points"]
 
 #: A hook function ``fn(activation, *, hook)``, called with ``hook=`` the :class:`HookPoint` (``hook.name``), as
 #: TransformerLens calls it; it returns a replacement of the same shape, or None to leave the activation as it is.
-HookFn = Callable[..., Union[Tensor, None]]
+HookFn = Callable[..., Tensor | None]
 
 
 @dataclass

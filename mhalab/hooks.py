@@ -67,8 +67,8 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Mapping
-from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, Union
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -84,7 +84,7 @@ __all__ = [
     "gate_heads", "patch_heads",
 ]
 
-NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
+NamesFilter = str | Sequence[str] | Callable[[str], bool] | None
 HookList = Iterable[tuple[NamesFilter, HookFn]]
 _QKVZ = ("hook_q", "hook_k", "hook_v", "hook_z", "hook_rot_q", "hook_rot_k")
 

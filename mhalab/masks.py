@@ -25,7 +25,9 @@ _CONVENTIONS = (
 )
 
 
-def causal_allowed_mask(query_len: int, key_len: int | None = None, *, device: torch.device | str | None = None) -> Tensor:
+def causal_allowed_mask(
+    query_len: int, key_len: int | None = None, *, device: torch.device | str | None = None
+) -> Tensor:
     """Boolean ``[L, S]``, True where query i **may attend** to key j (j <= i): for ``scaled_dot_product_attention``.
 
     With ``key_len > query_len`` the queries are the *last* ones (decoding with a KV cache).
@@ -35,7 +37,9 @@ def causal_allowed_mask(query_len: int, key_len: int | None = None, *, device: t
     return torch.arange(key_len, device=device)[None, :] <= rows
 
 
-def causal_forbidden_mask(query_len: int, key_len: int | None = None, *, device: torch.device | str | None = None) -> Tensor:
+def causal_forbidden_mask(
+    query_len: int, key_len: int | None = None, *, device: torch.device | str | None = None
+) -> Tensor:
     """Boolean ``[L, S]``, True where query i is **forbidden** key j (j > i): for ``MultiHeadAttention(attn_mask=)``.
 
     The complement of :func:`causal_allowed_mask`; ``is_causal=True`` does the same without a tensor.
@@ -49,13 +53,15 @@ def forbidden_as_additive(mask: Tensor, name: str, dtype: torch.dtype, device: t
         kind = type(mask).__name__
         raise TypeError(f"{name} must be a tensor (bool: True = forbidden, or float: added), got {kind}")
     if mask.device != device:
-        raise ValueError(f"{name} is on {mask.device} but the inputs are on {device}; move it with .to({str(device)!r})")
+        raise ValueError(f"{name} is on {mask.device} but the inputs are on {device}; "
+                         f"move it with .to({str(device)!r})")
     if mask.dtype == torch.bool:
         return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(mask, float("-inf"))
     if mask.is_floating_point():
         return mask.to(dtype)
     raise TypeError(
-        f"{name} must be a bool tensor (True = forbidden) or a float tensor (added to the scores), got dtype {mask.dtype}"
+        f"{name} must be a bool tensor (True = forbidden) or a float tensor (added to the scores), "
+        f"got dtype {mask.dtype}"
     )
 
 
@@ -119,6 +125,7 @@ def combine_forbidden_masks(
         # [L, S] -> [1, 1, L, S]; torch's [B*H, L, S] (batch-major) -> [B, H, L, S]
         parts.append(additive.view(1, 1, L, S) if additive.dim() == 2 else additive.view(B, H, L, S))
     if is_causal and L > 1:  # (one new token may see every cached key: nothing to mask)
-        later = forbidden_as_additive(causal_forbidden_mask(L, S, device=device), "causal mask", dtype, device)  # [L, S]
+        causal = causal_forbidden_mask(L, S, device=device)  # [L, S]
+        later = forbidden_as_additive(causal, "causal mask", dtype, device)
         parts.append(later.view(1, 1, L, S))
     return sum(parts[1:], parts[0]) if parts else None

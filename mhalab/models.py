@@ -12,7 +12,8 @@ named by place (see :mod:`mhalab.hooks`): ``hook_embed``, ``hook_pos_embed``, ``
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -59,8 +60,9 @@ def check_token_ids(tokens: Any, hint: str = "add a batch axis with .unsqueeze(0
         raise ValueError(f"tokens must be a [batch, seq] tensor of token ids, got {shape}; {hint}")
     if tokens.dtype not in (torch.int64, torch.int32):  # the index dtypes nn.Embedding accepts
         integer = not (tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool)
+        advice = "; convert with tokens.long()" if integer else ""
         raise TypeError(f"tokens must hold integer token ids as int64 (torch.long) or int32, the index dtypes "
-                        f"nn.Embedding takes; got dtype {tokens.dtype}" + ("; convert with tokens.long()" if integer else ""))
+                        f"nn.Embedding takes; got dtype {tokens.dtype}{advice}")
 
 
 @torch.no_grad()
@@ -110,7 +112,8 @@ class _Embedding(nn.Module):
         elif config.positions == "sinusoidal":
             # A buffer, not a parameter: it moves with .to(device) but is never trained
             # (and, not being persistent, is rebuilt rather than stored in checkpoints).
-            self.register_buffer("positions_table", sinusoidal_positions(config.n_ctx, config.d_model), persistent=False)
+            table = sinusoidal_positions(config.n_ctx, config.d_model)  # [n_ctx, d_model]
+            self.register_buffer("positions_table", table, persistent=False)
         self.has_table = config.positions in ("learned", "sinusoidal")  # rotary acts inside attention; "none" has none
         self.token_types = nn.Embedding(config.n_token_types, config.d_model) if config.n_token_types else None
         self.ln = norm_layer(config) if config.post_embedding_ln else None

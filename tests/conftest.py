@@ -2,8 +2,8 @@
 
 import importlib.util
 import os
-from dataclasses import replace
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,7 @@ if importlib.util.find_spec("mhalab_grader") is None:
     sys.path.append(str(Path(__file__).resolve().parent.parent / "grader"))
 
 from chromium import chromium_executable
+
 from mhalab.models import ModelConfig, Transformer
 from mhalab.tasks import MultiRelationTask
 

@@ -161,7 +161,8 @@ def smollm2_references(gguf_path: Path) -> None:
 
 
 def main() -> None:
-    import transformers, sentence_transformers  # noqa: E401 - record the versions used
+    import sentence_transformers  # imported to record the versions used
+    import transformers
 
     from mhalab.pretrained.files import MINILM, SMOLLM2, model_file
     from mhalab.pretrained.smollm2 import GGUF_NAME
