@@ -106,7 +106,8 @@ def test_importance_is_the_gate_gradient(model, task):
             expected[layer, head] = ((l_up - l_down) / (2 * eps)).abs().mean()  # |.| per example, then the mean
     torch.testing.assert_close(ours.double(), expected, rtol=1e-4, atol=1e-8)
     # The same examples split into two batches: the same expectation.
-    halves = [Batch(batch.inputs[a:b], batch.targets[a:b], {k: v[a:b] for k, v in batch.sources.items()}) for a, b in ((0, 1), (1, 3))]
+    halves = [Batch(batch.inputs[a:b], batch.targets[a:b], {k: v[a:b] for k, v in batch.sources.items()})
+              for a, b in ((0, 1), (1, 3))]
     torch.testing.assert_close(A.head_importance(model, halves, normalize=False), ours)
 
 

@@ -287,7 +287,8 @@ class TestDropIn:
                 assert ours[name].default is None
                 continue
             assert name in ours and ours[name].default == p.default, f"{name}: ours {ours[name]}, torch {p}"
-            assert ours[name].kind is p.kind, f"{name} is {ours[name].kind.description} in ours, {p.kind.description} in torch's"
+            assert ours[name].kind is p.kind, (
+                f"{name} is {ours[name].kind.description} in ours, {p.kind.description} in torch's")
         assert list(ours)[: len(theirs)] == list(theirs), "the positional order differs from torch's"
 
     def test_the_constructor_takes_torchs_first_arguments_in_order(self):
@@ -474,8 +475,8 @@ class TestKVCache:
             ours(rand(B, 2, D), kv_cache=cache)  # two new tokens without causality
         with pytest.raises(ValueError, match="batch, heads and d_head must match"):
             ours(rand(B + 1, 1, D), kv_cache=cache)
-        with pytest.raises(ValueError, match=f"cross-attention kv_cache holds the keys of a memory .batch {B}, length 2.*"
-                                             f"key is .batch {B}, length {S}.*fresh KVCache"):
+        with pytest.raises(ValueError, match=f"cross-attention kv_cache holds the keys of a memory "
+                                             f".batch {B}, length 2.*key is .batch {B}, length {S}.*fresh KVCache"):
             ours(rand(B, 1, D), rand(B, S, D), rand(B, S, D), kv_cache=cache)  # this cache holds 2 positions, not S
         with pytest.raises(ValueError, match="attn_mask must have shape"):
             ours(rand(B, 1, D), kv_cache=cache, attn_mask=torch.zeros(1, 1))  # S is 3 here, not 1
@@ -587,7 +588,8 @@ class TestBadInput:
         with pytest.raises(ValueError, match=rf"n_heads must be at least 1, got n_heads={n_heads}.*1, 2, 4, 8, 16"):
             MultiHeadAttention(16, n_heads)
 
-    @pytest.mark.parametrize("d_model, n_heads, name", [(16, 2.0, "n_heads"), ("16", 2, "d_model"), (16, True, "n_heads")])
+    @pytest.mark.parametrize("d_model, n_heads, name",
+                             [(16, 2.0, "n_heads"), ("16", 2, "d_model"), (16, True, "n_heads")])
     def test_not_an_int(self, d_model, n_heads, name):
         with pytest.raises(TypeError, match=rf"{name} must be an int"):
             MultiHeadAttention(d_model, n_heads)
@@ -840,7 +842,8 @@ class TestRotary:
             MultiHeadAttention(D, H, rope_base=0.5)
 
 
-@pytest.mark.parametrize("options", [{"n_kv_heads": 2}, {"rope_base": 10000.0}, {"n_kv_heads": 1, "rope_base": 100.0, "d_head": 6}])
+@pytest.mark.parametrize("options", [{"n_kv_heads": 2}, {"rope_base": 10000.0},
+                                     {"n_kv_heads": 1, "rope_base": 100.0, "d_head": 6}])
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_cache_decoding_equals_the_full_causal_forward(options, need_weights):
     """Prompt of 3 tokens at once, then one token at a time: positions continue from the cache."""
@@ -952,7 +955,8 @@ def test_a_prompt_into_an_empty_cache_must_be_causal():
 
 def test_float64_input_to_a_float32_module_says_what_to_do():
     m = MultiHeadAttention(D, H)
-    with pytest.raises(TypeError, match=r"query is torch.float64 but this module's weights are torch.float32: convert the input with .to\(torch.float32\)"):
+    with pytest.raises(TypeError, match=r"query is torch.float64 but this module's weights are torch.float32: "
+                                        r"convert the input with .to\(torch.float32\)"):
         m(rand(1, 3, D).double())
 
 

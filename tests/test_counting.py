@@ -7,13 +7,13 @@ import torch
 from torch import nn
 
 from mhalab.attention import MultiHeadAttention
-from mhalab.kv_cache import KVCache
 from mhalab.counting import (
     attention_parameters,
     cost_table,
     count_parameters,
     kv_cache_per_token,
 )
+from mhalab.kv_cache import KVCache
 
 # The seed's table for d_model = 512: heads, d_k, Q+K+V+O parameters, KV cache per token per layer.
 SEED_TABLE = """
@@ -152,8 +152,8 @@ def test_formulas_match_real_modules_for_grouped_query_and_any_head_size(d_model
     import torch
 
     from mhalab.attention import MultiHeadAttention
-    from mhalab.kv_cache import KVCache
     from mhalab.counting import attention_parameters, count_parameters, kv_cache_per_token
+    from mhalab.kv_cache import KVCache
 
     module = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head, bias=bias)
     formula = attention_parameters(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head, bias=bias)
@@ -163,7 +163,8 @@ def test_formulas_match_real_modules_for_grouped_query_and_any_head_size(d_model
     assert cache.values_per_token == kv_cache_per_token(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head).elements
     g = n_kv_heads or n_heads
     d_k = d_head or d_model // n_heads
-    assert kv_cache_per_token(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head, n_layers=30).elements == 2 * g * d_k * 30
+    per_token = kv_cache_per_token(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head, n_layers=30)
+    assert per_token.elements == 2 * g * d_k * 30
 
 
 def test_grouped_query_counting_refuses_bad_groups():

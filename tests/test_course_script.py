@@ -24,7 +24,8 @@ def course(tmp_path, monkeypatch):
     monkeypatch.setattr(module, "check", lambda cmd, **kw: calls.append([str(c) for c in cmd]))
     monkeypatch.setattr(module.subprocess, "call", lambda *a, **kw: 0)  # "torch imports"
     module.facts = "python=3.11.7 torch=2.13.0+cpu"  # what the venv's interpreter reports
-    monkeypatch.setattr(module, "environment_facts", lambda python: module.facts if python.exists() else None, raising=False)
+    monkeypatch.setattr(module, "environment_facts", lambda python: module.facts if python.exists() else None,
+                        raising=False)
     module.calls = calls
     return module
 

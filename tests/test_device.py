@@ -55,7 +55,8 @@ def test_not_a_string(value):
 @pytest.mark.skipif(HAS_CUDA, reason="CUDA is available here")
 @pytest.mark.parametrize("name", ["cuda", "cuda:0", "cuda:1"])
 def test_cuda_without_cuda(name):
-    with pytest.raises(ValueError, match=rf"device={name!r} was asked for but torch sees no CUDA GPU; use device='auto'"):
+    with pytest.raises(ValueError,
+                       match=rf"device={name!r} was asked for but torch sees no CUDA GPU; use device='auto'"):
         pick_device(name)
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mhalab.formation import FormationRecorder
-from mhalab.models import ModelConfig, Transformer
 from mhalab.head_roles import induction_score, previous_token_score
+from mhalab.models import ModelConfig, Transformer
 from mhalab.tasks import MultiRelationTask, RepeatedSegments
 from mhalab.train import train
 
@@ -54,7 +54,8 @@ def test_the_numbers_are_those_of_the_model_at_that_step():
 
     batch = recorder.batch
     with torch.no_grad():
-        logits, cache = model.eval().run_with_cache(batch.inputs, names_filter=lambda name: name.endswith("hook_pattern"))
+        logits, cache = model.eval().run_with_cache(batch.inputs,
+                                                    names_filter=lambda name: name.endswith("hook_pattern"))
     A = stack_attention(cache)
     torch.testing.assert_close(recorder.score("induction")[0], induction_score(A, batch.inputs))
     torch.testing.assert_close(recorder.score("previous-token")[0], previous_token_score(A))

@@ -8,11 +8,21 @@ import torch
 from torch import nn
 
 from mhalab.attention import MultiHeadAttention
-from mhalab.kv_cache import KVCache
 from mhalab.hooks import (
-    ActivationCache, HookedRootModule, ablate_heads, attention_modules, gate_heads, get_act_name, glob_filter, hook_points,
-    hooks_attached, patch_heads, run_with_cache, run_with_hooks,
+    ActivationCache,
+    HookedRootModule,
+    ablate_heads,
+    attention_modules,
+    gate_heads,
+    get_act_name,
+    glob_filter,
+    hook_points,
+    hooks_attached,
+    patch_heads,
+    run_with_cache,
+    run_with_hooks,
 )
+from mhalab.kv_cache import KVCache
 
 D, H = 16, 4
 
@@ -53,7 +63,8 @@ def test_names_follow_the_model(model):
 def test_cache_holds_what_need_weights_returns(model, is_causal):
     x = torch.randn(2, 5, D)
     out, cache = model.run_with_cache(x, is_causal=is_causal)
-    torch.testing.assert_close(out, model(x, is_causal=is_causal))  # caching changes nothing (explicit path = fused, to rounding)
+    # caching changes nothing (explicit path = fused, to rounding)
+    torch.testing.assert_close(out, model(x, is_causal=is_causal))
     attn = model.blocks[0].attn
     _, weights = attn(x, is_causal=is_causal, need_weights=True, average_attn_weights=False)
     torch.testing.assert_close(cache["blocks.0.attn.hook_pattern"], weights)
@@ -73,8 +84,10 @@ def test_z_is_the_input_of_w_o(model):
 
 def test_glob_and_predicate_pick_names(model):
     x = torch.randn(1, 3, D)
-    assert list(model.run_with_cache(x, names_filter=glob_filter("*.hook_pattern"))[1]) == ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
-    assert list(model.run_with_cache(x, names_filter=lambda n: n.startswith("blocks.1"))[1]) == [f"blocks.1.attn.{p}" for p in ATTN_POINTS]
+    assert list(model.run_with_cache(x, names_filter=glob_filter("*.hook_pattern"))[1]) == [
+        "blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
+    assert list(model.run_with_cache(x, names_filter=lambda n: n.startswith("blocks.1"))[1]) == [
+        f"blocks.1.attn.{p}" for p in ATTN_POINTS]
     assert list(model.run_with_cache(x, names_filter=["blocks.1.attn.hook_z", "blocks.0.attn.hook_k"])[1]) == [
         "blocks.1.attn.hook_z", "blocks.0.attn.hook_k"]  # in the order asked
 
@@ -139,7 +152,8 @@ def count_fused_calls(monkeypatch):
 
     calls = []
     original = attention.F.scaled_dot_product_attention
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
     return calls
 
 
@@ -152,7 +166,8 @@ def test_the_fused_path_runs_unless_scores_or_pattern_are_wanted(model, monkeypa
     x = torch.randn(1, 3, D)
     plain = model(x)
     assert len(calls) == 2
-    qkvz = [p for p in hook_points(model) if p.rsplit(".", 1)[1] in ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_z")]
+    qkvz = [p for p in hook_points(model)
+            if p.rsplit(".", 1)[1] in ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_z")]
     _, cache = model.run_with_cache(x, names_filter=qkvz)
     assert len(calls) == 4 and list(cache) == qkvz
     for point in ("hook_pattern", "hook_attn_scores"):
@@ -188,7 +203,8 @@ def test_gates_scale_heads_and_check_their_shape(model):
     x = torch.randn(2, 3, D)
     doubled = run_with_hooks(attn, x, fwd_hooks=[("hook_z", gate_heads(torch.full((H,), 2.0)))])[0]
     torch.testing.assert_close(doubled, 2 * attn(x)[0])
-    with pytest.raises(ValueError, match=r"gates for hook_z must be \[n_heads\] = \[4\] or \[batch, n_heads\] = \[2, 4\]"):
+    with pytest.raises(ValueError,
+                       match=r"gates for hook_z must be \[n_heads\] = \[4\] or \[batch, n_heads\] = \[2, 4\]"):
         run_with_hooks(attn, x, fwd_hooks=[("hook_z", gate_heads(torch.ones(3, H)))])
 
 
@@ -231,7 +247,8 @@ def test_pattern_hooks_fire_once_per_attention_call_in_order():
     assert [name for name, _ in calls[:2]] == ["encoder.0.attn.hook_pattern", "encoder.1.attn.hook_pattern"]
     decoder = calls[2:]
     assert len(decoder) == 3 * 4 and all(shape[2] == 1 for _, shape in decoder)  # one query per step
-    assert [shape[3] for name, shape in decoder if name == "decoder.0.attn.hook_pattern"] == [1, 2, 3]  # the cache grows
+    # the cache grows
+    assert [shape[3] for name, shape in decoder if name == "decoder.0.attn.hook_pattern"] == [1, 2, 3]
     model(src, tgt)
     assert len(calls) == 14  # the hooks are gone after the with block
 
@@ -292,7 +309,8 @@ def test_points_hold_what_their_names_say():
     torch.testing.assert_close(cache["hook_v"], v.view(2, 5, 2, 4))
     rot_k = apply_rotary(cache["hook_k"].transpose(1, 2), 0, 100.0).transpose(1, 2)  # rotary on [B, G, T, dk]
     torch.testing.assert_close(cache["hook_rot_k"], rot_k)
-    q_heads, k_heads = cache["hook_rot_q"].transpose(1, 2), cache["hook_rot_k"].transpose(1, 2).repeat_interleave(2, dim=1)
+    q_heads = cache["hook_rot_q"].transpose(1, 2)  # [B, H, T, dk]
+    k_heads = cache["hook_rot_k"].transpose(1, 2).repeat_interleave(2, dim=1)  # [B, G, T, dk] -> [B, H, T, dk]
     scores = q_heads @ k_heads.transpose(-2, -1) / 2.0  # sqrt(d_head) = 2
     future = torch.ones(5, 5, dtype=torch.bool).triu(1)
     assert torch.isneginf(cache["hook_attn_scores"][..., future]).all()
@@ -328,7 +346,8 @@ def test_cache_reads_by_full_name_and_by_short_name_and_layer(toy):
         assert cache[short, layer] is cache[full]
         assert (short, layer) in cache
     assert get_act_name("resid_pre", 3) == "blocks.3.hook_resid_pre" and get_act_name("embed") == "hook_embed"
-    assert get_act_name("attn_out", 0) == "blocks.0.hook_attn_out" and get_act_name("pattern2") == "blocks.2.attn.hook_pattern"
+    assert get_act_name("attn_out", 0) == "blocks.0.hook_attn_out"
+    assert get_act_name("pattern2") == "blocks.2.attn.hook_pattern"
     assert get_act_name("blocks.0.attn.hook_v") == "blocks.0.attn.hook_v"
 
 
@@ -337,7 +356,8 @@ def test_unknown_names_are_refused_with_what_exists(toy):
     _, cache = toy.run_with_cache(tokens, names_filter=glob_filter("*.hook_pattern"))
     with pytest.raises(KeyError, match=r"blocks.0.attn.hook_q.*holds 2: blocks.\{i\}.attn.hook_pattern \(i = 0..1\)"):
         cache["q", 0]
-    with pytest.raises(KeyError, match=r"Transformer has no hook point 'blocks.0.attn.pattern'.*blocks.\{i\}.attn.hook_pattern"):
+    with pytest.raises(KeyError, match=r"Transformer has no hook point 'blocks.0.attn.pattern'"
+                                       r".*blocks.\{i\}.attn.hook_pattern"):
         toy.run_with_cache(tokens, names_filter="blocks.0.attn.pattern")
     with pytest.raises(KeyError, match="blocks.3.attn.hook_z"):
         toy.run_with_hooks(tokens, fwd_hooks=[("blocks.3.attn.hook_z", ablate_heads([0]))])
@@ -350,7 +370,8 @@ def test_an_encoder_decoder_refuses_short_keys_and_names_its_points():
     from mhalab.models import EncoderDecoder, ModelConfig
 
     model = EncoderDecoder(ModelConfig(d_vocab=10, d_model=D, n_heads=H, n_layers=2)).eval()
-    _, cache = model.run_with_cache(torch.randint(0, 10, (1, 5)), torch.randint(0, 10, (1, 3)), names_filter=glob_filter("*.hook_pattern"))
+    _, cache = model.run_with_cache(torch.randint(0, 10, (1, 5)), torch.randint(0, 10, (1, 3)),
+                                    names_filter=glob_filter("*.hook_pattern"))
     with pytest.raises(KeyError, match=r"hook_pattern points at that layer are encoder.0.attn.hook_pattern, "
                                        r"decoder.0.attn.hook_pattern, decoder.0.cross_attn.hook_pattern"):
         cache["pattern", 0]
@@ -460,7 +481,8 @@ def test_every_point_of_the_toy_transformer(options):
                                                         tables=["hook_embed"] + ([] if rotary else ["hook_pos_embed"]))
     _, cache = model.run_with_cache(torch.randint(0, 11, (3, 7)))
     assert list(cache) == list(hook_points(model))
-    _check_shapes(cache, B=3, D=D, H=H, G=cfg.n_key_value_heads or H, dk=cfg.d_head or D // H, lengths=lambda name: (7, 7))
+    _check_shapes(cache, B=3, D=D, H=H, G=cfg.n_key_value_heads or H, dk=cfg.d_head or D // H,
+                  lengths=lambda name: (7, 7))
     if not cfg.attn_only:
         _check_residual_sums(cache, "blocks", 2)
         assert torch.equal(cache["blocks.0.hook_resid_pre"], cache["hook_embed"] + cache["hook_pos_embed"])
@@ -511,7 +533,8 @@ def test_every_point_of_smollm2(smollm2):
     _, cache = smollm2.run_with_cache(tokens)
     attn = ["hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", *ATTN_POINTS[3:]]
     assert list(cache) == _expected_points([("blocks", cfg.n_layers, "mlp")], attn=attn, tables=["hook_embed"])
-    _check_shapes(cache, B=2, D=cfg.d_model, H=cfg.n_heads, G=cfg.n_key_value_heads, dk=cfg.d_head, lengths=lambda name: (5, 5))
+    _check_shapes(cache, B=2, D=cfg.d_model, H=cfg.n_heads, G=cfg.n_key_value_heads, dk=cfg.d_head,
+                  lengths=lambda name: (5, 5))
     assert cache["k", 0].size(2) == 3  # the K/V heads as stored, not repeated for the 9 query heads
     _check_residual_sums(cache, "blocks", cfg.n_layers)
 

@@ -33,15 +33,18 @@ def test_each_helper_goes_with_its_function():
 
 @pytest.mark.parametrize("mask, why", [
     (causal_allowed_mask(4), "forbids some query every key"),  # the trap of issue 17: it silently saw the future
-    (torch.eye(4, dtype=torch.bool) | torch.ones(4, 4, dtype=torch.bool).triu(2), "forbids every query its own position"),
-    (torch.eye(4, dtype=torch.bool).expand(2 * H, 4, 4), "forbids every query its own position"),  # per head, [B*H, L, S]
+    (torch.eye(4, dtype=torch.bool) | torch.ones(4, 4, dtype=torch.bool).triu(2),
+     "forbids every query its own position"),
+    # per head, [B*H, L, S]
+    (torch.eye(4, dtype=torch.bool).expand(2 * H, 4, 4), "forbids every query its own position"),
 ])
 def test_a_may_attend_mask_given_as_attn_mask_is_refused(mask, why):
     m = MultiHeadAttention(D, H)
     with pytest.raises(ValueError, match=why) as info:
         m(torch.randn(2, 4, D), attn_mask=mask)
     message = str(info.value)
-    for words in ("True = forbidden", "True = may attend", "F.scaled_dot_product_attention", "causal_forbidden_mask(4, 4)"):
+    for words in ("True = forbidden", "True = may attend", "F.scaled_dot_product_attention",
+                  "causal_forbidden_mask(4, 4)"):
         assert words in message, f"the message should name {words!r}: {message}"
 
 

@@ -130,8 +130,9 @@ def test_an_ablated_head_still_has_its_pattern_but_later_layers_change():
     _, plain = model.run_with_cache(tokens(), names_filter=lambda name: name.endswith("hook_pattern"))
     with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", ablate_heads([1]))]):
         _, ablated = model.run_with_cache(tokens(), names_filter=lambda name: name.endswith("hook_pattern"))
-    assert torch.allclose(plain["blocks.0.attn.hook_pattern"], ablated["blocks.0.attn.hook_pattern"])  # its own pattern: the same
-    assert not torch.allclose(plain["blocks.1.attn.hook_pattern"], ablated["blocks.1.attn.hook_pattern"])  # layer 1 sees another input
+    # Layer 0's own pattern is the same; layer 1 sees another input.
+    assert torch.allclose(plain["blocks.0.attn.hook_pattern"], ablated["blocks.0.attn.hook_pattern"])
+    assert not torch.allclose(plain["blocks.1.attn.hook_pattern"], ablated["blocks.1.attn.hook_pattern"])
 
 
 # ------------------------------------------------------------- generation
@@ -268,7 +269,8 @@ def test_cross_attention_projects_the_memory_once_and_gives_the_same_logits():
         with model.hooks(fwd_hooks=count):
             for t in range(tgt.size(1)):
                 model.decode(tgt[:, t : t + 1], memory, kv_caches=self_caches, cross_kv_caches=cross_caches)
-    assert projections == ["decoder.0.cross_attn.hook_k", "decoder.1.cross_attn.hook_k"]  # once per layer, not per token
+    # once per layer, not per token
+    assert projections == ["decoder.0.cross_attn.hook_k", "decoder.1.cross_attn.hook_k"]
     assert [len(c) for c in cross_caches] == [7, 7] and cross_caches[0].k.shape == (B, 2, 7, 4)
     with pytest.raises(ValueError, match="holds the keys of a memory .batch 3, length 7.*fresh KVCache"):
         model.decode(tgt[:, :1], model.encode(tokens(length=5)), kv_caches=[KVCache() for _ in model.decoder],
@@ -309,7 +311,8 @@ def test_bad_head_count_fails_in_the_config_with_the_attentions_message():
         (dict(d_head=0), ValueError, "d_head must be at least 1"),
         (dict(positions="rotary", d_head=5), ValueError, "head width must be even, got d_head=5"),
         (dict(positions="rotary", rotary_base=1), ValueError, "rotary_base must be a number above 1"),
-        (dict(act_fn="swish"), ValueError, r"act_fn must be one of \('gelu', 'gelu_new', 'relu', 'silu'\), got 'swish'"),
+        (dict(act_fn="swish"), ValueError,
+         r"act_fn must be one of \('gelu', 'gelu_new', 'relu', 'silu'\), got 'swish'"),
         (dict(normalization_type="LNPre"), ValueError, r"normalization_type must be one of \('LN', 'RMS'\)"),
         (dict(eps=0), ValueError, "eps must be a number above 0"),
         (dict(eps="1e-5"), ValueError, "eps must be a number above 0"),
