@@ -30,7 +30,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from chromium import chromium_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -65,7 +64,8 @@ def _wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout: float
 
 @contextlib.contextmanager
 def _jupyterlab(tmp_path, notebook):
-    """A JupyterLab server on localhost serving a temp root with a copy of ``notebook``; yields (base_url, token, root)."""
+    """A JupyterLab server on localhost serving a temp root with a copy of ``notebook``; yields
+    (base_url, token, root)."""
     root = tmp_path / "root"
     root.mkdir()
     # A clean copy: no outputs, counts or saved widget state, so that everything the test sees comes
@@ -79,7 +79,8 @@ def _jupyterlab(tmp_path, notebook):
     settings = tmp_path / "lab-settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     # No news or update checks: nothing outside localhost is contacted.
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    no_news = {"fetchNews": "false", "checkForUpdates": False}
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps(no_news))
     port, token = _free_port(), uuid.uuid4().hex
     env = dict(
         os.environ,
@@ -95,7 +96,8 @@ def _jupyterlab(tmp_path, notebook):
         command.append("--allow-root")
     log = tmp_path / "jupyterlab.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen(command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     try:
         base = f"http://127.0.0.1:{port}"
         _wait_for_server(f"{base}/api/status?token={token}", proc, log)
@@ -142,8 +144,9 @@ _ERROR_OUTPUT = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.e
 
 def _run_all_and_wait(page, n_code_cells: int, timeout_s: float) -> None:
     """Run All from the Run menu, make sure it started, and wait until every cell has run (or one failed)."""
-    started = "() => document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt').length > 0 && " \
-              "Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')).some(p => /\\S/.test(p.textContent.replace(/[\\[\\]: \\u00a0]/g, '')))"
+    started = ("() => document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt').length > 0 && "
+               "Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt'))"
+               ".some(p => /\\S/.test(p.textContent.replace(/[\\[\\]: \\u00a0]/g, '')))")
     for attempt in range(3):
         # Make the notebook the current widget first: the Run menu acts on the focused document.
         page.locator(".jp-Notebook .jp-Cell").first.click()
@@ -170,7 +173,8 @@ def _run_all_and_wait(page, n_code_cells: int, timeout_s: float) -> None:
         polling=1000,
     )
     if page.locator(_ERROR_OUTPUT).count():
-        raise AssertionError(f"a cell of the notebook failed in JupyterLab:\n{page.locator(_ERROR_OUTPUT).first.text_content()[-3000:]}")
+        error = page.locator(_ERROR_OUTPUT).first.text_content()[-3000:]
+        raise AssertionError(f"a cell of the notebook failed in JupyterLab:\n{error}")
 
 
 def _move(page, slider_index: int, key: str, explorer: str = ".mhalab-head-explorer") -> dict:
@@ -238,7 +242,8 @@ def test_sliders_redraw_the_heat_map(jupyterlab, record_property):
     latencies = [m["latency_s"] for _, m in moves]
     print(
         f"\nslider move -> new heat map in the browser: median {1000 * statistics.median(latencies):.0f} ms, "
-        f"max {1000 * max(latencies):.0f} ms over {len(latencies)} moves ({', '.join(f'{1000 * t:.0f}' for t in latencies)} ms); "
+        f"max {1000 * max(latencies):.0f} ms over {len(latencies)} moves "
+        f"({', '.join(f'{1000 * t:.0f}' for t in latencies)} ms); "
         f"target {1000 * TARGET_S:.0f} ms"
     )
     record_property("slider_latency_ms", [round(1000 * t) for t in latencies])  # in the JUnit XML report
@@ -340,7 +345,8 @@ def test_picking_in_the_model_view_opens_the_head_in_the_explorer(notebook_07_pa
     handle.focus()
     page.keyboard.press("ArrowRight")
     page.wait_for_function(f"async () => ({_IMAGE_OF})('{_VIEW_IMG}').then(h => h !== '{view_before}')", timeout=30_000)
-    page.wait_for_function(f"async () => ({_IMAGE_OF})('{_EXPLORER_IMG}').then(h => h !== '{explorer_before}')", timeout=30_000)
+    page.wait_for_function(f"async () => ({_IMAGE_OF})('{_EXPLORER_IMG}').then(h => h !== '{explorer_before}')",
+                           timeout=30_000)
     # the explorer's own head slider follows the pick (its readout may be drawn a moment after the picture)
     picked = view.locator(".widget-readout").nth(1).text_content().strip()
     assert picked == "1"

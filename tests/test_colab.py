@@ -39,7 +39,8 @@ COLAB_PACKAGES = ["numpy", "matplotlib", "ipywidgets", "tqdm", "pillow"]
 
 def _installed(python: Path) -> dict[str, str]:
     """``{normalised name: version}`` of everything pip sees in the environment of ``python``."""
-    out = subprocess.run([str(python), "-m", "pip", "list", "--format=json"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([str(python), "-m", "pip", "list", "--format=json"],
+                         capture_output=True, text=True, check=True).stdout
     return {re.sub(r"[-_.]+", "-", p["name"]).lower(): p["version"] for p in json.loads(out)}
 
 
@@ -49,7 +50,8 @@ def _repository_snapshot(destination: Path) -> str:
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True
     )
     files = listed.stdout.split() if listed.returncode == 0 else [
-        str(p.relative_to(ROOT)) for p in [ROOT / "pyproject.toml", ROOT / "README.md", *(ROOT / "mhalab").rglob("*.py")]
+        str(p.relative_to(ROOT))
+        for p in [ROOT / "pyproject.toml", ROOT / "README.md", *(ROOT / "mhalab").rglob("*.py")]
     ]
     for name in files:
         if name.startswith("notebooks/") or not (ROOT / name).is_file():
@@ -129,6 +131,7 @@ def test_a_notebook_downloaded_alone_runs_on_a_colab_like_environment(tmp_path, 
     assert not changed, f"the Colab cell replaced installed packages (before, after): {changed}"
     assert set(after) - set(before) == {"mhalab"}
     where = subprocess.run(
-        [str(python), "-c", "import mhalab; print(mhalab.__file__)"], cwd=tmp_path, capture_output=True, text=True, check=True
+        [str(python), "-c", "import mhalab; print(mhalab.__file__)"],
+        cwd=tmp_path, capture_output=True, text=True, check=True,
     ).stdout.strip()
     assert Path(where).is_relative_to(env_dir), f"mhalab was imported from {where}, not from the environment"

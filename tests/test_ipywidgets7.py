@@ -33,7 +33,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from chromium import chromium_page
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,7 +74,8 @@ def test_widget_tests_pass_with_ipywidgets_7(overlay, tmp_path):
                            env=env, capture_output=True, text=True, cwd=tmp_path)
     assert probe.stdout.strip() == "7.7.1", probe.stderr[-2000:]
     child = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/test_widgets.py", "-q", "-p", "no:cacheprovider", f"--basetemp={tmp_path / 'child'}"],
+        [sys.executable, "-m", "pytest", "tests/test_widgets.py", "-q", "-p", "no:cacheprovider",
+         f"--basetemp={tmp_path / 'child'}"],
         env=env, cwd=ROOT, capture_output=True, text=True,
     )
     assert child.returncode == 0, f"tests/test_widgets.py with ipywidgets 7.7.1:\n{child.stdout[-5000:]}"
@@ -96,7 +96,8 @@ def test_the_explorer_in_a_browser_with_ipywidgets_7(overlay, tmp_path):
     lab_env = tmp_path / "jupyterlab3"
     venv.EnvBuilder(with_pip=True).create(lab_env)
     lab_python = lab_env / "bin" / "python"
-    install = subprocess.run([str(lab_python), "-m", "pip", "install", "-q", *JUPYTERLAB_3], capture_output=True, text=True)
+    install = subprocess.run([str(lab_python), "-m", "pip", "install", "-q", *JUPYTERLAB_3],
+                             capture_output=True, text=True)
     assert install.returncode == 0, f"pip install {JUPYTERLAB_3} failed:\n{install.stderr[-3000:]}"
 
     # Its only kernel: this Python, with ipywidgets 7.7.1 first on the path.
@@ -117,7 +118,8 @@ def test_the_explorer_in_a_browser_with_ipywidgets_7(overlay, tmp_path):
 
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)  # no news or update checks: nothing outside localhost is contacted
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    no_news = {"fetchNews": "false", "checkForUpdates": False}
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps(no_news))
     port, token = _free_port(), uuid.uuid4().hex
     env = dict(
         os.environ, JUPYTER_PATH=str(tmp_path / "jupyter"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
@@ -132,7 +134,8 @@ def test_the_explorer_in_a_browser_with_ipywidgets_7(overlay, tmp_path):
         command.append("--allow-root")
     log = tmp_path / "jupyterlab.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen(command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     errors: list[str] = []
     try:
         base = f"http://127.0.0.1:{port}"
@@ -151,7 +154,8 @@ def test_the_explorer_in_a_browser_with_ipywidgets_7(overlay, tmp_path):
                 page.goto(f"{base}/lab/tree/explorer.ipynb?token={token}", timeout=120_000)
                 page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
                 page.wait_for_function(  # the kernel is up: its status in the toolbar reads idle
-                    "() => Array.from(document.querySelectorAll('.jp-Toolbar-kernelStatus, .jp-KernelStatus, .jp-Notebook-ExecutionIndicator'))"
+                    "() => Array.from(document.querySelectorAll("
+                    "'.jp-Toolbar-kernelStatus, .jp-KernelStatus, .jp-Notebook-ExecutionIndicator'))"
                     ".some(e => /idle/i.test(e.getAttribute('title') || e.dataset.status || e.textContent))",
                     timeout=180_000, polling=500,
                 )
@@ -172,7 +176,8 @@ def test_the_explorer_in_a_browser_with_ipywidgets_7(overlay, tmp_path):
                     seen.append(image.get_attribute("src"))
                 assert len(set(seen)) == len(seen), "a slider move left the heat map unchanged"
                 assert page.get_by_text("Error displaying widget").count() == 0
-                assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").count() == 0
+                stderr_output = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+                assert page.locator(stderr_output).count() == 0
                 page.screenshot(path=str(tmp_path / "ipywidgets7.png"))
     finally:
         if proc.poll() is None:

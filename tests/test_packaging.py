@@ -73,7 +73,8 @@ class TestPyprojectIsTheOneSourceOfFloors:
         conda_side = lower_bounds([d for d in entries if parse(d)[0] != "python"])
         project = pyproject["project"]
         highest: dict[str, str | None] = {}
-        for group in [project["dependencies"], *(project["optional-dependencies"][g] for g in ("lab", "test", "pretrained"))]:
+        optional = [project["optional-dependencies"][g] for g in ("lab", "test", "pretrained")]
+        for group in [project["dependencies"], *optional]:
             for name, version in lower_bounds(group).items():
                 if name not in highest or (version and _key(version) > _key(highest[name] or "0")):
                     highest[name] = version
@@ -116,7 +117,8 @@ class TestPyprojectIsTheOneSourceOfFloors:
         torch_specs = [r for r in pyproject["project"]["dependencies"] if parse(r)[0] == "torch"]
         assert len(torch_specs) == 1, "torch must be a runtime dependency"
         name, op, version = parse(torch_specs[0])
-        assert op == ">=", f"torch must have a lower bound only (Colab and conda bring their own), got {torch_specs[0]!r}"
+        assert op == ">=", (
+            f"torch must have a lower bound only (Colab and conda bring their own), got {torch_specs[0]!r}")
 
     def test_runtime_dependencies(self, pyproject):
         names = set(lower_bounds(pyproject["project"]["dependencies"]))
@@ -198,7 +200,8 @@ def test_notebook_outputs_come_from_one_clean_run(path):
 @notebook_params
 def test_notebook_size(path):
     size = path.stat().st_size
-    assert size < MAX_NOTEBOOK_BYTES, f"{path.name} is {size / 1e6:.1f} MB; keep notebooks under 2 MB (smaller figures, lower dpi)"
+    assert size < MAX_NOTEBOOK_BYTES, (
+        f"{path.name} is {size / 1e6:.1f} MB; keep notebooks under 2 MB (smaller figures, lower dpi)")
 
 
 # ------------------------------------------------------------ README and CI
@@ -277,7 +280,8 @@ def test_every_import_is_a_declared_dependency(pyproject, part, extras):
     for extra in extras:
         declared |= set(lower_bounds(project["optional-dependencies"][extra]))
     folder = ROOT / part
-    files = sorted(folder.glob("*.py")) if extras else sorted(p for p in folder.rglob("*.py") if "pretrained" not in p.parts)
+    files = (sorted(folder.glob("*.py")) if extras
+             else sorted(p for p in folder.rglob("*.py") if "pretrained" not in p.parts))
     distributions = packages_distributions()
     missing = {}
     for module, users in _third_party_imports(files).items():
@@ -322,8 +326,10 @@ def test_notebook_opens_with_objectives_assumptions_and_its_measured_time(path):
 @notebook_params
 def test_notebook_ends_with_a_summary(path):
     last = nbformat.read(path, as_version=4).cells[-1]
-    assert last.cell_type == "markdown" and last.source.startswith("## Summary"), f"{path.name}: the last cell is not its Summary"
+    assert last.cell_type == "markdown" and last.source.startswith("## Summary"), (
+        f"{path.name}: the last cell is not its Summary")
 
 
 def test_run_time_descriptions():
-    assert [describe_run_time(s) for s in (3, 24, 56, 80, 100, 119)] == ["10 s", "20 s", "1 minute", "1.5 minutes", "1.5 minutes", "2 minutes"]
+    assert [describe_run_time(s) for s in (3, 24, 56, 80, 100, 119)] == [
+        "10 s", "20 s", "1 minute", "1.5 minutes", "1.5 minutes", "2 minutes"]

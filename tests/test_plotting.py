@@ -5,16 +5,16 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
-from matplotlib.text import Text
 import pytest
 import torch
+from matplotlib.text import Text
 
 from mhalab import MultiHeadAttention
 from mhalab.counting import cost_table
 from mhalab.plotting import (
     DPI,
-    figure,
     attention_maps,
+    figure,
     heatmap,
     notebook_style,
     plot_costs,
@@ -66,7 +66,8 @@ def test_notebook_style_sets_readable_defaults():
     with matplotlib.rc_context():
         notebook_style()   # outside a kernel: only the defaults change
         assert matplotlib.rcParams["figure.dpi"] == DPI
-        for key in ("font.size", "axes.titlesize", "axes.labelsize", "xtick.labelsize", "ytick.labelsize", "legend.fontsize"):
+        for key in ("font.size", "axes.titlesize", "axes.labelsize", "xtick.labelsize", "ytick.labelsize",
+                    "legend.fontsize"):
             assert matplotlib.rcParams[key] >= 8, key
 
 

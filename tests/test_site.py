@@ -25,7 +25,6 @@ from urllib.parse import unquote, urlsplit
 
 import nbformat
 import pytest
-
 from chromium import chromium_page
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +66,7 @@ class _Page(html.parser.HTMLParser):
         self._in_title = False
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parse(path: Path) -> _Page:
     page = _Page()
     page.feed(path.read_text(encoding="utf-8"))
@@ -119,8 +118,9 @@ def test_every_notebook_has_its_page_and_figures(site, path):
 
 @pytest.mark.slow
 def test_the_instructors_guide_has_the_course_map_the_mistakes_and_the_ways_to_run_a_class(site):
-    import mhalab.labs as labs
     from labs_corpus import CORPUS
+
+    import mhalab.labs as labs
 
     page = site / "instructors.html"
     assert page.exists(), "no instructors' page"
@@ -132,7 +132,8 @@ def test_the_instructors_guide_has_the_course_map_the_mistakes_and_the_ways_to_r
         for ex in labs.load(nb):
             assert f"{ex.key} {ex.title} {ex.points:g}" in text, ex.key  # the exercise's row: key, title, points
             answer, expected = CORPUS[ex.key]["wrong"][0]
-            assert " ".join(ex.verdict(answer)[1].split()) in text, ex.key  # a wrong answer's message, as the learner gets it
+            # a wrong answer's message, as the learner gets it
+            assert " ".join(ex.verdict(answer)[1].split()) in text, ex.key
     for words in ("repo2docker", "postBuild", "nbgrader generate_assignment", "MHALAB_LABS_STRICT=1 nbgrader autograde",
                   "results.json", "gradebook.csv", "run time"):
         assert words in text, words
@@ -145,13 +146,16 @@ def test_the_explorer_shows_its_still_picture(site):
     path = next(p for p in course_notebooks() if p.stem == EXPLORER_NOTEBOOK)
     nb = nbformat.read(path, as_version=4)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-               if "application/vnd.jupyter.widget-view+json" in o.get("data", {}) and "HeadExplorer" in o.data.get("text/plain", "")]
+               if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+               and "HeadExplorer" in o.data.get("text/plain", "")]
     assert outputs, f"{path.name} has no committed head-explorer output"
     assert all("image/png" in o.data for o in outputs), (
-        f"{path.name}'s explorer output has no still picture: re-run it with `python3 course.py execute notebooks/{path.name}`"
+        f"{path.name}'s explorer output has no still picture: "
+        f"re-run it with `python3 course.py execute notebooks/{path.name}`"
     )
     page_path = site / "notebooks" / f"{path.stem}.html"
-    shown = {(page_path.parent / unquote(src)).resolve().read_bytes() for src in _parse(page_path).images if "_images/" in src}
+    shown = {(page_path.parent / unquote(src)).resolve().read_bytes()
+             for src in _parse(page_path).images if "_images/" in src}
     for output in outputs:
         assert base64.b64decode(output.data["image/png"]) in shown
     text = page_path.read_text(encoding="utf-8")

@@ -9,8 +9,6 @@ from mhalab.head_data import hide_keys
 from mhalab.head_roles import GENERIC_SCORES, stack_attention
 
 
-
-
 def test_explorer_precomputes_everything(explorer_setup):
     task, model, batch, ex = explorer_setup
     assert ex.data.attention.shape == (2, 3, 4, 8, 8)  # [layer, example, head, query, key]
@@ -267,7 +265,8 @@ def test_formation_explorer_slider_and_still(formation_setup, monkeypatch):
     assert set(bundle) == {"image/png", "text/plain"} and ex.STATIC_NOTE in bundle["text/plain"]
     assert base64.b64decode(bundle["image/png"]) == ex.static_png()
     monkeypatch.setattr(widgets.display, "widgets_available", lambda: True)  # where the explorers ask
-    assert widgets.FormationExplorer._repr_mimebundle_(ex)[0]["application/vnd.jupyter.widget-view+json"]["model_id"] == ex.widget.model_id
+    live = widgets.FormationExplorer._repr_mimebundle_(ex)[0]
+    assert live["application/vnd.jupyter.widget-view+json"]["model_id"] == ex.widget.model_id
 
 
 def test_still_note_wraps_to_the_picture_width():
@@ -282,5 +281,5 @@ def test_still_note_wraps_to_the_picture_width():
     note = "A still of the model view: run this notebook (Jupyter or Colab) to pick heads."
     one_line = _png_size(still_png(buffer.getvalue(), 1.0, "short"))
     wrapped = _png_size(still_png(buffer.getvalue(), 1.0, note))
-    assert wrapped[0] == one_line[0] == 150                  # the width stays the picture's
-    assert wrapped[1] >= one_line[1] + 2 * 16                # a note wider than the picture takes more lines, not cut off
+    assert wrapped[0] == one_line[0] == 150     # the width stays the picture's
+    assert wrapped[1] >= one_line[1] + 2 * 16   # a note wider than the picture takes more lines, not cut off

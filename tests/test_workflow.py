@@ -30,13 +30,15 @@ def job() -> dict:
 
 
 def _ci_lines() -> list[str]:
-    return [line.strip() for line in CI_RUN.read_text().splitlines() if line.strip() and not line.strip().startswith("#")]
+    return [line.strip() for line in CI_RUN.read_text().splitlines()
+            if line.strip() and not line.strip().startswith("#")]
 
 
 def test_the_only_command_is_ci_run(job):
     commands = [step["run"].strip() for step in job["steps"] if "run" in step]
     assert commands == ["bash .ci/run"], (
-        f"the workflow runs {commands}: put installs and tests in .ci/run, which the workflow calls, so they cannot drift"
+        f"the workflow runs {commands}: put installs and tests in .ci/run, which the workflow calls, "
+        "so they cannot drift"
     )
     assert _ci_lines()[-1] == "python3 course.py test"  # and .ci/run ends with the README's test command
 

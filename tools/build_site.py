@@ -22,7 +22,6 @@ from pathlib import Path
 
 import nbformat
 import yaml
-
 from nbtools import ROOT, course_notebooks, repository_url
 
 SITE = ROOT / "website"
@@ -70,21 +69,24 @@ def instructors_page() -> str:
     """website/instructors.md with the course map (times, objectives, exercises, points) and the common
     wrong answers with the message each gets (tests/labs_corpus.py, judged now)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    import mhalab.labs as labs
     from labs_corpus import CORPUS
+
+    import mhalab.labs as labs
 
     times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
     lines = ["## The course map", "",
-             "Times are the processor time of one run of the whole notebook (`python3 course.py execute` records them); "
+             "Times are the processor time of one run of the whole notebook "
+             "(`python3 course.py execute` records them); "
              "the points are what `python -m mhalab_grader grade` gives for a passed exercise.", ""]
     mistakes = ["## Common wrong answers and what the check says", "",
                 "Each row is a wrong answer the course's tests hand in, and the message the learner gets for it.", ""]
     for path in course_notebooks():
         nb = nbformat.read(path, as_version=4)
-        title = next((c.source.split("\n", 1)[0].lstrip("# ") for c in nb.cells if c.cell_type == "markdown"), path.stem)
+        title = next((c.source.split("\n", 1)[0].lstrip("# ") for c in nb.cells if c.cell_type == "markdown"),
+                     path.stem)
         seconds = times.get(path.stem)
-        lines += [f"### {title}", "", f"[the notebook](notebooks/{path.stem}.ipynb) · run time "
-                  + (f"{seconds:.0f} s of processor time" if seconds else "not measured yet (`python3 course.py execute`)"), ""]
+        run_time = f"{seconds:.0f} s of processor time" if seconds else "not measured yet (`python3 course.py execute`)"
+        lines += [f"### {title}", "", f"[the notebook](notebooks/{path.stem}.ipynb) · run time {run_time}", ""]
         lines += [f"- {goal}" for goal in objectives(nb)] + [""]
         number = path.name[:2]
         exercises = labs.load(number) if number in labs.available_notebooks() else ()

@@ -201,7 +201,10 @@ def pip_install(python: Path, *args: str, compile: bool = True) -> None:
 
 
 def _torch_spec(which: str) -> list[str]:
-    variable, default = ("MHALAB_TORCH_NEWEST", "torch") if which == "newest" else ("MHALAB_TORCH_FLOOR", floor_pins(["torch"])[0])
+    if which == "newest":
+        variable, default = "MHALAB_TORCH_NEWEST", "torch"
+    else:
+        variable, default = "MHALAB_TORCH_FLOOR", floor_pins(["torch"])[0]
     index = os.environ.get("MHALAB_TORCH_INDEX")  # e.g. PyTorch's CPU index, where it is reachable
     return [*shlex.split(os.environ.get(variable, default)), *(["--index-url", index] if index else [])]
 
@@ -249,8 +252,8 @@ def versions(python: Path, names: list[str]) -> dict[str, str]:
             "    try: print(n, m.version(n))\n    except m.PackageNotFoundError: print(n, '-')")
     out = subprocess.run([str(python), "-c", code, *names], capture_output=True, text=True, check=True).stdout
     found = dict(line.split(" ", 1) for line in out.splitlines())
-    torch_build = subprocess.run([str(python), "-c", "import sys, torch; print(torch.__version__, sys.version.split()[0])"],
-                                 capture_output=True, text=True, check=True).stdout.split()
+    probe = "import sys, torch; print(torch.__version__, sys.version.split()[0])"
+    torch_build = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     return {"python": torch_build[1], "torch (build)": torch_build[0], **found}
 
 

@@ -41,13 +41,16 @@ def colab_cell_source(url: str | None = None) -> str:
     url = url or repository_url()
     return (
         f"{COLAB_MARKER}: on Colab, install mhalab from the course repository; elsewhere this does nothing.\n"
-        "# Only what is missing is added: the torch, numpy, matplotlib, ipywidgets and tqdm there are kept as they are.\n"
+        "# Only what is missing is added: the torch, numpy, matplotlib, ipywidgets and tqdm there are kept "
+        "as they are.\n"
         "import os, subprocess, sys\n"
         f"if \"google.colab\" in sys.modules or \"{SOURCE_VARIABLE}\" in os.environ:\n"
         f"    source = os.environ.get(\"{SOURCE_VARIABLE}\", \"git+{url}\")\n"
-        "    installed = subprocess.run([sys.executable, \"-m\", \"pip\", \"list\", \"--format=freeze\"], capture_output=True, text=True).stdout\n"
+        "    installed = subprocess.run([sys.executable, \"-m\", \"pip\", \"list\", \"--format=freeze\"], "
+        "capture_output=True, text=True).stdout\n"
         f"    with open(\"{KEEP_FILE}\", \"w\") as keep:  # pip constraints: each installed version stays\n"
-        "        keep.write(\"\\n\".join(line for line in installed.splitlines() if not line.lower().startswith(\"mhalab==\")))\n"
+        "        keep.write(\"\\n\".join(line for line in installed.splitlines() "
+        "if not line.lower().startswith(\"mhalab==\")))\n"
         f"    %pip install -q -c {KEEP_FILE} \"$source\"\n"
         "    import mhalab  # a failed install stops here, not at a later cell"
     )
