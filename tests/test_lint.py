@@ -30,7 +30,6 @@ NOT_YET_CLEAN = frozenset({
     "benchmarks/explorer.py",
     "benchmarks/grading.py",
     "benchmarks/heads_parallel.py",
-    "benchmarks/hooks.py",
     "benchmarks/train.py",
     "course.py",
     "mhalab/ablation.py",
