@@ -11,22 +11,31 @@ is timed in interleaved rounds (the order rotates; medians), in one run, on the 
                       on both sides)
     minilm_short      the same for 64 short sentences of 5 to 15 words (seeded draws of those sentences' words)
 
-Printed: each median, and ``mhalab / library`` as a ratio of times (below 1: mhalab is faster). The
+Printed: each median, and ``mhalab / library`` as a ratio of times (below 1: mhalab is faster), with the
+spread of that ratio over the rounds (each round's own mhalab / library, lowest to highest). The
 libraries are optional: without them only mhalab's figures are printed. They belong in a throwaway venv,
 never in the course's (see benchmarks/RESULTS.md for the command).
 
     python benchmarks/real_models.py                     # 2 threads, 5 rounds: a few minutes
     python benchmarks/real_models.py --threads 2 --repeats 7
     python benchmarks/real_models.py --only minilm       # the two MiniLM workloads alone: under a minute
+    python benchmarks/real_models.py --clock cpu --threads 1 --new-tokens 16 --repeats 7   # on a shared machine
+
+``--clock cpu`` times each call in this process's CPU time (``time.process_time``) instead of wall time: on a
+machine shared with other work the wall clock also counts the time the process waits for a core, the CPU clock
+hardly does. It is meant for ``--threads 1`` (with more threads it adds up the threads' time, spinning
+included) and turns the tokenizers' own thread pool off (``TOKENIZERS_PARALLELISM=false``) on both sides.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import random
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -57,9 +66,12 @@ def _report(title: str, times: dict, unit: str, per: float) -> None:
     med = {name: statistics.median(t) for name, t in times.items()}
     print(f"\n{title}")
     for name, m in med.items():
-        print(f"  {name:<22} {m * 1e3:9.1f} ms   {per / m:8.1f} {unit}")
+        print(f"  {name:<22} {m * 1e3:9.1f} ms   {per / m:8.1f} {unit}   (rounds {min(times[name]) * 1e3:.1f} to "
+              f"{max(times[name]) * 1e3:.1f} ms)")
     if "library" in med:
-        print(f"  mhalab / library: {med['mhalab'] / med['library']:.3f} of the time")
+        rounds = [m / lib for m, lib in zip(times["mhalab"], times["library"])]  # same round, one after the other
+        print(f"  mhalab / library: {med['mhalab'] / med['library']:.3f} of the time (ratio of medians); "
+              f"per round {min(rounds):.3f} to {max(rounds):.3f}, median {statistics.median(rounds):.3f}")
 
 
 def main() -> None:
@@ -70,8 +82,16 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=256)
     parser.add_argument("--sentences", type=int, default=64)
     parser.add_argument("--only", choices=["smollm2", "minilm"], help="run one model's workloads only")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall time (default) or this process's CPU time (steadier on a shared machine)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    args.timer = time.perf_counter
+    if args.clock == "cpu":
+        args.timer = time.process_time
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # its worker threads' time would count on the CPU clock
+    print(f"clock: {args.clock} ({args.timer.__name__}), {args.threads} threads, {args.repeats} rounds, "
+          f"load average {os.getloadavg()[0]:.1f}")
     if args.only != "minilm":
         _smollm2(args)
     if args.only != "smollm2":
@@ -84,7 +104,7 @@ def _smollm2(args: argparse.Namespace) -> None:
 
     ours = load_smollm2(allow_download=False)
     theirs = _library("transformers", transformers_smollm2, model_file(SMOLLM2, GGUF_NAME, allow_download=False))
-    versions = f"torch {torch.__version__}, {args.threads} threads"
+    versions = f"torch {torch.__version__}, {args.threads} threads, {args.clock} clock"
     if theirs is not None:
         import transformers
         versions += f", transformers {transformers.__version__}"
@@ -107,14 +127,14 @@ def _smollm2(args: argparse.Namespace) -> None:
             fns = {"mhalab": lambda c=cached: ours.generate(prompt, n, use_cache=c)}
             if theirs is not None:
                 fns["library"] = lambda c=cached: hf_generate(c)
-            times = time_interleaved(fns, repeats=args.repeats)
+            times = time_interleaved(fns, repeats=args.repeats, clock=args.timer)
             _report(f"SmolLM2 decode, {n} greedy tokens after 16, {'with' if cached else 'without'} the KV cache "
                     f"({versions})", times, "tok/s", n)
         fns = {"mhalab": lambda: ours(long)}
         if theirs is not None:
             fns["library"] = lambda: theirs(long).logits
-        _report(f"SmolLM2 prefill, {args.prefill} tokens ({versions})", time_interleaved(fns, repeats=args.repeats),
-                "tok/s", args.prefill)
+        times = time_interleaved(fns, repeats=args.repeats, clock=args.timer)
+        _report(f"SmolLM2 prefill, {args.prefill} tokens ({versions})", times, "tok/s", args.prefill)
 
 
 def _minilm(args: argparse.Namespace) -> None:
@@ -138,9 +158,11 @@ def _minilm(args: argparse.Namespace) -> None:
                 label = f", sentence-transformers {sentence_transformers.__version__}"
             shape = list(minilm.tokenizer(sentences).tokens.shape)
             _report(f"MiniLM, {len(sentences)} {what} in one batch, tokens {shape} (torch {torch.__version__}, "
-                    f"{args.threads} threads{label})", time_interleaved(fns, repeats=args.repeats), "sentences/s",
+                    f"{args.threads} threads, {args.clock} clock{label})",
+                    time_interleaved(fns, repeats=args.repeats, clock=args.timer), "sentences/s",
                     len(sentences))
 
 
 if __name__ == "__main__":
     main()
+    print(f"\nload average at the end {os.getloadavg()[0]:.1f}")

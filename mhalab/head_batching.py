@@ -130,22 +130,23 @@ PARTS = ("attention", "layer")
 
 
 def time_interleaved(fns: dict, *, repeats: int, warmup: int = 1, inner: int = 1,
-                     device: torch.device | str = "cpu") -> dict:
+                     device: torch.device | str = "cpu", clock=time.perf_counter) -> dict:
     """``{name: [repeats]}`` seconds per call of each of ``fns`` (``{name: function}``), each sample the
     mean of ``inner`` back-to-back calls. Rounds interleave the functions (starting one further along
-    each round) so that load from elsewhere hits them alike: compare medians."""
+    each round) so that load from elsewhere hits them alike: compare medians. ``clock`` is wall time by
+    default; ``time.process_time`` (this process's CPU time) is steadier on a shared machine, with one thread."""
     device = torch.device(device)
     names = list(fns)
     times: dict = {name: [] for name in names}
     for r in range(warmup + repeats):
         for name in names[r % len(names):] + names[: r % len(names)]:  # rotate: no one always goes first
             synchronize(device)
-            start = time.perf_counter()
+            start = clock()
             for _ in range(inner):
                 fns[name]()
             synchronize(device)
             if r >= warmup:
-                times[name].append((time.perf_counter() - start) / inner)
+                times[name].append((clock() - start) / inner)
     return times
 
 

@@ -15,6 +15,7 @@ from mhalab.head_batching import (
     looped_attention,
     looped_heads,
     time_heads,
+    time_interleaved,
 )
 from mhalab.models import ModelConfig
 
@@ -79,6 +80,15 @@ def test_time_heads_returns_one_row_per_head_count(part):
     assert all(r.batched_s > 0 and r.looped_s > 0 and r.ratio == r.looped_s / r.batched_s for r in rows)
     assert all(len(r.round_ratios) == 2 and all(x > 0 for x in r.round_ratios) for r in rows)  # one per round
     assert torch.get_num_threads() == threads  # restored
+
+
+def test_time_interleaved_rotates_the_order_and_reads_the_clock_it_is_given():
+    calls, ticks = [], iter(range(1000))
+    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    # a clock that advances by one per reading: every sample is exactly one tick, whatever the wall clock does
+    times = time_interleaved(fns, repeats=3, warmup=1, clock=lambda: next(ticks))
+    assert times == {"a": [1, 1, 1], "b": [1, 1, 1]}
+    assert calls == ["a", "b", "b", "a", "a", "b", "b", "a"]  # one warm-up round, then three, each starting further on
 
 
 def test_time_heads_rejects_bad_arguments():
