@@ -38,9 +38,6 @@ NOT_YET_CLEAN = frozenset({
     "mhalab/labs/ex07.py",
     "mhalab/labs/ex08.py",
     "mhalab/plotting.py",
-    "mhalab/pretrained/files.py",
-    "mhalab/pretrained/minilm.py",
-    "mhalab/pretrained/smollm2.py",
     "mhalab/sweep.py",
     "mhalab/tasks.py",
     "mhalab/train.py",
@@ -52,7 +49,6 @@ NOT_YET_CLEAN = frozenset({
     "tests/test_labs_grade.py",
     "tests/test_labs_nbgrader.py",
     "tests/test_labs_release.py",
-    "tests/test_pretrained.py",
     "tests/test_sweep.py",
     "tests/test_train.py",
 })

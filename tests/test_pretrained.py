@@ -81,7 +81,8 @@ def test_minilm_embeddings_equal_sentence_transformers(minilm, dtype):
     rms = np.sqrt((reference["embeddings"] ** 2).mean(1, keepdims=True))  # 1/sqrt(384): unit-length rows
     bound = (2 if dtype == torch.float64 else 1) * rounding_bound(dtype, cfg.n_layers, cfg.d_mlp, rms)
     diff = np.abs(ours - reference["embeddings"])
-    print(f"MiniLM {dtype}: max |ours - sentence-transformers| = {diff.max():.2e}, {(diff / bound).max():.3f} of the bound")
+    print(f"MiniLM {dtype}: max |ours - sentence-transformers| = {diff.max():.2e}, "
+          f"{(diff / bound).max():.3f} of the bound")
     assert (diff <= bound).all()
 
 
@@ -138,7 +139,11 @@ def test_missing_wheel_error_says_what_to_install(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "google.colab", None)  # on Colab, without a wheel: the hub
     called = []
     huggingface_hub = pytest.importorskip("huggingface_hub")
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name, revision: called.append((repo, name)) or "/x")
+    def download(repo, name, revision):
+        called.append((repo, name))
+        return "/x"
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
     assert files.model_file(files.MINILM, "tokenizer.json") == Path("/x")
     assert called == [("sentence-transformers/all-MiniLM-L6-v2", "tokenizer.json")]
 
@@ -236,7 +241,8 @@ def test_smollm2_special_ids_come_from_the_gguf_file():
     from mhalab.pretrained.smollm2 import SmolLM2Tokenizer
 
     tokens = ["a", "b", "<|im_start|>", "<|endoftext|>", "<|im_end|>"]
-    metadata = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": [], "tokenizer.ggml.token_type": [1, 1, 3, 3, 3],
+    metadata = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": [],
+                "tokenizer.ggml.token_type": [1, 1, 3, 3, 3],
                 "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 4}
     tok = SmolLM2Tokenizer(GGUFContents(metadata, {}))
     assert (tok.bos_id, tok.eos_id, tok.start_id, tok.stop_ids) == (2, 4, 3, (4, 3))

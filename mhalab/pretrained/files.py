@@ -8,13 +8,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from torch import Tensor
 
-__all__ = ["ShippedModel", "MINILM", "SMOLLM2", "READERS", "INSTALL_HINT", "model_file", "wheels_installed", "token_list"]
+__all__ = [
+    "ShippedModel", "MINILM", "SMOLLM2", "READERS", "INSTALL_HINT", "model_file", "wheels_installed", "token_list",
+]
 
 #: The readers, as pyproject.toml's ``pretrained`` extra declares them (tests/test_packaging.py checks).
 READERS = ("safetensors>=0.4", "tokenizers>=0.15", "gguf>=0.16", "huggingface_hub>=0.16.4")

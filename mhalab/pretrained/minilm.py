@@ -8,8 +8,8 @@ Shapes: B batch, T tokens, D = 384, H = 12.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F

@@ -9,8 +9,8 @@ Shapes: B batch, T tokens, D = 576.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +21,9 @@ from ..models import Transformer
 from .files import INSTALL_HINT, SMOLLM2, model_file, token_list
 from .gguf_file import GGUFContents, read_gguf
 
-__all__ = ["SMOLLM2_135M", "gguf_config", "SmolLM2", "SmolLM2Tokenizer", "load_smollm2", "GGUF_NAME", "DOCUMENT_SEPARATOR"]
+__all__ = [
+    "SMOLLM2_135M", "gguf_config", "SmolLM2", "SmolLM2Tokenizer", "load_smollm2", "GGUF_NAME", "DOCUMENT_SEPARATOR",
+]
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DOCUMENT_SEPARATOR = "<|endoftext|>"
@@ -80,7 +82,8 @@ class SmolLM2Tokenizer:
         # Plain text starts after the token that separated documents in SmolLM2's training data, the one the
         # model expects before a new text (tests/test_pretrained.py measures it against the file's bos).
         if DOCUMENT_SEPARATOR not in vocab:
-            raise ValueError(f"this GGUF file's vocabulary has no {DOCUMENT_SEPARATOR!r} token: not a SmolLM2 tokenizer")
+            raise ValueError(f"this GGUF file's vocabulary has no {DOCUMENT_SEPARATOR!r} token: "
+                             "not a SmolLM2 tokenizer")
         self.start_id = vocab[DOCUMENT_SEPARATOR]
         #: Where :meth:`SmolLM2.complete` stops: the end of a turn (the file's eos) or of a document.
         self.stop_ids = tuple(dict.fromkeys([self.eos_id, self.start_id]))
