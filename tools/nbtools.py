@@ -43,7 +43,10 @@ def colab_cell_source(url: str | None = None) -> str:
         f"{COLAB_MARKER}: on Colab, install mhalab from the course repository; elsewhere this does nothing.\n"
         "# Only what is missing is added: the torch, numpy, matplotlib, ipywidgets and tqdm there are kept "
         "as they are.\n"
-        "import os, subprocess, sys\n"
+        "import os\n"
+        "import subprocess\n"
+        "import sys\n"
+        "\n"
         f"if \"google.colab\" in sys.modules or \"{SOURCE_VARIABLE}\" in os.environ:\n"
         f"    source = os.environ.get(\"{SOURCE_VARIABLE}\", \"git+{url}\")\n"
         "    pip_list = [sys.executable, \"-m\", \"pip\", \"list\", \"--format=freeze\"]\n"
@@ -52,7 +55,7 @@ def colab_cell_source(url: str | None = None) -> str:
         "        keep.write(\"\\n\".join(line for line in installed.splitlines() "
         "if not line.lower().startswith(\"mhalab==\")))\n"
         f"    %pip install -q -c {KEEP_FILE} \"$source\"\n"
-        "    import mhalab  # a failed install stops here, not at a later cell"
+        "    import mhalab  # noqa: F401 (unused here: a failed install stops at this line, not at a later cell)"
     )
 
 
