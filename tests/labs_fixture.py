@@ -10,8 +10,8 @@ from pathlib import Path
 import nbformat
 import torch
 
-from mhalab.labs.checks import check_calls, expect_equal, grading, rng
-from mhalab.labs.core import Exercise, register
+from mhalab.labs.checks import expect_equal
+from mhalab.labs.core import Check, Exercise, register
 
 
 def _double(x):
@@ -22,21 +22,21 @@ def _causal(n):
     return torch.ones(n, n, dtype=torch.bool).tril()
 
 
-def _double_cases():
+def _double_cases(check: Check):
     """Fixed cases, and when grading one drawn fresh (as the course's exercises do)."""
-    return [(3,), (-7,), (0.5,)] + ([(round(rng(1).uniform(-100, 100), 3),)] if grading() else [])
+    return [(3,), (-7,), (0.5,)] + ([(round(check.rng(1).uniform(-100, 100), 3),)] if check.grading else [])
 
 
 register(Exercise(
-    "99", 1, "double a number", lambda answer: check_calls(answer, _double_cases(), _double),
+    "99", 1, "double a number", lambda answer, check: check.calls(answer, _double_cases(check), _double),
     hint="Multiply by two.", solution="def double(x):\n    return 2 * x", reference=_double,
 ))
 register(Exercise(
-    "99", 2, "a head count", lambda answer: expect_equal(answer, 4, "n_heads"),
+    "99", 2, "a head count", lambda answer, check: expect_equal(answer, 4, "n_heads"),
     hint=["It is a small power of two.", "Between 2 and 8."], solution="n_heads = 4", reference=4,
 ))
 register(Exercise(
-    "99", 3, "a causal mask of size 5", lambda answer: expect_equal(answer, _causal(5), "mask"),
+    "99", 3, "a causal mask of size 5", lambda answer, check: expect_equal(answer, _causal(5), "mask"),
     hint="torch.tril keeps the lower triangle.", solution="mask = torch.ones(5, 5, dtype=torch.bool).tril()",
     reference=_causal(5),
 ))

@@ -286,16 +286,3 @@ def test_switching_off_the_watch_in_the_grading_kernel_is_flagged(kernel):
                     "    return model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{layer}.attn.hook_z', ablate_heads([head]))])")
     status, message = q1.verdict(_hand_in(kernel, "05.1", "sneaky"), remote=kernel, seed=7)
     assert status == core.FAILED and "sys.setprofile" in message
-
-
-def test_fresh_inputs_differ_between_grading_runs_but_not_between_checks():
-    from mhalab.labs.checks import generator
-
-    def draw(seed):
-        core._push(core._Session(seed=seed))
-        try:
-            return torch.randn(3, generator=generator(1))
-        finally:
-            core._LOCAL.stack.pop()
-
-    assert torch.equal(draw(None), draw(None)) and not torch.equal(draw(11), draw(12))

@@ -5,18 +5,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import as_float64, call_answer, expect_shape, first_match, generator, grading, observe, rng
-from .core import Exercise, Wrong, register
+from .checks import as_float64, expect_shape, first_match
+from .core import Check, Exercise, Wrong, register
 
 # Hidden cases: (batch, tokens, d_model, n_heads). None of them is the notebook's example.
 _SPLIT_CASES = [(2, 5, 12, 3), (1, 1, 8, 8), (3, 4, 6, 1), (2, 3, 10, 5), (1, 7, 16, 4)]
 
 
-def _split_cases() -> list[tuple[int, int, int, int]]:
+def _split_cases(check: Check) -> list[tuple[int, int, int, int]]:
     """The fixed cases, and when grading two drawn fresh (so no table of answers can hold them)."""
-    if not grading():
+    if not check.grading:
         return list(_SPLIT_CASES)
-    r = rng(20)
+    r = check.rng(20)
     fresh = [(r.randint(1, 3), r.randint(2, 9), r.randint(2, 6)) for _ in range(2)]
     return list(_SPLIT_CASES) + [(B, T, H * r.randint(2, 5), H) for B, T, H in fresh]
 
@@ -27,12 +27,12 @@ def _numbered(*shape: int) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------ exercise 1
-def _check_split(split_heads) -> None:
-    for B, T, D, H in _split_cases():
+def _check_split(split_heads, check: Check) -> None:
+    for B, T, D, H in _split_cases(check):
         dk, case = D // H, f"x of shape [{B}, {T}, {D}] with n_heads={H}"
         x = _numbered(B, T, D)  # a fresh input per call, so the result can be compared with its memory
-        result = call_answer(split_heads, x, H, label=case, copy_args=False, facts=("shares_memory",))
-        view = observe("shares_memory")
+        result = check.call(split_heads, x, H, label=case, copy_args=False, facts=("shares_memory",))
+        view = check.observe("shares_memory")
         got, want = as_float64(result, f"what split_heads({case}) returned"), _numbered(B, T, D).view(B, T, H, dk).transpose(1, 2)
         if got.shape != want.shape:
             if tuple(got.shape) == (B, T, H, dk) and H != T:
@@ -79,11 +79,11 @@ register(Exercise(
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-def _check_merge(merge_heads) -> None:
-    for B, T, D, H in _split_cases():
+def _check_merge(merge_heads, check: Check) -> None:
+    for B, T, D, H in _split_cases(check):
         dk, case = D // H, f"heads of shape [{B}, {H}, {T}, {D // H}]"
         heads = _numbered(B, H, T, dk)  # as attention returns them: laid out head by head
-        got = as_float64(call_answer(merge_heads, heads, label=case), f"what merge_heads({case}) returned")
+        got = as_float64(check.call(merge_heads, heads, label=case), f"what merge_heads({case}) returned")
         want = heads.transpose(1, 2).reshape(B, T, D).double()
         if tuple(got.shape) == (B, T, dk) and dk != D:
             raise Wrong(f"for {case} you returned {list(got.shape)}: one head's width; the heads are "
@@ -115,8 +115,8 @@ register(Exercise(
 
 
 # ------------------------------------------------------------------------------------ exercise 3
-def _score_cases():
-    g = generator(2)
+def _score_cases(check: Check):
+    g = check.generator(2)
     return [torch.randn(shape, generator=g) * 2 for shape in ((5, 5), (2, 3, 7, 7), (1, 1), (4, 2, 2))]
 
 
@@ -142,10 +142,10 @@ def _causal_mistakes(scores: Tensor) -> dict[str, Tensor]:
     }
 
 
-def _check_causal(causal_attention_weights) -> None:
-    for scores in _score_cases():
+def _check_causal(causal_attention_weights, check: Check) -> None:
+    for scores in _score_cases(check):
         case = f"scores of shape {list(scores.shape)}"
-        got = as_float64(call_answer(causal_attention_weights, scores, label=case), f"the weights for {case}")
+        got = as_float64(check.call(causal_attention_weights, scores, label=case), f"the weights for {case}")
         expect_shape(got, scores.shape, f"the weights for {case} (the same shape as the scores)")
         s = scores.double()
         want = _causal_reference(s)
@@ -192,8 +192,8 @@ register(Exercise(
 _LOOSE = dict(rtol=1e-2, atol=1e-2)
 
 
-def _weights(D: int, seed: int) -> tuple[Tensor, ...]:
-    g = generator(seed)
+def _weights(check: Check, D: int, seed: int) -> tuple[Tensor, ...]:
+    g = check.generator(seed)
     return tuple(torch.randn(D, D, generator=g) / D**0.5 for _ in range(4))  # W_Q, W_K, W_V, W_O: [out, in]
 
 
@@ -238,24 +238,24 @@ def _stage(n: int, name: str, message: str) -> Wrong:
     return Wrong(f"stage {n} of 6 ({name}): {message}")
 
 
-def _run(fn, x, weights, H, label):
-    result = call_answer(fn, x, *weights, H, label=label)
+def _run(check: Check, fn, x, weights, H, label):
+    result = check.call(fn, x, *weights, H, label=label)
     return as_float64(result, f"what multi_head_attention({label}) returned")
 
 
-def _check_mha(multi_head_attention) -> None:
-    W12 = _weights(12, 0)
-    g = generator(3)
+def _check_mha(multi_head_attention, check: Check) -> None:
+    W12 = _weights(check, 12, 0)
+    g = check.generator(3)
     # stage 1: the shape
     x = torch.randn(2, 5, 12, generator=g)
-    got = _run(multi_head_attention, x, W12, 3, "x [2, 5, 12], n_heads=3")
+    got = _run(check, multi_head_attention, x, W12, 3, "x [2, 5, 12], n_heads=3")
     if got.shape != x.shape:
         if tuple(got.shape) == (2, 3, 5, 4):
             raise _stage(1, "shapes", "you return the heads [B, H, T, d_k]; merge them back into [B, T, d_model] and apply W_O")
         raise _stage(1, "shapes", f"for x [2, 5, 12] the output should have the shape of x, [2, 5, 12], not {list(got.shape)}")
     # stage 2: one head, one token: its weight is 1, so the output is x W_Vᵀ W_Oᵀ
     x1 = torch.randn(2, 1, 12, generator=g)
-    got = _run(multi_head_attention, x1, W12, 1, "x [2, 1, 12], n_heads=1")
+    got = _run(check, multi_head_attention, x1, W12, 1, "x [2, 1, 12], n_heads=1")
     if torch.isnan(got).any():
         raise _stage(2, "one head, one token", "NaN in the output: a lone token must be allowed to see its own key "
                      "(the causal mask allows keys j <= i, the diagonal included). Is your mask inverted? masked_fill "
@@ -271,7 +271,7 @@ def _check_mha(multi_head_attention) -> None:
                      "x W_Vᵀ W_Oᵀ: check the value projection and W_O")
     # stage 3: the scale, on the last token (which may see every key, whatever the mask)
     x6 = torch.randn(2, 6, 12, generator=g)
-    got = _run(multi_head_attention, x6, W12, 1, "x [2, 6, 12], n_heads=1")
+    got = _run(check, multi_head_attention, x6, W12, 1, "x [2, 6, 12], n_heads=1")
     if first_match(got[:, -1], {"": _mha(x6, *W12, 1)[:, -1]}, **_LOOSE) is None:
         mistake = first_match(got[:, -1], {
             "the scores are not scaled: divide Q Kᵀ by sqrt(d_k)": _mha(x6, *W12, 1, scale="none")[:, -1],
@@ -297,7 +297,7 @@ def _check_mha(multi_head_attention) -> None:
     # stage 4: the mask: a future token must change nothing earlier
     changed = x6.clone()
     changed[:, -1] += torch.randn(2, 12, generator=g)
-    again = _run(multi_head_attention, changed, W12, 1, "x [2, 6, 12] with its last token changed, n_heads=1")
+    again = _run(check, multi_head_attention, changed, W12, 1, "x [2, 6, 12] with its last token changed, n_heads=1")
     if torch.isnan(got).any():
         raise _stage(4, "the mask", "NaN in the output: some query has every key masked; query i may see keys j <= i, itself included")
     if not torch.allclose(got[:, :-1], again[:, :-1], atol=1e-6, rtol=0):
@@ -307,7 +307,7 @@ def _check_mha(multi_head_attention) -> None:
         raise _stage(4, "the mask", "no token sees the future, but earlier tokens get the wrong output: query i may see "
                      "every key j <= i, itself included")
     # stage 5: the head split and merge
-    got = _run(multi_head_attention, x6, W12, 3, "x [2, 6, 12], n_heads=3")
+    got = _run(check, multi_head_attention, x6, W12, 3, "x [2, 6, 12], n_heads=3")
     if first_match(got, {"": _mha(x6, *W12, 3)}, **_LOOSE) is None:
         variants = {}
         for split in ("right", "no-transpose", "strided"):
@@ -335,9 +335,9 @@ def _check_mha(multi_head_attention) -> None:
         raise _stage(5, "the head split", message)
     # stage 6: the whole module against torch.nn.MultiheadAttention with the same weights
     for B, T, D, H, seed in [(2, 7, 16, 4, 1), (1, 9, 24, 6, 2), (3, 1, 8, 2, 3), (2, 5, 12, 12, 4)]:
-        weights, x = _weights(D, seed), torch.randn(B, T, D, generator=g)
+        weights, x = _weights(check, D, seed), torch.randn(B, T, D, generator=g)
         label = f"x [{B}, {T}, {D}], n_heads={H}"
-        got = _run(multi_head_attention, x, weights, H, label)
+        got = _run(check, multi_head_attention, x, weights, H, label)
         want = _torch_mha(x, *weights, H)
         if first_match(got, {"": want}, rtol=1e-5, atol=1e-5) is None:
             if got.shape != want.shape:

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import call_answer, expect_whole, generator, grading, judge, name_miss, rng
-from .core import Exercise, Wrong, register
-
+from .checks import expect_whole, judge, name_miss
+from .core import Check, Exercise, Wrong, register
 
 # ------------------------------------------------------------------------------------ exercise 1
 _COST_CASES = [(768, 12), (768, 1), (1024, 16), (96, 32), (4096, 64)]  # (d_model, n_heads), none from the notebook
@@ -35,17 +34,17 @@ def _cost_mistakes(d_model: int, n_heads: int) -> dict[str, list[tuple[int, str]
     }
 
 
-def _cost_cases() -> list[tuple[int, int]]:
+def _cost_cases(check: Check) -> list[tuple[int, int]]:
     """The fixed cases, and when grading two drawn fresh."""
-    r = rng(30)
+    r = check.rng(30)
     fresh = [(h * r.randint(2, 96), h) for h in (r.randint(2, 40), r.randint(2, 40))]
-    return list(_COST_CASES) + (fresh if grading() else [])
+    return list(_COST_CASES) + (fresh if check.grading else [])
 
 
-def _check_costs(attention_costs) -> None:
-    for d_model, n_heads in _cost_cases():
+def _check_costs(attention_costs, check: Check) -> None:
+    for d_model, n_heads in _cost_cases(check):
         label = f"d_model={d_model}, n_heads={n_heads}"
-        got = call_answer(attention_costs, d_model, n_heads, label=label)
+        got = check.call(attention_costs, d_model, n_heads, label=label)
         if not isinstance(got, (tuple, list)) or len(got) != 3:
             raise Wrong(f"return a tuple (d_k, parameters, kv_cache) of three numbers; for {label} you returned {got!r}"[:300])
         want = dict(d_k=d_model // n_heads, parameters=4 * d_model**2, kv_cache=2 * d_model)
@@ -116,11 +115,11 @@ def _batch_mistakes(c: dict, seq_len: int, memory: int, nbytes: int) -> list[tup
     ]
 
 
-def _batch_cases() -> list[tuple[str, dict, int, int, int]]:
+def _batch_cases(check: Check) -> list[tuple[str, dict, int, int, int]]:
     """(name, config, seq_len, memory_bytes, bytes_per_value): the fixed cases, and when grading two drawn fresh."""
     cases = [(name, dict(_CONFIGS[name]), *rest) for name, *rest in _BATCH_CASES]
-    if grading():
-        r = rng(31)
+    if check.grading:
+        r = check.rng(31)
         for _ in range(2):
             kv = r.choice([1, 2, 4, 8])
             heads, d_head = kv * r.choice([1, 2, 4]), r.choice([32, 64, 80, 128])
@@ -129,10 +128,10 @@ def _batch_cases() -> list[tuple[str, dict, int, int, int]]:
     return cases
 
 
-def _check_batch(largest_batch) -> None:
-    for name, config, seq_len, memory, nbytes in _batch_cases():
+def _check_batch(largest_batch, check: Check) -> None:
+    for name, config, seq_len, memory, nbytes in _batch_cases(check):
         label = f"the {name} config {config}, seq_len={seq_len}, memory_bytes={memory:,}, bytes_per_value={nbytes}"
-        got = call_answer(largest_batch, config, seq_len, memory, nbytes, label=f"{name} config, seq_len={seq_len}, memory_bytes={memory:,}, bytes_per_value={nbytes}")
+        got = check.call(largest_batch, config, seq_len, memory, nbytes, label=f"{name} config, seq_len={seq_len}, memory_bytes={memory:,}, bytes_per_value={nbytes}")
         got = expect_whole(got, f"the batch size for {label}")
         want = _largest_batch(config, seq_len, memory, nbytes)
         if got == want:
@@ -187,8 +186,8 @@ def _gqa_forward(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads, *, causal=True, int
     return z @ W_O if out else z
 
 
-def _gqa_cases() -> list:
-    g = generator(3)
+def _gqa_cases(check: Check) -> list:
+    g = check.generator(3)
     cases = []
     for B, T, D, H, G in _GQA_SHAPES:
         d_k = D // H
@@ -201,11 +200,11 @@ def _gqa_reference(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
     return _gqa_forward(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads)
 
 
-def _check_gqa(gqa_attention) -> None:
-    for case in _gqa_cases():
+def _check_gqa(gqa_attention, check: Check) -> None:
+    for case in _gqa_cases(check):
         x, W_Q, W_K, W_V, W_O, H, G = case
         label = f"x {list(x.shape)}, n_heads={H}, n_kv_heads={G}"
-        got = call_answer(gqa_attention, *case, label=label)
+        got = check.call(gqa_attention, *case, label=label)
         judge(got, _gqa_reference(*case), f"gqa_attention({label})", lambda: {
             "a query sees keys after it: token-by-token decoding only ever has the past in its cache (mask the future)":
                 _gqa_forward(*case, causal=False),

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import call_answer, check_calls, expect_equal, expect_whole, grading, name_miss, rng
-from .core import Exercise, Wrong, register
+from .checks import expect_equal, expect_whole, name_miss
+from .core import Check, Exercise, Wrong, register
 
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -38,13 +38,13 @@ def _expect_causal(value, expected, name) -> None:
     expect_equal(value, expected, name)
 
 
-def _check_causal(causal_allowed) -> None:
+def _check_causal(causal_allowed, check: Check) -> None:
     # Square first (a whole sequence), then the queries as the last few positions (decoding with a cache).
-    check_calls(causal_allowed, [(5, 5), (1, 1), (9, 9)], _causal_reference, compare=_expect_causal)
-    r = rng(60)
-    for L, S in [(3, 7), (1, 6)] + ([(r.randint(1, 5), r.randint(6, 12)) for _ in range(2)] if grading() else []):
+    check.calls(causal_allowed, [(5, 5), (1, 1), (9, 9)], _causal_reference, compare=_expect_causal)
+    r = check.rng(60)
+    for L, S in [(3, 7), (1, 6)] + ([(r.randint(1, 5), r.randint(6, 12)) for _ in range(2)] if check.grading else []):
         label = f"n_queries={L}, n_keys={S} ({S - L} tokens already cached)"
-        got = call_answer(causal_allowed, L, S, label=label)
+        got = check.call(causal_allowed, L, S, label=label)
         if isinstance(got, torch.Tensor) and got.shape == (L, S) and torch.equal(got.bool(), torch.ones(L, S, dtype=torch.bool).tril()):
             raise Wrong(f"causal_allowed({label}): your mask lines the queries up with the first keys; they are the "
                         f"*last* {L} positions, so query i sits at position {S - L} + i and may see the cached tokens too")
@@ -106,12 +106,12 @@ def _shape_miss(use: str, shape: tuple, want: tuple, src_len: int, tgt_len: int)
     return "the layout is [batch, head, query, key]"
 
 
-def _check_layout(attention_layout) -> None:
-    r = rng(61)
-    fresh = [(r.randint(1, 8), r.randint(1, 16), r.randint(2, 30), r.randint(2, 30)) for _ in range(2)] if grading() else []
+def _check_layout(attention_layout, check: Check) -> None:
+    r = check.rng(61)
+    fresh = [(r.randint(1, 8), r.randint(1, 16), r.randint(2, 30), r.randint(2, 30)) for _ in range(2)] if check.grading else []
     for batch, n_heads, src_len, tgt_len in [(2, 8, 11, 5), (3, 4, 6, 9), (1, 1, 7, 7)] + fresh:
         text = f"batch={batch}, n_heads={n_heads}, src_len={src_len}, tgt_len={tgt_len}"
-        got = call_answer(attention_layout, batch, n_heads, src_len, tgt_len, label=text)
+        got = check.call(attention_layout, batch, n_heads, src_len, tgt_len, label=text)
         want = _layout_reference(batch, n_heads, src_len, tgt_len)
         if not isinstance(got, dict) or set(got) != set(_USES):
             keys = sorted(map(str, got)) if isinstance(got, dict) else type(got).__name__
@@ -171,12 +171,12 @@ _COUNT_LABELS = ["n_heads=32, encoder_layers=0, decoder_layers=32 (decoder-only)
                  "n_heads=12, encoder_layers=4, decoder_layers=10 (encoder-decoder)"]
 
 
-def _check_count(attention_operations) -> None:
-    r = rng(62)
+def _check_count(attention_operations, check: Check) -> None:
+    r = check.rng(62)
     fresh = [(h, e, d) for h, e, d in ((r.randint(1, 32), r.randint(1, 24), r.randint(1, 24)) for _ in range(2))]
     labels = [f"n_heads={h}, encoder_layers={e}, decoder_layers={d} (encoder-decoder)" for h, e, d in fresh]
-    for (n_heads, enc, dec), label in zip(_COUNT_CASES + (fresh if grading() else []), _COUNT_LABELS + labels):
-        got = call_answer(attention_operations, n_heads, enc, dec, label=label)
+    for (n_heads, enc, dec), label in zip(_COUNT_CASES + (fresh if check.grading else []), _COUNT_LABELS + labels):
+        got = check.call(attention_operations, n_heads, enc, dec, label=label)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise Wrong(f"return a pair (operations, sequential_steps), got {got!r} for {label}"[:300])
         got_ops, got_steps = expect_whole(got[0], f"operations for {label}"), expect_whole(got[1], f"sequential steps for {label}")

@@ -22,9 +22,8 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..pretrained.smollm2 import SMOLLM2_135M
-from .checks import (as_float64, call_answer, expect_shape, expect_whole, generator, grading, hidden_model, judge,
-                     name_miss, observe, pattern_cache, rng)
-from .core import AnswerRaised, Exercise, Wrong, register
+from .checks import as_float64, expect_shape, expect_whole, judge, name_miss, pattern_cache
+from .core import AnswerRaised, Check, Exercise, Wrong, register
 
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -42,11 +41,11 @@ _CONFIGS = [
 ]
 
 
-def _kv_cases() -> list:
+def _kv_cases(check: Check) -> list:
     """The fixed configs, and when grading two drawn fresh (grouped K/V heads, d_head of its own)."""
     cases = list(_CONFIGS)
-    if grading():
-        r = rng(80)
+    if check.grading:
+        r = check.rng(80)
         for _ in range(2):
             n_kv = r.choice([1, 2, 4, 8])
             n_heads = n_kv * r.choice([2, 3, 4])
@@ -65,10 +64,10 @@ def _kv_reference(config, bytes_per_value: int) -> int:
     return 2 * config.n_layers * config.n_key_value_heads * config.d_head * bytes_per_value
 
 
-def _check_kv(kv_cache_bytes_per_token) -> None:
-    for config, b, what in _kv_cases():
+def _check_kv(kv_cache_bytes_per_token, check: Check) -> None:
+    for config, b, what in _kv_cases(check):
         label = f"{_describe_config(config)}, bytes_per_value={b} ({what})"
-        got = expect_whole(call_answer(kv_cache_bytes_per_token, config, b, label=label), "the result")
+        got = expect_whole(check.call(kv_cache_bytes_per_token, config, b, label=label), "the result")
         want = _kv_reference(config, b)
         if got != want:
             c = config
@@ -101,12 +100,12 @@ def _induction_reference(cache, L: int) -> torch.Tensor:
     return torch.stack([p[:, :, queries, queries - L + 1].mean(dim=(0, 2)) for p in cache.values()])  # [N, H]
 
 
-def _induction_cases() -> list:
+def _induction_cases(check: Check) -> list:
     """Caches as run_with_cache returns them: the fixed sizes (one of SmolLM2's 30 layers and 9 heads), and when
     grading two drawn fresh (one with 11 layers or more, where sorted names are out of order)."""
-    g, r = generator(11), rng(81)
+    g, r = check.generator(11), check.rng(81)
     sizes = [(2, 2, 3, 5), (30, 1, 9, 4), (3, 1, 4, 7), (1, 2, 2, 3)]
-    if grading():
+    if check.grading:
         sizes += [(r.randint(1, 6), r.randint(1, 3), r.randint(1, 6), r.randint(3, 12)),
                   (r.randint(11, 32), r.randint(1, 2), r.randint(1, 9), r.randint(3, 8))]
     cases = []
@@ -118,12 +117,12 @@ def _induction_cases() -> list:
     return cases
 
 
-def _check_induction(induction_from_cache) -> None:
-    for cache, L in _induction_cases():
+def _check_induction(induction_from_cache, check: Check) -> None:
+    for cache, L in _induction_cases(check):
         N = len(cache)
         B, H, T, _ = next(iter(cache.values())).shape
         label = f"a cache of {N} layers [{B}, {H}, {T}, {T}], L={L}"
-        got = call_answer(induction_from_cache, cache, L, label=label)
+        got = check.call(induction_from_cache, cache, L, label=label)
         try:
             got = as_float64(got, "the result")  # a tensor, an array or nested lists of numbers
             expect_shape(got, (N, H), "the result")
@@ -181,11 +180,11 @@ _MODELS = [(dict(d_vocab=17, d_model=24, n_heads=6, n_key_value_heads=2, n_layer
                  positions="rotary"), 4, 1, 8)]
 
 
-def _models():
+def _models(check: Check):
     out = []
     for config, seed, B, L in _MODELS:
-        model = hidden_model(config, seed)  # larger weights than at initialisation, so every head matters
-        g = generator(seed + 10)
+        model = check.hidden_model(config, seed)  # larger weights than at initialisation, so every head matters
+        g = check.generator(seed + 10)
         copy = torch.randint(1, config["d_vocab"], (B, L), generator=g)
         tokens = torch.cat([torch.zeros(B, 1, dtype=torch.long), copy, copy], dim=1)  # [B, 1 + 2L]
         out.append((model, tokens, L))
@@ -225,15 +224,15 @@ def _second_copy_reference(model, tokens, heads, L) -> float:
     return _loss_with(model, tokens, heads, L)
 
 
-def _stages(model, tokens, L, n: int) -> list:
+def _stages(check: Check, model, tokens, L, n: int) -> list:
     """(stage, heads switched off): none, one, then heads in two layers (two of them in one layer); when
     grading, which heads is drawn fresh, redrawn (a few times at most) while switching them off changes the
     loss too little to tell from the intact model's."""
     N, H = model.config.n_layers, model.config.n_heads
-    if not grading():
+    if not check.grading:
         return [("stage 1 of 3 (no head off)", []), ("stage 2 of 3 (one head off)", [(0, H - 1)]),
                 ("stage 3 of 3 (heads in two layers off)", [(0, 0), (N - 1, 1), (N - 1, 2)])]
-    r, intact = rng(n), _loss_with(model, tokens, [], L)
+    r, intact = check.rng(n), _loss_with(model, tokens, [], L)
 
     def drawn(pick):
         for _ in range(8):
@@ -291,15 +290,15 @@ def _head_mistakes(model, tokens, heads, L) -> dict:
     }
 
 
-def _check_second_copy(second_copy_loss) -> None:
-    for n, (model, tokens, L) in enumerate(_models()):
+def _check_second_copy(second_copy_loss, check: Check) -> None:
+    for n, (model, tokens, L) in enumerate(_models(check)):
         N, H = model.config.n_layers, model.config.n_heads
-        for stage, heads in _stages(model, tokens, L, 82 + n):
+        for stage, heads in _stages(check, model, tokens, L, 82 + n):
             label = (f"a {N}-layer model with {H} heads{_grouped(model)}, tokens {list(tokens.shape)}, heads={heads}, "
                      f"L={L}")
             try:
-                got = call_answer(second_copy_loss, model, tokens, list(heads), L, label=label, copy_args=False,
-                                  forbid=_FORBID, facts=("model_changed",))
+                got = check.call(second_copy_loss, model, tokens, list(heads), L, label=label, copy_args=False,
+                                 forbid=_FORBID, facts=("model_changed",))
             except AnswerRaised as raised:
                 if not (_grouped(model) and "IndexError" in str(raised)):
                     raise
@@ -307,7 +306,7 @@ def _check_second_copy(second_copy_loss) -> None:
                 raise AnswerRaised(f"{raised}. This model groups its K/V heads, as SmolLM2 does: hook_k and hook_v are "
                                    f"[batch, position, {G}, d_head], the K/V heads; a query head's output is z, "
                                    f"[batch, position, {H}, d_head] at blocks.{{layer}}.attn.hook_z") from None
-            if observe("model_changed"):
+            if check.observe("model_changed"):
                 raise Wrong(f"{stage}, second_copy_loss({label}): after your function returned, the model still runs with "
                             "heads off. Remove the hooks when you are done (model.run_with_hooks and model.hooks do it for you)")
             want = _second_copy_reference(model, tokens, heads, L)
