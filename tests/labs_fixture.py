@@ -63,18 +63,22 @@ def synthetic_notebook(*, answers: dict[str, str] | None = None, extra: dict[int
     ``answers`` replaces solution bodies ({"double": "return x + 2"}); ``extra`` inserts code cells
     before the given cell index.
     """
-    answers = {"double": "return 2 * x", "n_heads": "n_heads = 4", "mask": "mask = torch.ones(5, 5, dtype=torch.bool).tril()", **(answers or {})}
+    answers = {"double": "return 2 * x", "n_heads": "n_heads = 4", "mask": "mask = torch.ones(5, 5, "
+                                                                           "dtype=torch.bool).tril()", **(answers or {})}
     v4 = nbformat.v4
     cells = [
         v4.new_markdown_cell("# Notebook 99: a fixture"),
         v4.new_code_cell("import torch\nx = 21\nprint('twice x is', 2 * x)"),
         v4.new_markdown_cell("## Exercises"),
-        v4.new_code_cell(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\ntry:\n    import labs_fixture  # registers notebook 99's exercises\n"
+        v4.new_code_cell(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\ntry:\n    import labs_fixture  # registers "
+                         "notebook 99's exercises\n"
                          "except ImportError:  # a grading kernel refuses it (the grader judges there)\n    pass\n"
                          "from mhalab import labs\n\nq1, q2, q3 = labs.load(\"99\")"),
-        v4.new_code_cell(f"def double(x):\n    \"\"\"Twice x.\"\"\"\n    ### BEGIN SOLUTION\n    {answers['double']}\n    ### END SOLUTION\n\nq1.check(double)"),
+        v4.new_code_cell("def double(x):\n    \"\"\"Twice x.\"\"\"\n    ### BEGIN SOLUTION\n    "
+                         f"{answers['double']}\n    ### END SOLUTION\n\nq1.check(double)"),
         v4.new_code_cell(f"### BEGIN SOLUTION\n{answers['n_heads']}\n### END SOLUTION\nq2.check(n_heads)"),
-        v4.new_markdown_cell("Why is that a good choice?\n\n### BEGIN SOLUTION\nBecause the width divides evenly.\n### END SOLUTION"),
+        v4.new_markdown_cell("Why is that a good choice?\n\n### BEGIN SOLUTION\nBecause the width divides evenly.\n### "
+                             "END SOLUTION"),
         v4.new_code_cell(f"### BEGIN SOLUTION\n{answers['mask']}\n### END SOLUTION\nq3.check(mask)"),
     ]
     for index, grade_id in ((4, "ex99-1-answer"), (5, "ex99-2-answer"), (6, "ex99-2-written"), (7, "ex99-3-answer")):

@@ -154,7 +154,8 @@ def test_cells_that_forge_outcomes_or_replace_the_recorder_score_zero(tmp_path, 
 def test_the_course_code_cannot_be_reached_from_an_answer(tmp_path, instructor):
     """Handing in the reference, importing it (setprofile(None) first), reading the solution text (directly or
     through a helper an earlier, non-answer cell defined) or the exercise module's file: 0 points."""
-    nb = synthetic_notebook(answers={"double": "import sys\n    sys.setprofile(None)\n    from mhalab.labs.ex01 import _attention_reference\n    return 2 * x",
+    nb = synthetic_notebook(answers={"double": "import sys\n    sys.setprofile(None)\n    from mhalab.labs.ex01 import "
+                                               "_attention_reference\n    return 2 * x",
                                      "n_heads": "n_heads = q2.reference",
                                      "mask": "exec(peek(q3))"})
     nb.cells[4].source += "\nq1.check(q1.reference)"
@@ -283,6 +284,7 @@ def test_switching_off_the_watch_in_the_grading_kernel_is_flagged(kernel):
     q1 = labs.exercise("05", 1)
     kernel.run_cell("import sys, torch\nfrom mhalab.hooks import ablate_heads\n"
                     "def sneaky(model, tokens, layer, head):\n    sys.setprofile(None)\n"
-                    "    return model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{layer}.attn.hook_z', ablate_heads([head]))])")
+                    "    return model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{layer}.attn.hook_z', "
+                    "ablate_heads([head]))])")
     status, message = q1.verdict(_hand_in(kernel, "05.1", "sneaky"), remote=kernel, seed=7)
     assert status == core.FAILED and "sys.setprofile" in message

@@ -49,7 +49,8 @@ def _check_attention(attention, check: Check) -> None:
                 (scores / math.sqrt(V.size(-1))).softmax(-1) @ V,
             "the output is divided by sqrt(d_k) after the softmax; the scale goes on the scores, before it":
                 scores.softmax(-1) @ V / math.sqrt(d_k),
-            "the weights are a sigmoid of the scores; attention's weights are a softmax over the keys, so they sum to 1":
+            "the weights are a sigmoid of the scores; attention's weights are a softmax over the keys, so they sum to "
+            "1":
                 (scores / math.sqrt(d_k)).sigmoid() @ V,
             "the weights are log-probabilities (log_softmax); attention weighs the values by the softmax itself":
                 (scores / math.sqrt(d_k)).log_softmax(-1) @ V,

@@ -39,17 +39,21 @@ def _check_split(split_heads, check: Check) -> None:
                 raise Wrong(f"for {case} you returned shape [B, T, H, dk] = {list(got.shape)}; the head axis must come "
                             f"before the token axis: [B, H, T, dk] = {list(want.shape)}")
             if tuple(got.shape) in ((B, H, T, D), (B, T, D)):
-                raise Wrong(f"for {case} you returned shape {list(got.shape)}; each head works in d_k = d_model / n_heads "
+                raise Wrong(f"for {case} you returned shape {list(got.shape)}; each head works in d_k = d_model / "
+                            "n_heads "
                             f"= {dk} features, so the result is [B, H, T, d_k] = {list(want.shape)}")
             expect_shape(got, want.shape, f"the result for {case} ([B, H, T, d_k])")
         if not torch.equal(got, want.double()):
             if torch.equal(got, x.reshape(B, H, T, dk).double()):
-                raise Wrong(f"right shape, numbers in the wrong places (for {case}): your head 0 holds all the features of "
+                raise Wrong(f"right shape, numbers in the wrong places (for {case}): your head 0 holds all the "
+                            "features of "
                             "the first tokens instead of a slice of the features of every token. Reshaping straight to "
                             "[B, H, T, dk] cuts along the wrong axis: every head must see every token")
             if torch.equal(got, _numbered(B, T, D).view(B, T, dk, H).permute(0, 3, 1, 2).double()):
-                raise Wrong(f"right shape, but (for {case}) your head 0 gets features 0, {H}, {2 * H}, ... (every n_heads-th "
-                            "feature); the convention (mhalab and torch.nn.MultiheadAttention) gives head i the contiguous "
+                raise Wrong(f"right shape, but (for {case}) your head 0 gets features 0, {H}, {2 * H}, ... (every "
+                            "n_heads-th "
+                            "feature); the convention (mhalab and torch.nn.MultiheadAttention) gives head i the "
+                            "contiguous "
                             "slice of features i*d_k to (i+1)*d_k - 1")
             raise Wrong(f"right shape but wrong numbers for {case}: head i, token t should hold features "
                         "i*d_k ... (i+1)*d_k - 1 of token t")
@@ -251,8 +255,10 @@ def _check_mha(multi_head_attention, check: Check) -> None:
     got = _run(check, multi_head_attention, x, W12, 3, "x [2, 5, 12], n_heads=3")
     if got.shape != x.shape:
         if tuple(got.shape) == (2, 3, 5, 4):
-            raise _stage(1, "shapes", "you return the heads [B, H, T, d_k]; merge them back into [B, T, d_model] and apply W_O")
-        raise _stage(1, "shapes", f"for x [2, 5, 12] the output should have the shape of x, [2, 5, 12], not {list(got.shape)}")
+            raise _stage(1, "shapes", "you return the heads [B, H, T, d_k]; merge them back into [B, T, d_model] and "
+                                      "apply W_O")
+        raise _stage(1, "shapes", "for x [2, 5, 12] the output should have the shape of x, [2, 5, 12], not "
+                                  f"{list(got.shape)}")
     # stage 2: one head, one token: its weight is 1, so the output is x W_Vᵀ W_Oᵀ
     x1 = torch.randn(2, 1, 12, generator=g)
     got = _run(check, multi_head_attention, x1, W12, 1, "x [2, 1, 12], n_heads=1")
@@ -267,7 +273,8 @@ def _check_mha(multi_head_attention, check: Check) -> None:
                 x1.double() @ W12[2].double() @ W12[3].double(),
             "the output comes from the queries or keys, not the values": x1.double() @ W12[0].double().T @ W12[3].double().T,
         }, **_LOOSE)
-        raise _stage(2, "one head, one token", mistake or "with one token its attention weight is 1, so the output must be "
+        raise _stage(2, "one head, one token", mistake or "with one token its attention weight is 1, so the output "
+                                                          "must be "
                      "x W_Vᵀ W_Oᵀ: check the value projection and W_O")
     # stage 3: the scale, on the last token (which may see every key, whatever the mask)
     x6 = torch.randn(2, 6, 12, generator=g)
@@ -280,7 +287,8 @@ def _check_mha(multi_head_attention, check: Check) -> None:
         other = None if mistake else first_match(got[:, -1], {
             "Q and K are swapped: the scores are Q Kᵀ, a query's row against every key (x W_Qᵀ for the queries, "
             "x W_Kᵀ for the keys)": _mha(x6, *W12, 1, swapped=True)[:, -1],
-            "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last axis":
+            "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last "
+            "axis":
                 _mha(x6, *W12, 1, over=-2)[:, -1],
             "the last token does not see itself: the causal mask allows keys j <= i, the diagonal included (tril(), "
             "not tril(-1))": _mha(x6, *W12, 1, itself=False)[:, -1],
@@ -291,7 +299,8 @@ def _check_mha(multi_head_attention, check: Check) -> None:
             raise _stage(3, "the mask", "the last token sees only itself: your mask is flipped, so query i sees keys "
                          "j >= i (itself and the future) instead of j <= i. masked_fill fills where its mask is True: "
                          "give it the future, j > i (torch.ones(T, T).triu(1).bool())")
-        raise _stage(3, "the scale" if mistake else "the scores", mistake or "the last token (which may see every token) gets the wrong output, and "
+        raise _stage(3, "the scale" if mistake else "the scores", mistake or "the last token (which may see every "
+                                                                             "token) gets the wrong output, and "
                      "this check cannot tell why: check scores = Q Kᵀ / sqrt(d_k), the softmax over the keys (the last "
                      "axis), and that the mask lets the last token see every key")
     # stage 4: the mask: a future token must change nothing earlier
@@ -299,12 +308,15 @@ def _check_mha(multi_head_attention, check: Check) -> None:
     changed[:, -1] += torch.randn(2, 12, generator=g)
     again = _run(check, multi_head_attention, changed, W12, 1, "x [2, 6, 12] with its last token changed, n_heads=1")
     if torch.isnan(got).any():
-        raise _stage(4, "the mask", "NaN in the output: some query has every key masked; query i may see keys j <= i, itself included")
+        raise _stage(4, "the mask", "NaN in the output: some query has every key masked; query i may see keys j <= i, "
+                                    "itself included")
     if not torch.allclose(got[:, :-1], again[:, :-1], atol=1e-6, rtol=0):
-        raise _stage(4, "the mask", "changing the last token changed the outputs of earlier tokens: a token may only see "
+        raise _stage(4, "the mask", "changing the last token changed the outputs of earlier tokens: a token may only "
+                                    "see "
                      "itself and the tokens before it (mask the scores of keys j > i with -inf before the softmax)")
     if first_match(got, {"": _mha(x6, *W12, 1)}, **_LOOSE) is None:
-        raise _stage(4, "the mask", "no token sees the future, but earlier tokens get the wrong output: query i may see "
+        raise _stage(4, "the mask", "no token sees the future, but earlier tokens get the wrong output: query i may "
+                                    "see "
                      "every key j <= i, itself included")
     # stage 5: the head split and merge
     got = _run(check, multi_head_attention, x6, W12, 3, "x [2, 6, 12], n_heads=3")
@@ -317,9 +329,11 @@ def _check_mha(multi_head_attention, check: Check) -> None:
         variants[("scale", "d_model")] = _mha(x6, *W12, 3, scale="d_model")
         found = first_match(got, {repr(k): v for k, v in variants.items()}, **_LOOSE)
         messages = {
-            "no-transpose": "your split reshapes [B, T, d_model] straight to [B, H, T, d_k]: a transpose in the wrong place "
+            "no-transpose": "your split reshapes [B, T, d_model] straight to [B, H, T, d_k]: a transpose in the wrong "
+                            "place "
                             "(view as [B, T, H, d_k], then transpose(1, 2)), so each head sees a block of tokens",
-            "strided": "head i should get the contiguous features i*d_k ... (i+1)*d_k - 1, not every n_heads-th feature",
+            "strided": "head i should get the contiguous features i*d_k ... (i+1)*d_k - 1, not every n_heads-th "
+                       "feature",
         }
         if found == repr(("scale", "d_model")):
             message = "the scores are divided by sqrt(d_model); each head scales by sqrt(d_k), its own width"
@@ -328,7 +342,8 @@ def _check_mha(multi_head_attention, check: Check) -> None:
             if split != "right":
                 message = messages[split]
             else:
-                message = ("your merge joins [B, H, T, d_k] straight into [B, T, d_model]: a transpose is missing there "
+                message = ("your merge joins [B, H, T, d_k] straight into [B, T, d_model]: a transpose is missing "
+                           "there "
                            "(transpose(1, 2) back to [B, T, H, d_k] first)" if merge == "no-transpose" else messages["strided"])
         else:
             message = "one head works, several do not: check how you split the width into heads and merge them back"
@@ -341,9 +356,11 @@ def _check_mha(multi_head_attention, check: Check) -> None:
         want = _torch_mha(x, *weights, H)
         if first_match(got, {"": want}, rtol=1e-5, atol=1e-5) is None:
             if got.shape != want.shape:
-                raise _stage(6, "torch.nn.MultiheadAttention", f"for {label} the output has shape {list(got.shape)}, not {list(want.shape)}")
+                raise _stage(6, "torch.nn.MultiheadAttention", f"for {label} the output has shape {list(got.shape)}, "
+                                                               f"not {list(want.shape)}")
             diff = (got - want).abs().max().item()
-            raise _stage(6, "torch.nn.MultiheadAttention", f"for {label} your output differs from torch's by up to {diff:.2g} "
+            raise _stage(6, "torch.nn.MultiheadAttention", f"for {label} your output differs from torch's by up to "
+                                                           f"{diff:.2g} "
                          "(allowed: 1e-5); is some step computed in lower precision, or with an approximation?")
 
 

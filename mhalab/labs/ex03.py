@@ -20,8 +20,10 @@ def _cost_mistakes(d_model: int, n_heads: int) -> dict[str, list[tuple[int, str]
                 (n_heads, "the head count: d_k is the width of one head")],
         "parameters": [(3 * d_model**2, "you counted W_Q, W_K and W_V but not the output matrix W_O"),
                        (4 * d_model * d_k, "that is one head's share: there are n_heads heads"),
-                       (3 * d_model * d_k + d_model**2, "W_Q, W_K, W_V counted for one head only: every head has its own"),
-                       (4 * d_model**2 + 4 * d_model, "that includes the biases; count the weight matrices only (bias=False)"),
+                       (3 * d_model * d_k + d_model**2, "W_Q, W_K, W_V counted for one head only: every head has its "
+                                                        "own"),
+                       (4 * d_model**2 + 4 * d_model, "that includes the biases; count the weight matrices only "
+                                                      "(bias=False)"),
                        (4 * d_model**2 * n_heads, "each head projects to d_k dimensions, not to d_model"),
                        (3 * d_model**2 * n_heads + d_model**2, "each head projects to d_k dimensions, not to d_model"),
                        (2 * d_model**2, "count all four matrices: W_Q, W_K, W_V and W_O")],
@@ -46,13 +48,15 @@ def _check_costs(attention_costs, check: Check) -> None:
         label = f"d_model={d_model}, n_heads={n_heads}"
         got = check.call(attention_costs, d_model, n_heads, label=label)
         if not isinstance(got, (tuple, list)) or len(got) != 3:
-            raise Wrong(f"return a tuple (d_k, parameters, kv_cache) of three numbers; for {label} you returned {got!r}"[:300])
+            raise Wrong(f"return a tuple (d_k, parameters, kv_cache) of three numbers; for {label} you returned "
+                        f"{got!r}"[:300])
         want = dict(d_k=d_model // n_heads, parameters=4 * d_model**2, kv_cache=2 * d_model)
         for value, (name, right) in zip(got, want.items()):
             value = expect_whole(value, f"{name} for {label}")
             if value != right:
                 miss = name_miss(value, _cost_mistakes(d_model, n_heads)[name])
-                raise Wrong(f"{name} for {label}: got {value:,}; " + (miss or "think of what it counts, per head, then for all heads"))
+                raise Wrong(f"{name} for {label}: got {value:,}; " + (miss or "think of what it counts, per head, then "
+                                                                              "for all heads"))
 
 
 register(Exercise(
@@ -103,12 +107,15 @@ def _batch_mistakes(c: dict, seq_len: int, memory: int, nbytes: int) -> list[tup
 
     right = _per_sequence(c, seq_len, nbytes)
     return [
-        (fit(right * c["n_heads"] // c["n_kv_heads"]), "that is the batch for full multi-head attention, with a key and "
-                                                       "a value for every query head; here only the K/V heads are cached"),
+        (fit(right * c["n_heads"] // c["n_kv_heads"]), "that is the batch for full multi-head attention, with a key "
+                                                       "and "
+                                                       "a value for every query head; here only the K/V heads are "
+                                                       "cached"),
         (fit(right // 2), "both the keys and the values are cached (a factor 2)"),
         (fit(right // c["n_layers"]), "every layer keeps its own cache"),
         (fit(right // nbytes), "the memory is in bytes and the cache holds numbers: each takes bytes_per_value bytes"),
-        (fit(right // c["d_head"] * (c["d_model"] // c["n_heads"])), "the head width is the config's d_head; it need not be d_model / n_heads"),
+        (fit(right // c["d_head"] * (c["d_model"] // c["n_heads"])), "the head width is the config's d_head; it need "
+                                                                     "not be d_model / n_heads"),
         (fit(right // c["d_head"] * c["d_model"] // c["n_kv_heads"]), "each K/V head is d_head wide, not d_model"),
         (fit(right // seq_len), "every token of every sequence is cached: multiply by seq_len"),
         (-(-memory // right), "that batch does not fit: a sequence that fits only partly cannot run (round down)"),
@@ -131,7 +138,9 @@ def _batch_cases(check: Check) -> list[tuple[str, dict, int, int, int]]:
 def _check_batch(largest_batch, check: Check) -> None:
     for name, config, seq_len, memory, nbytes in _batch_cases(check):
         label = f"the {name} config {config}, seq_len={seq_len}, memory_bytes={memory:,}, bytes_per_value={nbytes}"
-        got = check.call(largest_batch, config, seq_len, memory, nbytes, label=f"{name} config, seq_len={seq_len}, memory_bytes={memory:,}, bytes_per_value={nbytes}")
+        got = check.call(largest_batch, config, seq_len, memory, nbytes, label=f"{name} config, seq_len={seq_len}, "
+                                                                               f"memory_bytes={memory:,}, "
+                                                                               f"bytes_per_value={nbytes}")
         got = expect_whole(got, f"the batch size for {label}")
         want = _largest_batch(config, seq_len, memory, nbytes)
         if got == want:
@@ -212,12 +221,14 @@ def _check_gqa(gqa_attention, check: Check) -> None:
             "once (head i uses K/V head i // (n_heads // n_kv_heads)), and .repeat cycles through them instead":
                 _gqa_forward(*case, interleave=False),
             "the scores are not scaled by 1/sqrt(d_k)": _gqa_forward(*case, scale=False),
-            "the heads are merged in the wrong order: bring the head axis back next to d_k before reshaping to [B, T, H * d_k]":
+            "the heads are merged in the wrong order: bring the head axis back next to d_k before reshaping to [B, T, "
+            "H * d_k]":
                 _gqa_forward(*case, merge=False),
             "W_O is missing: the concatenated heads still go through the output projection": _gqa_forward(*case, out=False),
             "Q and K are swapped: the scores are q kᵀ, each query against the keys of the past (x @ W_Q for the "
             "queries, x @ W_K for the keys)": _gqa_forward(*case, swapped=True),
-            "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last axis":
+            "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last "
+            "axis":
                 _gqa_forward(*case, over=-2),
             "a query does not see its own key: the causal mask allows keys j <= i, the diagonal included":
                 _gqa_forward(*case, itself=False),

@@ -57,8 +57,10 @@ def _check_look_back(look_back_qk, check: Check) -> None:
             peak = int(peaks[wrong[0]])
             if (peaks == queries + offset).float().mean() > 0.5 or peak == min(i + offset, T - 1):
                 swapped = torch.equal(_look_back_weights(K, Q)[queries].argmax(-1), target)
-                raise Wrong(f"for {case} the queries look forward (query {i} peaks at key {peak}): turn them the other way"
-                            + ("; or, if you built them right, your Q and K are swapped: return (Q, K), the queries first "
+                raise Wrong(f"for {case} the queries look forward (query {i} peaks at key {peak}): turn them the other "
+                            "way"
+                            + ("; or, if you built them right, your Q and K are swapped: return (Q, K), the queries "
+                               "first "
                                "(row i of (Q @ K.T).softmax(-1) is query i's weights)" if swapped else ""))
             if peak == i:
                 raise Wrong(f"for {case} query {i} peaks at its own key, not at key {i - offset}")
@@ -123,7 +125,8 @@ def _check_favourite(favourite_keys, check: Check) -> None:
         largest = check.observe("largest_bytes") if watched else 0
         got = as_float64(got, f"what favourite_keys({case}) returned")
         if got.shape != (L,):
-            raise Wrong(f"return one key position per query, a tensor of shape [{L}], got shape {list(got.shape)} for {case}")
+            raise Wrong(f"return one key position per query, a tensor of shape [{L}], got shape {list(got.shape)} for "
+                        f"{case}")
         if not torch.equal(got, got.round()):
             raise Wrong(f"return key *positions* (whole numbers), got fractional values for {case}")
         want = _favourite_reference(q, k)
@@ -187,7 +190,8 @@ def _check_choose(choose_heads, check: Check) -> None:
     possible, impossible = _choose_cases(check)
     for d_model, n_relations, min_d_k in possible:
         case = f"d_model={d_model}, n_relations={n_relations}, min_d_k={min_d_k}"
-        h = expect_whole(check.call(choose_heads, d_model, n_relations, min_d_k, label=case), f"the head count for {case}")
+        h = expect_whole(check.call(choose_heads, d_model, n_relations, min_d_k, label=case), "the head count for "
+                                                                                              f"{case}")
         if h < 1 or d_model % h:
             raise Wrong(f"for {case} your head count does not divide d_model, so d_k = d_model / h is not whole")
         if h < n_relations:

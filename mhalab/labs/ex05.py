@@ -71,7 +71,8 @@ def _check_ablate(ablate_head, check: Check) -> None:
                              facts=("model_changed",))
             leaked = check.observe("model_changed")
             if leaked:
-                raise Wrong(f"ablate_head({label}): after your function returned, the model still runs with a head off. "
+                raise Wrong(f"ablate_head({label}): after your function returned, the model still runs with a head "
+                            "off. "
                             "Remove the hook when you are done (model.run_with_hooks and model.hooks do it for you)")
             others = [h for h in range(H) if h != head]
             judge(got, _ablate_reference(model, tokens, layer, head), f"ablate_head({label})", lambda: {
@@ -175,7 +176,8 @@ register(Exercise(
         "    N, H = model.config.n_layers, model.config.n_heads\n"
         "    with torch.no_grad():\n"
         "        intact = loss(model(tokens))\n"
-        "        return torch.tensor([[loss(model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{l}.attn.hook_z', switch_off(h))]))\n"
+        "        return torch.tensor([[loss(model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{l}.attn.hook_z', "
+        "switch_off(h))]))\n"
         "                              - intact for h in range(H)] for l in range(N)])   # [N, H]"
     ),
     reference=_effects_reference,

@@ -47,7 +47,8 @@ def _check_causal(causal_allowed, check: Check) -> None:
         got = check.call(causal_allowed, L, S, label=label)
         if isinstance(got, torch.Tensor) and got.shape == (L, S) and torch.equal(got.bool(), torch.ones(L, S, dtype=torch.bool).tril()):
             raise Wrong(f"causal_allowed({label}): your mask lines the queries up with the first keys; they are the "
-                        f"*last* {L} positions, so query i sits at position {S - L} + i and may see the cached tokens too")
+                        f"*last* {L} positions, so query i sits at position {S - L} + i and may see the cached tokens "
+                        "too")
         try:
             _expect_causal(got, _causal_reference(L, S), "the result")
         except Wrong as wrong:
@@ -142,8 +143,10 @@ register(Exercise(
         "def attention_layout(batch, n_heads, src_len, tgt_len):\n"
         "    return {\n"
         "        \"encoder\": (\"none\", (batch, n_heads, src_len, src_len)),    # the source sees itself, all of it\n"
-        "        \"decoder\": (\"causal\", (batch, n_heads, tgt_len, tgt_len)),  # the target so far, no peeking ahead\n"
-        "        \"cross\": (\"none\", (batch, n_heads, tgt_len, src_len)),      # target queries read the whole source\n"
+        "        \"decoder\": (\"causal\", (batch, n_heads, tgt_len, tgt_len)),  # the target so far, no peeking "
+        "ahead\n"
+        "        \"cross\": (\"none\", (batch, n_heads, tgt_len, src_len)),      # target queries read the whole "
+        "source\n"
         "    }"
     ),
     reference=_layout_reference,
@@ -179,19 +182,23 @@ def _check_count(attention_operations, check: Check) -> None:
         got = check.call(attention_operations, n_heads, enc, dec, label=label)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise Wrong(f"return a pair (operations, sequential_steps), got {got!r} for {label}"[:300])
-        got_ops, got_steps = expect_whole(got[0], f"operations for {label}"), expect_whole(got[1], f"sequential steps for {label}")
+        got_ops, got_steps = expect_whole(got[0], f"operations for {label}"), expect_whole(got[1], "sequential steps "
+                                                                                                   f"for {label}")
         ops, steps = _count_reference(n_heads, enc, dec)
         if got_ops != ops:
             raise Wrong(f"operations for {label}: got {got_ops:,}; " + (name_miss(got_ops, [
-                ((enc + dec) * n_heads, "a decoder layer of an encoder-decoder has two attention blocks: self-attention and cross-attention"),
-                ((enc + 2 * dec) * n_heads, "cross-attention needs an encoder to attend to: a decoder-only model has none"),
+                ((enc + dec) * n_heads, "a decoder layer of an encoder-decoder has two attention blocks: "
+                                        "self-attention and cross-attention"),
+                ((enc + 2 * dec) * n_heads, "cross-attention needs an encoder to attend to: a decoder-only model has "
+                                            "none"),
                 (steps, "that counts blocks; every head of a block is its own operation"),
             ]) or "count the heads of every attention block in one forward pass"))
         if got_steps not in (steps, _critical_path(enc, dec)):  # a standard implementation, or the true critical path
             raise Wrong(f"sequential steps for {label}: got {got_steps:,}; " + (name_miss(got_steps, [
                 (ops, "the heads of one block run side by side; only the blocks must wait for each other"),
                 (1, "a block needs the previous block's output, so the blocks cannot all run at once"),
-                (enc + dec, "in a decoder layer, cross-attention takes its queries from the self-attention's output, so it must wait for it"),
+                (enc + dec, "in a decoder layer, cross-attention takes its queries from the self-attention's output, "
+                            "so it must wait for it"),
             ]) or "count the attention blocks that must run one after another"))
 
 

@@ -56,7 +56,8 @@ def _check_prev_from_cache(previous_token_scores, check: Check) -> None:
             expect_shape(got, (N, H), "the result")
         except Wrong as wrong:
             if isinstance(got, torch.Tensor) and tuple(got.shape) == (H, N):
-                raise Wrong(f"previous_token_scores({label}): layers are the rows, heads the columns: [n_layers, n_heads]") from None
+                raise Wrong(f"previous_token_scores({label}): layers are the rows, heads the columns: [n_layers, "
+                            "n_heads]") from None
             raise Wrong(f"previous_token_scores({label}): {wrong} ([n_layers, n_heads])") from None
         want = _prev_from_cache_reference(cache)
         by_name = torch.stack([cache[k].diagonal(-1, -2, -1).mean(dim=(0, 2)) for k in sorted(cache)])
@@ -130,7 +131,8 @@ def _check_hide(hide_cls_and_sep, check: Check) -> None:
         kept[..., [0, -1]] = 0.0
         judge(got, _hide_reference(pattern), f"hide_cls_and_sep({label})", lambda: {
             "the rows no longer sum to 1: divide each row by what is left of it (renormalise)": kept,
-            "that renormalises each column (over the queries); each row (one query's weights over the keys) should sum to 1":
+            "that renormalises each column (over the queries); each row (one query's weights over the keys) should sum "
+            "to 1":
                 torch.nan_to_num(kept / kept.sum(-2, keepdim=True)),
             "only [CLS] (key 0) is hidden; [SEP] is the last key, -1": _only_first(pattern),
         })

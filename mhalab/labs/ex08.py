@@ -37,7 +37,8 @@ _CONFIGS = [
     (_config(576, 30, 9, 3, 64), 4, "SmolLM2-135M in float32, as loaded here"),
     (_config(2048, 16, 32, 8, 64), 2, "a grouped-query model in 16-bit floats"),
     (_config(3072, 28, 24, 8, 96), 2, "d_head 96, not d_model / n_heads = 128"),
-    (_config(512, 6, 8, 8, 80), 1, "full multi-head attention (as many K/V heads as query heads), d_head 80 != 512 / 8, 1-byte values"),
+    (_config(512, 6, 8, 8, 80), 1, "full multi-head attention (as many K/V heads as query heads), d_head 80 != 512 / "
+                                   "8, 1-byte values"),
 ]
 
 
@@ -72,11 +73,15 @@ def _check_kv(kv_cache_bytes_per_token, check: Check) -> None:
         if got != want:
             c = config
             raise Wrong(f"kv_cache_bytes_per_token({label}): got {got:,}; " + (name_miss(got, [
-                (2 * c.n_layers * c.n_heads * c.d_head * b, "that is full multi-head attention (a key and a value per query head): only the n_key_value_heads K/V heads are cached"),
+                (2 * c.n_layers * c.n_heads * c.d_head * b, "that is full multi-head attention (a key and a value per "
+                                                            "query head): only the n_key_value_heads K/V heads are "
+                                                            "cached"),
                 (c.n_layers * c.n_key_value_heads * c.d_head * b, "the cache holds both the keys and the values"),
                 (2 * c.n_key_value_heads * c.d_head * b, "every layer keeps its own cache: multiply by n_layers"),
-                (2 * c.n_layers * c.n_key_value_heads * (c.d_model // c.n_heads) * b, "use the config's d_head: it need not be d_model / n_heads"),
-                (2 * c.n_layers * c.n_key_value_heads * c.d_head, "multiply by bytes_per_value: that is a count of numbers, not bytes"),
+                (2 * c.n_layers * c.n_key_value_heads * (c.d_model // c.n_heads) * b, "use the config's d_head: it "
+                                                                                      "need not be d_model / n_heads"),
+                (2 * c.n_layers * c.n_key_value_heads * c.d_head, "multiply by bytes_per_value: that is a count of "
+                                                                  "numbers, not bytes"),
             ]) or "count the numbers a token leaves in the cache of every layer, then their bytes"))
 
 
@@ -162,7 +167,8 @@ register(Exercise(
         "    rows = []\n"
         "    for i in range(len(cache)):\n"
         "        pattern = cache[f'blocks.{i}.attn.hook_pattern']           # [B, H, T, T]\n"
-        "        rows.append(pattern[:, :, queries, queries - L + 1].mean(dim=(0, 2)))   # the token after the earlier copy\n"
+        "        rows.append(pattern[:, :, queries, queries - L + 1].mean(dim=(0, 2)))   # the token after the earlier "
+        "copy\n"
         "    return torch.stack(rows)                                   # [n_layers, n_heads]"
     ),
     reference=_induction_reference,
@@ -307,8 +313,10 @@ def _check_second_copy(second_copy_loss, check: Check) -> None:
                                    f"[batch, position, {G}, d_head], the K/V heads; a query head's output is z, "
                                    f"[batch, position, {H}, d_head] at blocks.{{layer}}.attn.hook_z") from None
             if check.observe("model_changed"):
-                raise Wrong(f"{stage}, second_copy_loss({label}): after your function returned, the model still runs with "
-                            "heads off. Remove the hooks when you are done (model.run_with_hooks and model.hooks do it for you)")
+                raise Wrong(f"{stage}, second_copy_loss({label}): after your function returned, the model still runs "
+                            "with "
+                            "heads off. Remove the hooks when you are done (model.run_with_hooks and model.hooks do it "
+                            "for you)")
             want = _second_copy_reference(model, tokens, heads, L)
             judge(got, want, f"{stage}, second_copy_loss({label})", lambda: {
                 "that is the loss over the whole sequence; the in-context loss is on the second copy only "
@@ -331,7 +339,8 @@ def _check_second_copy(second_copy_loss, check: Check) -> None:
 register(Exercise(
     "08", 3, "switch heads off and measure the in-context loss",
     _check_second_copy,
-    hint=["The sequence is [start, copy, copy] with L tokens per copy. The logits at position p predict token p + 1, so "
+    hint=["The sequence is [start, copy, copy] with L tokens per copy. The logits at position p predict token p + 1, "
+          "so "
           "the second copy (tokens L+1 .. 2L) is predicted from positions L .. 2L-1: the in-context loss is the mean "
           "cross-entropy there.",
           "To switch off (layer, head), zero z[:, :, head] at blocks.{layer}.attn.hook_z (z: [batch, position, head, "
