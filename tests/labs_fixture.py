@@ -57,14 +57,20 @@ def answer_meta(grade_id: str, markdown: bool = False) -> dict:
     return {**meta, "points": 0} if markdown else meta
 
 
-def synthetic_notebook(*, answers: dict[str, str] | None = None, extra: dict[int, str] | None = None) -> nbformat.NotebookNode:
+def synthetic_notebook(
+    *, answers: dict[str, str] | None = None, extra: dict[int, str] | None = None
+) -> nbformat.NotebookNode:
     """A small solution notebook with the course's exercise layout (exercises of notebook "99").
 
     ``answers`` replaces solution bodies ({"double": "return x + 2"}); ``extra`` inserts code cells
     before the given cell index.
     """
-    answers = {"double": "return 2 * x", "n_heads": "n_heads = 4", "mask": "mask = torch.ones(5, 5, "
-                                                                           "dtype=torch.bool).tril()", **(answers or {})}
+    answers = {
+        "double": "return 2 * x",
+        "n_heads": "n_heads = 4",
+        "mask": "mask = torch.ones(5, 5, dtype=torch.bool).tril()",
+        **(answers or {}),
+    }
     v4 = nbformat.v4
     cells = [
         v4.new_markdown_cell("# Notebook 99: a fixture"),
@@ -100,11 +106,24 @@ FORGED = ("import mhalab.labs as L\nL.Exercise.check = lambda self, answer: None
 CLASS_KINDS = {  # kind: (how the submission is made, the total it must get, how many of them)
     "correct": (lambda: synthetic_notebook(), 3, 8),
     "partly_wrong": (lambda: synthetic_notebook(answers={"double": "return x + 2"}), 2, 5),
-    "all_wrong": (lambda: synthetic_notebook(answers={"double": "return x", "n_heads": "n_heads = 3",
-                                                      "mask": "mask = torch.ones(5, 5, dtype=torch.bool)"}), 0, 3),
+    "all_wrong": (
+        lambda: synthetic_notebook(
+            answers={
+                "double": "return x",
+                "n_heads": "n_heads = 3",
+                "mask": "mask = torch.ones(5, 5, dtype=torch.bool)",
+            }
+        ),
+        0,
+        3,
+    ),
     "raising": (lambda: synthetic_notebook(answers={"double": "return x.nope"}), 2, 2),
-    "crashing": (lambda: _prepend(synthetic_notebook(), 5, CRASH), 1, 3),     # the kernel dies in 99.2: 99.1 keeps its point
-    "endless": (lambda: _prepend(synthetic_notebook(), 4, ENDLESS), 2, 3),    # interrupted: 99.1 never handed in
+    "crashing": (
+        lambda: _prepend(synthetic_notebook(), 5, CRASH),
+        1,
+        3,
+    ),  # the kernel dies in 99.2: 99.1 keeps its point
+    "endless": (lambda: _prepend(synthetic_notebook(), 4, ENDLESS), 2, 3),  # interrupted: 99.1 never handed in
     "stubborn": (lambda: _prepend(synthetic_notebook(), 7, STUBBORN), 2, 2),  # ignores the interrupt: killed in 99.3
     "forged": (lambda: _prepend(synthetic_notebook(), 4, FORGED), 0, 3),
     "relabelled": (lambda: _relabel(synthetic_notebook(), "ex01"), 0, 3),

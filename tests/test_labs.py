@@ -14,13 +14,13 @@ import re
 import sys
 import threading
 
+import labs_fixture  # noqa: F401  (registers notebook "99"'s exercises)
 import pytest
 import torch
+from labs_corpus import CORPUS
 
-import labs_fixture  # noqa: F401  (registers notebook "99"'s exercises)
 import mhalab
 import mhalab.labs as labs
-from labs_corpus import CORPUS
 from mhalab.labs import core
 from mhalab.labs.checks import expect_close, expect_equal, expect_shape, expect_whole
 
@@ -104,7 +104,9 @@ def test_cases_tell_the_mistakes_apart():
     config = ex03._CONFIGS[name]
     values = [v for v, _ in ex03._batch_mistakes(config, seq_len, memory, nbytes)]
     assert len(set(values)) == len(values) and ex03._largest_batch(config, seq_len, memory, nbytes) not in values
-    for case in ex03._gqa_cases(core.Check())[:1]:  # 03.3: the first case tells every mistake apart (later ones have groups of one)
+    for case in ex03._gqa_cases(core.Check())[
+        :1
+    ]:  # 03.3: the first case tells every mistake apart (later ones have groups of one)
         outputs = [ex03._gqa_forward(*case)] + [ex03._gqa_forward(*case, **{flag: False})
                                                 for flag in ("causal", "interleave", "scale", "merge", "out")]
         for i, a in enumerate(outputs):
@@ -112,7 +114,11 @@ def test_cases_tell_the_mistakes_apart():
                 assert a.shape != b.shape or not torch.allclose(a, b, rtol=1e-3, atol=1e-4), case[-2:]
     for case in ex03._COST_CASES[:1]:  # a systematic mistake is named at the first case (h = 1 merges some later)
         for name, mistakes in ex03._cost_mistakes(*case).items():
-            values = [v for v, _ in mistakes if v != dict(zip(("d_k", "parameters", "kv_cache"), labs.exercise("03", 1).reference(*case)))[name]]
+            values = [
+                v
+                for v, _ in mistakes
+                if v != dict(zip(("d_k", "parameters", "kv_cache"), labs.exercise("03", 1).reference(*case)))[name]
+            ]
             assert len(set(values)) == len(values), (case, name)
 
 
@@ -145,10 +151,16 @@ def test_missing_and_crashing_answers():
 def test_calling_the_reference_scores_zero_but_every_other_helper_is_fair():
     q1 = labs.exercise("01", 1)
     status, message = q1.verdict(lambda Q, K, V: q1.reference(Q, K, V))
-    assert status == core.FAILED and "course's own reference or checker (`mhalab.labs.ex01._attention_reference`)" in message
+    assert (
+        status == core.FAILED
+        and "course's own reference or checker (`mhalab.labs.ex01._attention_reference`)" in message
+    )
     # the course's library and torch are fair wherever the prompt forbids nothing (issue 22's eight refusals)
     assert q1.verdict(lambda Q, K, V: mhalab.scaled_dot_product_attention(Q, K, V)[0]) == (core.PASSED, "correct.")
-    assert labs.exercise("05", 3).verdict(lambda a: mhalab.head_roles.previous_token_score(a[None])[0]) == (core.PASSED, "correct.")
+    assert labs.exercise("05", 3).verdict(lambda a: mhalab.head_roles.previous_token_score(a[None])[0]) == (
+        core.PASSED,
+        "correct.",
+    )
 
 
 def test_importing_an_mhalab_module_is_not_calling_the_course_code(monkeypatch):
@@ -198,7 +210,11 @@ def test_a_checker_bug_is_not_the_learners_error(caplog):
     ex = core.Exercise("98", 1, "buggy", buggy, hint="h", solution="def f(x):\n    return x", reference=None)
     with caplog.at_level(logging.ERROR, logger="mhalab.labs"):
         status, message = ex.verdict(lambda x: x)
-    assert status == core.BROKEN and "f(3), which returned an int (3)" in message and "not necessarily in your answer" in message
+    assert (
+        status == core.BROKEN
+        and "f(3), which returned an int (3)" in message
+        and "not necessarily in your answer" in message
+    )
     assert "KeyError: 'oops'" in caplog.text
 
 

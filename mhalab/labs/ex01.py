@@ -20,7 +20,12 @@ def _attention_reference(Q, K, V):
 
 def _attention_cases(check: Check):
     g = check.generator(1)
-    shapes = [((3, 4), (5, 4), (5, 2)), ((6, 16), (6, 16), (6, 16)), ((2, 4, 8), (2, 7, 8), (2, 7, 3)), ((1, 9), (4, 9), (4, 6))]
+    shapes = [
+        ((3, 4), (5, 4), (5, 2)),
+        ((6, 16), (6, 16), (6, 16)),
+        ((2, 4, 8), (2, 7, 8), (2, 7, 3)),
+        ((1, 9), (4, 9), (4, 6)),
+    ]
     return [tuple(torch.randn(s, generator=g) * 1.5 for s in shape) for shape in shapes]
 
 
@@ -82,7 +87,15 @@ register(Exercise(
 # ------------------------------------------------------------------------------------ exercise 2
 # (n_keys, d_k, j, weight): orthonormal keys, so every other key scores exactly 0. Two weights are below
 # 1/S, where key j must score *less* than the others.
-_AIM_CASES = [(5, 8, 2, 0.9), (10, 16, 0, 0.5), (3, 3, 1, 0.6), (5, 8, 3, 0.1), (6, 64, 5, 0.99), (4, 4, 1, 0.05), (2, 4, 1, 0.75)]
+_AIM_CASES = [
+    (5, 8, 2, 0.9),
+    (10, 16, 0, 0.5),
+    (3, 3, 1, 0.6),
+    (5, 8, 3, 0.1),
+    (6, 64, 5, 0.99),
+    (4, 4, 1, 0.05),
+    (2, 4, 1, 0.75),
+]
 
 
 def _orthonormal_keys(check: Check, n_keys: int, d_k: int, seed: int) -> Tensor:

@@ -33,28 +33,28 @@ def _check_split(split_heads, check: Check) -> None:
         x = _numbered(B, T, D)  # a fresh input per call, so the result can be compared with its memory
         result = check.call(split_heads, x, H, label=case, copy_args=False, facts=("shares_memory",))
         view = check.observe("shares_memory")
-        got, want = as_float64(result, f"what split_heads({case}) returned"), _numbered(B, T, D).view(B, T, H, dk).transpose(1, 2)
+        got, want = (
+            as_float64(result, f"what split_heads({case}) returned"),
+            _numbered(B, T, D).view(B, T, H, dk).transpose(1, 2),
+        )
         if got.shape != want.shape:
             if tuple(got.shape) == (B, T, H, dk) and H != T:
                 raise Wrong(f"for {case} you returned shape [B, T, H, dk] = {list(got.shape)}; the head axis must come "
                             f"before the token axis: [B, H, T, dk] = {list(want.shape)}")
             if tuple(got.shape) in ((B, H, T, D), (B, T, D)):
                 raise Wrong(f"for {case} you returned shape {list(got.shape)}; each head works in d_k = d_model / "
-                            "n_heads "
-                            f"= {dk} features, so the result is [B, H, T, d_k] = {list(want.shape)}")
+                            f"n_heads = {dk} features, so the result is [B, H, T, d_k] = {list(want.shape)}")
             expect_shape(got, want.shape, f"the result for {case} ([B, H, T, d_k])")
         if not torch.equal(got, want.double()):
             if torch.equal(got, x.reshape(B, H, T, dk).double()):
                 raise Wrong(f"right shape, numbers in the wrong places (for {case}): your head 0 holds all the "
-                            "features of "
-                            "the first tokens instead of a slice of the features of every token. Reshaping straight to "
-                            "[B, H, T, dk] cuts along the wrong axis: every head must see every token")
+                            "features of the first tokens instead of a slice of the features of every token. "
+                            "Reshaping straight to [B, H, T, dk] cuts along the wrong axis: every head must see every "
+                            "token")
             if torch.equal(got, _numbered(B, T, D).view(B, T, dk, H).permute(0, 3, 1, 2).double()):
                 raise Wrong(f"right shape, but (for {case}) your head 0 gets features 0, {H}, {2 * H}, ... (every "
-                            "n_heads-th "
-                            "feature); the convention (mhalab and torch.nn.MultiheadAttention) gives head i the "
-                            "contiguous "
-                            "slice of features i*d_k to (i+1)*d_k - 1")
+                            "n_heads-th feature); the convention (mhalab and torch.nn.MultiheadAttention) gives head "
+                            "i the contiguous slice of features i*d_k to (i+1)*d_k - 1")
             raise Wrong(f"right shape but wrong numbers for {case}: head i, token t should hold features "
                         "i*d_k ... (i+1)*d_k - 1 of token t")
         if not view:
@@ -131,11 +131,12 @@ def _causal_mistakes(scores: Tensor) -> dict[str, Tensor]:
     inf = float("-inf")
     return {
         "the mask is inverted: -inf went where keys are allowed (j <= i) and the future was kept. masked_fill fills "
-        "where its mask is True, so give it the forbidden positions (j > i)": scores.masked_fill(allowed, inf).softmax(-1),
+        "where its mask is True, so give it the forbidden positions (j > i)":
+            scores.masked_fill(allowed, inf).softmax(-1),
         "the mask is transposed: queries see the future and not the past. Row i is query i, column j is key j, and "
         "query i may see keys j <= i (the lower triangle)": scores.masked_fill(~allowed.T, inf).softmax(-1),
-        "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last axis":
-            scores.masked_fill(~allowed, inf).softmax(-2),
+        "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last "
+        "axis": scores.masked_fill(~allowed, inf).softmax(-2),
         "future keys still get weight: a masked score set to 0 still gets exp(0) in the softmax. Forbidden scores "
         "must become -inf (or a huge negative number)": scores.masked_fill(~allowed, 0.0).softmax(-1),
         "the rows of your weights do not sum to 1: mask the scores before the softmax, not the weights after it":
@@ -216,7 +217,11 @@ def _mha(x, W_Q, W_K, W_V, W_O, n_heads, *, split="right", merge="right", scale=
         q, k = k, q
     scores = q @ k.transpose(-2, -1) / {"d_k": dk**0.5, "none": 1.0, "d_model": D**0.5, "d_k^1": float(dk)}[scale]
     if causal:  # flipped: the mask of a learner who filled the past (j < i) instead of the future
-        forbidden = torch.ones(T, T, dtype=torch.bool).tril(-1) if flipped else ~torch.ones(T, T, dtype=torch.bool).tril(0 if itself else -1)
+        forbidden = (
+            torch.ones(T, T, dtype=torch.bool).tril(-1)
+            if flipped
+            else ~torch.ones(T, T, dtype=torch.bool).tril(0 if itself else -1)
+        )
         if not itself:
             forbidden[0, 0] = False  # (else the first query has no key at all: NaN, caught at stage 2)
         scores = scores.masked_fill(forbidden, float("-inf"))
@@ -271,11 +276,11 @@ def _check_mha(multi_head_attention, check: Check) -> None:
             "W_O is missing: the heads' output goes through the output projection": x1.double() @ W12[2].double().T,
             "the weights are applied untransposed; like nn.Linear, a projection is x @ W.T (W is [out, in])":
                 x1.double() @ W12[2].double() @ W12[3].double(),
-            "the output comes from the queries or keys, not the values": x1.double() @ W12[0].double().T @ W12[3].double().T,
+            "the output comes from the queries or keys, not the values":
+                x1.double() @ W12[0].double().T @ W12[3].double().T,
         }, **_LOOSE)
         raise _stage(2, "one head, one token", mistake or "with one token its attention weight is 1, so the output "
-                                                          "must be "
-                     "x W_Vᵀ W_Oᵀ: check the value projection and W_O")
+                     "must be x W_Vᵀ W_Oᵀ: check the value projection and W_O")
     # stage 3: the scale, on the last token (which may see every key, whatever the mask)
     x6 = torch.randn(2, 6, 12, generator=g)
     got = _run(check, multi_head_attention, x6, W12, 1, "x [2, 6, 12], n_heads=1")
@@ -295,7 +300,10 @@ def _check_mha(multi_head_attention, check: Check) -> None:
         }, **_LOOSE)
         if other:
             raise _stage(3, "the scores", other)
-        if mistake is None and first_match(got[:, -1], {"": _mha(x6, *W12, 1, flipped=True)[:, -1]}, **_LOOSE) is not None:
+        if (
+            mistake is None
+            and first_match(got[:, -1], {"": _mha(x6, *W12, 1, flipped=True)[:, -1]}, **_LOOSE) is not None
+        ):
             raise _stage(3, "the mask", "the last token sees only itself: your mask is flipped, so query i sees keys "
                          "j >= i (itself and the future) instead of j <= i. masked_fill fills where its mask is True: "
                          "give it the future, j > i (torch.ones(T, T).triu(1).bool())")
@@ -312,12 +320,11 @@ def _check_mha(multi_head_attention, check: Check) -> None:
                                     "itself included")
     if not torch.allclose(got[:, :-1], again[:, :-1], atol=1e-6, rtol=0):
         raise _stage(4, "the mask", "changing the last token changed the outputs of earlier tokens: a token may only "
-                                    "see "
-                     "itself and the tokens before it (mask the scores of keys j > i with -inf before the softmax)")
+                                    "see itself and the tokens before it (mask the scores of keys j > i with -inf "
+                                    "before the softmax)")
     if first_match(got, {"": _mha(x6, *W12, 1)}, **_LOOSE) is None:
         raise _stage(4, "the mask", "no token sees the future, but earlier tokens get the wrong output: query i may "
-                                    "see "
-                     "every key j <= i, itself included")
+                                    "see every key j <= i, itself included")
     # stage 5: the head split and merge
     got = _run(check, multi_head_attention, x6, W12, 3, "x [2, 6, 12], n_heads=3")
     if first_match(got, {"": _mha(x6, *W12, 3)}, **_LOOSE) is None:
@@ -330,8 +337,7 @@ def _check_mha(multi_head_attention, check: Check) -> None:
         found = first_match(got, {repr(k): v for k, v in variants.items()}, **_LOOSE)
         messages = {
             "no-transpose": "your split reshapes [B, T, d_model] straight to [B, H, T, d_k]: a transpose in the wrong "
-                            "place "
-                            "(view as [B, T, H, d_k], then transpose(1, 2)), so each head sees a block of tokens",
+                            "place (view as [B, T, H, d_k], then transpose(1, 2)), so each head sees a block of tokens",
             "strided": "head i should get the contiguous features i*d_k ... (i+1)*d_k - 1, not every n_heads-th "
                        "feature",
         }
@@ -343,8 +349,8 @@ def _check_mha(multi_head_attention, check: Check) -> None:
                 message = messages[split]
             else:
                 message = ("your merge joins [B, H, T, d_k] straight into [B, T, d_model]: a transpose is missing "
-                           "there "
-                           "(transpose(1, 2) back to [B, T, H, d_k] first)" if merge == "no-transpose" else messages["strided"])
+                           "there (transpose(1, 2) back to [B, T, H, d_k] first)" if merge == "no-transpose"
+                           else messages["strided"])
         else:
             message = "one head works, several do not: check how you split the width into heads and merge them back"
         raise _stage(5, "the head split", message)
@@ -360,8 +366,8 @@ def _check_mha(multi_head_attention, check: Check) -> None:
                                                                f"not {list(want.shape)}")
             diff = (got - want).abs().max().item()
             raise _stage(6, "torch.nn.MultiheadAttention", f"for {label} your output differs from torch's by up to "
-                                                           f"{diff:.2g} "
-                         "(allowed: 1e-5); is some step computed in lower precision, or with an approximation?")
+                                                           f"{diff:.2g} (allowed: 1e-5); is some step computed in "
+                                                           "lower precision, or with an approximation?")
 
 
 register(Exercise(

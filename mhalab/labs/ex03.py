@@ -108,8 +108,7 @@ def _batch_mistakes(c: dict, seq_len: int, memory: int, nbytes: int) -> list[tup
     right = _per_sequence(c, seq_len, nbytes)
     return [
         (fit(right * c["n_heads"] // c["n_kv_heads"]), "that is the batch for full multi-head attention, with a key "
-                                                       "and "
-                                                       "a value for every query head; here only the K/V heads are "
+                                                       "and a value for every query head; here only the K/V heads are "
                                                        "cached"),
         (fit(right // 2), "both the keys and the values are cached (a factor 2)"),
         (fit(right // c["n_layers"]), "every layer keeps its own cache"),
@@ -130,7 +129,9 @@ def _batch_cases(check: Check) -> list[tuple[str, dict, int, int, int]]:
         for _ in range(2):
             kv = r.choice([1, 2, 4, 8])
             heads, d_head = kv * r.choice([1, 2, 4]), r.choice([32, 64, 80, 128])
-            config = dict(n_layers=r.randint(2, 60), d_model=heads * d_head, n_heads=heads, n_kv_heads=kv, d_head=d_head)
+            config = dict(
+                n_layers=r.randint(2, 60), d_model=heads * d_head, n_heads=heads, n_kv_heads=kv, d_head=d_head
+            )
             cases.append(("drawn", config, r.randint(64, 16384), r.randint(10**8, 8 * 10**10), r.choice([1, 2, 4])))
     return cases
 
@@ -215,25 +216,25 @@ def _check_gqa(gqa_attention, check: Check) -> None:
         label = f"x {list(x.shape)}, n_heads={H}, n_kv_heads={G}"
         got = check.call(gqa_attention, *case, label=label)
         judge(got, _gqa_reference(*case), f"gqa_attention({label})", lambda: {
-            "a query sees keys after it: token-by-token decoding only ever has the past in its cache (mask the future)":
-                _gqa_forward(*case, causal=False),
+            "a query sees keys after it: token-by-token decoding only ever has the past in its cache (mask the "
+            "future)": _gqa_forward(*case, causal=False),
             "query heads are paired with the wrong K/V heads: the cache stores consecutive query heads' shared head "
             "once (head i uses K/V head i // (n_heads // n_kv_heads)), and .repeat cycles through them instead":
                 _gqa_forward(*case, interleave=False),
             "the scores are not scaled by 1/sqrt(d_k)": _gqa_forward(*case, scale=False),
-            "the heads are merged in the wrong order: bring the head axis back next to d_k before reshaping to [B, T, "
-            "H * d_k]":
-                _gqa_forward(*case, merge=False),
-            "W_O is missing: the concatenated heads still go through the output projection": _gqa_forward(*case, out=False),
+            "the heads are merged in the wrong order: bring the head axis back next to d_k before reshaping to "
+            "[B, T, H * d_k]": _gqa_forward(*case, merge=False),
+            "W_O is missing: the concatenated heads still go through the output projection":
+                _gqa_forward(*case, out=False),
             "Q and K are swapped: the scores are q kᵀ, each query against the keys of the past (x @ W_Q for the "
             "queries, x @ W_K for the keys)": _gqa_forward(*case, swapped=True),
             "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last "
-            "axis":
-                _gqa_forward(*case, over=-2),
+            "axis": _gqa_forward(*case, over=-2),
             "a query does not see its own key: the causal mask allows keys j <= i, the diagonal included":
                 _gqa_forward(*case, itself=False),
             "the keys are shared right but the values with .repeat, which cycles through the K/V heads: share both "
-            "with repeat_interleave (head i uses K/V head i // (n_heads // n_kv_heads))": _gqa_forward(*case, values_cycle=True),
+            "with repeat_interleave (head i uses K/V head i // (n_heads // n_kv_heads))":
+                _gqa_forward(*case, values_cycle=True),
         }, note=" (compared with decoding token by token through a KV cache)")
 
 

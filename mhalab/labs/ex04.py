@@ -60,8 +60,7 @@ def _check_look_back(look_back_qk, check: Check) -> None:
                 raise Wrong(f"for {case} the queries look forward (query {i} peaks at key {peak}): turn them the other "
                             "way"
                             + ("; or, if you built them right, your Q and K are swapped: return (Q, K), the queries "
-                               "first "
-                               "(row i of (Q @ K.T).softmax(-1) is query i's weights)" if swapped else ""))
+                               "first (row i of (Q @ K.T).softmax(-1) is query i's weights)" if swapped else ""))
             if peak == i:
                 raise Wrong(f"for {case} query {i} peaks at its own key, not at key {i - offset}")
             raise Wrong(f"for {case} query {i} peaks at key {peak}, not at key {i - offset}: are all {T} keys in "
@@ -177,7 +176,11 @@ def _choose_cases(check: Check) -> tuple[list, list]:
     if check.grading:
         r = check.rng(43)
         for _ in range(3):
-            case = (r.choice([24, 36, 48, 60, 64, 72, 96, 120, 128, 192, 256, 384]), r.randint(1, 12), r.choice([2, 4, 8, 16, 32]))
+            case = (
+                r.choice([24, 36, 48, 60, 64, 72, 96, 120, 128, 192, 256, 384]),
+                r.randint(1, 12),
+                r.choice([2, 4, 8, 16, 32]),
+            )
             try:
                 _choose_reference(*case)
                 possible.append(case)
@@ -190,8 +193,8 @@ def _check_choose(choose_heads, check: Check) -> None:
     possible, impossible = _choose_cases(check)
     for d_model, n_relations, min_d_k in possible:
         case = f"d_model={d_model}, n_relations={n_relations}, min_d_k={min_d_k}"
-        h = expect_whole(check.call(choose_heads, d_model, n_relations, min_d_k, label=case), "the head count for "
-                                                                                              f"{case}")
+        got = check.call(choose_heads, d_model, n_relations, min_d_k, label=case)
+        h = expect_whole(got, f"the head count for {case}")
         if h < 1 or d_model % h:
             raise Wrong(f"for {case} your head count does not divide d_model, so d_k = d_model / h is not whole")
         if h < n_relations:

@@ -44,7 +44,9 @@ def _models(check: Check):
 
 def _with_hook(model, tokens, layer, edit):
     with torch.no_grad():
-        return model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", lambda z, hook: edit(z.clone()))])
+        return model.run_with_hooks(
+            tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", lambda z, hook: edit(z.clone()))]
+        )
 
 
 def _zeroed(heads):
@@ -72,18 +74,20 @@ def _check_ablate(ablate_head, check: Check) -> None:
             leaked = check.observe("model_changed")
             if leaked:
                 raise Wrong(f"ablate_head({label}): after your function returned, the model still runs with a head "
-                            "off. "
-                            "Remove the hook when you are done (model.run_with_hooks and model.hooks do it for you)")
+                            "off. Remove the hook when you are done (model.run_with_hooks and model.hooks do it for "
+                            "you)")
             others = [h for h in range(H) if h != head]
             judge(got, _ablate_reference(model, tokens, layer, head), f"ablate_head({label})", lambda: {
                 "nothing changed: the result is the intact model's. Does your hook return the new z (or change it in "
                 f"place), and is it on blocks.{layer}.attn.hook_z?": clean,
                 "you zeroed a query position, not a head: z is [batch, query, head, d_head]":
                     _with_hook(model, tokens, layer, lambda z: (z.__setitem__((slice(None), head), 0.0), z)[1]),
-                "that switches off every head of the layer, not one": _with_hook(model, tokens, layer, _zeroed(list(range(H)))),
-                "that switches off every head of the layer except the one asked": _with_hook(model, tokens, layer, _zeroed(others)),
-                **{f"that switches off head {head} of layer {other}, not of layer {layer}": _ablate_reference(model, tokens, other, head)
-                   for other in range(N) if other != layer},
+                "that switches off every head of the layer, not one":
+                    _with_hook(model, tokens, layer, _zeroed(list(range(H)))),
+                "that switches off every head of the layer except the one asked":
+                    _with_hook(model, tokens, layer, _zeroed(others)),
+                **{f"that switches off head {head} of layer {other}, not of layer {layer}":
+                   _ablate_reference(model, tokens, other, head) for other in range(N) if other != layer},
             })
 
 

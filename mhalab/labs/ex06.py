@@ -17,7 +17,12 @@ def _causal_reference(n_queries: int, n_keys: int) -> torch.Tensor:
 
 def _diagonal_miss(got, want: torch.Tensor) -> str | None:
     """What is off when ``got`` is the lower triangle of ``want``'s shape starting at another diagonal."""
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != torch.bool or torch.equal(got, want):
+    if (
+        not isinstance(got, torch.Tensor)
+        or got.shape != want.shape
+        or got.dtype != torch.bool
+        or torch.equal(got, want)
+    ):
         return None
     L, S = want.shape
     for k, why in ((S - L + 1, "each query also sees the key just after it; query i may see keys j <= i + "
@@ -45,7 +50,11 @@ def _check_causal(causal_allowed, check: Check) -> None:
     for L, S in [(3, 7), (1, 6)] + ([(r.randint(1, 5), r.randint(6, 12)) for _ in range(2)] if check.grading else []):
         label = f"n_queries={L}, n_keys={S} ({S - L} tokens already cached)"
         got = check.call(causal_allowed, L, S, label=label)
-        if isinstance(got, torch.Tensor) and got.shape == (L, S) and torch.equal(got.bool(), torch.ones(L, S, dtype=torch.bool).tril()):
+        if (
+            isinstance(got, torch.Tensor)
+            and got.shape == (L, S)
+            and torch.equal(got.bool(), torch.ones(L, S, dtype=torch.bool).tril())
+        ):
             raise Wrong(f"causal_allowed({label}): your mask lines the queries up with the first keys; they are the "
                         f"*last* {L} positions, so query i sits at position {S - L} + i and may see the cached tokens "
                         "too")
@@ -103,13 +112,16 @@ def _shape_miss(use: str, shape: tuple, want: tuple, src_len: int, tgt_len: int)
         role, side = ("query", "queries") if axis == 2 else ("key", "keys")
         source = _SIDES[use][axis - 2]
         length = "src_len" if source == "source" else "tgt_len"
-        return f"the {role} axis has {got} entries; the {side} of {_NAMES[use]} come from the {source}, of length {length}"
+        return (
+            f"the {role} axis has {got} entries; the {side} of {_NAMES[use]} come from the {source}, of length {length}"
+        )
     return "the layout is [batch, head, query, key]"
 
 
 def _check_layout(attention_layout, check: Check) -> None:
     r = check.rng(61)
-    fresh = [(r.randint(1, 8), r.randint(1, 16), r.randint(2, 30), r.randint(2, 30)) for _ in range(2)] if check.grading else []
+    drawn = [(r.randint(1, 8), r.randint(1, 16), r.randint(2, 30), r.randint(2, 30)) for _ in range(2)]
+    fresh = drawn if check.grading else []
     for batch, n_heads, src_len, tgt_len in [(2, 8, 11, 5), (3, 4, 6, 9), (1, 1, 7, 7)] + fresh:
         text = f"batch={batch}, n_heads={n_heads}, src_len={src_len}, tgt_len={tgt_len}"
         got = check.call(attention_layout, batch, n_heads, src_len, tgt_len, label=text)
@@ -182,8 +194,8 @@ def _check_count(attention_operations, check: Check) -> None:
         got = check.call(attention_operations, n_heads, enc, dec, label=label)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise Wrong(f"return a pair (operations, sequential_steps), got {got!r} for {label}"[:300])
-        got_ops, got_steps = expect_whole(got[0], f"operations for {label}"), expect_whole(got[1], "sequential steps "
-                                                                                                   f"for {label}")
+        got_ops = expect_whole(got[0], f"operations for {label}")
+        got_steps = expect_whole(got[1], f"sequential steps for {label}")
         ops, steps = _count_reference(n_heads, enc, dec)
         if got_ops != ops:
             raise Wrong(f"operations for {label}: got {got_ops:,}; " + (name_miss(got_ops, [

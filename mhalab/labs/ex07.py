@@ -198,7 +198,8 @@ def _check_gap(paraphrase_gap, check: Check) -> None:
             "that uses only the entries above the diagonal; the matrix is not symmetric (row i is the first sentence "
             "of pair i, column j the second of pair j), so every off-diagonal entry is a mismatched pair":
                 float(D.diagonal().mean() - upper.sum() / (n * (n - 1) / 2)),
-            "that is the mean similarity of the true pairs alone; subtract the mismatched pairs' mean": float(D.diagonal().mean()),
+            "that is the mean similarity of the true pairs alone; subtract the mismatched pairs' mean":
+                float(D.diagonal().mean()),
         })
 
 

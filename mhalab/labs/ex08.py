@@ -146,7 +146,8 @@ def _check_induction(induction_from_cache, check: Check) -> None:
             "number (cache[f'blocks.{i}.attn.hook_pattern'] for i in range(n_layers))": by_name,
             "that is the attention to the earlier copy of the *same* token (q - L), a duplicate-token score; an "
             "induction head looks at the token *after* it, q - L + 1": score(L, second),
-            "that is the token two after the earlier copy (q - L + 2); the induction target is q - L + 1": score(L - 2, second),
+            "that is the token two after the earlier copy (q - L + 2); the induction target is q - L + 1":
+                score(L - 2, second),
             "the queries should be the second copy only (positions L+1 .. 2L): the first copy has nothing earlier to "
             "copy from (and q - L + 1 < 0 there wraps around to the end)": score(L - 1, list(range(1, 2 * L + 1))),
             "the second copy starts at position L + 1 (position 0 is the start token): the queries are L+1 .. 2L":
@@ -314,9 +315,8 @@ def _check_second_copy(second_copy_loss, check: Check) -> None:
                                    f"[batch, position, {H}, d_head] at blocks.{{layer}}.attn.hook_z") from None
             if check.observe("model_changed"):
                 raise Wrong(f"{stage}, second_copy_loss({label}): after your function returned, the model still runs "
-                            "with "
-                            "heads off. Remove the hooks when you are done (model.run_with_hooks and model.hooks do it "
-                            "for you)")
+                            "with heads off. Remove the hooks when you are done (model.run_with_hooks and model.hooks "
+                            "do it for you)")
             want = _second_copy_reference(model, tokens, heads, L)
             judge(got, want, f"{stage}, second_copy_loss({label})", lambda: {
                 "that is the loss over the whole sequence; the in-context loss is on the second copy only "
@@ -340,9 +340,8 @@ register(Exercise(
     "08", 3, "switch heads off and measure the in-context loss",
     _check_second_copy,
     hint=["The sequence is [start, copy, copy] with L tokens per copy. The logits at position p predict token p + 1, "
-          "so "
-          "the second copy (tokens L+1 .. 2L) is predicted from positions L .. 2L-1: the in-context loss is the mean "
-          "cross-entropy there.",
+          "so the second copy (tokens L+1 .. 2L) is predicted from positions L .. 2L-1: the in-context loss is the "
+          "mean cross-entropy there.",
           "To switch off (layer, head), zero z[:, :, head] at blocks.{layer}.attn.hook_z (z: [batch, position, head, "
           "d_head]). Heads may come from several layers: give model.run_with_hooks one (name, hook) pair per layer, "
           "or one hook that reads the layer from hook.name."],

@@ -41,7 +41,9 @@ def _qk_cases(check: Check) -> list:
         g = r.choice([1, 2])
         config = dict(d_vocab=9, d_model=r.choice([16, 24]), n_heads=2 * g, n_key_value_heads=g,
                       d_head=r.choice([3, 5]), n_layers=2, n_ctx=8, causal=True, bias=False)
-        cases.append(("a model drawn for this grading", check.hidden_model(config, 105), r.randrange(2), r.randrange(2 * g)))
+        cases.append(
+            ("a model drawn for this grading", check.hidden_model(config, 105), r.randrange(2), r.randrange(2 * g))
+        )
     return cases
 
 
@@ -217,8 +219,7 @@ register(Exercise(
     "10", 3, "one head's direct logit attribution",
     _check_dla,
     hint=["The final norm divides the whole residual, this head's output included, by scale; W_U then makes the "
-          "logits. "
-          "So the head's direct share of the logits is (result / scale) @ W_U.",
+          "logits. So the head's direct share of the logits is (result / scale) @ W_U.",
           "Only the logit difference is asked: project result / scale on W_U[:, right] - W_U[:, wrong] "
           "(W_U.T[right] - W_U.T[wrong] is [batch, pos, d_model]) and sum over d_model."],
     solution=(
