@@ -10,8 +10,8 @@ from pathlib import Path
 import nbformat
 import torch
 
-from mhalab.labs.checks import check_calls, expect_equal, grading, rng
-from mhalab.labs.core import Exercise, register
+from mhalab.labs.checks import expect_equal
+from mhalab.labs.core import Check, Exercise, register
 
 
 def _double(x):
@@ -22,21 +22,21 @@ def _causal(n):
     return torch.ones(n, n, dtype=torch.bool).tril()
 
 
-def _double_cases():
+def _double_cases(check: Check):
     """Fixed cases, and when grading one drawn fresh (as the course's exercises do)."""
-    return [(3,), (-7,), (0.5,)] + ([(round(rng(1).uniform(-100, 100), 3),)] if grading() else [])
+    return [(3,), (-7,), (0.5,)] + ([(round(check.rng(1).uniform(-100, 100), 3),)] if check.grading else [])
 
 
 register(Exercise(
-    "99", 1, "double a number", lambda answer: check_calls(answer, _double_cases(), _double),
+    "99", 1, "double a number", lambda answer, check: check.calls(answer, _double_cases(check), _double),
     hint="Multiply by two.", solution="def double(x):\n    return 2 * x", reference=_double,
 ))
 register(Exercise(
-    "99", 2, "a head count", lambda answer: expect_equal(answer, 4, "n_heads"),
+    "99", 2, "a head count", lambda answer, check: expect_equal(answer, 4, "n_heads"),
     hint=["It is a small power of two.", "Between 2 and 8."], solution="n_heads = 4", reference=4,
 ))
 register(Exercise(
-    "99", 3, "a causal mask of size 5", lambda answer: expect_equal(answer, _causal(5), "mask"),
+    "99", 3, "a causal mask of size 5", lambda answer, check: expect_equal(answer, _causal(5), "mask"),
     hint="torch.tril keeps the lower triangle.", solution="mask = torch.ones(5, 5, dtype=torch.bool).tril()",
     reference=_causal(5),
 ))
@@ -57,24 +57,34 @@ def answer_meta(grade_id: str, markdown: bool = False) -> dict:
     return {**meta, "points": 0} if markdown else meta
 
 
-def synthetic_notebook(*, answers: dict[str, str] | None = None, extra: dict[int, str] | None = None) -> nbformat.NotebookNode:
+def synthetic_notebook(
+    *, answers: dict[str, str] | None = None, extra: dict[int, str] | None = None
+) -> nbformat.NotebookNode:
     """A small solution notebook with the course's exercise layout (exercises of notebook "99").
 
     ``answers`` replaces solution bodies ({"double": "return x + 2"}); ``extra`` inserts code cells
     before the given cell index.
     """
-    answers = {"double": "return 2 * x", "n_heads": "n_heads = 4", "mask": "mask = torch.ones(5, 5, dtype=torch.bool).tril()", **(answers or {})}
+    answers = {
+        "double": "return 2 * x",
+        "n_heads": "n_heads = 4",
+        "mask": "mask = torch.ones(5, 5, dtype=torch.bool).tril()",
+        **(answers or {}),
+    }
     v4 = nbformat.v4
     cells = [
         v4.new_markdown_cell("# Notebook 99: a fixture"),
         v4.new_code_cell("import torch\nx = 21\nprint('twice x is', 2 * x)"),
         v4.new_markdown_cell("## Exercises"),
-        v4.new_code_cell(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\ntry:\n    import labs_fixture  # registers notebook 99's exercises\n"
+        v4.new_code_cell(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\ntry:\n    import labs_fixture  # registers "
+                         "notebook 99's exercises\n"
                          "except ImportError:  # a grading kernel refuses it (the grader judges there)\n    pass\n"
                          "from mhalab import labs\n\nq1, q2, q3 = labs.load(\"99\")"),
-        v4.new_code_cell(f"def double(x):\n    \"\"\"Twice x.\"\"\"\n    ### BEGIN SOLUTION\n    {answers['double']}\n    ### END SOLUTION\n\nq1.check(double)"),
+        v4.new_code_cell("def double(x):\n    \"\"\"Twice x.\"\"\"\n    ### BEGIN SOLUTION\n    "
+                         f"{answers['double']}\n    ### END SOLUTION\n\nq1.check(double)"),
         v4.new_code_cell(f"### BEGIN SOLUTION\n{answers['n_heads']}\n### END SOLUTION\nq2.check(n_heads)"),
-        v4.new_markdown_cell("Why is that a good choice?\n\n### BEGIN SOLUTION\nBecause the width divides evenly.\n### END SOLUTION"),
+        v4.new_markdown_cell("Why is that a good choice?\n\n### BEGIN SOLUTION\nBecause the width divides evenly.\n### "
+                             "END SOLUTION"),
         v4.new_code_cell(f"### BEGIN SOLUTION\n{answers['mask']}\n### END SOLUTION\nq3.check(mask)"),
     ]
     for index, grade_id in ((4, "ex99-1-answer"), (5, "ex99-2-answer"), (6, "ex99-2-written"), (7, "ex99-3-answer")):
@@ -96,11 +106,24 @@ FORGED = ("import mhalab.labs as L\nL.Exercise.check = lambda self, answer: None
 CLASS_KINDS = {  # kind: (how the submission is made, the total it must get, how many of them)
     "correct": (lambda: synthetic_notebook(), 3, 8),
     "partly_wrong": (lambda: synthetic_notebook(answers={"double": "return x + 2"}), 2, 5),
-    "all_wrong": (lambda: synthetic_notebook(answers={"double": "return x", "n_heads": "n_heads = 3",
-                                                      "mask": "mask = torch.ones(5, 5, dtype=torch.bool)"}), 0, 3),
+    "all_wrong": (
+        lambda: synthetic_notebook(
+            answers={
+                "double": "return x",
+                "n_heads": "n_heads = 3",
+                "mask": "mask = torch.ones(5, 5, dtype=torch.bool)",
+            }
+        ),
+        0,
+        3,
+    ),
     "raising": (lambda: synthetic_notebook(answers={"double": "return x.nope"}), 2, 2),
-    "crashing": (lambda: _prepend(synthetic_notebook(), 5, CRASH), 1, 3),     # the kernel dies in 99.2: 99.1 keeps its point
-    "endless": (lambda: _prepend(synthetic_notebook(), 4, ENDLESS), 2, 3),    # interrupted: 99.1 never handed in
+    "crashing": (
+        lambda: _prepend(synthetic_notebook(), 5, CRASH),
+        1,
+        3,
+    ),  # the kernel dies in 99.2: 99.1 keeps its point
+    "endless": (lambda: _prepend(synthetic_notebook(), 4, ENDLESS), 2, 3),  # interrupted: 99.1 never handed in
     "stubborn": (lambda: _prepend(synthetic_notebook(), 7, STUBBORN), 2, 2),  # ignores the interrupt: killed in 99.3
     "forged": (lambda: _prepend(synthetic_notebook(), 4, FORGED), 0, 3),
     "relabelled": (lambda: _relabel(synthetic_notebook(), "ex01"), 0, 3),

@@ -12,16 +12,17 @@ from __future__ import annotations
 import logging
 import re
 import sys
-
-import pytest
-import torch
+import threading
 
 import labs_fixture  # noqa: F401  (registers notebook "99"'s exercises)
+import pytest
+import torch
+from labs_corpus import CORPUS
+
 import mhalab
 import mhalab.labs as labs
-from labs_corpus import CORPUS
 from mhalab.labs import core
-from mhalab.labs.checks import check_calls, expect_close, expect_equal, expect_shape, expect_whole
+from mhalab.labs.checks import expect_close, expect_equal, expect_shape, expect_whole
 
 EXERCISES = [ex for nb in labs.available_notebooks() for ex in labs.load(nb)]
 IDS = [ex.key for ex in EXERCISES]
@@ -103,7 +104,9 @@ def test_cases_tell_the_mistakes_apart():
     config = ex03._CONFIGS[name]
     values = [v for v, _ in ex03._batch_mistakes(config, seq_len, memory, nbytes)]
     assert len(set(values)) == len(values) and ex03._largest_batch(config, seq_len, memory, nbytes) not in values
-    for case in ex03._gqa_cases()[:1]:  # 03.3: the first case tells every mistake apart (later ones have groups of one)
+    for case in ex03._gqa_cases(core.Check())[
+        :1
+    ]:  # 03.3: the first case tells every mistake apart (later ones have groups of one)
         outputs = [ex03._gqa_forward(*case)] + [ex03._gqa_forward(*case, **{flag: False})
                                                 for flag in ("causal", "interleave", "scale", "merge", "out")]
         for i, a in enumerate(outputs):
@@ -111,7 +114,11 @@ def test_cases_tell_the_mistakes_apart():
                 assert a.shape != b.shape or not torch.allclose(a, b, rtol=1e-3, atol=1e-4), case[-2:]
     for case in ex03._COST_CASES[:1]:  # a systematic mistake is named at the first case (h = 1 merges some later)
         for name, mistakes in ex03._cost_mistakes(*case).items():
-            values = [v for v, _ in mistakes if v != dict(zip(("d_k", "parameters", "kv_cache"), labs.exercise("03", 1).reference(*case)))[name]]
+            values = [
+                v
+                for v, _ in mistakes
+                if v != dict(zip(("d_k", "parameters", "kv_cache"), labs.exercise("03", 1).reference(*case)))[name]
+            ]
             assert len(set(values)) == len(values), (case, name)
 
 
@@ -144,10 +151,16 @@ def test_missing_and_crashing_answers():
 def test_calling_the_reference_scores_zero_but_every_other_helper_is_fair():
     q1 = labs.exercise("01", 1)
     status, message = q1.verdict(lambda Q, K, V: q1.reference(Q, K, V))
-    assert status == core.FAILED and "course's own reference or checker (`mhalab.labs.ex01._attention_reference`)" in message
+    assert (
+        status == core.FAILED
+        and "course's own reference or checker (`mhalab.labs.ex01._attention_reference`)" in message
+    )
     # the course's library and torch are fair wherever the prompt forbids nothing (issue 22's eight refusals)
     assert q1.verdict(lambda Q, K, V: mhalab.scaled_dot_product_attention(Q, K, V)[0]) == (core.PASSED, "correct.")
-    assert labs.exercise("05", 3).verdict(lambda a: mhalab.head_roles.previous_token_score(a[None])[0]) == (core.PASSED, "correct.")
+    assert labs.exercise("05", 3).verdict(lambda a: mhalab.head_roles.previous_token_score(a[None])[0]) == (
+        core.PASSED,
+        "correct.",
+    )
 
 
 def test_importing_an_mhalab_module_is_not_calling_the_course_code(monkeypatch):
@@ -190,15 +203,73 @@ def test_an_exercise_may_permit_running_some_mhalab_code_but_not_the_part_it_ask
 
 
 def test_a_checker_bug_is_not_the_learners_error(caplog):
-    def buggy(answer):
-        check_calls(answer, [(3,)], lambda x: x)
+    def buggy(answer, check):
+        check.calls(answer, [(3,)], lambda x: x)
         raise KeyError("oops")  # a bug in the checker, after the learner's answer returned
 
     ex = core.Exercise("98", 1, "buggy", buggy, hint="h", solution="def f(x):\n    return x", reference=None)
     with caplog.at_level(logging.ERROR, logger="mhalab.labs"):
         status, message = ex.verdict(lambda x: x)
-    assert status == core.BROKEN and "f(3), which returned an int (3)" in message and "not necessarily in your answer" in message
+    assert (
+        status == core.BROKEN
+        and "f(3), which returned an int (3)" in message
+        and "not necessarily in your answer" in message
+    )
     assert "KeyError: 'oops'" in caplog.text
+
+
+def _drawing_exercise(number: int, drawn: list) -> core.Exercise:
+    """A test exercise whose checker draws a hidden input, calls the answer on it, then draws another: it records
+    (seed, both inputs)."""
+    def checker(answer, check):
+        before = torch.randn(3, generator=check.generator(1))
+        check.calls(answer, [(before,)], lambda x: x)
+        after = torch.randn(3, generator=check.generator(2))  # while another check may have started meanwhile
+        drawn.append((check.seed, torch.cat([before, after])))
+
+    return core.Exercise("98", number, "draws", checker, hint="h", solution="def f(x):\n    return x", reference=None)
+
+
+def test_fresh_inputs_differ_between_grading_runs_but_not_between_checks():
+    drawn = []
+    ex = _drawing_exercise(2, drawn)
+
+    def draw(seed):
+        assert ex.verdict(lambda x: x, seed=seed) == (core.PASSED, "correct.")
+        return drawn[-1][1][:3]
+
+    assert torch.equal(draw(None), draw(None)) and not torch.equal(draw(11), draw(12))
+
+
+def test_checks_running_at_once_in_two_threads_draw_their_own_hidden_inputs():
+    """Two checks in flight together (each waits for the other inside the learner's code), with different
+    seeds, each draw and judge on the inputs of their own seed: the seed travels with the check, not the thread."""
+    alone = {}
+    for seed in (11, 12):
+        drawn = []
+        _drawing_exercise(3, drawn).verdict(lambda x: x, seed=seed)
+        alone[seed] = drawn[0][1]
+    assert not torch.equal(alone[11], alone[12])
+    both_inside = threading.Barrier(2, timeout=60)
+    drawn, got, verdicts = [], {}, {}
+    ex = _drawing_exercise(3, drawn)
+
+    def run(seed):
+        def answer(x):
+            got[seed] = x.clone()
+            both_inside.wait()  # the other check is in flight now: it has drawn its first input too
+            return x
+        verdicts[seed] = ex.verdict(answer, seed=seed)
+
+    threads = [threading.Thread(target=run, args=(seed,)) for seed in (11, 12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert verdicts == {11: (core.PASSED, "correct."), 12: (core.PASSED, "correct.")}
+    assert sorted(seed for seed, _ in drawn) == [11, 12]
+    for seed, x in drawn:
+        assert torch.equal(x, alone[seed]) and torch.equal(got[seed], alone[seed][:3]), seed
 
 
 def test_strict_mode_raises_on_failure(monkeypatch):
@@ -273,4 +344,4 @@ def test_messages_say_direction_magnitude_shape_transpose_and_scale():
     assert "inverted" in _wrong(expect_equal, ~causal, causal, "mask")
     assert "boolean" in _wrong(expect_equal, causal.float(), causal, "mask")
     assert "2 dimensions instead of 3" in _wrong(expect_shape, torch.zeros(2, 7), (2, 7, 1))
-    assert re.search(r"expected a function, got an int \(3\)", _wrong(check_calls, 3, [(1,)], lambda x: x))
+    assert re.search(r"expected a function, got an int \(3\)", _wrong(core.Check().calls, 3, [(1,)], lambda x: x))

@@ -20,14 +20,21 @@ def make(*, split="right", merge="right", scale="d_k", mask="causal", project_ou
             x, W_Q, W_K, W_V, W_O = (t.half() for t in (x, W_Q, W_K, W_V, W_O))
         B, T, D = x.shape
         H, dk = n_heads, D // n_heads
-        cut = {"right": lambda t: t.view(B, T, H, dk).transpose(1, 2), "no-transpose": lambda t: t.reshape(B, H, T, dk)}[split]
+        cut = {
+            "right": lambda t: t.view(B, T, H, dk).transpose(1, 2),
+            "no-transpose": lambda t: t.reshape(B, H, T, dk),
+        }[split]
         q, k, v = cut(x @ W_Q.T), cut(x @ W_K.T), cut(x @ W_V.T)
         s = q @ k.transpose(-2, -1) / {"d_k": dk ** 0.5, "none": 1.0, "d_model": D ** 0.5}[scale]
-        allowed = {"causal": torch.ones(T, T).tril(), "none": torch.ones(T, T), "strict": torch.ones(T, T).tril(-1)}[mask].bool()
+        allowed = {"causal": torch.ones(T, T).tril(), "none": torch.ones(T, T), "strict": torch.ones(T, T).tril(-1)}[
+            mask
+        ].bool()
         z = s.float().masked_fill(~allowed, float("-inf")).softmax(-1).to(v.dtype) @ v
         if shape == "heads":
             return z
-        z = {"right": lambda z: z.transpose(1, 2).reshape(B, T, D), "no-transpose": lambda z: z.reshape(B, T, D)}[merge](z)
+        z = {"right": lambda z: z.transpose(1, 2).reshape(B, T, D), "no-transpose": lambda z: z.reshape(B, T, D)}[
+            merge
+        ](z)
         return (z @ W_O.T if project_out else z).float()
     return mha
 
@@ -43,7 +50,7 @@ BROKEN = {
 
 
 def test_the_reference_math_is_torchs():
-    x, weights = torch.randn(2, 7, 16), _weights(16, 1)
+    x, weights = torch.randn(2, 7, 16), _weights(core.Check(), 16, 1)
     assert torch.allclose(_mha(x, *weights, 4), _torch_mha(x, *weights, 4), atol=1e-10)
 
 

@@ -12,19 +12,18 @@ import subprocess
 import sys
 import time
 
+import labs_fixture
 import nbformat
 import pytest
-import torch
-
-import labs_fixture
-import mhalab.labs as labs
 from labs_corpus import CORPUS
 from labs_fixture import TESTS, synthetic_notebook  # also registers notebook "99"'s exercises
-from mhalab.labs import core
 from mhalab_grader.__main__ import main as labs_main
 from mhalab_grader.cells import student_version
 from mhalab_grader.grade import MISSING, NOT_CHECKED, grade, similarity
 from mhalab_grader.kernel import GradingKernel, _Handed
+
+import mhalab.labs as labs
+from mhalab.labs import core
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +83,11 @@ def test_grading_wrong_and_missing_answers(tmp_path, instructor):
 
     del nb.cells[5]  # no answer cell for 99.2 at all: 0 points, and the report says it is missing
     report = _grade(tmp_path, instructor, nb)
-    assert report.exercises[1].status == MISSING and report.missing == ["99.2"] and "No answer cell for 99.2" in report.format()
+    assert (
+        report.exercises[1].status == MISSING
+        and report.missing == ["99.2"]
+        and "No answer cell for 99.2" in report.format()
+    )
 
 
 def test_grading_survives_a_slow_cell_and_a_dead_kernel(tmp_path, instructor):
@@ -154,7 +157,8 @@ def test_cells_that_forge_outcomes_or_replace_the_recorder_score_zero(tmp_path, 
 def test_the_course_code_cannot_be_reached_from_an_answer(tmp_path, instructor):
     """Handing in the reference, importing it (setprofile(None) first), reading the solution text (directly or
     through a helper an earlier, non-answer cell defined) or the exercise module's file: 0 points."""
-    nb = synthetic_notebook(answers={"double": "import sys\n    sys.setprofile(None)\n    from mhalab.labs.ex01 import _attention_reference\n    return 2 * x",
+    nb = synthetic_notebook(answers={"double": "import sys\n    sys.setprofile(None)\n    from mhalab.labs.ex01 import "
+                                               "_attention_reference\n    return 2 * x",
                                      "n_heads": "n_heads = q2.reference",
                                      "mask": "exec(peek(q3))"})
     nb.cells[4].source += "\nq1.check(q1.reference)"
@@ -205,7 +209,10 @@ def test_the_grade_is_written_after_every_process_the_submission_started_is_gone
               "def double(x):\n    return 2 * x\nq1.check(double)")
     path = tmp_path / "99_forger.ipynb"
     nbformat.write(_student({"double": forger}), path)
-    assert labs_main(["grade", str(path), "--source", str(instructor.parent), "--json", str(out_json), "--timeout", "60"]) == 0
+    assert (
+        labs_main(["grade", str(path), "--source", str(instructor.parent), "--json", str(out_json), "--timeout", "60"])
+        == 0
+    )
     time.sleep(6)
     report = json.loads(out_json.read_text())
     assert report["score"] == 1, report
@@ -238,8 +245,11 @@ def test_the_assignment_comes_from_the_name_not_the_metadata(tmp_path, instructo
 def test_copying_the_published_code_is_flagged():
     q1 = labs.exercise("01", 1)
     assert similarity(q1.solution_text + "\n\nq1.check(attention)", q1) > 0.99
-    own = "def attention(Q, K, V):\n    w = torch.einsum('...ld,...sd->...ls', Q, K).div(Q.shape[-1] ** 0.5).softmax(-1)\n" \
-          "    return torch.einsum('...ls,...sd->...ld', w, V)\nq1.check(attention)"
+    own = (
+        "def attention(Q, K, V):\n    w = torch.einsum('...ld,...sd->...ls', Q, K).div(Q.shape[-1] ** "
+        "0.5).softmax(-1)\n"
+        "    return torch.einsum('...ls,...sd->...ld', w, V)\nq1.check(attention)"
+    )
     assert similarity(own, q1) < 0.9
 
 
@@ -283,19 +293,7 @@ def test_switching_off_the_watch_in_the_grading_kernel_is_flagged(kernel):
     q1 = labs.exercise("05", 1)
     kernel.run_cell("import sys, torch\nfrom mhalab.hooks import ablate_heads\n"
                     "def sneaky(model, tokens, layer, head):\n    sys.setprofile(None)\n"
-                    "    return model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{layer}.attn.hook_z', ablate_heads([head]))])")
+                    "    return model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{layer}.attn.hook_z', "
+                    "ablate_heads([head]))])")
     status, message = q1.verdict(_hand_in(kernel, "05.1", "sneaky"), remote=kernel, seed=7)
     assert status == core.FAILED and "sys.setprofile" in message
-
-
-def test_fresh_inputs_differ_between_grading_runs_but_not_between_checks():
-    from mhalab.labs.checks import generator
-
-    def draw(seed):
-        core._push(core._Session(seed=seed))
-        try:
-            return torch.randn(3, generator=generator(1))
-        finally:
-            core._LOCAL.stack.pop()
-
-    assert torch.equal(draw(None), draw(None)) and not torch.equal(draw(11), draw(12))

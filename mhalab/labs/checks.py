@@ -6,54 +6,23 @@ booleans exactly; a list may stand for a tuple. Messages say what is off without
 
 from __future__ import annotations
 
-import copy
 import math
-import random
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..hooks import ActivationCache
-from ..models import ModelConfig, Transformer
-from .calls import call_answer, describe, observe
-from .core import Wrong, session
+from .core import Wrong
+from .invoke import describe
 
 __all__ = [
-    "ATOL", "RTOL", "as_float64", "call_answer", "check_calls", "describe", "expect_close", "expect_equal",
-    "expect_shape", "expect_whole", "first_match", "generator", "grading", "hidden_model", "judge", "name_miss",
-    "observe", "pattern_cache", "previous_token_mistakes", "rng",
+    "ATOL", "RTOL", "as_float64", "describe", "expect_close", "expect_equal", "expect_shape", "expect_whole",
+    "first_match", "judge", "name_miss", "pattern_cache", "previous_token_mistakes",
 ]
 
 RTOL, ATOL = 1e-4, 1e-5
-
-
-def _stream(n: int) -> int:
-    seed = session().seed
-    return n if seed is None else (seed * 1_000_003 + n) % (2**63 - 1)
-
-
-def generator(n: int) -> torch.Generator:
-    """A torch.Generator for hidden inputs: seeded with ``n`` in ``q.check`` (the same cases every time), and
-    when grading with ``n`` mixed with the run's secret seed, so every grading run draws fresh inputs."""
-    return torch.Generator().manual_seed(_stream(n))
-
-
-def rng(n: int) -> random.Random:
-    """Like :func:`generator`, a ``random.Random`` for hidden sizes and counts."""
-    return random.Random(_stream(n))
-
-
-def hidden_model(config: Mapping[str, Any], seed: int, *, scale: float = 3.0) -> Transformer:
-    """A small :class:`mhalab.models.Transformer` for hidden inputs (``config``: ModelConfig's fields), in eval
-    mode, its weights drawn from :func:`generator` ``(seed)`` without touching the global random state, then
-    multiplied by ``scale``: larger than at initialisation, so that every head matters."""
-    with torch.random.fork_rng():
-        torch.manual_seed(generator(seed).initial_seed())
-        model = Transformer(ModelConfig(**config)).eval()
-        for p in model.parameters():
-            p.data.mul_(scale)
-    return model
 
 
 def previous_token_mistakes(patterns: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -63,7 +32,8 @@ def previous_token_mistakes(patterns: Sequence[torch.Tensor]) -> dict[str, torch
         return torch.stack([score(p) for p in patterns])
 
     return {
-        "that is the attention to the token itself (the diagonal); the previous token is the key just left of it, q - 1":
+        "that is the attention to the token itself (the diagonal); the previous token is the key just left of it, "
+        "q - 1":
             each(lambda p: p.diagonal(0, -2, -1).mean(dim=(0, 2))),
         "that is the attention to the *next* token (q + 1); the previous token is the key q - 1":
             each(lambda p: p.diagonal(1, -2, -1).mean(dim=(0, 2))),
@@ -86,11 +56,6 @@ def pattern_cache(patterns: Sequence[torch.Tensor]) -> ActivationCache:
     names_filter=<the hook_pattern points>)`` returns them: an :class:`~mhalab.hooks.ActivationCache` in layer
     order, read as ``cache["blocks.0.attn.hook_pattern"]`` or ``cache["pattern", 0]``."""
     return ActivationCache({f"blocks.{i}.attn.hook_pattern": p for i, p in enumerate(patterns)})
-
-
-def grading() -> bool:
-    """Whether the hidden inputs are drawn fresh (a grading run) rather than fixed (``q.check``)."""
-    return session().seed is not None
 
 
 def _magnitude(x: float) -> str:
@@ -172,11 +137,12 @@ def _structure(value: Any, expected: Any, name: str, compare: Callable[[Any, Any
             raise Wrong(f"{name} should be a dict, got {describe(value)}")
         missing, extra = [k for k in expected if k not in value], [k for k in value if k not in expected]
         if missing or extra:
-            parts = ([f"is missing the keys {missing}"] if missing else []) + ([f"has unexpected keys {extra}"] if extra else [])
+            parts = (([f"is missing the keys {missing}"] if missing else [])
+                     + ([f"has unexpected keys {extra}"] if extra else []))
             raise Wrong(f"{name} " + " and ".join(parts))
         pairs = [(value[k], expected[k], f"{name}[{k!r}]") for k in expected]
-    elif isinstance(expected, tuple) or (isinstance(expected, list)
-                                         and any(isinstance(e, (torch.Tensor, tuple, list, Mapping)) for e in expected)):
+    elif isinstance(expected, tuple) or (
+            isinstance(expected, list) and any(isinstance(e, (torch.Tensor, tuple, list, Mapping)) for e in expected)):
         if not isinstance(value, (tuple, list)):
             raise Wrong(f"{name} should be a tuple of {len(expected)} items, got {describe(value)}")
         if len(value) != len(expected):
@@ -227,17 +193,20 @@ def _tensor_miss(got: torch.Tensor, want: torch.Tensor, bad: torch.Tensor, name:
     scale = want[torch.isfinite(want)].abs().max().item() if torch.isfinite(want).any() else 0.0
     message = f"{int(bad.sum())} of {bad.numel()} entries of {name} are off (the first at index {_first_index(bad)})"
     if diff.numel():
-        message += f"; the largest difference is {diff.max().item():.3g}, where the expected values are {_magnitude(scale)}"
+        message += (f"; the largest difference is {diff.max().item():.3g}, where the expected values are "
+                    f"{_magnitude(scale)}")
     if _transposed(got, want, lambda g, w: _close(g, w).all()):
         message += ". It matches the expected result transposed (the last two dimensions swapped)"
     elif finite.all() and want.abs().max() > ATOL:
         ratio = (got * want).sum() / (want * want).sum()
         if ratio.abs() > 1e-6 and abs(ratio.item() - 1) > 1e-3 and _close(got, ratio * want).all():
-            message += f". It is the expected result times a constant factor of about {ratio.item():.3g} (a missing or extra scale?)"
+            message += (f". It is the expected result times a constant factor of about {ratio.item():.3g} (a missing "
+                        "or extra scale?)")
     return message
 
 
-def expect_close(value: Any, expected: Any, name: str = "your answer", *, rtol: float = RTOL, atol: float = ATOL) -> None:
+def expect_close(value: Any, expected: Any, name: str = "your answer", *, rtol: float = RTOL,
+                 atol: float = ATOL) -> None:
     """``value`` equals ``expected`` within the tolerance, compared in float64 (shape first; also in containers)."""
     if _structure(value, expected, name, lambda v, e, n: expect_close(v, e, n, rtol=rtol, atol=atol)):
         return
@@ -249,7 +218,8 @@ def expect_close(value: Any, expected: Any, name: str = "your answer", *, rtol: 
                     "inf - inf or a softmax over a row that is fully masked")
     bad = ~_close(got, want, rtol, atol)
     if bad.any():
-        raise Wrong(_scalar_miss(got.item(), want.item(), name) if want.dim() == 0 else _tensor_miss(got, want, bad, name))
+        raise Wrong(_scalar_miss(got.item(), want.item(), name) if want.dim() == 0
+                    else _tensor_miss(got, want, bad, name))
 
 
 def expect_equal(value: Any, expected: Any, name: str = "your answer") -> None:
@@ -296,7 +266,8 @@ def first_match(got: Any, candidates: Mapping[str, Any], *, rtol: float = RTOL, 
     return next((message for message, value in candidates.items() if close(value)), None)
 
 
-def judge(got: Any, want: Any, label: str, mistakes: Callable[[], Mapping[str, Any]] | None = None, *, note: str = "") -> None:
+def judge(got: Any, want: Any, label: str, mistakes: Callable[[], Mapping[str, Any]] | None = None, *,
+          note: str = "") -> None:
     """Pass when ``got`` is close to ``want``; else name the first of ``mistakes()`` (message -> value, built
     only for a wrong answer) it matches, else say how it differs (``note`` appended), after ``label``."""
     if first_match(got, {"": want}) is not None:
@@ -313,15 +284,3 @@ def judge(got: Any, want: Any, label: str, mistakes: Callable[[], Mapping[str, A
 def name_miss(got: Any, mistakes: Sequence[tuple[Any, str]]) -> str | None:
     """The message of the first (value, message) whose value equals ``got`` (numbers, by value)."""
     return next((message for value, message in mistakes if value == got), None)
-
-
-def check_calls(fn: Callable, cases: Iterable[tuple], reference: Callable, *,
-                compare: Callable[..., None] = expect_close) -> None:
-    """Call ``fn`` and ``reference`` on every case (positional arguments) and ``compare`` the results
-    (:func:`expect_close`, or :func:`expect_equal` for exact ones); the message names the failing input."""
-    for args in cases:
-        got = call_answer(fn, *args)
-        try:
-            compare(got, reference(*copy.deepcopy(args)), "the result")
-        except Wrong as wrong:
-            raise Wrong(f"{session().last_call[0]}: {wrong}") from None

@@ -1,5 +1,9 @@
 """The exercise machinery: an exercise is an object with check(), hint() and solution(), registered in exNN.py.
 
+Its checker is called as ``checker(answer, check)``: ``check`` (a :class:`Check`, one per verdict) is the only
+way the checker learns whether it is grading, draws its hidden inputs (``check.generator(n)``, ``check.rng(n)``)
+and runs the learner's code (``check.call(fn, *args)``).
+
 A checker exception that is not a :class:`Wrong` is the checker's bug: the learner is told so and the
 traceback goes to the ``mhalab.labs`` logger. With ``MHALAB_LABS_STRICT=1`` a failed check raises
 ``AssertionError`` (the tests use it so that nbval fails on it).
@@ -8,16 +12,22 @@ traceback goes to the ``mhalab.labs`` logger. With ``MHALAB_LABS_STRICT=1`` a fa
 from __future__ import annotations
 
 import ast
+import copy
 import importlib
 import logging
 import os
 import pkgutil
+import random
 import re
-import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
-__all__ = ["Wrong", "Exercise", "register", "exercise", "load", "available_notebooks"]
+import torch
+
+from ..models import ModelConfig, Transformer
+
+__all__ = ["Check", "Wrong", "Exercise", "register", "exercise", "load", "available_notebooks"]
 
 log = logging.getLogger("mhalab.labs")
 log.addHandler(logging.NullHandler())  # checker tracebacks are for instructors and tests, not printed to learners
@@ -36,34 +46,78 @@ class AnswerRaised(Wrong):
 
 
 @dataclass
-class _Session:
-    """What one check knows while it runs: the template, where the answer runs, and what its last call measured."""
+class Check:
+    """One run of an exercise's checker, ``checker(answer, check)``, made by :meth:`Exercise.verdict`: where the
+    answer runs, which hidden inputs to draw, and what the answer's last call measured. Every check has its own,
+    so checks running at the same time (a class graded in parallel) share nothing. ``Check()`` is ``q.check``'s."""
 
-    template: tuple[str, tuple[str, ...]] | None = None
+    template: tuple[str, tuple[str, ...]] | None = None  # the solution's def line: (name, parameters)
     remote: Any = None            # grading: the kernel the answer runs in (mhalab_grader.kernel.GradingKernel)
     key: str = ""                 # the exercise ("03.1")
     trusted: bool = False         # the course's own answers (tests): the reference may be handed in
     seed: int | None = None       # grading: hidden inputs drawn fresh from it (None: the fixed cases of q.check)
-    last_call: tuple[str, str] = ("your answer", "")
-    facts: dict = field(default_factory=dict)
+    last_call: tuple[str, str] = ("your answer", "")  # the last call's label, and what it returned (described)
+    facts: dict = field(default_factory=dict)         # measured during the last call: see observe
 
+    @property
+    def grading(self) -> bool:
+        """Whether the hidden inputs are drawn fresh (a grading run) rather than fixed (``q.check``)."""
+        return self.seed is not None
 
-_LOCAL = threading.local()  # one stack of sessions per thread: a class is graded in parallel
+    def _stream(self, n: int) -> int:
+        return n if self.seed is None else (self.seed * 1_000_003 + n) % (2**63 - 1)
 
+    def generator(self, n: int) -> torch.Generator:
+        """A torch.Generator for hidden inputs: seeded with ``n`` in ``q.check`` (the same cases every time), and
+        when grading with ``n`` mixed with the run's secret seed, so every grading run draws fresh inputs."""
+        return torch.Generator().manual_seed(self._stream(n))
 
-def session() -> _Session:
-    stack = getattr(_LOCAL, "stack", None)
-    return stack[-1] if stack else _Session()
+    def rng(self, n: int) -> random.Random:
+        """Like :meth:`generator`, a ``random.Random`` for hidden sizes and counts."""
+        return random.Random(self._stream(n))
 
+    def hidden_model(self, config: Mapping[str, Any], seed: int, *, scale: float = 3.0) -> Transformer:
+        """A small :class:`mhalab.models.Transformer` for hidden inputs (``config``: ModelConfig's fields), in eval
+        mode, its weights drawn from :meth:`generator` ``(seed)`` without touching the global random state, then
+        multiplied by ``scale``: larger than at initialisation, so that every head matters."""
+        with torch.random.fork_rng():
+            torch.manual_seed(self.generator(seed).initial_seed())
+            model = Transformer(ModelConfig(**config)).eval()
+            for p in model.parameters():
+                p.data.mul_(scale)
+        return model
 
-def _push(state: _Session) -> None:
-    if not hasattr(_LOCAL, "stack"):
-        _LOCAL.stack = []
-    _LOCAL.stack.append(state)
+    def call(self, fn: Callable, *args: Any, label: str | None = None, allow: tuple = (), copy_args: bool = True,
+             forbid: tuple = (), facts: tuple = ()) -> Any:
+        """The learner's ``fn(*args)``, called where this check runs it: :func:`mhalab.labs.calls.call_answer`."""
+        from .calls import call_answer  # (calls.py imports this module)
+
+        return call_answer(self, fn, *args, label=label, allow=allow, copy_args=copy_args, forbid=forbid, facts=facts)
+
+    def observe(self, name: str) -> Any:
+        """A fact measured during the learner's last call (``check.call(..., facts=(name,))``), where the call
+        ran: "shares_memory", "largest_bytes", "model_changed" (see :func:`mhalab.labs.invoke.invoke`)."""
+        if name not in self.facts:
+            raise KeyError(f"the fact {name!r} was not measured: pass facts=({name!r},) to check.call")
+        return self.facts[name]
+
+    def calls(self, fn: Callable, cases: Iterable[tuple], reference: Callable, *,
+              compare: Callable[..., None] | None = None) -> None:
+        """Call ``fn`` and ``reference`` on every case (positional arguments) and ``compare`` the results
+        (:func:`~mhalab.labs.checks.expect_close` by default, or ``expect_equal`` for exact ones); the message
+        names the failing input."""
+        from .checks import expect_close  # (checks.py imports this module)
+
+        for args in cases:
+            got = self.call(fn, *args)
+            try:
+                (compare or expect_close)(got, reference(*copy.deepcopy(args)), "the result")
+            except Wrong as wrong:
+                raise Wrong(f"{self.last_call[0]}: {wrong}") from None
 
 
 class Exercise:
-    """Exercise ``number`` of notebook ``notebook`` ("03"): ``checker(answer)`` raises :class:`Wrong`;
+    """Exercise ``number`` of notebook ``notebook`` ("03"): ``checker(answer, check)`` raises :class:`Wrong`;
     ``hint`` is one hint or a list given one at a time; the first ``def`` line of ``solution`` is the template
     the learner's function is called by; ``reference`` passes, but scores 0 when handed in."""
 
@@ -82,7 +136,8 @@ class Exercise:
         self._hints_shown = 0
 
     def _borrowed(self, answer: Any) -> str | None:
-        if answer is self.reference and (callable(answer) or not isinstance(answer, (bool, int, float, str, tuple, bytes))):
+        plain = isinstance(answer, (bool, int, float, str, tuple, bytes))  # a plain value is anyone's
+        if answer is self.reference and (callable(answer) or not plain):
             return "your answer is the course's own reference (q.reference); write the answer yourself"
         return None
 
@@ -96,23 +151,22 @@ class Exercise:
         borrowed = self._borrowed(answer) if not trusted else None
         if borrowed:
             return FAILED, borrowed
-        _push(_Session(self.template, remote, self.key, trusted, seed))
+        check = Check(self.template, remote, self.key, trusted, seed)
         try:
-            self.checker(answer)
+            self.checker(answer, check)
         except NotImplementedError:
-            return UNANSWERED, "no answer yet: your code still raises NotImplementedError; replace that line with your answer."
+            return UNANSWERED, ("no answer yet: your code still raises NotImplementedError; replace that line with "
+                                "your answer.")
         except AnswerRaised as raised:
             return ERROR, str(raised)
         except Wrong as wrong:
             return FAILED, str(wrong)
         except Exception:
-            label, returned = session().last_call
+            label, returned = check.last_call
             log.exception("checker of exercise %s failed", self.key)
             detail = f" on {label}, which returned {returned}" if returned else ""
             return BROKEN, (f"the checker could not judge your answer{detail}. That is a bug in the exercise, not "
                             "necessarily in your answer: please tell your instructor.")
-        finally:
-            _LOCAL.stack.pop()
         return PASSED, "correct."
 
     def check(self, answer: Any) -> None:
@@ -161,7 +215,8 @@ def load(notebook: str | int) -> tuple[Exercise, ...]:
         importlib.import_module(f"{__package__}.ex{text}")
     found = tuple(ex for (nb, _), ex in sorted(_REGISTRY.items()) if nb == text)  # also the tests' "99"
     if not found:
-        raise ValueError(f"there are no exercises for notebook {text!r}; notebooks with exercises: {available_notebooks()}")
+        raise ValueError(f"there are no exercises for notebook {text!r}; notebooks with exercises: "
+                         f"{available_notebooks()}")
     return found
 
 

@@ -7,8 +7,8 @@ import math
 import torch
 from torch import Tensor
 
-from .checks import as_float64, call_answer, expect_shape, first_match, generator
-from .core import Exercise, Wrong, register
+from .checks import as_float64, expect_shape, first_match
+from .core import Check, Exercise, Wrong, register
 
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -18,16 +18,21 @@ def _attention_reference(Q, K, V):
     return weights @ V  # [..., L, dv]
 
 
-def _attention_cases():
-    g = generator(1)
-    shapes = [((3, 4), (5, 4), (5, 2)), ((6, 16), (6, 16), (6, 16)), ((2, 4, 8), (2, 7, 8), (2, 7, 3)), ((1, 9), (4, 9), (4, 6))]
+def _attention_cases(check: Check):
+    g = check.generator(1)
+    shapes = [
+        ((3, 4), (5, 4), (5, 2)),
+        ((6, 16), (6, 16), (6, 16)),
+        ((2, 4, 8), (2, 7, 8), (2, 7, 3)),
+        ((1, 9), (4, 9), (4, 6)),
+    ]
     return [tuple(torch.randn(s, generator=g) * 1.5 for s in shape) for shape in shapes]
 
 
-def _check_attention(attention) -> None:
-    for Q, K, V in _attention_cases():
+def _check_attention(attention, check: Check) -> None:
+    for Q, K, V in _attention_cases(check):
         case = f"Q {list(Q.shape)}, K {list(K.shape)}, V {list(V.shape)}"
-        got = as_float64(call_answer(attention, Q, K, V, label=case), f"what attention({case}) returned")
+        got = as_float64(check.call(attention, Q, K, V, label=case), f"what attention({case}) returned")
         Q, K, V = Q.double(), K.double(), V.double()
         want = _attention_reference(Q, K, V)
         if tuple(got.shape) == tuple(Q.shape[:-1]) + (K.size(-2),) and got.shape != want.shape:
@@ -49,7 +54,8 @@ def _check_attention(attention) -> None:
                 (scores / math.sqrt(V.size(-1))).softmax(-1) @ V,
             "the output is divided by sqrt(d_k) after the softmax; the scale goes on the scores, before it":
                 scores.softmax(-1) @ V / math.sqrt(d_k),
-            "the weights are a sigmoid of the scores; attention's weights are a softmax over the keys, so they sum to 1":
+            "the weights are a sigmoid of the scores; attention's weights are a softmax over the keys, so they sum to "
+            "1":
                 (scores / math.sqrt(d_k)).sigmoid() @ V,
             "the weights are log-probabilities (log_softmax); attention weighs the values by the softmax itself":
                 (scores / math.sqrt(d_k)).log_softmax(-1) @ V,
@@ -81,11 +87,19 @@ register(Exercise(
 # ------------------------------------------------------------------------------------ exercise 2
 # (n_keys, d_k, j, weight): orthonormal keys, so every other key scores exactly 0. Two weights are below
 # 1/S, where key j must score *less* than the others.
-_AIM_CASES = [(5, 8, 2, 0.9), (10, 16, 0, 0.5), (3, 3, 1, 0.6), (5, 8, 3, 0.1), (6, 64, 5, 0.99), (4, 4, 1, 0.05), (2, 4, 1, 0.75)]
+_AIM_CASES = [
+    (5, 8, 2, 0.9),
+    (10, 16, 0, 0.5),
+    (3, 3, 1, 0.6),
+    (5, 8, 3, 0.1),
+    (6, 64, 5, 0.99),
+    (4, 4, 1, 0.05),
+    (2, 4, 1, 0.75),
+]
 
 
-def _orthonormal_keys(n_keys: int, d_k: int, seed: int) -> Tensor:
-    g = generator(100 + seed)
+def _orthonormal_keys(check: Check, n_keys: int, d_k: int, seed: int) -> Tensor:
+    g = check.generator(100 + seed)
     q, _ = torch.linalg.qr(torch.randn(d_k, d_k, generator=g, dtype=torch.float64))
     return q[:n_keys].float()  # [S, d_k]: orthonormal rows
 
@@ -96,11 +110,11 @@ def _aim_reference(K, j, weight):
     return K[j] * gap * math.sqrt(d_k)  # K[j] . K[j] = 1, K[i] . K[j] = 0
 
 
-def _check_aim(query_towards) -> None:
+def _check_aim(query_towards, check: Check) -> None:
     for seed, (S, d_k, j, weight) in enumerate(_AIM_CASES):
-        K = _orthonormal_keys(S, d_k, seed)
+        K = _orthonormal_keys(check, S, d_k, seed)
         case = f"{S} orthonormal keys of width d_k={d_k}, key j={j}, weight={weight}"
-        q = as_float64(call_answer(query_towards, K, j, weight, label=case), f"the query for {case}")
+        q = as_float64(check.call(query_towards, K, j, weight, label=case), f"the query for {case}")
         expect_shape(q, (d_k,), f"the query for {case} (one vector of width d_k)")
         K = K.double()
         scores = K @ q / math.sqrt(d_k)  # [S], after scaling

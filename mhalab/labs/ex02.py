@@ -5,18 +5,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import as_float64, call_answer, expect_shape, first_match, generator, grading, observe, rng
-from .core import Exercise, Wrong, register
+from .checks import as_float64, expect_shape, first_match
+from .core import Check, Exercise, Wrong, register
 
 # Hidden cases: (batch, tokens, d_model, n_heads). None of them is the notebook's example.
 _SPLIT_CASES = [(2, 5, 12, 3), (1, 1, 8, 8), (3, 4, 6, 1), (2, 3, 10, 5), (1, 7, 16, 4)]
 
 
-def _split_cases() -> list[tuple[int, int, int, int]]:
+def _split_cases(check: Check) -> list[tuple[int, int, int, int]]:
     """The fixed cases, and when grading two drawn fresh (so no table of answers can hold them)."""
-    if not grading():
+    if not check.grading:
         return list(_SPLIT_CASES)
-    r = rng(20)
+    r = check.rng(20)
     fresh = [(r.randint(1, 3), r.randint(2, 9), r.randint(2, 6)) for _ in range(2)]
     return list(_SPLIT_CASES) + [(B, T, H * r.randint(2, 5), H) for B, T, H in fresh]
 
@@ -27,30 +27,34 @@ def _numbered(*shape: int) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------ exercise 1
-def _check_split(split_heads) -> None:
-    for B, T, D, H in _split_cases():
+def _check_split(split_heads, check: Check) -> None:
+    for B, T, D, H in _split_cases(check):
         dk, case = D // H, f"x of shape [{B}, {T}, {D}] with n_heads={H}"
         x = _numbered(B, T, D)  # a fresh input per call, so the result can be compared with its memory
-        result = call_answer(split_heads, x, H, label=case, copy_args=False, facts=("shares_memory",))
-        view = observe("shares_memory")
-        got, want = as_float64(result, f"what split_heads({case}) returned"), _numbered(B, T, D).view(B, T, H, dk).transpose(1, 2)
+        result = check.call(split_heads, x, H, label=case, copy_args=False, facts=("shares_memory",))
+        view = check.observe("shares_memory")
+        got, want = (
+            as_float64(result, f"what split_heads({case}) returned"),
+            _numbered(B, T, D).view(B, T, H, dk).transpose(1, 2),
+        )
         if got.shape != want.shape:
             if tuple(got.shape) == (B, T, H, dk) and H != T:
                 raise Wrong(f"for {case} you returned shape [B, T, H, dk] = {list(got.shape)}; the head axis must come "
                             f"before the token axis: [B, H, T, dk] = {list(want.shape)}")
             if tuple(got.shape) in ((B, H, T, D), (B, T, D)):
-                raise Wrong(f"for {case} you returned shape {list(got.shape)}; each head works in d_k = d_model / n_heads "
-                            f"= {dk} features, so the result is [B, H, T, d_k] = {list(want.shape)}")
+                raise Wrong(f"for {case} you returned shape {list(got.shape)}; each head works in d_k = d_model / "
+                            f"n_heads = {dk} features, so the result is [B, H, T, d_k] = {list(want.shape)}")
             expect_shape(got, want.shape, f"the result for {case} ([B, H, T, d_k])")
         if not torch.equal(got, want.double()):
             if torch.equal(got, x.reshape(B, H, T, dk).double()):
-                raise Wrong(f"right shape, numbers in the wrong places (for {case}): your head 0 holds all the features of "
-                            "the first tokens instead of a slice of the features of every token. Reshaping straight to "
-                            "[B, H, T, dk] cuts along the wrong axis: every head must see every token")
+                raise Wrong(f"right shape, numbers in the wrong places (for {case}): your head 0 holds all the "
+                            "features of the first tokens instead of a slice of the features of every token. "
+                            "Reshaping straight to [B, H, T, dk] cuts along the wrong axis: every head must see every "
+                            "token")
             if torch.equal(got, _numbered(B, T, D).view(B, T, dk, H).permute(0, 3, 1, 2).double()):
-                raise Wrong(f"right shape, but (for {case}) your head 0 gets features 0, {H}, {2 * H}, ... (every n_heads-th "
-                            "feature); the convention (mhalab and torch.nn.MultiheadAttention) gives head i the contiguous "
-                            "slice of features i*d_k to (i+1)*d_k - 1")
+                raise Wrong(f"right shape, but (for {case}) your head 0 gets features 0, {H}, {2 * H}, ... (every "
+                            "n_heads-th feature); the convention (mhalab and torch.nn.MultiheadAttention) gives head "
+                            "i the contiguous slice of features i*d_k to (i+1)*d_k - 1")
             raise Wrong(f"right shape but wrong numbers for {case}: head i, token t should hold features "
                         "i*d_k ... (i+1)*d_k - 1 of token t")
         if not view:
@@ -79,11 +83,11 @@ register(Exercise(
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-def _check_merge(merge_heads) -> None:
-    for B, T, D, H in _split_cases():
+def _check_merge(merge_heads, check: Check) -> None:
+    for B, T, D, H in _split_cases(check):
         dk, case = D // H, f"heads of shape [{B}, {H}, {T}, {D // H}]"
         heads = _numbered(B, H, T, dk)  # as attention returns them: laid out head by head
-        got = as_float64(call_answer(merge_heads, heads, label=case), f"what merge_heads({case}) returned")
+        got = as_float64(check.call(merge_heads, heads, label=case), f"what merge_heads({case}) returned")
         want = heads.transpose(1, 2).reshape(B, T, D).double()
         if tuple(got.shape) == (B, T, dk) and dk != D:
             raise Wrong(f"for {case} you returned {list(got.shape)}: one head's width; the heads are "
@@ -115,8 +119,8 @@ register(Exercise(
 
 
 # ------------------------------------------------------------------------------------ exercise 3
-def _score_cases():
-    g = generator(2)
+def _score_cases(check: Check):
+    g = check.generator(2)
     return [torch.randn(shape, generator=g) * 2 for shape in ((5, 5), (2, 3, 7, 7), (1, 1), (4, 2, 2))]
 
 
@@ -127,11 +131,12 @@ def _causal_mistakes(scores: Tensor) -> dict[str, Tensor]:
     inf = float("-inf")
     return {
         "the mask is inverted: -inf went where keys are allowed (j <= i) and the future was kept. masked_fill fills "
-        "where its mask is True, so give it the forbidden positions (j > i)": scores.masked_fill(allowed, inf).softmax(-1),
+        "where its mask is True, so give it the forbidden positions (j > i)":
+            scores.masked_fill(allowed, inf).softmax(-1),
         "the mask is transposed: queries see the future and not the past. Row i is query i, column j is key j, and "
         "query i may see keys j <= i (the lower triangle)": scores.masked_fill(~allowed.T, inf).softmax(-1),
-        "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last axis":
-            scores.masked_fill(~allowed, inf).softmax(-2),
+        "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last "
+        "axis": scores.masked_fill(~allowed, inf).softmax(-2),
         "future keys still get weight: a masked score set to 0 still gets exp(0) in the softmax. Forbidden scores "
         "must become -inf (or a huge negative number)": scores.masked_fill(~allowed, 0.0).softmax(-1),
         "the rows of your weights do not sum to 1: mask the scores before the softmax, not the weights after it":
@@ -142,10 +147,10 @@ def _causal_mistakes(scores: Tensor) -> dict[str, Tensor]:
     }
 
 
-def _check_causal(causal_attention_weights) -> None:
-    for scores in _score_cases():
+def _check_causal(causal_attention_weights, check: Check) -> None:
+    for scores in _score_cases(check):
         case = f"scores of shape {list(scores.shape)}"
-        got = as_float64(call_answer(causal_attention_weights, scores, label=case), f"the weights for {case}")
+        got = as_float64(check.call(causal_attention_weights, scores, label=case), f"the weights for {case}")
         expect_shape(got, scores.shape, f"the weights for {case} (the same shape as the scores)")
         s = scores.double()
         want = _causal_reference(s)
@@ -192,8 +197,8 @@ register(Exercise(
 _LOOSE = dict(rtol=1e-2, atol=1e-2)
 
 
-def _weights(D: int, seed: int) -> tuple[Tensor, ...]:
-    g = generator(seed)
+def _weights(check: Check, D: int, seed: int) -> tuple[Tensor, ...]:
+    g = check.generator(seed)
     return tuple(torch.randn(D, D, generator=g) / D**0.5 for _ in range(4))  # W_Q, W_K, W_V, W_O: [out, in]
 
 
@@ -212,7 +217,11 @@ def _mha(x, W_Q, W_K, W_V, W_O, n_heads, *, split="right", merge="right", scale=
         q, k = k, q
     scores = q @ k.transpose(-2, -1) / {"d_k": dk**0.5, "none": 1.0, "d_model": D**0.5, "d_k^1": float(dk)}[scale]
     if causal:  # flipped: the mask of a learner who filled the past (j < i) instead of the future
-        forbidden = torch.ones(T, T, dtype=torch.bool).tril(-1) if flipped else ~torch.ones(T, T, dtype=torch.bool).tril(0 if itself else -1)
+        forbidden = (
+            torch.ones(T, T, dtype=torch.bool).tril(-1)
+            if flipped
+            else ~torch.ones(T, T, dtype=torch.bool).tril(0 if itself else -1)
+        )
         if not itself:
             forbidden[0, 0] = False  # (else the first query has no key at all: NaN, caught at stage 2)
         scores = scores.masked_fill(forbidden, float("-inf"))
@@ -238,24 +247,26 @@ def _stage(n: int, name: str, message: str) -> Wrong:
     return Wrong(f"stage {n} of 6 ({name}): {message}")
 
 
-def _run(fn, x, weights, H, label):
-    result = call_answer(fn, x, *weights, H, label=label)
+def _run(check: Check, fn, x, weights, H, label):
+    result = check.call(fn, x, *weights, H, label=label)
     return as_float64(result, f"what multi_head_attention({label}) returned")
 
 
-def _check_mha(multi_head_attention) -> None:
-    W12 = _weights(12, 0)
-    g = generator(3)
+def _check_mha(multi_head_attention, check: Check) -> None:
+    W12 = _weights(check, 12, 0)
+    g = check.generator(3)
     # stage 1: the shape
     x = torch.randn(2, 5, 12, generator=g)
-    got = _run(multi_head_attention, x, W12, 3, "x [2, 5, 12], n_heads=3")
+    got = _run(check, multi_head_attention, x, W12, 3, "x [2, 5, 12], n_heads=3")
     if got.shape != x.shape:
         if tuple(got.shape) == (2, 3, 5, 4):
-            raise _stage(1, "shapes", "you return the heads [B, H, T, d_k]; merge them back into [B, T, d_model] and apply W_O")
-        raise _stage(1, "shapes", f"for x [2, 5, 12] the output should have the shape of x, [2, 5, 12], not {list(got.shape)}")
+            raise _stage(1, "shapes", "you return the heads [B, H, T, d_k]; merge them back into [B, T, d_model] and "
+                                      "apply W_O")
+        raise _stage(1, "shapes", "for x [2, 5, 12] the output should have the shape of x, [2, 5, 12], not "
+                                  f"{list(got.shape)}")
     # stage 2: one head, one token: its weight is 1, so the output is x W_Vᵀ W_Oᵀ
     x1 = torch.randn(2, 1, 12, generator=g)
-    got = _run(multi_head_attention, x1, W12, 1, "x [2, 1, 12], n_heads=1")
+    got = _run(check, multi_head_attention, x1, W12, 1, "x [2, 1, 12], n_heads=1")
     if torch.isnan(got).any():
         raise _stage(2, "one head, one token", "NaN in the output: a lone token must be allowed to see its own key "
                      "(the causal mask allows keys j <= i, the diagonal included). Is your mask inverted? masked_fill "
@@ -265,13 +276,14 @@ def _check_mha(multi_head_attention) -> None:
             "W_O is missing: the heads' output goes through the output projection": x1.double() @ W12[2].double().T,
             "the weights are applied untransposed; like nn.Linear, a projection is x @ W.T (W is [out, in])":
                 x1.double() @ W12[2].double() @ W12[3].double(),
-            "the output comes from the queries or keys, not the values": x1.double() @ W12[0].double().T @ W12[3].double().T,
+            "the output comes from the queries or keys, not the values":
+                x1.double() @ W12[0].double().T @ W12[3].double().T,
         }, **_LOOSE)
-        raise _stage(2, "one head, one token", mistake or "with one token its attention weight is 1, so the output must be "
-                     "x W_Vᵀ W_Oᵀ: check the value projection and W_O")
+        raise _stage(2, "one head, one token", mistake or "with one token its attention weight is 1, so the output "
+                     "must be x W_Vᵀ W_Oᵀ: check the value projection and W_O")
     # stage 3: the scale, on the last token (which may see every key, whatever the mask)
     x6 = torch.randn(2, 6, 12, generator=g)
-    got = _run(multi_head_attention, x6, W12, 1, "x [2, 6, 12], n_heads=1")
+    got = _run(check, multi_head_attention, x6, W12, 1, "x [2, 6, 12], n_heads=1")
     if first_match(got[:, -1], {"": _mha(x6, *W12, 1)[:, -1]}, **_LOOSE) is None:
         mistake = first_match(got[:, -1], {
             "the scores are not scaled: divide Q Kᵀ by sqrt(d_k)": _mha(x6, *W12, 1, scale="none")[:, -1],
@@ -280,34 +292,41 @@ def _check_mha(multi_head_attention) -> None:
         other = None if mistake else first_match(got[:, -1], {
             "Q and K are swapped: the scores are Q Kᵀ, a query's row against every key (x W_Qᵀ for the queries, "
             "x W_Kᵀ for the keys)": _mha(x6, *W12, 1, swapped=True)[:, -1],
-            "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last axis":
+            "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last "
+            "axis":
                 _mha(x6, *W12, 1, over=-2)[:, -1],
             "the last token does not see itself: the causal mask allows keys j <= i, the diagonal included (tril(), "
             "not tril(-1))": _mha(x6, *W12, 1, itself=False)[:, -1],
         }, **_LOOSE)
         if other:
             raise _stage(3, "the scores", other)
-        if mistake is None and first_match(got[:, -1], {"": _mha(x6, *W12, 1, flipped=True)[:, -1]}, **_LOOSE) is not None:
+        if (
+            mistake is None
+            and first_match(got[:, -1], {"": _mha(x6, *W12, 1, flipped=True)[:, -1]}, **_LOOSE) is not None
+        ):
             raise _stage(3, "the mask", "the last token sees only itself: your mask is flipped, so query i sees keys "
                          "j >= i (itself and the future) instead of j <= i. masked_fill fills where its mask is True: "
                          "give it the future, j > i (torch.ones(T, T).triu(1).bool())")
-        raise _stage(3, "the scale" if mistake else "the scores", mistake or "the last token (which may see every token) gets the wrong output, and "
+        raise _stage(3, "the scale" if mistake else "the scores", mistake or "the last token (which may see every "
+                                                                             "token) gets the wrong output, and "
                      "this check cannot tell why: check scores = Q Kᵀ / sqrt(d_k), the softmax over the keys (the last "
                      "axis), and that the mask lets the last token see every key")
     # stage 4: the mask: a future token must change nothing earlier
     changed = x6.clone()
     changed[:, -1] += torch.randn(2, 12, generator=g)
-    again = _run(multi_head_attention, changed, W12, 1, "x [2, 6, 12] with its last token changed, n_heads=1")
+    again = _run(check, multi_head_attention, changed, W12, 1, "x [2, 6, 12] with its last token changed, n_heads=1")
     if torch.isnan(got).any():
-        raise _stage(4, "the mask", "NaN in the output: some query has every key masked; query i may see keys j <= i, itself included")
+        raise _stage(4, "the mask", "NaN in the output: some query has every key masked; query i may see keys j <= i, "
+                                    "itself included")
     if not torch.allclose(got[:, :-1], again[:, :-1], atol=1e-6, rtol=0):
-        raise _stage(4, "the mask", "changing the last token changed the outputs of earlier tokens: a token may only see "
-                     "itself and the tokens before it (mask the scores of keys j > i with -inf before the softmax)")
+        raise _stage(4, "the mask", "changing the last token changed the outputs of earlier tokens: a token may only "
+                                    "see itself and the tokens before it (mask the scores of keys j > i with -inf "
+                                    "before the softmax)")
     if first_match(got, {"": _mha(x6, *W12, 1)}, **_LOOSE) is None:
-        raise _stage(4, "the mask", "no token sees the future, but earlier tokens get the wrong output: query i may see "
-                     "every key j <= i, itself included")
+        raise _stage(4, "the mask", "no token sees the future, but earlier tokens get the wrong output: query i may "
+                                    "see every key j <= i, itself included")
     # stage 5: the head split and merge
-    got = _run(multi_head_attention, x6, W12, 3, "x [2, 6, 12], n_heads=3")
+    got = _run(check, multi_head_attention, x6, W12, 3, "x [2, 6, 12], n_heads=3")
     if first_match(got, {"": _mha(x6, *W12, 3)}, **_LOOSE) is None:
         variants = {}
         for split in ("right", "no-transpose", "strided"):
@@ -317,9 +336,10 @@ def _check_mha(multi_head_attention) -> None:
         variants[("scale", "d_model")] = _mha(x6, *W12, 3, scale="d_model")
         found = first_match(got, {repr(k): v for k, v in variants.items()}, **_LOOSE)
         messages = {
-            "no-transpose": "your split reshapes [B, T, d_model] straight to [B, H, T, d_k]: a transpose in the wrong place "
-                            "(view as [B, T, H, d_k], then transpose(1, 2)), so each head sees a block of tokens",
-            "strided": "head i should get the contiguous features i*d_k ... (i+1)*d_k - 1, not every n_heads-th feature",
+            "no-transpose": "your split reshapes [B, T, d_model] straight to [B, H, T, d_k]: a transpose in the wrong "
+                            "place (view as [B, T, H, d_k], then transpose(1, 2)), so each head sees a block of tokens",
+            "strided": "head i should get the contiguous features i*d_k ... (i+1)*d_k - 1, not every n_heads-th "
+                       "feature",
         }
         if found == repr(("scale", "d_model")):
             message = "the scores are divided by sqrt(d_model); each head scales by sqrt(d_k), its own width"
@@ -328,23 +348,26 @@ def _check_mha(multi_head_attention) -> None:
             if split != "right":
                 message = messages[split]
             else:
-                message = ("your merge joins [B, H, T, d_k] straight into [B, T, d_model]: a transpose is missing there "
-                           "(transpose(1, 2) back to [B, T, H, d_k] first)" if merge == "no-transpose" else messages["strided"])
+                message = ("your merge joins [B, H, T, d_k] straight into [B, T, d_model]: a transpose is missing "
+                           "there (transpose(1, 2) back to [B, T, H, d_k] first)" if merge == "no-transpose"
+                           else messages["strided"])
         else:
             message = "one head works, several do not: check how you split the width into heads and merge them back"
         raise _stage(5, "the head split", message)
     # stage 6: the whole module against torch.nn.MultiheadAttention with the same weights
     for B, T, D, H, seed in [(2, 7, 16, 4, 1), (1, 9, 24, 6, 2), (3, 1, 8, 2, 3), (2, 5, 12, 12, 4)]:
-        weights, x = _weights(D, seed), torch.randn(B, T, D, generator=g)
+        weights, x = _weights(check, D, seed), torch.randn(B, T, D, generator=g)
         label = f"x [{B}, {T}, {D}], n_heads={H}"
-        got = _run(multi_head_attention, x, weights, H, label)
+        got = _run(check, multi_head_attention, x, weights, H, label)
         want = _torch_mha(x, *weights, H)
         if first_match(got, {"": want}, rtol=1e-5, atol=1e-5) is None:
             if got.shape != want.shape:
-                raise _stage(6, "torch.nn.MultiheadAttention", f"for {label} the output has shape {list(got.shape)}, not {list(want.shape)}")
+                raise _stage(6, "torch.nn.MultiheadAttention", f"for {label} the output has shape {list(got.shape)}, "
+                                                               f"not {list(want.shape)}")
             diff = (got - want).abs().max().item()
-            raise _stage(6, "torch.nn.MultiheadAttention", f"for {label} your output differs from torch's by up to {diff:.2g} "
-                         "(allowed: 1e-5); is some step computed in lower precision, or with an approximation?")
+            raise _stage(6, "torch.nn.MultiheadAttention", f"for {label} your output differs from torch's by up to "
+                                                           f"{diff:.2g} (allowed: 1e-5); is some step computed in "
+                                                           "lower precision, or with an approximation?")
 
 
 register(Exercise(

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import call_answer, expect_whole, generator, grading, judge, name_miss, rng
-from .core import Exercise, Wrong, register
-
+from .checks import expect_whole, judge, name_miss
+from .core import Check, Exercise, Wrong, register
 
 # ------------------------------------------------------------------------------------ exercise 1
 _COST_CASES = [(768, 12), (768, 1), (1024, 16), (96, 32), (4096, 64)]  # (d_model, n_heads), none from the notebook
@@ -21,8 +20,10 @@ def _cost_mistakes(d_model: int, n_heads: int) -> dict[str, list[tuple[int, str]
                 (n_heads, "the head count: d_k is the width of one head")],
         "parameters": [(3 * d_model**2, "you counted W_Q, W_K and W_V but not the output matrix W_O"),
                        (4 * d_model * d_k, "that is one head's share: there are n_heads heads"),
-                       (3 * d_model * d_k + d_model**2, "W_Q, W_K, W_V counted for one head only: every head has its own"),
-                       (4 * d_model**2 + 4 * d_model, "that includes the biases; count the weight matrices only (bias=False)"),
+                       (3 * d_model * d_k + d_model**2, "W_Q, W_K, W_V counted for one head only: every head has its "
+                                                        "own"),
+                       (4 * d_model**2 + 4 * d_model, "that includes the biases; count the weight matrices only "
+                                                      "(bias=False)"),
                        (4 * d_model**2 * n_heads, "each head projects to d_k dimensions, not to d_model"),
                        (3 * d_model**2 * n_heads + d_model**2, "each head projects to d_k dimensions, not to d_model"),
                        (2 * d_model**2, "count all four matrices: W_Q, W_K, W_V and W_O")],
@@ -35,25 +36,27 @@ def _cost_mistakes(d_model: int, n_heads: int) -> dict[str, list[tuple[int, str]
     }
 
 
-def _cost_cases() -> list[tuple[int, int]]:
+def _cost_cases(check: Check) -> list[tuple[int, int]]:
     """The fixed cases, and when grading two drawn fresh."""
-    r = rng(30)
+    r = check.rng(30)
     fresh = [(h * r.randint(2, 96), h) for h in (r.randint(2, 40), r.randint(2, 40))]
-    return list(_COST_CASES) + (fresh if grading() else [])
+    return list(_COST_CASES) + (fresh if check.grading else [])
 
 
-def _check_costs(attention_costs) -> None:
-    for d_model, n_heads in _cost_cases():
+def _check_costs(attention_costs, check: Check) -> None:
+    for d_model, n_heads in _cost_cases(check):
         label = f"d_model={d_model}, n_heads={n_heads}"
-        got = call_answer(attention_costs, d_model, n_heads, label=label)
+        got = check.call(attention_costs, d_model, n_heads, label=label)
         if not isinstance(got, (tuple, list)) or len(got) != 3:
-            raise Wrong(f"return a tuple (d_k, parameters, kv_cache) of three numbers; for {label} you returned {got!r}"[:300])
+            raise Wrong(f"return a tuple (d_k, parameters, kv_cache) of three numbers; for {label} you returned "
+                        f"{got!r}"[:300])
         want = dict(d_k=d_model // n_heads, parameters=4 * d_model**2, kv_cache=2 * d_model)
         for value, (name, right) in zip(got, want.items()):
             value = expect_whole(value, f"{name} for {label}")
             if value != right:
                 miss = name_miss(value, _cost_mistakes(d_model, n_heads)[name])
-                raise Wrong(f"{name} for {label}: got {value:,}; " + (miss or "think of what it counts, per head, then for all heads"))
+                raise Wrong(f"{name} for {label}: got {value:,}; " + (miss or "think of what it counts, per head, then "
+                                                                              "for all heads"))
 
 
 register(Exercise(
@@ -104,35 +107,41 @@ def _batch_mistakes(c: dict, seq_len: int, memory: int, nbytes: int) -> list[tup
 
     right = _per_sequence(c, seq_len, nbytes)
     return [
-        (fit(right * c["n_heads"] // c["n_kv_heads"]), "that is the batch for full multi-head attention, with a key and "
-                                                       "a value for every query head; here only the K/V heads are cached"),
+        (fit(right * c["n_heads"] // c["n_kv_heads"]), "that is the batch for full multi-head attention, with a key "
+                                                       "and a value for every query head; here only the K/V heads are "
+                                                       "cached"),
         (fit(right // 2), "both the keys and the values are cached (a factor 2)"),
         (fit(right // c["n_layers"]), "every layer keeps its own cache"),
         (fit(right // nbytes), "the memory is in bytes and the cache holds numbers: each takes bytes_per_value bytes"),
-        (fit(right // c["d_head"] * (c["d_model"] // c["n_heads"])), "the head width is the config's d_head; it need not be d_model / n_heads"),
+        (fit(right // c["d_head"] * (c["d_model"] // c["n_heads"])), "the head width is the config's d_head; it need "
+                                                                     "not be d_model / n_heads"),
         (fit(right // c["d_head"] * c["d_model"] // c["n_kv_heads"]), "each K/V head is d_head wide, not d_model"),
         (fit(right // seq_len), "every token of every sequence is cached: multiply by seq_len"),
         (-(-memory // right), "that batch does not fit: a sequence that fits only partly cannot run (round down)"),
     ]
 
 
-def _batch_cases() -> list[tuple[str, dict, int, int, int]]:
+def _batch_cases(check: Check) -> list[tuple[str, dict, int, int, int]]:
     """(name, config, seq_len, memory_bytes, bytes_per_value): the fixed cases, and when grading two drawn fresh."""
     cases = [(name, dict(_CONFIGS[name]), *rest) for name, *rest in _BATCH_CASES]
-    if grading():
-        r = rng(31)
+    if check.grading:
+        r = check.rng(31)
         for _ in range(2):
             kv = r.choice([1, 2, 4, 8])
             heads, d_head = kv * r.choice([1, 2, 4]), r.choice([32, 64, 80, 128])
-            config = dict(n_layers=r.randint(2, 60), d_model=heads * d_head, n_heads=heads, n_kv_heads=kv, d_head=d_head)
+            config = dict(
+                n_layers=r.randint(2, 60), d_model=heads * d_head, n_heads=heads, n_kv_heads=kv, d_head=d_head
+            )
             cases.append(("drawn", config, r.randint(64, 16384), r.randint(10**8, 8 * 10**10), r.choice([1, 2, 4])))
     return cases
 
 
-def _check_batch(largest_batch) -> None:
-    for name, config, seq_len, memory, nbytes in _batch_cases():
+def _check_batch(largest_batch, check: Check) -> None:
+    for name, config, seq_len, memory, nbytes in _batch_cases(check):
         label = f"the {name} config {config}, seq_len={seq_len}, memory_bytes={memory:,}, bytes_per_value={nbytes}"
-        got = call_answer(largest_batch, config, seq_len, memory, nbytes, label=f"{name} config, seq_len={seq_len}, memory_bytes={memory:,}, bytes_per_value={nbytes}")
+        got = check.call(largest_batch, config, seq_len, memory, nbytes, label=f"{name} config, seq_len={seq_len}, "
+                                                                               f"memory_bytes={memory:,}, "
+                                                                               f"bytes_per_value={nbytes}")
         got = expect_whole(got, f"the batch size for {label}")
         want = _largest_batch(config, seq_len, memory, nbytes)
         if got == want:
@@ -187,8 +196,8 @@ def _gqa_forward(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads, *, causal=True, int
     return z @ W_O if out else z
 
 
-def _gqa_cases() -> list:
-    g = generator(3)
+def _gqa_cases(check: Check) -> list:
+    g = check.generator(3)
     cases = []
     for B, T, D, H, G in _GQA_SHAPES:
         d_k = D // H
@@ -201,29 +210,31 @@ def _gqa_reference(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
     return _gqa_forward(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads)
 
 
-def _check_gqa(gqa_attention) -> None:
-    for case in _gqa_cases():
+def _check_gqa(gqa_attention, check: Check) -> None:
+    for case in _gqa_cases(check):
         x, W_Q, W_K, W_V, W_O, H, G = case
         label = f"x {list(x.shape)}, n_heads={H}, n_kv_heads={G}"
-        got = call_answer(gqa_attention, *case, label=label)
+        got = check.call(gqa_attention, *case, label=label)
         judge(got, _gqa_reference(*case), f"gqa_attention({label})", lambda: {
-            "a query sees keys after it: token-by-token decoding only ever has the past in its cache (mask the future)":
-                _gqa_forward(*case, causal=False),
+            "a query sees keys after it: token-by-token decoding only ever has the past in its cache (mask the "
+            "future)": _gqa_forward(*case, causal=False),
             "query heads are paired with the wrong K/V heads: the cache stores consecutive query heads' shared head "
             "once (head i uses K/V head i // (n_heads // n_kv_heads)), and .repeat cycles through them instead":
                 _gqa_forward(*case, interleave=False),
             "the scores are not scaled by 1/sqrt(d_k)": _gqa_forward(*case, scale=False),
-            "the heads are merged in the wrong order: bring the head axis back next to d_k before reshaping to [B, T, H * d_k]":
-                _gqa_forward(*case, merge=False),
-            "W_O is missing: the concatenated heads still go through the output projection": _gqa_forward(*case, out=False),
+            "the heads are merged in the wrong order: bring the head axis back next to d_k before reshaping to "
+            "[B, T, H * d_k]": _gqa_forward(*case, merge=False),
+            "W_O is missing: the concatenated heads still go through the output projection":
+                _gqa_forward(*case, out=False),
             "Q and K are swapped: the scores are q kᵀ, each query against the keys of the past (x @ W_Q for the "
             "queries, x @ W_K for the keys)": _gqa_forward(*case, swapped=True),
-            "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last axis":
-                _gqa_forward(*case, over=-2),
+            "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last "
+            "axis": _gqa_forward(*case, over=-2),
             "a query does not see its own key: the causal mask allows keys j <= i, the diagonal included":
                 _gqa_forward(*case, itself=False),
             "the keys are shared right but the values with .repeat, which cycles through the K/V heads: share both "
-            "with repeat_interleave (head i uses K/V head i // (n_heads // n_kv_heads))": _gqa_forward(*case, values_cycle=True),
+            "with repeat_interleave (head i uses K/V head i // (n_heads // n_kv_heads))":
+                _gqa_forward(*case, values_cycle=True),
         }, note=" (compared with decoding token by token through a KV cache)")
 
 

@@ -7,9 +7,8 @@ import math
 
 import torch
 
-from .checks import as_float64, call_answer, describe, expect_shape, expect_whole, generator, grading, observe, rng
-from .core import Exercise, Wrong, register
-
+from .checks import as_float64, describe, expect_shape, expect_whole
+from .core import Check, Exercise, Wrong, register
 
 # ------------------------------------------------------------------------------------ exercise 1
 _LOOK_BACK_CASES = [(16, 1), (9, 7), (64, 3), (200, 2), (128, 5)]  # (seq_len, offset): longer than the notebook's
@@ -28,17 +27,17 @@ def _look_back_reference(seq_len: int, offset: int) -> tuple[torch.Tensor, torch
     return Q, K
 
 
-def _look_back_cases() -> list[tuple[int, int]]:
+def _look_back_cases(check: Check) -> list[tuple[int, int]]:
     """The fixed cases, and when grading two drawn fresh."""
-    r = rng(40)
+    r = check.rng(40)
     fresh = [(T, r.randint(1, min(8, T - 1))) for T in (r.randint(20, 200), r.randint(20, 200))]
-    return list(_LOOK_BACK_CASES) + (fresh if grading() else [])
+    return list(_LOOK_BACK_CASES) + (fresh if check.grading else [])
 
 
-def _check_look_back(look_back_qk) -> None:
-    for T, offset in _look_back_cases():
+def _check_look_back(look_back_qk, check: Check) -> None:
+    for T, offset in _look_back_cases(check):
         case = f"seq_len={T}, offset={offset}"
-        got = call_answer(look_back_qk, T, offset, label=case)
+        got = check.call(look_back_qk, T, offset, label=case)
         if hasattr(got, "shape") and tuple(got.shape)[:1] == (2,):  # torch.stack([Q, K]) is a pair too
             got = (got[0], got[1])
         if not isinstance(got, (tuple, list)) or len(got) != 2:
@@ -58,9 +57,10 @@ def _check_look_back(look_back_qk) -> None:
             peak = int(peaks[wrong[0]])
             if (peaks == queries + offset).float().mean() > 0.5 or peak == min(i + offset, T - 1):
                 swapped = torch.equal(_look_back_weights(K, Q)[queries].argmax(-1), target)
-                raise Wrong(f"for {case} the queries look forward (query {i} peaks at key {peak}): turn them the other way"
-                            + ("; or, if you built them right, your Q and K are swapped: return (Q, K), the queries first "
-                               "(row i of (Q @ K.T).softmax(-1) is query i's weights)" if swapped else ""))
+                raise Wrong(f"for {case} the queries look forward (query {i} peaks at key {peak}): turn them the other "
+                            "way"
+                            + ("; or, if you built them right, your Q and K are swapped: return (Q, K), the queries "
+                               "first (row i of (Q @ K.T).softmax(-1) is query i's weights)" if swapped else ""))
             if peak == i:
                 raise Wrong(f"for {case} query {i} peaks at its own key, not at key {i - offset}")
             raise Wrong(f"for {case} query {i} peaks at key {peak}, not at key {i - offset}: are all {T} keys in "
@@ -103,8 +103,8 @@ def _favourite_reference(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 _WATCHED = (3000, 4000)  # the case whose allocations are watched: its L x S matrix takes 12 MB even as booleans
 
 
-def _favourite_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = generator(4)
+def _favourite_cases(check: Check) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = check.generator(4)
     cases = []
     for L, S in [(50, 70), (12, 12), (1, 30), (40, 3), _WATCHED]:
         q = torch.randn(L, generator=g)
@@ -115,16 +115,17 @@ def _favourite_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
     return cases
 
 
-def _check_favourite(favourite_keys) -> None:
-    for q, k in _favourite_cases():
+def _check_favourite(favourite_keys, check: Check) -> None:
+    for q, k in _favourite_cases(check):
         L, S = len(q), len(k)
         case = f"q of {L} queries ({int((q < 0).sum())} negative), k of {S} keys"
         watched = (L, S) == _WATCHED
-        got = call_answer(favourite_keys, q, k, label=case, facts=("largest_bytes",) if watched else ())
-        largest = observe("largest_bytes") if watched else 0
+        got = check.call(favourite_keys, q, k, label=case, facts=("largest_bytes",) if watched else ())
+        largest = check.observe("largest_bytes") if watched else 0
         got = as_float64(got, f"what favourite_keys({case}) returned")
         if got.shape != (L,):
-            raise Wrong(f"return one key position per query, a tensor of shape [{L}], got shape {list(got.shape)} for {case}")
+            raise Wrong(f"return one key position per query, a tensor of shape [{L}], got shape {list(got.shape)} for "
+                        f"{case}")
         if not torch.equal(got, got.round()):
             raise Wrong(f"return key *positions* (whole numbers), got fractional values for {case}")
         want = _favourite_reference(q, k)
@@ -169,13 +170,17 @@ _CHOOSE_CASES = [(64, 4, 2), (64, 3, 2), (96, 5, 8), (48, 7, 4), (512, 8, 64), (
 _IMPOSSIBLE = [(8, 4, 4), (64, 3, 32), (10, 3, 3)]
 
 
-def _choose_cases() -> tuple[list, list]:
+def _choose_cases(check: Check) -> tuple[list, list]:
     """(possible, impossible) cases: the fixed ones, and when grading three drawn fresh."""
     possible, impossible = list(_CHOOSE_CASES), list(_IMPOSSIBLE)
-    if grading():
-        r = rng(43)
+    if check.grading:
+        r = check.rng(43)
         for _ in range(3):
-            case = (r.choice([24, 36, 48, 60, 64, 72, 96, 120, 128, 192, 256, 384]), r.randint(1, 12), r.choice([2, 4, 8, 16, 32]))
+            case = (
+                r.choice([24, 36, 48, 60, 64, 72, 96, 120, 128, 192, 256, 384]),
+                r.randint(1, 12),
+                r.choice([2, 4, 8, 16, 32]),
+            )
             try:
                 _choose_reference(*case)
                 possible.append(case)
@@ -184,11 +189,12 @@ def _choose_cases() -> tuple[list, list]:
     return possible, impossible
 
 
-def _check_choose(choose_heads) -> None:
-    possible, impossible = _choose_cases()
+def _check_choose(choose_heads, check: Check) -> None:
+    possible, impossible = _choose_cases(check)
     for d_model, n_relations, min_d_k in possible:
         case = f"d_model={d_model}, n_relations={n_relations}, min_d_k={min_d_k}"
-        h = expect_whole(call_answer(choose_heads, d_model, n_relations, min_d_k, label=case), f"the head count for {case}")
+        got = check.call(choose_heads, d_model, n_relations, min_d_k, label=case)
+        h = expect_whole(got, f"the head count for {case}")
         if h < 1 or d_model % h:
             raise Wrong(f"for {case} your head count does not divide d_model, so d_k = d_model / h is not whole")
         if h < n_relations:
@@ -201,7 +207,7 @@ def _check_choose(choose_heads) -> None:
     for d_model, n_relations, min_d_k in impossible:
         case = f"d_model={d_model}, n_relations={n_relations}, min_d_k={min_d_k}"
         try:
-            h = call_answer(choose_heads, d_model, n_relations, min_d_k, label=case, allow=(ValueError,))
+            h = check.call(choose_heads, d_model, n_relations, min_d_k, label=case, allow=(ValueError,))
         except ValueError:
             continue
         raise Wrong(f"for {case} no head count satisfies both rules, but your function returned {h!r}; "

@@ -14,11 +14,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..hooks import ablate_heads
 from ..head_roles import previous_token_score
-from .checks import (as_float64, call_answer, expect_shape, generator, hidden_model, judge, observe,
-                     previous_token_mistakes)
-from .core import Exercise, Wrong, register
+from ..hooks import ablate_heads
+from .checks import as_float64, expect_shape, judge, previous_token_mistakes
+from .core import Check, Exercise, Wrong, register
 
 #: What exercise 1's prompt forbids (the course's own ablation); everything else of mhalab may run.
 _FORBID = ("mhalab.hooks.ablate_heads", "mhalab.hooks.gate_heads", "mhalab.ablation")
@@ -29,12 +28,12 @@ _MODELS = [  # (config, seed, batch, seq_len): a bidirectional model, a causal o
 ]
 
 
-def _models():
+def _models(check: Check):
     """Small seeded models with their tokens and targets (some targets -100: no target there)."""
     out = []
     for config, seed, B, T in _MODELS:
-        model = hidden_model(config, seed)  # larger weights than at initialisation, so every head matters
-        g = generator(seed + 10)
+        model = check.hidden_model(config, seed)  # larger weights than at initialisation, so every head matters
+        g = check.generator(seed + 10)
         tokens = torch.randint(0, config["d_vocab"], (B, T), generator=g)
         shape = (B, T) + ((config["n_targets"],) if config.get("n_targets", 1) > 1 else ())
         targets = torch.randint(0, config["d_vocab"], shape, generator=g)
@@ -45,7 +44,9 @@ def _models():
 
 def _with_hook(model, tokens, layer, edit):
     with torch.no_grad():
-        return model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", lambda z, hook: edit(z.clone()))])
+        return model.run_with_hooks(
+            tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", lambda z, hook: edit(z.clone()))]
+        )
 
 
 def _zeroed(heads):
@@ -61,29 +62,32 @@ def _ablate_reference(model, tokens, layer, head):
 
 
 # ------------------------------------------------------------------------------------ exercise 1
-def _check_ablate(ablate_head) -> None:
-    for model, tokens, _ in _models():
+def _check_ablate(ablate_head, check: Check) -> None:
+    for model, tokens, _ in _models(check):
         N, H = model.config.n_layers, model.config.n_heads
         with torch.no_grad():
             clean = model(tokens)
         for layer, head in [(0, 1), (N - 1, H - 1), (1, 0)]:
             label = f"a {N}-layer model with {H} heads, tokens {list(tokens.shape)}, layer={layer}, head={head}"
-            got = call_answer(ablate_head, model, tokens, layer, head, label=label, copy_args=False, forbid=_FORBID,
-                              facts=("model_changed",))
-            leaked = observe("model_changed")
+            got = check.call(ablate_head, model, tokens, layer, head, label=label, copy_args=False, forbid=_FORBID,
+                             facts=("model_changed",))
+            leaked = check.observe("model_changed")
             if leaked:
-                raise Wrong(f"ablate_head({label}): after your function returned, the model still runs with a head off. "
-                            "Remove the hook when you are done (model.run_with_hooks and model.hooks do it for you)")
+                raise Wrong(f"ablate_head({label}): after your function returned, the model still runs with a head "
+                            "off. Remove the hook when you are done (model.run_with_hooks and model.hooks do it for "
+                            "you)")
             others = [h for h in range(H) if h != head]
             judge(got, _ablate_reference(model, tokens, layer, head), f"ablate_head({label})", lambda: {
                 "nothing changed: the result is the intact model's. Does your hook return the new z (or change it in "
                 f"place), and is it on blocks.{layer}.attn.hook_z?": clean,
                 "you zeroed a query position, not a head: z is [batch, query, head, d_head]":
                     _with_hook(model, tokens, layer, lambda z: (z.__setitem__((slice(None), head), 0.0), z)[1]),
-                "that switches off every head of the layer, not one": _with_hook(model, tokens, layer, _zeroed(list(range(H)))),
-                "that switches off every head of the layer except the one asked": _with_hook(model, tokens, layer, _zeroed(others)),
-                **{f"that switches off head {head} of layer {other}, not of layer {layer}": _ablate_reference(model, tokens, other, head)
-                   for other in range(N) if other != layer},
+                "that switches off every head of the layer, not one":
+                    _with_hook(model, tokens, layer, _zeroed(list(range(H)))),
+                "that switches off every head of the layer except the one asked":
+                    _with_hook(model, tokens, layer, _zeroed(others)),
+                **{f"that switches off head {head} of layer {other}, not of layer {layer}":
+                   _ablate_reference(model, tokens, other, head) for other in range(N) if other != layer},
             })
 
 
@@ -120,11 +124,11 @@ def _effects_reference(model, tokens, targets, *, zero=_zeroed):
                              for l in range(N)])
 
 
-def _check_effects(ablation_effects) -> None:
-    for model, tokens, targets in _models():
+def _check_effects(ablation_effects, check: Check) -> None:
+    for model, tokens, targets in _models(check):
         N, H = model.config.n_layers, model.config.n_heads
         label = f"a {N}-layer model with {H} heads, tokens {list(tokens.shape)}, targets {list(targets.shape)}"
-        got = call_answer(ablation_effects, model, tokens, targets, label=label, copy_args=False)
+        got = check.call(ablation_effects, model, tokens, targets, label=label, copy_args=False)
         want = _effects_reference(model, tokens, targets)
         try:
             got = as_float64(got, "the result")  # a tensor, an array or nested lists, as everywhere
@@ -176,7 +180,8 @@ register(Exercise(
         "    N, H = model.config.n_layers, model.config.n_heads\n"
         "    with torch.no_grad():\n"
         "        intact = loss(model(tokens))\n"
-        "        return torch.tensor([[loss(model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{l}.attn.hook_z', switch_off(h))]))\n"
+        "        return torch.tensor([[loss(model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{l}.attn.hook_z', "
+        "switch_off(h))]))\n"
         "                              - intact for h in range(H)] for l in range(N)])   # [N, H]"
     ),
     reference=_effects_reference,
@@ -188,8 +193,8 @@ def _prev_reference(attention: torch.Tensor) -> torch.Tensor:
     return previous_token_score(attention[None])[0]  # [1, B, H, T, S] -> [H]
 
 
-def _pattern_cases() -> list:
-    g = generator(5)
+def _pattern_cases(check: Check) -> list:
+    g = check.generator(5)
     cases = []
     for B, H, T, causal in [(2, 3, 5, False), (1, 4, 9, True), (3, 1, 2, False), (2, 2, 7, True)]:
         scores = torch.randn(B, H, T, T, generator=g) * 3
@@ -199,10 +204,10 @@ def _pattern_cases() -> list:
     return cases
 
 
-def _check_prev_score(previous_token_score) -> None:
-    for (attention,) in _pattern_cases():
+def _check_prev_score(previous_token_score, check: Check) -> None:
+    for (attention,) in _pattern_cases(check):
         label = f"attention {list(attention.shape)}"
-        got = call_answer(previous_token_score, attention, label=label)
+        got = check.call(previous_token_score, attention, label=label)
         judge(got, _prev_reference(attention), f"previous_token_score({label})",
               lambda: {why: scores[0] for why, scores in previous_token_mistakes([attention]).items()})
 

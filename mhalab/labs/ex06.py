@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import call_answer, check_calls, expect_equal, expect_whole, grading, name_miss, rng
-from .core import Exercise, Wrong, register
+from .checks import expect_equal, expect_whole, name_miss
+from .core import Check, Exercise, Wrong, register
 
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -17,7 +17,12 @@ def _causal_reference(n_queries: int, n_keys: int) -> torch.Tensor:
 
 def _diagonal_miss(got, want: torch.Tensor) -> str | None:
     """What is off when ``got`` is the lower triangle of ``want``'s shape starting at another diagonal."""
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != torch.bool or torch.equal(got, want):
+    if (
+        not isinstance(got, torch.Tensor)
+        or got.shape != want.shape
+        or got.dtype != torch.bool
+        or torch.equal(got, want)
+    ):
         return None
     L, S = want.shape
     for k, why in ((S - L + 1, "each query also sees the key just after it; query i may see keys j <= i + "
@@ -38,16 +43,21 @@ def _expect_causal(value, expected, name) -> None:
     expect_equal(value, expected, name)
 
 
-def _check_causal(causal_allowed) -> None:
+def _check_causal(causal_allowed, check: Check) -> None:
     # Square first (a whole sequence), then the queries as the last few positions (decoding with a cache).
-    check_calls(causal_allowed, [(5, 5), (1, 1), (9, 9)], _causal_reference, compare=_expect_causal)
-    r = rng(60)
-    for L, S in [(3, 7), (1, 6)] + ([(r.randint(1, 5), r.randint(6, 12)) for _ in range(2)] if grading() else []):
+    check.calls(causal_allowed, [(5, 5), (1, 1), (9, 9)], _causal_reference, compare=_expect_causal)
+    r = check.rng(60)
+    for L, S in [(3, 7), (1, 6)] + ([(r.randint(1, 5), r.randint(6, 12)) for _ in range(2)] if check.grading else []):
         label = f"n_queries={L}, n_keys={S} ({S - L} tokens already cached)"
-        got = call_answer(causal_allowed, L, S, label=label)
-        if isinstance(got, torch.Tensor) and got.shape == (L, S) and torch.equal(got.bool(), torch.ones(L, S, dtype=torch.bool).tril()):
+        got = check.call(causal_allowed, L, S, label=label)
+        if (
+            isinstance(got, torch.Tensor)
+            and got.shape == (L, S)
+            and torch.equal(got.bool(), torch.ones(L, S, dtype=torch.bool).tril())
+        ):
             raise Wrong(f"causal_allowed({label}): your mask lines the queries up with the first keys; they are the "
-                        f"*last* {L} positions, so query i sits at position {S - L} + i and may see the cached tokens too")
+                        f"*last* {L} positions, so query i sits at position {S - L} + i and may see the cached tokens "
+                        "too")
         try:
             _expect_causal(got, _causal_reference(L, S), "the result")
         except Wrong as wrong:
@@ -102,16 +112,19 @@ def _shape_miss(use: str, shape: tuple, want: tuple, src_len: int, tgt_len: int)
         role, side = ("query", "queries") if axis == 2 else ("key", "keys")
         source = _SIDES[use][axis - 2]
         length = "src_len" if source == "source" else "tgt_len"
-        return f"the {role} axis has {got} entries; the {side} of {_NAMES[use]} come from the {source}, of length {length}"
+        return (
+            f"the {role} axis has {got} entries; the {side} of {_NAMES[use]} come from the {source}, of length {length}"
+        )
     return "the layout is [batch, head, query, key]"
 
 
-def _check_layout(attention_layout) -> None:
-    r = rng(61)
-    fresh = [(r.randint(1, 8), r.randint(1, 16), r.randint(2, 30), r.randint(2, 30)) for _ in range(2)] if grading() else []
+def _check_layout(attention_layout, check: Check) -> None:
+    r = check.rng(61)
+    drawn = [(r.randint(1, 8), r.randint(1, 16), r.randint(2, 30), r.randint(2, 30)) for _ in range(2)]
+    fresh = drawn if check.grading else []
     for batch, n_heads, src_len, tgt_len in [(2, 8, 11, 5), (3, 4, 6, 9), (1, 1, 7, 7)] + fresh:
         text = f"batch={batch}, n_heads={n_heads}, src_len={src_len}, tgt_len={tgt_len}"
-        got = call_answer(attention_layout, batch, n_heads, src_len, tgt_len, label=text)
+        got = check.call(attention_layout, batch, n_heads, src_len, tgt_len, label=text)
         want = _layout_reference(batch, n_heads, src_len, tgt_len)
         if not isinstance(got, dict) or set(got) != set(_USES):
             keys = sorted(map(str, got)) if isinstance(got, dict) else type(got).__name__
@@ -142,8 +155,10 @@ register(Exercise(
         "def attention_layout(batch, n_heads, src_len, tgt_len):\n"
         "    return {\n"
         "        \"encoder\": (\"none\", (batch, n_heads, src_len, src_len)),    # the source sees itself, all of it\n"
-        "        \"decoder\": (\"causal\", (batch, n_heads, tgt_len, tgt_len)),  # the target so far, no peeking ahead\n"
-        "        \"cross\": (\"none\", (batch, n_heads, tgt_len, src_len)),      # target queries read the whole source\n"
+        "        \"decoder\": (\"causal\", (batch, n_heads, tgt_len, tgt_len)),  # the target so far, no peeking "
+        "ahead\n"
+        "        \"cross\": (\"none\", (batch, n_heads, tgt_len, src_len)),      # target queries read the whole "
+        "source\n"
         "    }"
     ),
     reference=_layout_reference,
@@ -171,27 +186,31 @@ _COUNT_LABELS = ["n_heads=32, encoder_layers=0, decoder_layers=32 (decoder-only)
                  "n_heads=12, encoder_layers=4, decoder_layers=10 (encoder-decoder)"]
 
 
-def _check_count(attention_operations) -> None:
-    r = rng(62)
+def _check_count(attention_operations, check: Check) -> None:
+    r = check.rng(62)
     fresh = [(h, e, d) for h, e, d in ((r.randint(1, 32), r.randint(1, 24), r.randint(1, 24)) for _ in range(2))]
     labels = [f"n_heads={h}, encoder_layers={e}, decoder_layers={d} (encoder-decoder)" for h, e, d in fresh]
-    for (n_heads, enc, dec), label in zip(_COUNT_CASES + (fresh if grading() else []), _COUNT_LABELS + labels):
-        got = call_answer(attention_operations, n_heads, enc, dec, label=label)
+    for (n_heads, enc, dec), label in zip(_COUNT_CASES + (fresh if check.grading else []), _COUNT_LABELS + labels):
+        got = check.call(attention_operations, n_heads, enc, dec, label=label)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise Wrong(f"return a pair (operations, sequential_steps), got {got!r} for {label}"[:300])
-        got_ops, got_steps = expect_whole(got[0], f"operations for {label}"), expect_whole(got[1], f"sequential steps for {label}")
+        got_ops = expect_whole(got[0], f"operations for {label}")
+        got_steps = expect_whole(got[1], f"sequential steps for {label}")
         ops, steps = _count_reference(n_heads, enc, dec)
         if got_ops != ops:
             raise Wrong(f"operations for {label}: got {got_ops:,}; " + (name_miss(got_ops, [
-                ((enc + dec) * n_heads, "a decoder layer of an encoder-decoder has two attention blocks: self-attention and cross-attention"),
-                ((enc + 2 * dec) * n_heads, "cross-attention needs an encoder to attend to: a decoder-only model has none"),
+                ((enc + dec) * n_heads, "a decoder layer of an encoder-decoder has two attention blocks: "
+                                        "self-attention and cross-attention"),
+                ((enc + 2 * dec) * n_heads, "cross-attention needs an encoder to attend to: a decoder-only model has "
+                                            "none"),
                 (steps, "that counts blocks; every head of a block is its own operation"),
             ]) or "count the heads of every attention block in one forward pass"))
         if got_steps not in (steps, _critical_path(enc, dec)):  # a standard implementation, or the true critical path
             raise Wrong(f"sequential steps for {label}: got {got_steps:,}; " + (name_miss(got_steps, [
                 (ops, "the heads of one block run side by side; only the blocks must wait for each other"),
                 (1, "a block needs the previous block's output, so the blocks cannot all run at once"),
-                (enc + dec, "in a decoder layer, cross-attention takes its queries from the self-attention's output, so it must wait for it"),
+                (enc + dec, "in a decoder layer, cross-attention takes its queries from the self-attention's output, "
+                            "so it must wait for it"),
             ]) or "count the attention blocks that must run one after another"))
 
 

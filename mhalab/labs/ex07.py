@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import (as_float64, call_answer, expect_shape, generator, grading, judge, pattern_cache,
-                     previous_token_mistakes, rng)
-from .core import Exercise, Wrong, register
+from .checks import as_float64, expect_shape, judge, pattern_cache, previous_token_mistakes
+from .core import Check, Exercise, Wrong, register
 
 
 def _patterns(shape, generator, causal=False, sharp=3.0) -> torch.Tensor:
@@ -28,12 +27,12 @@ def _patterns(shape, generator, causal=False, sharp=3.0) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------ exercise 1
-def _cache_cases() -> list:
+def _cache_cases(check: Check) -> list:
     """Caches as run_with_cache returns them: the fixed sizes, and when grading two drawn fresh (one deep enough
     that sorted names are out of order)."""
-    g, r = generator(7), rng(70)
+    g, r = check.generator(7), check.rng(70)
     sizes = [(3, 2, 4, 6), (11, 1, 2, 5), (1, 3, 3, 9)]
-    if grading():
+    if check.grading:
         sizes += [(r.randint(2, 6), r.randint(1, 3), r.randint(1, 6), r.randint(3, 12)),
                   (r.randint(11, 16), r.randint(1, 2), r.randint(1, 4), r.randint(3, 8))]
     cases = []
@@ -46,18 +45,19 @@ def _prev_from_cache_reference(cache) -> torch.Tensor:
     return torch.stack([p.diagonal(-1, -2, -1).mean(dim=(0, 2)) for p in cache.values()])  # [N, H]
 
 
-def _check_prev_from_cache(previous_token_scores) -> None:
-    for cache in _cache_cases():
+def _check_prev_from_cache(previous_token_scores, check: Check) -> None:
+    for cache in _cache_cases(check):
         N = len(cache)
         B, H, T, _ = next(iter(cache.values())).shape
         label = f"a cache of {N} layers, each [{B}, {H}, {T}, {T}]"
-        got = call_answer(previous_token_scores, cache, label=label)
+        got = check.call(previous_token_scores, cache, label=label)
         try:
             got = as_float64(got, "the result")  # a tensor, an array or nested lists of numbers
             expect_shape(got, (N, H), "the result")
         except Wrong as wrong:
             if isinstance(got, torch.Tensor) and tuple(got.shape) == (H, N):
-                raise Wrong(f"previous_token_scores({label}): layers are the rows, heads the columns: [n_layers, n_heads]") from None
+                raise Wrong(f"previous_token_scores({label}): layers are the rows, heads the columns: [n_layers, "
+                            "n_heads]") from None
             raise Wrong(f"previous_token_scores({label}): {wrong} ([n_layers, n_heads])") from None
         want = _prev_from_cache_reference(cache)
         by_name = torch.stack([cache[k].diagonal(-1, -2, -1).mean(dim=(0, 2)) for k in sorted(cache)])
@@ -98,11 +98,11 @@ def _hide_reference(pattern: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, shown / total.clamp(min=1e-300), torch.zeros_like(shown))
 
 
-def _hide_cases() -> list:
+def _hide_cases(check: Check) -> list:
     """The fixed sizes, and when grading two drawn fresh."""
-    g, r = generator(8), rng(71)
+    g, r = check.generator(8), check.rng(71)
     sizes = [(2, 3, 6), (1, 2, 4), (1, 1, 7)]
-    if grading():
+    if check.grading:
         sizes += [(r.randint(1, 3), r.randint(1, 4), r.randint(4, 12)) for _ in range(2)]
     cases = []
     for B, H, T in sizes:
@@ -113,10 +113,10 @@ def _hide_cases() -> list:
     return cases
 
 
-def _check_hide(hide_cls_and_sep) -> None:
-    for pattern in _hide_cases():
+def _check_hide(hide_cls_and_sep, check: Check) -> None:
+    for pattern in _hide_cases(check):
         label = f"pattern {list(pattern.shape)}"
-        got = call_answer(hide_cls_and_sep, pattern, label=label)
+        got = check.call(hide_cls_and_sep, pattern, label=label)
         B, H, T, _ = pattern.shape
         try:
             expect_shape(got, (B, H, T, T), "the result")
@@ -131,7 +131,8 @@ def _check_hide(hide_cls_and_sep) -> None:
         kept[..., [0, -1]] = 0.0
         judge(got, _hide_reference(pattern), f"hide_cls_and_sep({label})", lambda: {
             "the rows no longer sum to 1: divide each row by what is left of it (renormalise)": kept,
-            "that renormalises each column (over the queries); each row (one query's weights over the keys) should sum to 1":
+            "that renormalises each column (over the queries); each row (one query's weights over the keys) should sum "
+            "to 1":
                 torch.nan_to_num(kept / kept.sum(-2, keepdim=True)),
             "only [CLS] (key 0) is hidden; [SEP] is the last key, -1": _only_first(pattern),
         })
@@ -171,11 +172,11 @@ def _gap_reference(similarity: torch.Tensor) -> float:
     return float(matched - (S.sum() - S.diagonal().sum()) / (n * n - n))
 
 
-def _gap_cases() -> list:
+def _gap_cases(check: Check) -> list:
     """The fixed sizes, and when grading two drawn fresh."""
-    g, r = generator(9), rng(72)
+    g, r = check.generator(9), check.rng(72)
     cases = []
-    for n in [4, 7, 2] + ([r.randint(2, 12) for _ in range(2)] if grading() else []):
+    for n in [4, 7, 2] + ([r.randint(2, 12) for _ in range(2)] if check.grading else []):
         a, b = torch.randn(n, 16, generator=g), torch.randn(n, 16, generator=g)
         b = b + 2 * a  # paraphrase-like: row i is close to column i
         a, b = torch.nn.functional.normalize(a, dim=-1), torch.nn.functional.normalize(b, dim=-1)
@@ -183,11 +184,11 @@ def _gap_cases() -> list:
     return cases
 
 
-def _check_gap(paraphrase_gap) -> None:
-    for S in _gap_cases():
+def _check_gap(paraphrase_gap, check: Check) -> None:
+    for S in _gap_cases(check):
         n = S.size(0)
         label = f"similarity {list(S.shape)}"
-        got = call_answer(paraphrase_gap, S, label=label)
+        got = check.call(paraphrase_gap, S, label=label)
         D = S.double()
         upper = D.triu(1)
         judge(got, _gap_reference(S), f"paraphrase_gap({label})", lambda: {
@@ -197,7 +198,8 @@ def _check_gap(paraphrase_gap) -> None:
             "that uses only the entries above the diagonal; the matrix is not symmetric (row i is the first sentence "
             "of pair i, column j the second of pair j), so every off-diagonal entry is a mismatched pair":
                 float(D.diagonal().mean() - upper.sum() / (n * (n - 1) / 2)),
-            "that is the mean similarity of the true pairs alone; subtract the mismatched pairs' mean": float(D.diagonal().mean()),
+            "that is the mean similarity of the true pairs alone; subtract the mismatched pairs' mean":
+                float(D.diagonal().mean()),
         })
 
 

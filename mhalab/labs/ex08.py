@@ -22,9 +22,8 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..pretrained.smollm2 import SMOLLM2_135M
-from .checks import (as_float64, call_answer, expect_shape, expect_whole, generator, grading, hidden_model, judge,
-                     name_miss, observe, pattern_cache, rng)
-from .core import AnswerRaised, Exercise, Wrong, register
+from .checks import as_float64, expect_shape, expect_whole, judge, name_miss, pattern_cache
+from .core import AnswerRaised, Check, Exercise, Wrong, register
 
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -38,15 +37,16 @@ _CONFIGS = [
     (_config(576, 30, 9, 3, 64), 4, "SmolLM2-135M in float32, as loaded here"),
     (_config(2048, 16, 32, 8, 64), 2, "a grouped-query model in 16-bit floats"),
     (_config(3072, 28, 24, 8, 96), 2, "d_head 96, not d_model / n_heads = 128"),
-    (_config(512, 6, 8, 8, 80), 1, "full multi-head attention (as many K/V heads as query heads), d_head 80 != 512 / 8, 1-byte values"),
+    (_config(512, 6, 8, 8, 80), 1, "full multi-head attention (as many K/V heads as query heads), d_head 80 != 512 / "
+                                   "8, 1-byte values"),
 ]
 
 
-def _kv_cases() -> list:
+def _kv_cases(check: Check) -> list:
     """The fixed configs, and when grading two drawn fresh (grouped K/V heads, d_head of its own)."""
     cases = list(_CONFIGS)
-    if grading():
-        r = rng(80)
+    if check.grading:
+        r = check.rng(80)
         for _ in range(2):
             n_kv = r.choice([1, 2, 4, 8])
             n_heads = n_kv * r.choice([2, 3, 4])
@@ -65,19 +65,23 @@ def _kv_reference(config, bytes_per_value: int) -> int:
     return 2 * config.n_layers * config.n_key_value_heads * config.d_head * bytes_per_value
 
 
-def _check_kv(kv_cache_bytes_per_token) -> None:
-    for config, b, what in _kv_cases():
+def _check_kv(kv_cache_bytes_per_token, check: Check) -> None:
+    for config, b, what in _kv_cases(check):
         label = f"{_describe_config(config)}, bytes_per_value={b} ({what})"
-        got = expect_whole(call_answer(kv_cache_bytes_per_token, config, b, label=label), "the result")
+        got = expect_whole(check.call(kv_cache_bytes_per_token, config, b, label=label), "the result")
         want = _kv_reference(config, b)
         if got != want:
             c = config
             raise Wrong(f"kv_cache_bytes_per_token({label}): got {got:,}; " + (name_miss(got, [
-                (2 * c.n_layers * c.n_heads * c.d_head * b, "that is full multi-head attention (a key and a value per query head): only the n_key_value_heads K/V heads are cached"),
+                (2 * c.n_layers * c.n_heads * c.d_head * b, "that is full multi-head attention (a key and a value per "
+                                                            "query head): only the n_key_value_heads K/V heads are "
+                                                            "cached"),
                 (c.n_layers * c.n_key_value_heads * c.d_head * b, "the cache holds both the keys and the values"),
                 (2 * c.n_key_value_heads * c.d_head * b, "every layer keeps its own cache: multiply by n_layers"),
-                (2 * c.n_layers * c.n_key_value_heads * (c.d_model // c.n_heads) * b, "use the config's d_head: it need not be d_model / n_heads"),
-                (2 * c.n_layers * c.n_key_value_heads * c.d_head, "multiply by bytes_per_value: that is a count of numbers, not bytes"),
+                (2 * c.n_layers * c.n_key_value_heads * (c.d_model // c.n_heads) * b, "use the config's d_head: it "
+                                                                                      "need not be d_model / n_heads"),
+                (2 * c.n_layers * c.n_key_value_heads * c.d_head, "multiply by bytes_per_value: that is a count of "
+                                                                  "numbers, not bytes"),
             ]) or "count the numbers a token leaves in the cache of every layer, then their bytes"))
 
 
@@ -101,12 +105,12 @@ def _induction_reference(cache, L: int) -> torch.Tensor:
     return torch.stack([p[:, :, queries, queries - L + 1].mean(dim=(0, 2)) for p in cache.values()])  # [N, H]
 
 
-def _induction_cases() -> list:
+def _induction_cases(check: Check) -> list:
     """Caches as run_with_cache returns them: the fixed sizes (one of SmolLM2's 30 layers and 9 heads), and when
     grading two drawn fresh (one with 11 layers or more, where sorted names are out of order)."""
-    g, r = generator(11), rng(81)
+    g, r = check.generator(11), check.rng(81)
     sizes = [(2, 2, 3, 5), (30, 1, 9, 4), (3, 1, 4, 7), (1, 2, 2, 3)]
-    if grading():
+    if check.grading:
         sizes += [(r.randint(1, 6), r.randint(1, 3), r.randint(1, 6), r.randint(3, 12)),
                   (r.randint(11, 32), r.randint(1, 2), r.randint(1, 9), r.randint(3, 8))]
     cases = []
@@ -118,12 +122,12 @@ def _induction_cases() -> list:
     return cases
 
 
-def _check_induction(induction_from_cache) -> None:
-    for cache, L in _induction_cases():
+def _check_induction(induction_from_cache, check: Check) -> None:
+    for cache, L in _induction_cases(check):
         N = len(cache)
         B, H, T, _ = next(iter(cache.values())).shape
         label = f"a cache of {N} layers [{B}, {H}, {T}, {T}], L={L}"
-        got = call_answer(induction_from_cache, cache, L, label=label)
+        got = check.call(induction_from_cache, cache, L, label=label)
         try:
             got = as_float64(got, "the result")  # a tensor, an array or nested lists of numbers
             expect_shape(got, (N, H), "the result")
@@ -142,7 +146,8 @@ def _check_induction(induction_from_cache) -> None:
             "number (cache[f'blocks.{i}.attn.hook_pattern'] for i in range(n_layers))": by_name,
             "that is the attention to the earlier copy of the *same* token (q - L), a duplicate-token score; an "
             "induction head looks at the token *after* it, q - L + 1": score(L, second),
-            "that is the token two after the earlier copy (q - L + 2); the induction target is q - L + 1": score(L - 2, second),
+            "that is the token two after the earlier copy (q - L + 2); the induction target is q - L + 1":
+                score(L - 2, second),
             "the queries should be the second copy only (positions L+1 .. 2L): the first copy has nothing earlier to "
             "copy from (and q - L + 1 < 0 there wraps around to the end)": score(L - 1, list(range(1, 2 * L + 1))),
             "the second copy starts at position L + 1 (position 0 is the start token): the queries are L+1 .. 2L":
@@ -163,7 +168,8 @@ register(Exercise(
         "    rows = []\n"
         "    for i in range(len(cache)):\n"
         "        pattern = cache[f'blocks.{i}.attn.hook_pattern']           # [B, H, T, T]\n"
-        "        rows.append(pattern[:, :, queries, queries - L + 1].mean(dim=(0, 2)))   # the token after the earlier copy\n"
+        "        rows.append(pattern[:, :, queries, queries - L + 1].mean(dim=(0, 2)))   # the token after the earlier "
+        "copy\n"
         "    return torch.stack(rows)                                   # [n_layers, n_heads]"
     ),
     reference=_induction_reference,
@@ -181,11 +187,11 @@ _MODELS = [(dict(d_vocab=17, d_model=24, n_heads=6, n_key_value_heads=2, n_layer
                  positions="rotary"), 4, 1, 8)]
 
 
-def _models():
+def _models(check: Check):
     out = []
     for config, seed, B, L in _MODELS:
-        model = hidden_model(config, seed)  # larger weights than at initialisation, so every head matters
-        g = generator(seed + 10)
+        model = check.hidden_model(config, seed)  # larger weights than at initialisation, so every head matters
+        g = check.generator(seed + 10)
         copy = torch.randint(1, config["d_vocab"], (B, L), generator=g)
         tokens = torch.cat([torch.zeros(B, 1, dtype=torch.long), copy, copy], dim=1)  # [B, 1 + 2L]
         out.append((model, tokens, L))
@@ -225,15 +231,15 @@ def _second_copy_reference(model, tokens, heads, L) -> float:
     return _loss_with(model, tokens, heads, L)
 
 
-def _stages(model, tokens, L, n: int) -> list:
+def _stages(check: Check, model, tokens, L, n: int) -> list:
     """(stage, heads switched off): none, one, then heads in two layers (two of them in one layer); when
     grading, which heads is drawn fresh, redrawn (a few times at most) while switching them off changes the
     loss too little to tell from the intact model's."""
     N, H = model.config.n_layers, model.config.n_heads
-    if not grading():
+    if not check.grading:
         return [("stage 1 of 3 (no head off)", []), ("stage 2 of 3 (one head off)", [(0, H - 1)]),
                 ("stage 3 of 3 (heads in two layers off)", [(0, 0), (N - 1, 1), (N - 1, 2)])]
-    r, intact = rng(n), _loss_with(model, tokens, [], L)
+    r, intact = check.rng(n), _loss_with(model, tokens, [], L)
 
     def drawn(pick):
         for _ in range(8):
@@ -291,15 +297,15 @@ def _head_mistakes(model, tokens, heads, L) -> dict:
     }
 
 
-def _check_second_copy(second_copy_loss) -> None:
-    for n, (model, tokens, L) in enumerate(_models()):
+def _check_second_copy(second_copy_loss, check: Check) -> None:
+    for n, (model, tokens, L) in enumerate(_models(check)):
         N, H = model.config.n_layers, model.config.n_heads
-        for stage, heads in _stages(model, tokens, L, 82 + n):
+        for stage, heads in _stages(check, model, tokens, L, 82 + n):
             label = (f"a {N}-layer model with {H} heads{_grouped(model)}, tokens {list(tokens.shape)}, heads={heads}, "
                      f"L={L}")
             try:
-                got = call_answer(second_copy_loss, model, tokens, list(heads), L, label=label, copy_args=False,
-                                  forbid=_FORBID, facts=("model_changed",))
+                got = check.call(second_copy_loss, model, tokens, list(heads), L, label=label, copy_args=False,
+                                 forbid=_FORBID, facts=("model_changed",))
             except AnswerRaised as raised:
                 if not (_grouped(model) and "IndexError" in str(raised)):
                     raise
@@ -307,9 +313,10 @@ def _check_second_copy(second_copy_loss) -> None:
                 raise AnswerRaised(f"{raised}. This model groups its K/V heads, as SmolLM2 does: hook_k and hook_v are "
                                    f"[batch, position, {G}, d_head], the K/V heads; a query head's output is z, "
                                    f"[batch, position, {H}, d_head] at blocks.{{layer}}.attn.hook_z") from None
-            if observe("model_changed"):
-                raise Wrong(f"{stage}, second_copy_loss({label}): after your function returned, the model still runs with "
-                            "heads off. Remove the hooks when you are done (model.run_with_hooks and model.hooks do it for you)")
+            if check.observe("model_changed"):
+                raise Wrong(f"{stage}, second_copy_loss({label}): after your function returned, the model still runs "
+                            "with heads off. Remove the hooks when you are done (model.run_with_hooks and model.hooks "
+                            "do it for you)")
             want = _second_copy_reference(model, tokens, heads, L)
             judge(got, want, f"{stage}, second_copy_loss({label})", lambda: {
                 "that is the loss over the whole sequence; the in-context loss is on the second copy only "
@@ -332,9 +339,9 @@ def _check_second_copy(second_copy_loss) -> None:
 register(Exercise(
     "08", 3, "switch heads off and measure the in-context loss",
     _check_second_copy,
-    hint=["The sequence is [start, copy, copy] with L tokens per copy. The logits at position p predict token p + 1, so "
-          "the second copy (tokens L+1 .. 2L) is predicted from positions L .. 2L-1: the in-context loss is the mean "
-          "cross-entropy there.",
+    hint=["The sequence is [start, copy, copy] with L tokens per copy. The logits at position p predict token p + 1, "
+          "so the second copy (tokens L+1 .. 2L) is predicted from positions L .. 2L-1: the in-context loss is the "
+          "mean cross-entropy there.",
           "To switch off (layer, head), zero z[:, :, head] at blocks.{layer}.attn.hook_z (z: [batch, position, head, "
           "d_head]). Heads may come from several layers: give model.run_with_hooks one (name, hook) pair per layer, "
           "or one hook that reads the layer from hook.name."],

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import call_answer, expect_whole, generator, grading, judge, name_miss, rng
-from .core import Exercise, Wrong, register
+from .checks import expect_whole, judge, name_miss
+from .core import Check, Exercise, Wrong, register
 
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -21,11 +21,11 @@ def _icl_reference(nll, window: int) -> float:
     return float(nll[:, -window:].mean() - nll[:, :window].mean())
 
 
-def _icl_cases() -> list:
+def _icl_cases(check: Check) -> list:
     """(stage, nll [B, T], window): one sequence, then a batch whose later targets are easier."""
-    g, r = generator(90), rng(91)
+    g, r = check.generator(90), check.rng(91)
     sizes = [("stage 1 of 2 (one sequence)", 1, 12, 3), ("stage 2 of 2 (a batch)", 4, 23, 5)]
-    if grading():
+    if check.grading:
         sizes.append(("stage 2 of 2 (a batch)", r.randint(2, 6), r.randint(14, 40), r.randint(2, 6)))
     cases = []
     for stage, B, T, w in sizes:
@@ -34,11 +34,11 @@ def _icl_cases() -> list:
     return cases
 
 
-def _check_icl(icl_score) -> None:
-    for stage, nll, w in _icl_cases():
+def _check_icl(icl_score, check: Check) -> None:
+    for stage, nll, w in _icl_cases(check):
         B, T = nll.shape
         label = f"{stage}, icl_score(nll [{B}, {T}], window={w})"
-        got = call_answer(icl_score, nll, w, label=f"nll [{B}, {T}], window={w}")
+        got = check.call(icl_score, nll, w, label=f"nll [{B}, {T}], window={w}")
         judge(got, _icl_reference(nll, w), label, lambda: {
             "the sign is flipped: the score is late minus early (negative when the context helps)":
                 -_icl_reference(nll, w),
@@ -88,14 +88,14 @@ def _onset_reference(steps, curve, fraction: float):
     return _stays_past(steps, curve, start + fraction * (end - start), end < start)  # a loss falls to it
 
 
-def _onset_cases() -> list:
+def _onset_cases(check: Check) -> list:
     """(stage, steps, curve [K], fraction): a smooth rise, a rise with an early blip, a falling loss."""
-    g, r = generator(92), rng(93)
-    every = r.choice([10, 20, 25]) if grading() else 10
+    g, r = check.generator(92), check.rng(93)
+    every = r.choice([10, 20, 25]) if check.grading else 10
     K = 41
     steps = [every * k for k in range(K)]
     x = torch.linspace(-6, 6, K, dtype=torch.float64)
-    middle = r.uniform(-2, 2) if grading() else 0.8
+    middle = r.uniform(-2, 2) if check.grading else 0.8
     rise = 0.05 + 0.7 * torch.sigmoid(2 * (x - middle))                           # a score that forms
     noise = 0.01 * torch.randn(K, generator=g, dtype=torch.float64)
     blip = rise + noise
@@ -108,10 +108,10 @@ def _onset_cases() -> list:
             ("stage 3 of 3 (a falling loss)", steps, fall, 0.1)]
 
 
-def _check_onset(onset_step) -> None:
-    for stage, steps, curve, fraction in _onset_cases():
+def _check_onset(onset_step, check: Check) -> None:
+    for stage, steps, curve, fraction in _onset_cases(check):
         label = f"steps (every {steps[1]}, {len(steps)} of them), curve [{len(steps)}], fraction={fraction}"
-        got = call_answer(onset_step, list(steps), curve.clone(), fraction, label=label)
+        got = check.call(onset_step, list(steps), curve.clone(), fraction, label=label)
         want = _onset_reference(steps, curve, fraction)
         if got is None:
             falls = float(curve[-1]) < float(curve[0])
@@ -174,9 +174,9 @@ def _circuit_reference(induction, previous):
     return ((layer, head), (p_layer, p_head))
 
 
-def _circuit_cases() -> list:
+def _circuit_cases(check: Check) -> list:
     """(stage, induction [K, N, H], previous [K, N, H]): two layers, then three with distractors."""
-    g, r = generator(94), rng(95)
+    g, r = check.generator(94), check.rng(95)
     out = []
     for stage, N, H in (("stage 1 of 3 (two layers)", 2, 4), ("stage 2 of 3 (a head that peaks early)", 2, 5),
                         ("stage 3 of 3 (three layers)", 3, 4)):
@@ -199,11 +199,11 @@ def _circuit_cases() -> list:
     return out
 
 
-def _check_circuit(circuit_heads) -> None:
-    for stage, induction, previous in _circuit_cases():
+def _check_circuit(circuit_heads, check: Check) -> None:
+    for stage, induction, previous in _circuit_cases(check):
         K, N, H = induction.shape
         label = f"induction [{K}, {N}, {H}], previous [{K}, {N}, {H}]"
-        got = call_answer(circuit_heads, induction.clone(), previous.clone(), label=label)
+        got = check.call(circuit_heads, induction.clone(), previous.clone(), label=label)
         want = _circuit_reference(induction, previous)
         try:
             pairs = tuple(tuple(expect_whole(v, "the result") for v in pair) for pair in got)

@@ -13,8 +13,8 @@ import math
 
 import torch
 
-from .checks import call_answer, expect_equal, generator, grading, hidden_model, judge, name_miss, rng
-from .core import Exercise, Wrong, register
+from .checks import expect_equal, judge, name_miss
+from .core import Check, Exercise, Wrong, register
 
 # ------------------------------------------------------------------------------------ exercise 1
 _QK_MODELS = [
@@ -26,22 +26,24 @@ _QK_MODELS = [
 ]
 
 
-def _qk_cases() -> list:
+def _qk_cases(check: Check) -> list:
     """(stage, model, layer, head): the paper's attention, grouped-query, a low-rank head; more drawn when grading."""
     cases = []
     for stage, config, seed, layer, head in _QK_MODELS:
-        model = hidden_model({**config, "n_ctx": 8, "causal": True, "bias": False}, seed)
+        model = check.hidden_model({**config, "n_ctx": 8, "causal": True, "bias": False}, seed)
         if "low" in stage or "rank" in stage:  # head 1 keeps only 3 of its 6 query directions
             d = model.config.d_head
             with torch.no_grad():
                 model.blocks[layer].attn.qkv_proj.weight[head * d + 3:(head + 1) * d] = 0.0
         cases.append((stage, model, layer, head))
-    if grading():
-        r = rng(104)
+    if check.grading:
+        r = check.rng(104)
         g = r.choice([1, 2])
         config = dict(d_vocab=9, d_model=r.choice([16, 24]), n_heads=2 * g, n_key_value_heads=g,
                       d_head=r.choice([3, 5]), n_layers=2, n_ctx=8, causal=True, bias=False)
-        cases.append(("a model drawn for this grading", hidden_model(config, 105), r.randrange(2), r.randrange(2 * g)))
+        cases.append(
+            ("a model drawn for this grading", check.hidden_model(config, 105), r.randrange(2), r.randrange(2 * g))
+        )
     return cases
 
 
@@ -51,13 +53,13 @@ def _qk_reference(model, layer, head):
     return W_QK, int(torch.linalg.matrix_rank(W_QK))
 
 
-def _check_qk(qk_circuit) -> None:
-    for stage, model, layer, head in _qk_cases():
+def _check_qk(qk_circuit, check: Check) -> None:
+    for stage, model, layer, head in _qk_cases(check):
         attn = model.blocks[layer].attn
         H, G, d = attn.n_heads, attn.n_kv_heads, attn.d_head
         label = (f"{stage}, qk_circuit(a model with {H} heads, {G} K/V heads, d_model {attn.d_model}, d_head {d}, "
                  f"layer={layer}, head={head})")
-        got = call_answer(qk_circuit, model, layer, head, label=label, copy_args=False)
+        got = check.call(qk_circuit, model, layer, head, label=label, copy_args=False)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise Wrong(f"{label}: return two things, (W_QK, rank)")
         W_QK, rank = got
@@ -109,12 +111,12 @@ register(Exercise(
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-def _ov_cases() -> list:
+def _ov_cases(check: Check) -> list:
     """(what, W_E, W_V, W_O, W_U) in float64; W_U from W_E for one that copies and one that suppresses."""
-    g = generator(110)
+    g = check.generator(110)
     sizes = [(10, 6, 3), (12, 8, 2), (9, 6, 4)]
-    if grading():
-        r = rng(111)
+    if check.grading:
+        r = check.rng(111)
         sizes += [(r.randint(6, 16), r.randint(4, 8), r.randint(1, 4)) for _ in range(2)]
     cases = []
     for n, (V, D, d) in enumerate(sizes):
@@ -138,11 +140,11 @@ def _copying_reference(W_E, W_V, W_O, W_U) -> float:
     return _copying(W_E @ W_V @ W_O @ W_U)
 
 
-def _check_copying(copying_score) -> None:
-    for what, W_E, W_V, W_O, W_U in _ov_cases():
+def _check_copying(copying_score, check: Check) -> None:
+    for what, W_E, W_V, W_O, W_U in _ov_cases(check):
         shapes = ", ".join(f"{n} {list(m.shape)}" for n, m in zip(("W_E", "W_V", "W_O", "W_U"), (W_E, W_V, W_O, W_U)))
         label = f"copying_score({shapes}) ({what})"
-        got = call_answer(copying_score, W_E, W_V, W_O, W_U, label=label)
+        got = check.call(copying_score, W_E, W_V, W_O, W_U, label=label)
         full = W_E @ W_V @ W_O @ W_U
         lam = torch.linalg.eigvals(full)
         judge(got, _copying_reference(W_E, W_V, W_O, W_U), label, lambda: {
@@ -171,11 +173,11 @@ register(Exercise(
 
 
 # ------------------------------------------------------------------------------------ exercise 3
-def _dla_cases() -> list:
-    g = generator(120)
+def _dla_cases(check: Check) -> list:
+    g = check.generator(120)
     sizes = [(2, 5, 8, 11), (1, 7, 6, 9)]
-    if grading():
-        r = rng(121)
+    if check.grading:
+        r = check.rng(121)
         sizes += [(r.randint(1, 3), r.randint(2, 9), r.randint(4, 12), r.randint(5, 20))]
     cases = []
     for B, T, D, V in sizes:
@@ -191,12 +193,12 @@ def _dla(result, scale, W_U, right, wrong):
     return ((result / scale) * (W_U.T[right] - W_U.T[wrong])).sum(-1)
 
 
-def _check_dla(head_logit_attribution) -> None:
-    for result, scale, W_U, right, wrong in _dla_cases():
+def _check_dla(head_logit_attribution, check: Check) -> None:
+    for result, scale, W_U, right, wrong in _dla_cases(check):
         B, T, D = result.shape
         label = (f"head_logit_attribution(result [{B}, {T}, {D}], scale [{B}, {T}, 1], W_U [{D}, {W_U.shape[1]}], "
                  "right, wrong)")
-        got = call_answer(head_logit_attribution, result, scale, W_U, right, wrong, label=label)
+        got = check.call(head_logit_attribution, result, scale, W_U, right, wrong, label=label)
         own = result.pow(2).mean(-1, keepdim=True).sqrt()
         judge(got, _dla(result, scale, W_U, right, wrong), label, lambda: {
             "divide the head's output by the final norm's scale first: the logits are computed from the normed "
@@ -217,8 +219,7 @@ register(Exercise(
     "10", 3, "one head's direct logit attribution",
     _check_dla,
     hint=["The final norm divides the whole residual, this head's output included, by scale; W_U then makes the "
-          "logits. "
-          "So the head's direct share of the logits is (result / scale) @ W_U.",
+          "logits. So the head's direct share of the logits is (result / scale) @ W_U.",
           "Only the logit difference is asked: project result / scale on W_U[:, right] - W_U[:, wrong] "
           "(W_U.T[right] - W_U.T[wrong] is [batch, pos, d_model]) and sum over d_model."],
     solution=(
