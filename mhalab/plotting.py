@@ -20,7 +20,9 @@ __all__ = [
 
 DPI = 96  # figure dots per inch = CSS pixels per inch: text of n points shows n points tall
 # Colours (and matching colour maps) for a task's relations, in ``batch.sources`` order.
-RELATION_COLOURS = ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive")
+RELATION_COLOURS = (
+    "tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive",
+)
 RELATION_CMAPS = ("Reds", "Blues", "Greens", "Purples", "Oranges", "YlOrBr", "RdPu", "YlGn")
 
 
@@ -100,10 +102,12 @@ def heatmap(weights, *, ax=None, x_labels: Sequence[str] | None = None, y_labels
     if ax is None:
         ax = figure(width=0.45 * w.size(1) + 1.5, height=0.45 * w.size(0) + 1.0)[1][0, 0]
     ax.imshow(w.numpy(), cmap="Blues", vmin=0.0, vmax=1.0)
-    for labels, setter, n, axis in ((x_labels, ax.set_xticks, w.size(1), "x"), (y_labels, ax.set_yticks, w.size(0), "y")):
+    axes = ((x_labels, ax.set_xticks, w.size(1), "x"), (y_labels, ax.set_yticks, w.size(0), "y"))
+    for labels, setter, n, axis in axes:
         if labels is not None:
             if len(labels) != n:
-                raise ValueError(f"{axis}_labels has {len(labels)} labels for {n} {'keys' if axis == 'x' else 'queries'}")
+                what = "keys" if axis == "x" else "queries"
+                raise ValueError(f"{axis}_labels has {len(labels)} labels for {n} {what}")
             setter(range(n), labels=list(labels), rotation=90 if axis == "x" else 0)
     if annotate:
         for (i, j), value in np.ndenumerate(w.numpy()):
@@ -141,7 +145,8 @@ def show_memory_layout(t: Tensor, layout: str, *, d_head: int, title: str):
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if t.dim() != len(layout.split()) or t.size(0) != 1:
-        raise ValueError(f"a {layout!r} tensor of one sequence has shape [1, ...] with {len(layout.split())} axes, got {tuple(t.shape)}")
+        raise ValueError(f"a {layout!r} tensor of one sequence has shape [1, ...] with {len(layout.split())} axes, "
+                         f"got {tuple(t.shape)}")
     values = t[0].detach().long()
     if layout == "B H T dk":  # H blocks of T x dk
         blocks, block_titles = list(values), [f"head {i}" for i in range(values.size(0))]
@@ -161,7 +166,8 @@ def show_memory_layout(t: Tensor, layout: str, *, d_head: int, title: str):
                 ax.axvline(j - 0.5, color="black", linewidth=2.5)
         ax.set(xticks=range(cols), yticks=range(rows))
         ax.tick_params(labelsize=8)
-        ax.set_xlabel({"B T D": "feature", "B T H dk": "head | feature within head", "B H T dk": "feature within head"}[layout], fontsize=8)
+        x_label = {"B T D": "feature", "B T H dk": "head | feature within head", "B H T dk": "feature within head"}
+        ax.set_xlabel(x_label[layout], fontsize=8)
         ax.set_ylabel("token", fontsize=8)
         if block_title:
             ax.set_title(block_title, fontsize=9)

@@ -25,8 +25,8 @@ from .device import autocast, foreach_supported, pick_device, resolve_precision
 from .models import batch_logits, eval_mode
 from .plotting import plot_history
 
-__all__ = ["train", "evaluate", "TrainConfig", "make_config", "History", "TrainingDiverged", "CallbackFailed", "EVAL_SEED",
-           "stream_seed"]
+__all__ = ["train", "evaluate", "TrainConfig", "make_config", "History", "TrainingDiverged", "CallbackFailed",
+           "EVAL_SEED", "stream_seed"]
 
 EVAL_SEED = 987_654_321  # evaluate's default seed: the held-out batches are the same in every call
 _FLUSH_EVERY = 16  # read losses back from the device (and check them) at most this many steps apart
@@ -125,7 +125,8 @@ class TrainConfig:
             object.__setattr__(self, "device", str(self.device))
         resolve_precision(self.precision, pick_device(self.device))  # a bad device or precision fails now
         if self.checkpoint is not None and not isinstance(self.checkpoint, (str, os.PathLike)):
-            raise TypeError(f"checkpoint must be a file path (str or pathlib.Path), got {type(self.checkpoint).__name__}")
+            raise TypeError("checkpoint must be a file path (str or pathlib.Path), "
+                            f"got {type(self.checkpoint).__name__}")
         if not isinstance(self.progress, bool):
             raise TypeError(f"progress must be True or False, got {self.progress!r}")
 
@@ -177,7 +178,8 @@ def make_config(config: TrainConfig | None = None, /, **overrides: Any) -> Train
 def evaluate(model: nn.Module, task: Any, *, batches: int = 8, batch_size: int = 256, seed: int = EVAL_SEED,
              device: str | torch.device | None = None, precision: str = "fp32") -> dict[str, float]:
     """The task's metrics averaged over ``batches`` held-out batches, the same ones every call (drawn from
-    ``stream_seed(seed, "eval")``, a stream training never uses), in eval mode; ``device=None`` uses the model's device."""
+    ``stream_seed(seed, "eval")``, a stream training never uses), in eval mode; ``device=None`` uses the model's
+    device."""
     check_task(task)
     check_int("batches", batches, 1)
     check_int("batch_size", batch_size, 1)
@@ -281,7 +283,8 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, *,
                     save_checkpoint(snapshot(parts, generator, device, step=step, train_config=cfg.to_dict(),
                                              history=asdict(history), **run), path)
                 if path is not None and step > start:
-                    kept = f", the checkpoint {str(path)!r} holds step {step} (train again with the same settings to resume)"
+                    kept = (f", the checkpoint {str(path)!r} holds step {step} "
+                            "(train again with the same settings to resume)")
                 raise CallbackFailed(
                     f"the callback {getattr(callback, '__name__', type(callback).__name__)} raised at step {step}: "
                     f"{type(error).__name__}: {error}. Training stopped there; nothing finished is lost: the model "

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from labs_fixture import NOTEBOOKS, lab_notebooks, synthetic_notebook
-from mhalab.labs import load as report_exercises
 from mhalab_grader.cells import answers, for_nbgrader
 from mhalab_grader.grade import grade
+
+from mhalab.labs import load as report_exercises
 
 pytestmark = pytest.mark.slow
 
@@ -57,10 +57,13 @@ def test_nbgrader_accepts_the_notebooks_as_they_are(nbgrader_python, tmp_path):
     nbformat.write(synthetic_notebook(), fixture)
     script = ("import copy, sys, nbformat\nfrom nbgrader.nbgraderformat import MetadataValidator\n"
               "from nbgrader.preprocessors import ClearSolutions\n"
-              "for path in sys.argv[1:]:\n    nb = nbformat.read(path, as_version=4)\n    MetadataValidator().validate_nb(nb)\n"
+              "for path in sys.argv[1:]:\n    nb = nbformat.read(path, as_version=4)\n"
+              "    MetadataValidator().validate_nb(nb)\n"
               "    cleared, _ = ClearSolutions().preprocess(copy.deepcopy(nb), {'language': 'python'})\n"
-              "    assert 'BEGIN SOLUTION' not in '\\n'.join(c.source for c in cleared.cells), path\nprint('ok', len(sys.argv) - 1)")
-    run = subprocess.run([str(nbgrader_python), "-c", script, str(fixture), *paths], capture_output=True, text=True, timeout=600)
+              "    assert 'BEGIN SOLUTION' not in '\\n'.join(c.source for c in cleared.cells), path\n"
+              "print('ok', len(sys.argv) - 1)")
+    run = subprocess.run([str(nbgrader_python), "-c", script, str(fixture), *paths], capture_output=True, text=True,
+                         timeout=600)
     assert run.returncode == 0 and f"ok {len(paths) + 1}" in run.stdout, run.stderr[-3000:]
 
 

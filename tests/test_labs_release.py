@@ -9,16 +9,18 @@ import copy
 
 import nbformat
 import pytest
-
 from labs_fixture import answer_meta, lab_notebooks, synthetic_notebook  # also registers notebook "99"'s exercises
-import mhalab.labs as labs
 from mhalab_grader.__main__ import main as labs_main
 from mhalab_grader.cells import MarkerError, answers, for_nbgrader, solution_regions, student_version
 from mhalab_grader.grade import grade
 
+import mhalab.labs as labs
+
 LAB_NOTEBOOKS = lab_notebooks()
 nb_ids = [p.stem for p in LAB_NOTEBOOKS]
-SCHEMA_V3_KEYS = {"schema_version", "grade", "locked", "solution", "task", "grade_id", "points", "checksum", "cell_type"}
+SCHEMA_V3_KEYS = {
+    "schema_version", "grade", "locked", "solution", "task", "grade_id", "points", "checksum", "cell_type",
+}
 
 
 @pytest.mark.parametrize(
@@ -39,7 +41,8 @@ def test_malformed_markers_are_errors(source, problem):
 def test_answers_come_from_the_metadata_and_the_check_call():
     found = answers(synthetic_notebook())
     assert [(a.index, a.key, a.written, a.expression) for a in found] == [
-        (4, "99.1", False, "double"), (5, "99.2", False, "n_heads"), (6, "99.2", True, None), (7, "99.3", False, "mask"),
+        (4, "99.1", False, "double"), (5, "99.2", False, "n_heads"), (6, "99.2", True, None),
+        (7, "99.3", False, "mask"),
     ]
     nb = synthetic_notebook()
     nb.cells[7].source += "\nq3.check(mask.T)"  # the cell's last check is what counts
@@ -50,8 +53,10 @@ def test_answers_come_from_the_metadata_and_the_check_call():
     (lambda nb: nb.cells[4].metadata.pop("nbgrader"), "solution region outside an answer cell"),
     (lambda nb: setattr(nb.cells[4], "source", nb.cells[4].source.replace("q1.check(double)", "")), "has none"),
     (lambda nb: nb.cells[4].metadata["nbgrader"].update(grade_id="double"), "should be exNN-K-answer"),
-    (lambda nb: nb.cells[5].metadata["nbgrader"].update(grade_id="ex99-1-answer"), "exercise 99.1 has two answer cells"),
-    (lambda nb: setattr(nb.cells[4], "source", nb.cells[4].source.replace("    ### END SOLUTION\n", "")), "without an END"),
+    (lambda nb: nb.cells[5].metadata["nbgrader"].update(grade_id="ex99-1-answer"),
+     "exercise 99.1 has two answer cells"),
+    (lambda nb: setattr(nb.cells[4], "source", nb.cells[4].source.replace("    ### END SOLUTION\n", "")),
+     "without an END"),
 ])
 def test_malformed_answer_cells_are_errors(edit, problem):
     nb = synthetic_notebook()
@@ -67,9 +72,11 @@ def test_student_version_has_placeholders_and_no_solutions():
     nb.cells[4].execution_count = 3
     student = student_version(nb)
     text = "\n".join(c.source for c in student.cells)
-    assert "return 2 * x" not in text and "tril()" not in text and "divides evenly" not in text and "SOLUTION" not in text
+    for solution_text in ("return 2 * x", "tril()", "divides evenly", "SOLUTION"):
+        assert solution_text not in text
     assert student.cells[4].source == ('def double(x):\n    """Twice x."""\n    # YOUR CODE HERE\n'
-                                       '    raise NotImplementedError("Exercise 99.1: write your answer here")\n\nq1.check(double)')
+                                       '    raise NotImplementedError("Exercise 99.1: write your answer here")\n\n'
+                                       'q1.check(double)')
     assert student.cells[5].source == "# YOUR CODE HERE: exercise 99.2\nn_heads = None\nq2.check(n_heads)"
     assert student.cells[6].source.endswith("YOUR ANSWER HERE")
     assert all(len(line) <= 80 for line in text.split("\n"))
@@ -116,7 +123,8 @@ def test_course_notebook_answer_cells(path):
         assert not a.borrows
     student = student_version(nb)
     assert not any("SOLUTION" in c.source for c in student.cells)
-    stubs = [line for a in found for line in student.cells[a.index].source.split("\n") if "YOUR CODE" in line or "NotImplementedError" in line]
+    stubs = [line for a in found for line in student.cells[a.index].source.split("\n")
+             if "YOUR CODE" in line or "NotImplementedError" in line]
     assert stubs and all(len(line) <= 80 for line in stubs), stubs
     nbformat.validate(student)
 
@@ -137,7 +145,10 @@ def test_course_notebook_student_version_runs_and_its_solutions_pass(path, tmp_p
     assert not report.kernel_died and not report.missing, report.format()
     for i, a in enumerate(found):
         got = next(e for e in report.exercises if e.key == a.key)
-        assert (got.status, got.message) == ("passed", "correct.") if i % 2 == 0 else got.status == "unanswered", report.format()
+        if i % 2 == 0:
+            assert (got.status, got.message) == ("passed", "correct."), report.format()
+        else:
+            assert got.status == "unanswered", report.format()
 
 
 def test_for_nbgrader_adds_a_locked_test_cell_worth_the_points_after_each_answer_cell():
@@ -153,8 +164,9 @@ def test_for_nbgrader_adds_a_locked_test_cell_worth_the_points_after_each_answer
         assert meta["solution"] and not meta["grade"]
         test = out.cells[a.index + 1]
         q = f"q{a.key[-1]}"
-        assert test.metadata["nbgrader"] == {"grade": True, "grade_id": f"ex{a.key.replace('.', '-')}-test", "locked": True,
-                                             "points": 1, "schema_version": 3, "solution": False}
-        assert f"assert {q}.last_status == \"passed\"" in test.source and set(test.metadata["nbgrader"]) <= SCHEMA_V3_KEYS
+        assert test.metadata["nbgrader"] == {"grade": True, "grade_id": f"ex{a.key.replace('.', '-')}-test",
+                                             "locked": True, "points": 1, "schema_version": 3, "solution": False}
+        assert f"assert {q}.last_status == \"passed\"" in test.source
+        assert set(test.metadata["nbgrader"]) <= SCHEMA_V3_KEYS
     assert len(out.cells) == len(nb.cells) + 3
     nbformat.validate(out)

@@ -27,16 +27,10 @@ NOT_YET_CLEAN = frozenset({
     "grader/mhalab_grader/kernel.py",
     "grader/mhalab_grader/worker.py",
     "benchmarks/grading.py",
-    "mhalab/plotting.py",
     "mhalab/sweep.py",
     "mhalab/tasks.py",
-    "mhalab/train.py",
     "tests/labs_corpus.py",
-    "tests/test_labs_class.py",
-    "tests/test_labs_nbgrader.py",
-    "tests/test_labs_release.py",
     "tests/test_sweep.py",
-    "tests/test_train.py",
 })
 
 

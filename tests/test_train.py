@@ -10,9 +10,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mhalab.models import EncoderDecoder, ModelConfig, Transformer
 from mhalab.checkpoint import load_checkpoint
-from mhalab.train import CallbackFailed, History, TrainConfig, TrainingDiverged, evaluate, make_config, stream_seed, train
+from mhalab.models import EncoderDecoder, ModelConfig, Transformer
+from mhalab.train import (
+    CallbackFailed,
+    History,
+    TrainConfig,
+    TrainingDiverged,
+    evaluate,
+    make_config,
+    stream_seed,
+    train,
+)
 
 
 @dataclass
@@ -46,7 +55,8 @@ class PreviousToken:
         return Batch(x, y, {"previous": pos - 1})
 
     def loss(self, logits, batch):
-        return F.cross_entropy(logits.reshape(-1, self.vocab_size).float(), batch.targets.reshape(-1), ignore_index=-100)
+        flat = logits.reshape(-1, self.vocab_size).float()
+        return F.cross_entropy(flat, batch.targets.reshape(-1), ignore_index=-100)
 
     def metrics(self, logits, batch):
         valid = batch.targets != -100
