@@ -59,7 +59,7 @@ def cmd_grade(args: argparse.Namespace) -> int:
                 bar.write(line)
                 bar.update(1)
             results = grade_class(submissions, source=args.source, timeout=timeout, jobs=args.jobs,
-                                  sandboxed=sandboxed, limits=args.limits, progress=progress)
+                                  sandboxed=sandboxed, limits=args.limits, progress=progress, fork=not args.no_fork)
         out = Path(args.out or "graded")
         write_outputs(results, out, gradescope=args.gradescope is not None)
         print(f"graded {len(results)} submission(s) in {time.perf_counter() - start:.0f} s with -j {args.jobs}; wrote "
@@ -137,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600, metavar="S", help="seconds one cell or one call of an answer may run (default 600; 0 = no limit)")
     p.add_argument("--no-sandbox", action="store_true", help="run submissions as you, unconfined (only for notebooks "
                    "you trust; where no sandbox can be made, macOS and Windows, grading refuses without it)")
+    p.add_argument("--no-fork", action="store_true", help="a class: start a fresh kernel per submission that runs the "
+                   "whole notebook (default on Linux: run the cells before the first answer cell once, in a sandboxed "
+                   "kernel, and fork each submission's kernel from it)")
     p.add_argument("--memory-mb", type=int, default=Limits.memory_mb, metavar="MB", help="memory of each process of a "
                    f"submission (default {Limits.memory_mb})")
     p.add_argument("--processes", type=int, default=Limits.processes, metavar="N",

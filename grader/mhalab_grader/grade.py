@@ -30,9 +30,10 @@ from mhalab.labs.core import PACKAGE, PASSED, load
 from .cells import _GRADE_ID, answers, student_version
 from .kernel import GradingKernel, KernelGone, _Handed
 from .sandbox import Limits
+from .zygote import Prepared
 
 __all__ = ["MISSING", "NOT_CHECKED", "ExerciseGrade", "GradeReport", "assignment_of", "copy_flag", "grade",
-           "instructor_notebook", "similarity"]
+           "instructor_notebook", "prefix_cells", "prepare", "similarity"]
 
 NOT_CHECKED, MISSING = "not checked", "missing"
 
@@ -151,14 +152,31 @@ def copy_flag(answer_source: str, ex: Any) -> float | None:
     return ratio if ratio >= COPY_FLAG_RATIO else None
 
 
+def prefix_cells(instructor: Any) -> list[tuple[int, str]]:
+    """(index, source) of the instructor's code cells before the first code answer cell: the same for every
+    submission, so the fork path runs them once per assignment (:mod:`mhalab_grader.zygote`)."""
+    first = min((a.index for a in answers(instructor) if not a.written), default=len(instructor.cells))
+    return [(i, c.source) for i, c in enumerate(instructor.cells[:first]) if c.cell_type == "code"]
+
+
+def prepare(assignment: str, *, source: str | Path | None = None, timeout: float | None = 600,
+            limits: Limits | None = None, jobs: int = 1) -> Prepared:
+    """A kernel that has run notebook ``assignment``'s cells before its first answer cell, to fork per submission."""
+    nb_id = str(assignment).zfill(2)
+    instructor = nbformat.read(instructor_notebook(nb_id, source), as_version=4)
+    spec = {nb_id: [[ex.number, ex.title] for ex in load(nb_id)]}
+    return Prepared(nb_id, spec, prefix_cells(instructor), timeout=timeout, limits=limits, jobs=jobs)
+
+
 def grade(path: str | Path, *, assignment: str | None = None, source: str | Path | None = None,
           timeout: float | None = 600, seed: int | None = None, sandboxed: bool = True,
-          limits: Limits | None = None) -> GradeReport:
+          limits: Limits | None = None, prepared: Prepared | None = None) -> GradeReport:
     """Grade the submission at ``path`` as notebook ``assignment`` (default: from its file or folder name):
     the instructor's copy (from ``source``, default notebooks/) with the submission's answer cells, run in a
     :class:`GradingKernel`, each answer judged here. ``timeout``: seconds one cell or one call may run;
     ``seed``: of the hidden inputs (default: a secret one per run); ``sandboxed`` (default): the kernel runs in
-    the sandbox (SandboxUnavailable where none can be made), within ``limits``."""
+    the sandbox (SandboxUnavailable where none can be made), within ``limits``. ``prepared`` (of this notebook,
+    from :func:`prepare`): the kernel is a fork of it, which runs only the cells after its own."""
     path = Path(path)
     nb_id = str(assignment).zfill(2) if assignment is not None else assignment_of(path)
     exercises = load(nb_id)
@@ -202,7 +220,16 @@ def grade(path: str | Path, *, assignment: str | None = None, source: str | Path
         judged[ex.key] = _judge(ex, kernel, handed, missing, seed, problem)
 
     with tempfile.TemporaryDirectory(prefix="mhalab-grade-") as cwd:
-        kernel = GradingKernel(spec, cwd=cwd, timeout=timeout, sandboxed=sandboxed, limits=limits)
+        kernel = None
+        ran = [(i, text) for i, text, _ in run_sources[:len(prepared.prefix)]] if prepared is not None else None
+        if prepared is not None and prepared.usable and prepared.nb_id == nb_id and ran == prepared.prefix:
+            try:
+                kernel = prepared.fork(timeout, limits)
+                errors, run_sources = list(prepared.errors), run_sources[len(ran):]
+            except KernelGone:  # (a fresh kernel instead: the same grade, later)
+                kernel = None
+        if kernel is None:
+            kernel = GradingKernel(spec, cwd=cwd, timeout=timeout, sandboxed=sandboxed, limits=limits)
         try:
             # Each answer is judged as soon as its cell has run, as q.check does in the learner's kernel, so
             # that a kernel dying later (os._exit, a segfault, a cell killed for its time) keeps what was judged.

@@ -6,14 +6,17 @@ from __future__ import annotations
 import csv
 import html
 import json
+import sys
+import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from mhalab.labs.core import load
+
+from .grade import NOT_CHECKED, ExerciseGrade, GradeReport, assignment_of, grade, prepare
 from .sandbox import Limits, SandboxUnavailable, problem
-from .grade import NOT_CHECKED, ExerciseGrade, GradeReport, assignment_of, grade
 
 
 @dataclass
@@ -48,16 +51,32 @@ def _failed_report(sub: Submission, error: BaseException) -> GradeReport:
 
 
 def grade_class(submissions: list[Submission], *, source: str | Path | None = None, timeout: float | None = 600,
-                jobs: int = 1, progress=print, sandboxed: bool = True,
-                limits: Limits | None = None) -> list[tuple[Submission, GradeReport]]:
+                jobs: int = 1, progress=print, sandboxed: bool = True, limits: Limits | None = None,
+                fork: bool | None = None) -> list[tuple[Submission, GradeReport]]:
     """Grade every submission, ``jobs`` at a time; one that crashes or never ends costs only its own grade.
-    SandboxUnavailable before any is graded when ``sandboxed`` and no sandbox can be made here."""
+    SandboxUnavailable before any is graded when ``sandboxed`` and no sandbox can be made here. ``fork``
+    (default: on Linux, in the sandbox): each submission's kernel is forked from one that has run the
+    instructor's cells before the first answer cell, once per assignment (:mod:`mhalab_grader.zygote`)."""
     if sandboxed and problem():
         raise SandboxUnavailable(problem())
+    fork = default_fork(sandboxed) if fork is None else fork and default_fork(sandboxed)
+    prepared: dict = {}
+    lock = threading.Lock()
+
+    def prepared_for(nb_id: str):
+        with lock:  # one per assignment, made by the first submission that needs it
+            if fork and nb_id not in prepared:
+                try:
+                    prepared[nb_id] = prepare(nb_id, source=source, timeout=timeout, limits=limits, jobs=jobs)
+                except Exception:  # noqa: BLE001 (then a fresh kernel per submission, as without --fork)
+                    traceback.print_exc()
+                    prepared[nb_id] = None
+            return prepared.get(nb_id)
+
     def one(sub: Submission) -> tuple[Submission, GradeReport]:
         try:
             report = grade(sub.path, assignment=sub.assignment, source=source, timeout=timeout, sandboxed=sandboxed,
-                           limits=limits)
+                           limits=limits, prepared=prepared_for(sub.assignment))
         except Exception as error:  # noqa: BLE001 (the run goes on; the traceback is for the instructor)
             traceback.print_exc()
             report = _failed_report(sub, error)
@@ -65,8 +84,18 @@ def grade_class(submissions: list[Submission], *, source: str | Path | None = No
             progress(f"{sub.student} {sub.assignment}: {report.score:g}/{report.max_score:g} ({report.elapsed_s:g} s)")
         return sub, report
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(one, submissions))
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            return list(pool.map(one, submissions))
+    finally:
+        for kernel in prepared.values():
+            if kernel is not None:
+                kernel.close()
+
+
+def default_fork(sandboxed: bool = True) -> bool:
+    """Whether the fork path can be taken here: Linux (namespaces, pidfds) and the sandbox."""
+    return sandboxed and sys.platform.startswith("linux")
 
 
 def write_gradebook(results: list[tuple[Submission, GradeReport]], path: str | Path) -> list[str]:

@@ -227,8 +227,9 @@ def _restore_random_states(states: tuple) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
-def serve(fd_in: int, fd_out: int) -> None:
-    """Answer the grader's requests until it says stop: "run" a cell, "call" an answer."""
+def serve(fd_in: int, fd_out: int, fd_fork: int | None = None) -> None:
+    """Answer the grader's requests until it says stop: "run" a cell, "call" an answer; given ``fd_fork`` (a
+    socket the grader sends a new submission's two pipe ends over), also "fork" a kernel per submission."""
     import signal
 
     # The grader stops a cell that runs too long with SIGINT. A process started from a background job
@@ -253,7 +254,16 @@ def serve(fd_in: int, fd_out: int) -> None:
             return
         op = request.get("op")
         try:
-            if op == "run":
+            if op == "fork" and fd_fork is not None:
+                from _mhalab_fork import fork  # the prepared kernel's code, beside this file
+
+                pid, channel = fork(request, fd_fork, closing=(fd_in, fd_out, fd_fork))
+                if channel is None:
+                    send(fd_out, {"pid": pid})
+                else:  # this is the new submission's kernel: the same requests, on its own channel
+                    (fd_in, fd_out), fd_fork = channel, None
+                    send(fd_out, {"ready": True})
+            elif op == "run":
                 send(fd_out, {"error": _run_cell(shell, namespace, str(request["source"]))})
             elif op == "answers":
                 send(fd_out, {"keys": sorted(ANSWERS), "callable": {k: callable(v) for k, v in ANSWERS.items()},
@@ -306,4 +316,4 @@ def limit(limits: dict) -> None:
 if __name__ == "__main__":
     sys.modules["_mhalab_grading"] = sys.modules[__name__]  # the stub mhalab.labs hands answers to ANSWERS here
     limit(json.loads(os.environ.pop("MHALAB_GRADING_LIMITS", "{}")))
-    serve(int(sys.argv[1]), int(sys.argv[2]))
+    serve(*[int(fd) for fd in sys.argv[1:4]])
