@@ -5,7 +5,8 @@ before the first answer cell. For each submission it forks; the child enters nam
 of the learner's code runs, with the kernel's own calls (``unshare``, ``mount``, ``capset``; what bwrap does):
 
 - a user namespace nested in the sandbox's (the same uid; it holds capabilities only over what it owns, and
-  drops them all before the learner's code runs), so it may make
+  drops them all before the learner's code runs), so it may make network, IPC and host-name namespaces of its
+  own (a loopback no other submission listens on; no shared System V memory) and
 - a mount namespace, where a fresh tmpfs (``disk_mb``, ``inodes``) covers ``/tmp`` (and ``/dev/shm``),
   holding a copy of the prepared kernel's ``/tmp``: no child sees the files of another, nor writes the
   prepared kernel's;
@@ -23,9 +24,11 @@ import os
 import signal
 import socket
 import stat
+import struct
 import sys
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
+CLONE_NEWNET, CLONE_NEWIPC, CLONE_NEWUTS = 0x40000000, 0x08000000, 0x04000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND = 0x2, 0x4, 0x8, 0x1000
 FORKED: list[int] = []  # the children of the prepared kernel, reaped as they end
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -75,7 +78,7 @@ def fork(request: dict, fd_fork: int, *, closing: tuple) -> tuple[int, tuple[int
 def _enter(request: dict, fds: list[int]) -> None:
     """Namespaces, a fresh /tmp, no capabilities; returns in the worker (pid 2 of the new pid namespace)."""
     uid, gid = os.getuid(), os.getgid()
-    _call("unshare", CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID)
+    _call("unshare", CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
@@ -102,6 +105,7 @@ def _enter(request: dict, fds: list[int]) -> None:
         if offset is not None:
             os.lseek(fd, offset, os.SEEK_SET)
     os.chdir("/tmp")
+    _loopback_up()
     _drop_capabilities()
     worker = os.fork()
     if worker:  # pid 1: reap what is orphaned here; when the worker ends, so does everything in the namespace
@@ -165,6 +169,13 @@ def _copy_tree(source: int, target: str) -> None:
                 finally:
                     os.close(src)
                     os.close(dst)
+
+
+def _loopback_up() -> None:
+    """A loopback of its own, up, as bwrap leaves the sandbox's (SIOCGIFFLAGS, SIOCSIFFLAGS | IFF_UP)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        flags = struct.unpack("16sH14x", fcntl.ioctl(probe, 0x8913, struct.pack("16sH14x", b"lo", 0)))[1]
+        fcntl.ioctl(probe, 0x8914, struct.pack("16sH14x", b"lo", flags | 1))
 
 
 def _drop_capabilities() -> None:
