@@ -17,6 +17,7 @@ import inspect
 import keyword
 import re
 import secrets
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -226,8 +227,8 @@ def grade(path: str | Path, *, assignment: str | None = None, source: str | Path
             try:
                 kernel = prepared.fork(timeout, limits)
                 errors, run_sources = list(prepared.errors), run_sources[len(ran):]
-            except KernelGone:  # (a fresh kernel instead: the same grade, later)
-                kernel = None
+            except KernelGone as gone:  # (a fresh kernel instead: the same grade, later)
+                print(f"{path}: {gone}; grading it in a fresh kernel", file=sys.stderr)
         if kernel is None:
             kernel = GradingKernel(spec, cwd=cwd, timeout=timeout, sandboxed=sandboxed, limits=limits)
         try:

@@ -108,7 +108,9 @@ class ForkedKernel(GradingKernel):
         self.timeout, self.dead, self.sandboxed = timeout, False, True
         self._w, self._r, self._pidfds = write_fd, read_fd, []
         try:
-            self._request(None, timeout=120)  # its "ready", once it is in its namespaces
+            ready, _ = self._request(None, timeout=120)  # once it is in its namespaces
+            if not ready.get("ready"):
+                raise KernelGone(str(ready.get("failed", ready))[:300])
             processes = _processes()
             top = _child(processes, prepared.kernel.worker_pid, pid)
             init = _child(processes, top)
