@@ -31,7 +31,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.append(str(ROOT / "grader"))  # the grader, where the environment predates its distribution
 
 import nbformat  # noqa: E402
-
 from labs_fixture import build_class, synthetic_notebook  # noqa: E402  (registers notebook "99")
 from mhalab_grader.gradebook import find_submissions, grade_class  # noqa: E402
 
@@ -55,8 +54,10 @@ def compare(name: str, fork: dict, fresh: dict) -> dict:
     line = {"class": name, "fork": fork, "fresh": fresh, "ratio": round(fork["per_minute"] / fresh["per_minute"], 1),
             "same_scores": same}
     for r in (fresh, fork):
-        print(f"{name:>8} {r['path']:>5}: {r['n']} submissions in {r['seconds']:.0f} s = {r['per_minute']:.2f} per minute "
-              f"({r['mean_submission_s']:.1f} s each after preparing; load {r['load'][0]} -> {r['load'][1]})", flush=True)
+        print(f"{name:>8} {r['path']:>5}: {r['n']} submissions in {r['seconds']:.0f} s = "
+              f"{r['per_minute']:.2f} per minute "
+              f"({r['mean_submission_s']:.1f} s each after preparing; load {r['load'][0]} -> {r['load'][1]})",
+              flush=True)
     print(f"{name:>8} ratio fork/fresh {line['ratio']}, same scores: {same}", flush=True)
     return line
 
@@ -64,7 +65,8 @@ def compare(name: str, fork: dict, fresh: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-j", "--jobs", type=int, default=2)
-    parser.add_argument("--notebooks", nargs="*", default=["04", "07"], help="course notebooks (none: the fixture only)")
+    parser.add_argument("--notebooks", nargs="*", default=["04", "07"],
+                        help="course notebooks (none: the fixture only)")
     parser.add_argument("--copies", type=int, default=20, help="submissions of each course notebook")
     parser.add_argument("--fresh-copies", type=int, help="how many of them the fresh path grades (default: all)")
     parser.add_argument("--no-fixture", action="store_true")
@@ -80,7 +82,8 @@ def main() -> None:
             build_class(tmp / "fixture")
             (tmp / "source").mkdir()
             nbformat.write(synthetic_notebook(), tmp / "source" / "99_fixture.ipynb")
-            both = [run(tmp / "fixture", tmp / "source", jobs=args.jobs, timeout=args.timeout, fork=f) for f in (True, False)]
+            both = [run(tmp / "fixture", tmp / "source", jobs=args.jobs, timeout=args.timeout, fork=f) for f in (True,
+                                                                                                                 False)]
             lines.append(compare("fixture", *both))
         for nb_id in args.notebooks:
             path = next((ROOT / "notebooks").glob(f"{nb_id}_*.ipynb"))
@@ -89,7 +92,8 @@ def main() -> None:
                 target.parent.mkdir(parents=True)
                 shutil.copy(path, target)
             fork = run(tmp / nb_id, ROOT / "notebooks", jobs=args.jobs, timeout=600, fork=True)
-            fresh = run(tmp / nb_id, ROOT / "notebooks", jobs=args.jobs, timeout=600, fork=False, limit=args.fresh_copies)
+            fresh = run(tmp / nb_id, ROOT / "notebooks", jobs=args.jobs, timeout=600, fork=False,
+                        limit=args.fresh_copies)
             lines.append(compare(nb_id, fork, fresh))
     if args.json:
         Path(args.json).write_text(json.dumps(lines, indent=1) + "\n")

@@ -74,8 +74,9 @@ def test_a_course_notebook_gets_the_same_gradebook_by_both_paths(tmp_path):
         nbformat.write(submission, target)
     grade_both_ways(tmp_path / "course", path, tmp_path)
     assert_same(tmp_path)
-    totals = {r["notebook"].split("/")[-3]: r["score"] for r in json.loads((tmp_path / "fork.json").read_text())}
-    assert totals["solution"] == sum(e["points"] for e in json.loads((tmp_path / "fork.json").read_text())[0]["exercises"])
+    reports = json.loads((tmp_path / "fork.json").read_text())
+    totals = {r["notebook"].split("/")[-3]: r["score"] for r in reports}
+    assert totals["solution"] == sum(e["points"] for e in reports[0]["exercises"])
     assert totals["unanswered"] == 0 < totals["half"] < totals["solution"]
 
 
@@ -103,8 +104,8 @@ def test_forked_kernels_do_not_see_each_other(prepared):
                           "server.bind(('127.0.0.1', 5555))\nserver.listen()\nx = 1") == 1
         seen = _answer(b, "import os, socket\ntry:\n    socket.create_connection(('127.0.0.1', 5555), timeout=2)\n"
                           "    reached = True\nexcept OSError:\n    reached = False\n"
-                          "x = (sorted(os.listdir('/tmp')), sorted(p for p in os.listdir('/proc') if p.isdigit()), reached,"
-                          " open('/proc/self/status').read().split('CapEff:')[1].split()[0])")
+                          "x = (sorted(os.listdir('/tmp')), sorted(p for p in os.listdir('/proc') if p.isdigit()),"
+                          " reached, open('/proc/self/status').read().split('CapEff:')[1].split()[0])")
         assert seen[0] == [".ipython", ".shm"] and seen[1:] == (["1", "2"], False, "0" * 16)
         # a file the prepared kernel had open in its /tmp (IPython's history) is, in each fork, its own copy
         assert _answer(a, "import os\nx = [os.fstat(int(fd)).st_dev == os.stat('/tmp').st_dev\n"
@@ -123,8 +124,8 @@ def test_forked_kernels_do_not_see_each_other(prepared):
 def test_a_forked_kernel_leaves_nothing_running(prepared):
     marker = f"mhalab-forked-{os.getpid()}"
     kernel = prepared.fork(30)
-    kernel.run_cell(f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)  # {marker}'],"
-                    " start_new_session=True)")
+    kernel.run_cell("import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
+                    f"'import time; time.sleep(600)  # {marker}'], start_new_session=True)")
     kernel.close()
     left = []
     for entry in filter(str.isdigit, os.listdir("/proc")):

@@ -1,6 +1,7 @@
 """Submissions that try to break out of the grading sandbox (grader/mhalab_grader/sandbox.py), each among
 honest ones in one class run: as the user running the tests (root in CI) and, when that is root, again as an
-unprivileged user; each by both paths (a kernel forked per submission from a prepared one, and a fresh one). Each attack gets its honest score (3 when it fails: it then hands in right answers) or 0,
+unprivileged user; each by both paths (a kernel forked per submission from a prepared one, and a fresh one).
+Each attack gets its honest score (3 when it fails: it then hands in right answers) or 0,
 no other learner's grade moves, the gradebook is whole and nothing on the machine changes.
 
 The limits are lowered for the run (--memory-mb 1024 --processes 64 --disk-mb 64) and the test process itself

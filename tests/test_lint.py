@@ -20,15 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Files written before the linter, not yet cleaned; the list only shrinks (a file that passes must leave it).
 NOT_YET_CLEAN = frozenset({
-    "grader/mhalab_grader/__main__.py",
     "grader/mhalab_grader/cells.py",
-    "grader/mhalab_grader/grade.py",
-    "grader/mhalab_grader/gradebook.py",
-    "grader/mhalab_grader/kernel.py",
-    "grader/mhalab_grader/worker.py",
     "benchmarks/attention.py",
     "benchmarks/explorer.py",
-    "benchmarks/grading.py",
     "benchmarks/heads_parallel.py",
     "benchmarks/hooks.py",
     "benchmarks/train.py",

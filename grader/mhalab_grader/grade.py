@@ -2,11 +2,13 @@
 
 :func:`grade` rebuilds the notebook from the instructor's copy, taking only the answer cells from the
 submission (:mod:`mhalab_grader.cells`), and runs it in a grading kernel (:mod:`mhalab_grader.kernel`, a process
-of its own, in the sandbox of :mod:`mhalab_grader.sandbox`) where the exercise modules cannot be imported. The grader calls each answer there, as soon as its cell
-has run, on hidden inputs drawn fresh from a secret seed, gets back what it returned as plain data, and judges
-it here against references computed here. The grade is returned only once every process the submission
-started is gone. The hidden inputs' seed and the kernel are passed to each exercise's verdict as arguments.
-The class side (a folder of submissions, the gradebook, feedback) is :mod:`mhalab_grader.gradebook`.
+of its own, in the sandbox of :mod:`mhalab_grader.sandbox`) where the exercise modules cannot be imported.
+The grader calls each answer there, as soon as its cell has run, on hidden inputs drawn fresh from a secret
+seed, gets back what it returned as plain data, and judges it here against references computed here. The grade
+is returned only once every process the submission started is gone. The hidden inputs' seed and the kernel are
+passed to each exercise's verdict as arguments. The class side (a folder of submissions, the gradebook,
+feedback) is :mod:`mhalab_grader.gradebook`; the fork path (a kernel per submission forked from one that ran
+the instructor's cells before the first answer cell) is :mod:`mhalab_grader.zygote`.
 """
 
 from __future__ import annotations
@@ -106,7 +108,8 @@ def instructor_notebook(assignment: str, source: str | Path | None = None) -> Pa
         return source
     found = sorted(source.glob(f"{assignment}_*.ipynb")) if source.is_dir() else []
     if not found:
-        raise FileNotFoundError(f"no instructor notebook {assignment}_*.ipynb in {source}: pass --source, the folder of "
+        raise FileNotFoundError(f"no instructor notebook {assignment}_*.ipynb in {source}: pass --source, the folder "
+                                "of "
                                 "the solution notebooks (the course's notebooks/)")
     return found[0]
 
@@ -187,7 +190,8 @@ def grade(path: str | Path, *, assignment: str | None = None, source: str | Path
     try:
         submitted, problem = nbformat.read(path, as_version=4), None
     except Exception as error:  # not a notebook: every exercise is missing
-        submitted, problem = nbformat.v4.new_notebook(), f"the submission could not be read as a notebook ({type(error).__name__})"
+        submitted = nbformat.v4.new_notebook()
+        problem = f"the submission could not be read as a notebook ({type(error).__name__})"
     theirs: dict[str, Any] = {}
     foreign = set()
     for cell in submitted.cells:
@@ -270,18 +274,21 @@ def grade(path: str | Path, *, assignment: str | None = None, source: str | Path
                                             "(see the errors)")
         grades.append(ExerciseGrade(ex.key, ex.title, ex.points, ex.points if status == PASSED else 0, status, message))
     if foreign:
-        flags.append(f"the submission's answer cells are labelled for notebook {', '.join(sorted(foreign))}; it is graded "
+        flags.append(f"the submission's answer cells are labelled for notebook {', '.join(sorted(foreign))}; it is "
+                     "graded "
                      f"as notebook {nb_id} (from its {'name' if assignment is None else 'assignment'})")
     for key, text in answer_sources.items():
         ex = next(e for e in exercises if e.key == key)
         if key not in missing:
             ratio = copy_flag(text, ex)
             if ratio is not None:
-                flags.append(f"exercise {key}: the answer is {ratio:.0%} the same as the course's published solution or "
+                flags.append(f"exercise {key}: the answer is {ratio:.0%} the same as the course's published solution "
+                             "or "
                              "reference (copied?): look at it")
     flags += [f"exercise {g.key}: {g.message}" for g in grades if "sys.setprofile" in g.message]
     total, points = sum(g.score for g in grades), sum(g.points for g in grades)
-    return GradeReport(str(path), [nb_id], grades, total, points, errors, death is not None, round(time.perf_counter() - start, 1),
+    return GradeReport(str(path), [nb_id], grades, total, points, errors, death is not None,
+                       round(time.perf_counter() - start, 1),
                        missing, flags)
 
 
@@ -290,9 +297,11 @@ def _judge(ex: Any, kernel: GradingKernel | None, handed: dict, missing: list, s
     if problem:
         return MISSING, problem
     if ex.key in missing:
-        return MISSING, f"the submission has no answer cell for it (nbgrader grade_id ex{ex.key.replace('.', '-')}-answer)"
+        grade_id = f"ex{ex.key.replace('.', '-')}-answer"
+        return MISSING, f"the submission has no answer cell for it (nbgrader grade_id {grade_id})"
     if ex.key not in handed:
-        return NOT_CHECKED, "its check never ran: the answer cell stopped before `q.check(...)`, or the check was removed"
+        return NOT_CHECKED, ("its check never ran: the answer cell stopped before `q.check(...)`, or the check was "
+                             "removed")
     is_callable, _ = handed[ex.key]
     if is_callable:
         answer: Any = _Handed(ex.template[0] if ex.template else "answer")

@@ -39,7 +39,8 @@ def find_submissions(folder: str | Path, assignment: str | None = None) -> list[
         nb_id = assignment or assignment_of(path.parent)
         found.append(Submission(path.parent.parent.name, nb_id, path))
     if not found:
-        raise FileNotFoundError(f"no submissions in {folder}: expected nbgrader's layout, <student>/<assignment>/*.ipynb")
+        raise FileNotFoundError(f"no submissions in {folder}: expected nbgrader's layout, "
+                                "<student>/<assignment>/*.ipynb")
     return found
 
 
@@ -124,14 +125,16 @@ def feedback_html(student: str, report: GradeReport) -> str:
     """A learner's feedback page: each exercise's score and message (messages describe the hidden inputs by
     their shapes at most, never their values); no flags, which are for the instructor."""
     rows = "\n".join(
-        f"<tr class='{html.escape(e.status.replace(' ', '-'))}'><td>{html.escape(e.key)}</td><td>{html.escape(e.title)}</td>"
+        f"<tr class='{html.escape(e.status.replace(' ', '-'))}'><td>{html.escape(e.key)}</td>"
+        f"<td>{html.escape(e.title)}</td>"
         f"<td>{e.score:g}/{e.points:g}</td><td>{html.escape(e.status)}</td><td>{html.escape(e.message)}</td></tr>"
         for e in report.exercises)
     notes = ""
     if report.missing:
         notes += f"<p>No answer cell for {html.escape(', '.join(report.missing))} in your notebook.</p>"
     if report.kernel_died:
-        notes += ("<p>Your notebook stopped (its kernel died or ran past its time) before every answer was checked: the "
+        notes += ("<p>Your notebook stopped (its kernel died or ran past its time) before every answer was checked: "
+                  "the "
                   "answers checked before that keep their points.</p>")
     nb = html.escape(", ".join(report.notebooks))
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>Feedback: notebook {nb}</title>"
@@ -156,8 +159,10 @@ def gradescope_results(report: GradeReport) -> dict:
     }
 
 
-def write_outputs(results: list[tuple[Submission, GradeReport]], out_dir: str | Path, *, gradescope: bool = False) -> None:
-    """gradebook.csv, feedback/<student>/<assignment>.html and, with ``gradescope``, gradescope/<student>/<assignment>.json."""
+def write_outputs(results: list[tuple[Submission, GradeReport]], out_dir: str | Path, *,
+                  gradescope: bool = False) -> None:
+    """gradebook.csv, feedback/<student>/<assignment>.html and, with ``gradescope``,
+    gradescope/<student>/<assignment>.json."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_gradebook(results, out_dir / "gradebook.csv")

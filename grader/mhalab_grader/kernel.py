@@ -99,7 +99,8 @@ def sandbox() -> str:
             return _SANDBOX["path"]
         root = tempfile.mkdtemp(prefix="mhalab-sandbox-")
         shutil.copytree(PACKAGE, os.path.join(root, "pkg", "mhalab"),
-                        ignore=lambda d, names: [n for n in names if n == "__pycache__" or (d == PACKAGE and n == "labs")])
+                        ignore=lambda d, names: [n for n in names
+                                                 if n == "__pycache__" or (d == PACKAGE and n == "labs")])
         os.makedirs(os.path.join(root, "pkg", "mhalab", "labs"))
         Path(root, "pkg", "mhalab", "labs", "__init__.py").write_text(_STUB)
         shutil.copy(worker.__file__, os.path.join(root, "_mhalab_grading.py"))
@@ -269,7 +270,8 @@ class GradingKernel:
         """Call answer ``key`` on ``args`` in the kernel: ("returned", value, facts) or ("raised", (class, message,
         where), facts), or ("unbound", parameters, {}) when it cannot take them."""
         out: list = []
-        request = {"op": "call", "key": key, "args": worker.encode(list(args), out), "facts": list(facts), "forbid": list(forbid)}
+        request = {"op": "call", "key": key, "args": worker.encode(list(args), out), "facts": list(facts),
+                   "forbid": list(forbid)}
         try:
             reply, arrays = self._request(request, out, timeout=self.timeout)
         except KernelGone as gone:
@@ -286,7 +288,8 @@ class GradingKernel:
             return "raised", ("RuntimeError", f"what came back could not be read ({type(error).__name__})", ""), {}
         if isinstance(reply.get("raised"), list) and len(reply["raised"]) == 3:
             return "raised", tuple(str(x)[:500] for x in reply["raised"]), found
-        return "raised", ("RuntimeError", str(reply.get("failed", "no usable reply from the grading kernel"))[:300], ""), found
+        failed = str(reply.get("failed", "no usable reply from the grading kernel"))[:300]
+        return "raised", ("RuntimeError", failed, ""), found
 
     def kill(self) -> None:
         self.dead = True

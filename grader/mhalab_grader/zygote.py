@@ -138,7 +138,7 @@ class ForkedKernel(GradingKernel):
             select.select([self._pidfds[0]], [], [], 30)
 
     def close(self) -> None:
-        """Kill it (it has nothing to save, and nothing it leaves outlives its namespace); only then is a grade final."""
+        """Kill it (it has nothing to save, and nothing it leaves outlives its namespace): then a grade is final."""
         self.kill()
         _kill_strays()
         for fd in (self._r, self._w, *self._pidfds):
