@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-GRADING = {"kernel.py", "worker.py", "cells.py", "grade.py", "gradebook.py", "sandbox.py", "__main__.py"}
+GRADING = {"kernel.py", "worker.py", "cells.py", "grade.py", "gradebook.py", "sandbox.py", "__main__.py", "zygote.py",
+           "forking.py"}
 
 
 def _wheel(project: Path, out: Path) -> list[str]:

@@ -1,6 +1,7 @@
 """Submissions that try to break out of the grading sandbox (grader/mhalab_grader/sandbox.py), each among
 honest ones in one class run: as the user running the tests (root in CI) and, when that is root, again as an
-unprivileged user. Each attack gets its honest score (3 when it fails: it then hands in right answers) or 0,
+unprivileged user; each by both paths (a kernel forked per submission from a prepared one, and a fresh one).
+Each attack gets its honest score (3 when it fails: it then hands in right answers) or 0,
 no other learner's grade moves, the gradebook is whole and nothing on the machine changes.
 
 The limits are lowered for the run (--memory-mb 1024 --processes 64 --disk-mb 64) and the test process itself
@@ -35,6 +36,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(sandbox.problem() is not None
 ROOT = Path(__file__).resolve().parent.parent
 LIMITS = ["--memory-mb", "1024", "--processes", "64", "--disk-mb", "64", "--timeout", "20"]
 MARKER = f"mhalab-attack-{os.getpid()}"
+# Each class is graded by both paths: a kernel forked per submission from one that ran the instructor's cells
+# before the first answer cell (the default on Linux), and a fresh kernel per submission.
+PATHS = {"fork": [], "fresh": ["--no-fork"]}
 
 # Each attack runs at the top of exercise 99.2's answer cell; `broke` is set when it got through, and then
 # the cell hands in a wrong head count: an attack that works costs its point, one that fails scores 3.
@@ -165,17 +169,19 @@ def test_the_process_limit_holds(tmp_path):
         kernel.close()
 
 
-def test_attacks_among_honest_learners_as_this_user(tmp_path):
+@pytest.mark.parametrize("path", PATHS)
+def test_attacks_among_honest_learners_as_this_user(tmp_path, path):
     listener = Listener()
     expected, targets = build(tmp_path, listener.port, os.getpid())
     before = {t: t.read_bytes() for t in targets if t.exists()}
     assert grader_main(["grade", str(tmp_path / "course"), "--source", str(tmp_path / "source"), "-j", "2",
-                        "--out", str(tmp_path / "graded"), *LIMITS]) == 0
+                        "--out", str(tmp_path / "graded"), *LIMITS, *PATHS[path]]) == 0
     check_outcome(tmp_path, expected, targets, listener, before)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="runs the grader as another user: needs root (CI runs as root)")
-def test_attacks_among_honest_learners_as_an_unprivileged_user():
+@pytest.mark.parametrize("path", PATHS)
+def test_attacks_among_honest_learners_as_an_unprivileged_user(path):
     user = next((p for p in pwd.getpwall() if p.pw_name == "nobody"), None)
     uid = user.pw_uid if user else 65534
     root = Path(tempfile.mkdtemp(prefix="mhalab-unprivileged-"))
@@ -190,7 +196,7 @@ def test_attacks_among_honest_learners_as_an_unprivileged_user():
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "grader"), str(ROOT / "tests")]),
                "HOME": str(root)}
         args = ["grade", str(root / "course"), "--source", str(root / "source"), "-j", "2", "--out",
-                str(root / "graded"), *LIMITS]
+                str(root / "graded"), *LIMITS, *PATHS[path]]
         code = ("import sys, labs_fixture  # registers notebook 99\nfrom mhalab_grader.__main__ import main\n"
                 f"sys.exit(main({args!r}))")
         command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable, "-c", code]

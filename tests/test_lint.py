@@ -20,13 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Files written before the linter, not yet cleaned; the list only shrinks (a file that passes must leave it).
 NOT_YET_CLEAN = frozenset({
-    "grader/mhalab_grader/__main__.py",
     "grader/mhalab_grader/cells.py",
-    "grader/mhalab_grader/grade.py",
-    "grader/mhalab_grader/gradebook.py",
-    "grader/mhalab_grader/kernel.py",
-    "grader/mhalab_grader/worker.py",
-    "benchmarks/grading.py",
     "mhalab/sweep.py",
     "mhalab/tasks.py",
     "tests/labs_corpus.py",

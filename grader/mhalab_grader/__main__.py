@@ -9,8 +9,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from mhalab.labs.core import available_notebooks, load
 from tqdm import tqdm
+
+from mhalab.labs.core import available_notebooks, load
 
 from .cells import release
 from .grade import grade
@@ -59,11 +60,12 @@ def cmd_grade(args: argparse.Namespace) -> int:
                 bar.write(line)
                 bar.update(1)
             results = grade_class(submissions, source=args.source, timeout=timeout, jobs=args.jobs,
-                                  sandboxed=sandboxed, limits=args.limits, progress=progress)
+                                  sandboxed=sandboxed, limits=args.limits, progress=progress, fork=not args.no_fork)
         out = Path(args.out or "graded")
         write_outputs(results, out, gradescope=args.gradescope is not None)
         print(f"graded {len(results)} submission(s) in {time.perf_counter() - start:.0f} s with -j {args.jobs}; wrote "
-              f"{out / 'gradebook.csv'} and {out / 'feedback'}/" + (f" and {out / 'gradescope'}/" if args.gradescope is not None else ""))
+              f"{out / 'gradebook.csv'} and {out / 'feedback'}/"
+              + (f" and {out / 'gradescope'}/" if args.gradescope is not None else ""))
         if args.json:
             Path(args.json).write_text(json.dumps([asdict(r) for _, r in results], indent=2, ensure_ascii=False) + "\n")
         return 0
@@ -81,7 +83,8 @@ def cmd_grade(args: argparse.Namespace) -> int:
     # written only now: grade() returns once every process a submission started is gone
     if args.json and reports:
         data = [asdict(r) for r in reports]
-        Path(args.json).write_text(json.dumps(data[0] if len(args.notebooks) == 1 else data, indent=2, ensure_ascii=False) + "\n")
+        Path(args.json).write_text(json.dumps(data[0] if len(args.notebooks) == 1 else data, indent=2,
+                                              ensure_ascii=False) + "\n")
         print(f"wrote {args.json}")
     if args.gradescope and reports:
         if len(reports) > 1:
@@ -89,7 +92,8 @@ def cmd_grade(args: argparse.Namespace) -> int:
         Path(args.gradescope).parent.mkdir(parents=True, exist_ok=True)
         Path(args.gradescope).write_text(json.dumps(gradescope_results(reports[0]), indent=2) + "\n")
     if args.out and reports:
-        write_outputs([(Submission(Path(r.notebook).stem, r.notebooks[0], Path(r.notebook)), r) for r in reports], args.out)
+        write_outputs([(Submission(Path(r.notebook).stem, r.notebooks[0], Path(r.notebook)), r) for r in reports],
+                      args.out)
     return 1 if failed else 0
 
 
@@ -109,7 +113,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description="Student releases and grading for the mhalab lab exercises.")
+    parser = argparse.ArgumentParser(prog=PROG,
+                                     description="Student releases and grading for the mhalab lab exercises.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("release", help="write student versions of the notebooks", description=(
@@ -126,17 +131,28 @@ def main(argv: list[str] | None = None) -> int:
         "drawn fresh, and judge what they return in this process: passed = the exercise's points, anything else = 0. "
         "The notebook graded as comes from --assignment or the file (or folder) name, never from its contents."))
     p.add_argument("notebooks", nargs="+", metavar="notebook",
-                   help="submitted .ipynb files, or one folder in nbgrader's layout (submitted/<student>/<assignment>/*.ipynb)")
-    p.add_argument("--assignment", metavar="NN", help="the notebook number to grade as (default: from the file or folder name)")
-    p.add_argument("--source", metavar="DIR", help="the instructor's solution notebooks (default: the course's notebooks/)")
-    p.add_argument("-j", "--jobs", type=int, default=1, metavar="N", help="grade N submissions at once (a class folder)")
-    p.add_argument("--out", metavar="DIR", help="write gradebook.csv and feedback/<student>/<assignment>.html here (a class: default graded/)")
+                   help="submitted .ipynb files, or one folder in nbgrader's layout "
+                   "(submitted/<student>/<assignment>/*.ipynb)")
+    p.add_argument("--assignment", metavar="NN",
+                   help="the notebook number to grade as (default: from the file or folder name)")
+    p.add_argument("--source", metavar="DIR",
+                   help="the instructor's solution notebooks (default: the course's notebooks/)")
+    p.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                   help="grade N submissions at once (a class folder)")
+    p.add_argument("--out", metavar="DIR",
+                   help="write gradebook.csv and feedback/<student>/<assignment>.html here (a class: default graded/)")
     p.add_argument("--gradescope", nargs="?", const="", metavar="FILE",
-                   help="also write Gradescope's results.json: to FILE for one submission; per learner under --out for a class")
-    p.add_argument("--json", metavar="OUT", help="also write the grade as JSON to OUT (a list when several notebooks are graded)")
-    p.add_argument("--timeout", type=float, default=600, metavar="S", help="seconds one cell or one call of an answer may run (default 600; 0 = no limit)")
+                   help="also write Gradescope's results.json: to FILE for one submission; per learner under --out "
+                   "for a class")
+    p.add_argument("--json", metavar="OUT",
+                   help="also write the grade as JSON to OUT (a list when several notebooks are graded)")
+    p.add_argument("--timeout", type=float, default=600, metavar="S",
+                   help="seconds one cell or one call of an answer may run (default 600; 0 = no limit)")
     p.add_argument("--no-sandbox", action="store_true", help="run submissions as you, unconfined (only for notebooks "
                    "you trust; where no sandbox can be made, macOS and Windows, grading refuses without it)")
+    p.add_argument("--no-fork", action="store_true", help="a class: start a fresh kernel per submission that runs the "
+                   "whole notebook (default on Linux: run the cells before the first answer cell once, in a sandboxed "
+                   "kernel, and fork each submission's kernel from it)")
     p.add_argument("--memory-mb", type=int, default=Limits.memory_mb, metavar="MB", help="memory of each process of a "
                    f"submission (default {Limits.memory_mb})")
     p.add_argument("--processes", type=int, default=Limits.processes, metavar="N",
@@ -149,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         "/autograder/submission/*.ipynb into /autograder/results/results.json)."))
     p.add_argument("notebook", metavar="NN", help="the notebook number, e.g. 04")
     p.add_argument("-o", "--output", default="autograder.zip", metavar="ZIP", help="where to write it (autograder.zip)")
-    p.add_argument("--source", metavar="DIR", help="the instructor's solution notebooks (default: the course's notebooks/)")
+    p.add_argument("--source", metavar="DIR",
+                   help="the instructor's solution notebooks (default: the course's notebooks/)")
     p.add_argument("--timeout", type=float, default=300, metavar="S", help="seconds one cell may run (default 300)")
 
     p = sub.add_parser("list", help="list the exercises of each notebook")
@@ -157,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     try:
-        return {"release": cmd_release, "grade": cmd_grade, "gradescope": cmd_gradescope, "list": cmd_list}[args.command](args)
+        return {"release": cmd_release, "grade": cmd_grade, "gradescope": cmd_gradescope,
+                "list": cmd_list}[args.command](args)
     except (ValueError, FileNotFoundError, SandboxUnavailable) as error:  # bad input (a MarkerError is a ValueError)
         print(f"{PROG} {args.command}: {error}", file=sys.stderr)
         return 1

@@ -2,11 +2,13 @@
 
 :func:`grade` rebuilds the notebook from the instructor's copy, taking only the answer cells from the
 submission (:mod:`mhalab_grader.cells`), and runs it in a grading kernel (:mod:`mhalab_grader.kernel`, a process
-of its own, in the sandbox of :mod:`mhalab_grader.sandbox`) where the exercise modules cannot be imported. The grader calls each answer there, as soon as its cell
-has run, on hidden inputs drawn fresh from a secret seed, gets back what it returned as plain data, and judges
-it here against references computed here. The grade is returned only once every process the submission
-started is gone. The hidden inputs' seed and the kernel are passed to each exercise's verdict as arguments.
-The class side (a folder of submissions, the gradebook, feedback) is :mod:`mhalab_grader.gradebook`.
+of its own, in the sandbox of :mod:`mhalab_grader.sandbox`) where the exercise modules cannot be imported.
+The grader calls each answer there, as soon as its cell has run, on hidden inputs drawn fresh from a secret
+seed, gets back what it returned as plain data, and judges it here against references computed here. The grade
+is returned only once every process the submission started is gone. The hidden inputs' seed and the kernel are
+passed to each exercise's verdict as arguments. The class side (a folder of submissions, the gradebook,
+feedback) is :mod:`mhalab_grader.gradebook`; the fork path (a kernel per submission forked from one that ran
+the instructor's cells before the first answer cell) is :mod:`mhalab_grader.zygote`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import inspect
 import keyword
 import re
 import secrets
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -30,9 +33,10 @@ from mhalab.labs.core import PACKAGE, PASSED, load
 from .cells import _GRADE_ID, answers, student_version
 from .kernel import GradingKernel, KernelGone, _Handed
 from .sandbox import Limits
+from .zygote import Prepared
 
 __all__ = ["MISSING", "NOT_CHECKED", "ExerciseGrade", "GradeReport", "assignment_of", "copy_flag", "grade",
-           "instructor_notebook", "similarity"]
+           "instructor_notebook", "prefix_cells", "prepare", "similarity"]
 
 NOT_CHECKED, MISSING = "not checked", "missing"
 
@@ -104,7 +108,8 @@ def instructor_notebook(assignment: str, source: str | Path | None = None) -> Pa
         return source
     found = sorted(source.glob(f"{assignment}_*.ipynb")) if source.is_dir() else []
     if not found:
-        raise FileNotFoundError(f"no instructor notebook {assignment}_*.ipynb in {source}: pass --source, the folder of "
+        raise FileNotFoundError(f"no instructor notebook {assignment}_*.ipynb in {source}: pass --source, the folder "
+                                "of "
                                 "the solution notebooks (the course's notebooks/)")
     return found[0]
 
@@ -151,14 +156,31 @@ def copy_flag(answer_source: str, ex: Any) -> float | None:
     return ratio if ratio >= COPY_FLAG_RATIO else None
 
 
+def prefix_cells(instructor: Any) -> list[tuple[int, str]]:
+    """(index, source) of the instructor's code cells before the first code answer cell: the same for every
+    submission, so the fork path runs them once per assignment (:mod:`mhalab_grader.zygote`)."""
+    first = min((a.index for a in answers(instructor) if not a.written), default=len(instructor.cells))
+    return [(i, c.source) for i, c in enumerate(instructor.cells[:first]) if c.cell_type == "code"]
+
+
+def prepare(assignment: str, *, source: str | Path | None = None, timeout: float | None = 600,
+            limits: Limits | None = None, jobs: int = 1) -> Prepared:
+    """A kernel that has run notebook ``assignment``'s cells before its first answer cell, to fork per submission."""
+    nb_id = str(assignment).zfill(2)
+    instructor = nbformat.read(instructor_notebook(nb_id, source), as_version=4)
+    spec = {nb_id: [[ex.number, ex.title] for ex in load(nb_id)]}
+    return Prepared(nb_id, spec, prefix_cells(instructor), timeout=timeout, limits=limits, jobs=jobs)
+
+
 def grade(path: str | Path, *, assignment: str | None = None, source: str | Path | None = None,
           timeout: float | None = 600, seed: int | None = None, sandboxed: bool = True,
-          limits: Limits | None = None) -> GradeReport:
+          limits: Limits | None = None, prepared: Prepared | None = None) -> GradeReport:
     """Grade the submission at ``path`` as notebook ``assignment`` (default: from its file or folder name):
     the instructor's copy (from ``source``, default notebooks/) with the submission's answer cells, run in a
     :class:`GradingKernel`, each answer judged here. ``timeout``: seconds one cell or one call may run;
     ``seed``: of the hidden inputs (default: a secret one per run); ``sandboxed`` (default): the kernel runs in
-    the sandbox (SandboxUnavailable where none can be made), within ``limits``."""
+    the sandbox (SandboxUnavailable where none can be made), within ``limits``. ``prepared`` (of this notebook,
+    from :func:`prepare`): the kernel is a fork of it, which runs only the cells after its own."""
     path = Path(path)
     nb_id = str(assignment).zfill(2) if assignment is not None else assignment_of(path)
     exercises = load(nb_id)
@@ -168,7 +190,8 @@ def grade(path: str | Path, *, assignment: str | None = None, source: str | Path
     try:
         submitted, problem = nbformat.read(path, as_version=4), None
     except Exception as error:  # not a notebook: every exercise is missing
-        submitted, problem = nbformat.v4.new_notebook(), f"the submission could not be read as a notebook ({type(error).__name__})"
+        submitted = nbformat.v4.new_notebook()
+        problem = f"the submission could not be read as a notebook ({type(error).__name__})"
     theirs: dict[str, Any] = {}
     foreign = set()
     for cell in submitted.cells:
@@ -202,7 +225,16 @@ def grade(path: str | Path, *, assignment: str | None = None, source: str | Path
         judged[ex.key] = _judge(ex, kernel, handed, missing, seed, problem)
 
     with tempfile.TemporaryDirectory(prefix="mhalab-grade-") as cwd:
-        kernel = GradingKernel(spec, cwd=cwd, timeout=timeout, sandboxed=sandboxed, limits=limits)
+        kernel = None
+        ran = [(i, text) for i, text, _ in run_sources[:len(prepared.prefix)]] if prepared is not None else None
+        if prepared is not None and prepared.usable and prepared.nb_id == nb_id and ran == prepared.prefix:
+            try:
+                kernel = prepared.fork(timeout, limits)
+                errors, run_sources = list(prepared.errors), run_sources[len(ran):]
+            except KernelGone as gone:  # (a fresh kernel instead: the same grade, later)
+                print(f"{path}: {gone}; grading it in a fresh kernel", file=sys.stderr)
+        if kernel is None:
+            kernel = GradingKernel(spec, cwd=cwd, timeout=timeout, sandboxed=sandboxed, limits=limits)
         try:
             # Each answer is judged as soon as its cell has run, as q.check does in the learner's kernel, so
             # that a kernel dying later (os._exit, a segfault, a cell killed for its time) keeps what was judged.
@@ -242,18 +274,21 @@ def grade(path: str | Path, *, assignment: str | None = None, source: str | Path
                                             "(see the errors)")
         grades.append(ExerciseGrade(ex.key, ex.title, ex.points, ex.points if status == PASSED else 0, status, message))
     if foreign:
-        flags.append(f"the submission's answer cells are labelled for notebook {', '.join(sorted(foreign))}; it is graded "
+        flags.append(f"the submission's answer cells are labelled for notebook {', '.join(sorted(foreign))}; it is "
+                     "graded "
                      f"as notebook {nb_id} (from its {'name' if assignment is None else 'assignment'})")
     for key, text in answer_sources.items():
         ex = next(e for e in exercises if e.key == key)
         if key not in missing:
             ratio = copy_flag(text, ex)
             if ratio is not None:
-                flags.append(f"exercise {key}: the answer is {ratio:.0%} the same as the course's published solution or "
+                flags.append(f"exercise {key}: the answer is {ratio:.0%} the same as the course's published solution "
+                             "or "
                              "reference (copied?): look at it")
     flags += [f"exercise {g.key}: {g.message}" for g in grades if "sys.setprofile" in g.message]
     total, points = sum(g.score for g in grades), sum(g.points for g in grades)
-    return GradeReport(str(path), [nb_id], grades, total, points, errors, death is not None, round(time.perf_counter() - start, 1),
+    return GradeReport(str(path), [nb_id], grades, total, points, errors, death is not None,
+                       round(time.perf_counter() - start, 1),
                        missing, flags)
 
 
@@ -262,9 +297,11 @@ def _judge(ex: Any, kernel: GradingKernel | None, handed: dict, missing: list, s
     if problem:
         return MISSING, problem
     if ex.key in missing:
-        return MISSING, f"the submission has no answer cell for it (nbgrader grade_id ex{ex.key.replace('.', '-')}-answer)"
+        grade_id = f"ex{ex.key.replace('.', '-')}-answer"
+        return MISSING, f"the submission has no answer cell for it (nbgrader grade_id {grade_id})"
     if ex.key not in handed:
-        return NOT_CHECKED, "its check never ran: the answer cell stopped before `q.check(...)`, or the check was removed"
+        return NOT_CHECKED, ("its check never ran: the answer cell stopped before `q.check(...)`, or the check was "
+                             "removed")
     is_callable, _ = handed[ex.key]
     if is_callable:
         answer: Any = _Handed(ex.template[0] if ex.template else "answer")

@@ -6,14 +6,17 @@ from __future__ import annotations
 import csv
 import html
 import json
+import sys
+import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from mhalab.labs.core import load
+
+from .grade import NOT_CHECKED, ExerciseGrade, GradeReport, assignment_of, grade, prepare
 from .sandbox import Limits, SandboxUnavailable, problem
-from .grade import NOT_CHECKED, ExerciseGrade, GradeReport, assignment_of, grade
 
 
 @dataclass
@@ -36,7 +39,8 @@ def find_submissions(folder: str | Path, assignment: str | None = None) -> list[
         nb_id = assignment or assignment_of(path.parent)
         found.append(Submission(path.parent.parent.name, nb_id, path))
     if not found:
-        raise FileNotFoundError(f"no submissions in {folder}: expected nbgrader's layout, <student>/<assignment>/*.ipynb")
+        raise FileNotFoundError(f"no submissions in {folder}: expected nbgrader's layout, "
+                                "<student>/<assignment>/*.ipynb")
     return found
 
 
@@ -48,16 +52,32 @@ def _failed_report(sub: Submission, error: BaseException) -> GradeReport:
 
 
 def grade_class(submissions: list[Submission], *, source: str | Path | None = None, timeout: float | None = 600,
-                jobs: int = 1, progress=print, sandboxed: bool = True,
-                limits: Limits | None = None) -> list[tuple[Submission, GradeReport]]:
+                jobs: int = 1, progress=print, sandboxed: bool = True, limits: Limits | None = None,
+                fork: bool | None = None) -> list[tuple[Submission, GradeReport]]:
     """Grade every submission, ``jobs`` at a time; one that crashes or never ends costs only its own grade.
-    SandboxUnavailable before any is graded when ``sandboxed`` and no sandbox can be made here."""
+    SandboxUnavailable before any is graded when ``sandboxed`` and no sandbox can be made here. ``fork``
+    (default: on Linux, in the sandbox): each submission's kernel is forked from one that has run the
+    instructor's cells before the first answer cell, once per assignment (:mod:`mhalab_grader.zygote`)."""
     if sandboxed and problem():
         raise SandboxUnavailable(problem())
+    fork = default_fork(sandboxed) if fork is None else fork and default_fork(sandboxed)
+    prepared: dict = {}
+    lock = threading.Lock()
+
+    def prepared_for(nb_id: str):
+        with lock:  # one per assignment, made by the first submission that needs it
+            if fork and nb_id not in prepared:
+                try:
+                    prepared[nb_id] = prepare(nb_id, source=source, timeout=timeout, limits=limits, jobs=jobs)
+                except Exception:  # noqa: BLE001 (then a fresh kernel per submission, as without --fork)
+                    traceback.print_exc()
+                    prepared[nb_id] = None
+            return prepared.get(nb_id)
+
     def one(sub: Submission) -> tuple[Submission, GradeReport]:
         try:
             report = grade(sub.path, assignment=sub.assignment, source=source, timeout=timeout, sandboxed=sandboxed,
-                           limits=limits)
+                           limits=limits, prepared=prepared_for(sub.assignment))
         except Exception as error:  # noqa: BLE001 (the run goes on; the traceback is for the instructor)
             traceback.print_exc()
             report = _failed_report(sub, error)
@@ -65,8 +85,18 @@ def grade_class(submissions: list[Submission], *, source: str | Path | None = No
             progress(f"{sub.student} {sub.assignment}: {report.score:g}/{report.max_score:g} ({report.elapsed_s:g} s)")
         return sub, report
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(one, submissions))
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            return list(pool.map(one, submissions))
+    finally:
+        for kernel in prepared.values():
+            if kernel is not None:
+                kernel.close()
+
+
+def default_fork(sandboxed: bool = True) -> bool:
+    """Whether the fork path can be taken here: Linux (namespaces, pidfds) and the sandbox."""
+    return sandboxed and sys.platform.startswith("linux")
 
 
 def write_gradebook(results: list[tuple[Submission, GradeReport]], path: str | Path) -> list[str]:
@@ -95,14 +125,16 @@ def feedback_html(student: str, report: GradeReport) -> str:
     """A learner's feedback page: each exercise's score and message (messages describe the hidden inputs by
     their shapes at most, never their values); no flags, which are for the instructor."""
     rows = "\n".join(
-        f"<tr class='{html.escape(e.status.replace(' ', '-'))}'><td>{html.escape(e.key)}</td><td>{html.escape(e.title)}</td>"
+        f"<tr class='{html.escape(e.status.replace(' ', '-'))}'><td>{html.escape(e.key)}</td>"
+        f"<td>{html.escape(e.title)}</td>"
         f"<td>{e.score:g}/{e.points:g}</td><td>{html.escape(e.status)}</td><td>{html.escape(e.message)}</td></tr>"
         for e in report.exercises)
     notes = ""
     if report.missing:
         notes += f"<p>No answer cell for {html.escape(', '.join(report.missing))} in your notebook.</p>"
     if report.kernel_died:
-        notes += ("<p>Your notebook stopped (its kernel died or ran past its time) before every answer was checked: the "
+        notes += ("<p>Your notebook stopped (its kernel died or ran past its time) before every answer was checked: "
+                  "the "
                   "answers checked before that keep their points.</p>")
     nb = html.escape(", ".join(report.notebooks))
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>Feedback: notebook {nb}</title>"
@@ -127,8 +159,10 @@ def gradescope_results(report: GradeReport) -> dict:
     }
 
 
-def write_outputs(results: list[tuple[Submission, GradeReport]], out_dir: str | Path, *, gradescope: bool = False) -> None:
-    """gradebook.csv, feedback/<student>/<assignment>.html and, with ``gradescope``, gradescope/<student>/<assignment>.json."""
+def write_outputs(results: list[tuple[Submission, GradeReport]], out_dir: str | Path, *,
+                  gradescope: bool = False) -> None:
+    """gradebook.csv, feedback/<student>/<assignment>.html and, with ``gradescope``,
+    gradescope/<student>/<assignment>.json."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_gradebook(results, out_dir / "gradebook.csv")

@@ -27,8 +27,8 @@ from typing import Any
 from mhalab.labs import invoke
 from mhalab.labs.core import PACKAGE, STRICT_ENV
 
+from . import forking, worker
 from . import sandbox as jail
-from . import worker
 
 _STUB = '''"""mhalab.labs while a notebook is graded: ``q.check(answer)`` hands the answer to the grader, which
 judges it in its own process. Hints, solutions and references are not available here."""
@@ -99,11 +99,13 @@ def sandbox() -> str:
             return _SANDBOX["path"]
         root = tempfile.mkdtemp(prefix="mhalab-sandbox-")
         shutil.copytree(PACKAGE, os.path.join(root, "pkg", "mhalab"),
-                        ignore=lambda d, names: [n for n in names if n == "__pycache__" or (d == PACKAGE and n == "labs")])
+                        ignore=lambda d, names: [n for n in names
+                                                 if n == "__pycache__" or (d == PACKAGE and n == "labs")])
         os.makedirs(os.path.join(root, "pkg", "mhalab", "labs"))
         Path(root, "pkg", "mhalab", "labs", "__init__.py").write_text(_STUB)
         shutil.copy(worker.__file__, os.path.join(root, "_mhalab_grading.py"))
         shutil.copy(invoke.__file__, os.path.join(root, "_mhalab_invoke.py"))
+        shutil.copy(forking.__file__, os.path.join(root, "_mhalab_fork.py"))
         for folder, dirs, files in os.walk(root):  # readable by the sandbox's user
             os.chmod(folder, 0o755)
             for name in files:
@@ -179,9 +181,11 @@ class GradingKernel:
     GRACE_S = 10.0  # after an interrupt, how long the kernel gets to report back before it is killed
 
     def __init__(self, spec: dict, *, cwd: str | Path, timeout: float | None = 600, sandboxed: bool = True,
-                 limits: jail.Limits | None = None):
+                 limits: jail.Limits | None = None, fork_fd: int | None = None):
         """``sandboxed``: in the sandbox (:class:`mhalab_grader.sandbox.SandboxUnavailable` where none can be
-        made); else as this user, in ``cwd``. ``limits``: what the kernel may use (default :class:`Limits`)."""
+        made); else as this user, in ``cwd``. ``limits``: what the kernel may use (default :class:`Limits`).
+        ``fork_fd``: a socket over which the grader sends pipe ends; the kernel then forks a kernel per
+        submission on request (:mod:`mhalab_grader.zygote`)."""
         _become_subreaper()
         limits = limits or jail.Limits()
         if sandboxed and jail.problem():
@@ -191,7 +195,8 @@ class GradingKernel:
         self.home = tempfile.mkdtemp(prefix="mhalab-kernel-")
         to_child, self._w = os.pipe()
         self._r, from_child = os.pipe()
-        argv = [sys.executable, os.path.join(root, "_mhalab_grading.py"), str(to_child), str(from_child)]
+        extra = () if fork_fd is None else (fork_fd,)
+        argv = [sys.executable, os.path.join(root, "_mhalab_grading.py"), *map(str, (to_child, from_child, *extra))]
         if sandboxed:
             argv, env = jail.wrap(argv, code=root, home=self.home, limits=limits)
             cwd = self.home
@@ -206,7 +211,7 @@ class GradingKernel:
         with _ACTIVE_LOCK:  # (held from the start: another thread's sweep must not take it for a stray)
             # what the submission prints goes nowhere: the grader reads answers, not output (no size to fill)
             self.process = subprocess.Popen(
-                argv, pass_fds=(to_child, from_child), cwd=str(cwd), env=env, stdin=subprocess.DEVNULL,
+                argv, pass_fds=(to_child, from_child, *extra), cwd=str(cwd), env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             _ACTIVE.add(self.process.pid)
         os.close(to_child)
@@ -265,7 +270,8 @@ class GradingKernel:
         """Call answer ``key`` on ``args`` in the kernel: ("returned", value, facts) or ("raised", (class, message,
         where), facts), or ("unbound", parameters, {}) when it cannot take them."""
         out: list = []
-        request = {"op": "call", "key": key, "args": worker.encode(list(args), out), "facts": list(facts), "forbid": list(forbid)}
+        request = {"op": "call", "key": key, "args": worker.encode(list(args), out), "facts": list(facts),
+                   "forbid": list(forbid)}
         try:
             reply, arrays = self._request(request, out, timeout=self.timeout)
         except KernelGone as gone:
@@ -282,7 +288,8 @@ class GradingKernel:
             return "raised", ("RuntimeError", f"what came back could not be read ({type(error).__name__})", ""), {}
         if isinstance(reply.get("raised"), list) and len(reply["raised"]) == 3:
             return "raised", tuple(str(x)[:500] for x in reply["raised"]), found
-        return "raised", ("RuntimeError", str(reply.get("failed", "no usable reply from the grading kernel"))[:300], ""), found
+        failed = str(reply.get("failed", "no usable reply from the grading kernel"))[:300]
+        return "raised", ("RuntimeError", failed, ""), found
 
     def kill(self) -> None:
         self.dead = True

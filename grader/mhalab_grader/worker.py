@@ -45,7 +45,8 @@ def encode(value: Any, arrays: list, depth: int = 0) -> Any:
     if isinstance(value, np.generic):  # np.float64 and np.str_ are a float and a str
         value = value.item()
     if value is None or isinstance(value, (bool, int, str)):
-        return value if not isinstance(value, int) or isinstance(value, bool) or abs(value) < 2**62 else {"__int__": str(value)}
+        big = isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**62
+        return {"__int__": str(value)} if big else value
     if isinstance(value, float):
         return value if np.isfinite(value) else {"__float__": repr(value)}
     if isinstance(value, torch.Tensor):
@@ -68,9 +69,11 @@ def encode(value: Any, arrays: list, depth: int = 0) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type) and _travels(type(value).__module__):
         # a config of mhalab's (a model's sizes): its class and its fields, rebuilt in the grading kernel
         return {"__config__": f"{type(value).__module__}:{type(value).__qualname__}",
-                "fields": encode({f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}, arrays, depth + 1)}
+                "fields": encode({f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}, arrays,
+                                 depth + 1)}
     config = getattr(value, "config", None)
-    if isinstance(value, torch.nn.Module) and type(value).__module__.startswith("mhalab.") and dataclasses.is_dataclass(config):
+    if (isinstance(value, torch.nn.Module) and type(value).__module__.startswith("mhalab.")
+            and dataclasses.is_dataclass(config)):
         return {"__model__": f"{type(value).__module__}:{type(value).__qualname__}",
                 "config_class": f"{type(config).__module__}:{type(config).__qualname__}",
                 "config": encode(dataclasses.asdict(config), arrays, depth + 1),
@@ -108,7 +111,8 @@ def decode(value: Any, arrays: Any, *, models: bool = False) -> Any:
     if "__tuple__" in value:
         return tuple(decode(v, arrays, models=models) for v in value["__tuple__"])
     if "__dict__" in value:
-        return {_hashable(decode(k, arrays, models=models)): decode(v, arrays, models=models) for k, v in value["__dict__"]}
+        return {_hashable(decode(k, arrays, models=models)): decode(v, arrays, models=models)
+                for k, v in value["__dict__"]}
     if "__int__" in value:
         return int(value["__int__"])
     if "__float__" in value:
@@ -130,7 +134,9 @@ def decode(value: Any, arrays: Any, *, models: bool = False) -> Any:
 
 
 def _hashable(key: Any) -> Any:
-    return tuple(_hashable(k) for k in key) if isinstance(key, (list, tuple)) else key if not isinstance(key, (dict, Opaque)) else repr(key)
+    if isinstance(key, (list, tuple)):
+        return tuple(_hashable(k) for k in key)
+    return repr(key) if isinstance(key, (dict, Opaque)) else key
 
 
 def pack(message: dict, arrays: list | None = None) -> bytes:
@@ -227,8 +233,9 @@ def _restore_random_states(states: tuple) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
-def serve(fd_in: int, fd_out: int) -> None:
-    """Answer the grader's requests until it says stop: "run" a cell, "call" an answer."""
+def serve(fd_in: int, fd_out: int, fd_fork: int | None = None) -> None:
+    """Answer the grader's requests until it says stop: "run" a cell, "call" an answer; given ``fd_fork`` (a
+    socket the grader sends a new submission's two pipe ends over), also "fork" a kernel per submission."""
     import signal
 
     # The grader stops a cell that runs too long with SIGINT. A process started from a background job
@@ -253,7 +260,16 @@ def serve(fd_in: int, fd_out: int) -> None:
             return
         op = request.get("op")
         try:
-            if op == "run":
+            if op == "fork" and fd_fork is not None:
+                from _mhalab_fork import fork  # the prepared kernel's code, beside this file
+
+                pid, channel = fork(request, fd_fork, closing=(fd_in, fd_out, fd_fork))
+                if channel is None:
+                    send(fd_out, {"pid": pid})
+                else:  # this is the new submission's kernel: the same requests, on its own channel
+                    (fd_in, fd_out), fd_fork = channel, None
+                    send(fd_out, {"ready": True})
+            elif op == "run":
                 send(fd_out, {"error": _run_cell(shell, namespace, str(request["source"]))})
             elif op == "answers":
                 send(fd_out, {"keys": sorted(ANSWERS), "callable": {k: callable(v) for k, v in ANSWERS.items()},
@@ -276,7 +292,8 @@ def serve(fd_in: int, fd_out: int) -> None:
                 elif kind == "unbound":
                     send(fd_out, {"unbound": [str(p) for p in value]})
                 else:
-                    send(fd_out, {"raised": [type(value).__name__, str(value)[:500], where(value, skip)], "facts": facts})
+                    send(fd_out, {"raised": [type(value).__name__, str(value)[:500], where(value, skip)],
+                                  "facts": facts})
             elif op == "stop":
                 return
             else:
@@ -306,4 +323,4 @@ def limit(limits: dict) -> None:
 if __name__ == "__main__":
     sys.modules["_mhalab_grading"] = sys.modules[__name__]  # the stub mhalab.labs hands answers to ANSWERS here
     limit(json.loads(os.environ.pop("MHALAB_GRADING_LIMITS", "{}")))
-    serve(int(sys.argv[1]), int(sys.argv[2]))
+    serve(*[int(fd) for fd in sys.argv[1:4]])
