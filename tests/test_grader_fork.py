@@ -25,6 +25,14 @@ pytestmark = pytest.mark.skipif(sandbox.problem() is not None and not _REQUIRED,
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    """A forked kernel computes on one thread (libgomp's pool does not survive a fork); the fresh kernels it is
+    compared with take the grader's OMP_NUM_THREADS: set it to 1 so both sum in the same order, to the bit."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("MKL_NUM_THREADS", "1")
+
+
 def grade_both_ways(course: Path, source: Path, out: Path, *extra: str) -> None:
     for path in ("fork", "no-fork"):
         flags = ["--no-fork"] if path == "no-fork" else []
