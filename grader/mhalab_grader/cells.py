@@ -56,10 +56,11 @@ def solution_regions(text: str, *, code: bool = True) -> list[tuple[int, int]]:
         if not (is_begin or is_end):
             continue
         if code and line.strip() not in (BEGIN_LINE, END_LINE):
-            raise MarkerError(f"line {i + 1}: {line.strip()!r} mentions a solution marker; write the marker on a line of "
-                              f"its own, exactly as {BEGIN_LINE!r} or {END_LINE!r}")
+            raise MarkerError(f"line {i + 1}: {line.strip()!r} mentions a solution marker; write the marker on a "
+                              f"line of its own, exactly as {BEGIN_LINE!r} or {END_LINE!r}")
         if is_begin and start is not None:
-            raise MarkerError(f"line {i + 1}: a second BEGIN SOLUTION before the END SOLUTION of the one on line {start + 1}")
+            raise MarkerError(f"line {i + 1}: a second BEGIN SOLUTION before the END SOLUTION of the one on "
+                              f"line {start + 1}")
         if is_end and start is None:
             raise MarkerError(f"line {i + 1}: END SOLUTION without a BEGIN SOLUTION before it")
         if is_begin:
@@ -78,7 +79,8 @@ def _read_check(answer: Answer, text: str) -> bool:
         tree = ast.parse(text)
     except SyntaxError:
         return False
-    answer.borrows = any(isinstance(n, ast.Attribute) and n.attr in ("reference", "solution_text") for n in ast.walk(tree))
+    answer.borrows = any(isinstance(n, ast.Attribute) and n.attr in ("reference", "solution_text")
+                         for n in ast.walk(tree))
     calls = [n.value for n in tree.body if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
              and isinstance(n.value.func, ast.Attribute) and n.value.func.attr == "check" and n.value.args]
     if calls:
@@ -101,14 +103,17 @@ def answers(nb: Any, *, strict: bool = True) -> list[Answer]:
         m = _GRADE_ID.match(str(meta.get("grade_id", "")))
         if not meta.get("solution"):
             if regions:
-                problems.append(f"cell {index}: a solution region outside an answer cell; give the cell nbgrader metadata "
-                                '{"solution": true, "grade": false, "locked": false, "schema_version": 3, "grade_id": "exNN-K-answer"}')
+                problems.append(f"cell {index}: a solution region outside an answer cell; give the cell nbgrader "
+                                'metadata {"solution": true, "grade": false, "locked": false, "schema_version": 3, '
+                                '"grade_id": "exNN-K-answer"}')
         elif not m:
-            problems.append(f"cell {index}: grade_id {meta.get('grade_id')!r} should be exNN-K-answer (or exNN-K-written)")
+            problems.append(f"cell {index}: grade_id {meta.get('grade_id')!r} should be exNN-K-answer "
+                            "(or exNN-K-written)")
         else:
             answer = Answer(index, f"{m['nb']}.{int(m['num'])}", written=m["kind"] == "written")
             if cell.cell_type == "code" and not _read_check(answer, cell.source):
-                problems.append(f"cell {index}: an answer cell ends with its check, q.check(answer), and this one has none")
+                problems.append(f"cell {index}: an answer cell ends with its check, q.check(answer), and this one "
+                                "has none")
             else:
                 found.append(answer)
     keys = [a.key for a in found if not a.written]
@@ -135,11 +140,13 @@ def student_version(nb: Any) -> Any:
                 elif not indent and answer.expression and answer.expression.isidentifier():  # a top-level variable
                     stub = [f"# YOUR CODE HERE: exercise {answer.key}", f"{answer.expression} = None"]
                 else:
-                    stub = ["# YOUR CODE HERE", f'raise NotImplementedError("Exercise {answer.key}: write your answer here")']
+                    stub = ["# YOUR CODE HERE",
+                            f'raise NotImplementedError("Exercise {answer.key}: write your answer here")']
                 out += lines[last:begin] + [indent + s for s in stub]
                 last = end + 1
             cell.source = "\n".join(out + lines[last:])
-        if cell.cell_type == "code" and index >= first and "keep-output" not in cell.get("metadata", {}).get("tags", []):
+        keep = "keep-output" in cell.get("metadata", {}).get("tags", [])
+        if cell.cell_type == "code" and index >= first and not keep:
             cell.outputs, cell.execution_count = [], None
         cell.get("metadata", {}).pop("execution", None)
     return student
@@ -181,7 +188,8 @@ def release(source: str | Path, out_dir: str | Path, *, dry_run: bool = False) -
         raise FileNotFoundError(f"{source} is neither a notebook nor a folder of notebooks")
     paths = [source] if source.is_file() else sorted(p for p in source.glob("*.ipynb") if not p.name.startswith("."))
     if not dry_run and any((out_dir / p.name).resolve() == p.resolve() for p in paths):
-        raise ValueError(f"the student versions must go to another folder than {out_dir}: they would overwrite the solutions")
+        raise ValueError(f"the student versions must go to another folder than {out_dir}: they would overwrite "
+                         "the solutions")
     found, students, problems = {}, {}, []
     for path in paths:
         nb = nbformat.read(path, as_version=4)
