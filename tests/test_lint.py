@@ -56,8 +56,6 @@ NOT_YET_CLEAN = frozenset({
     "mhalab/pretrained/files.py",
     "mhalab/pretrained/minilm.py",
     "mhalab/pretrained/smollm2.py",
-    "mhalab/sweep.py",
-    "mhalab/tasks.py",
     "mhalab/train.py",
     "tests/chromium.py",
     "tests/conftest.py",
