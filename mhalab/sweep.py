@@ -11,10 +11,11 @@ import io
 import math
 import multiprocessing
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -40,6 +41,7 @@ class SweepRow:
     accuracy: float
     relations: dict[str, float] = field(default_factory=dict)  # relation name -> held-out accuracy
     seconds: float = 0.0
+    evals: tuple[tuple[int, dict[str, float]], ...] = ()  # (step, held-out metrics) along the run (eval_every)
 
 
 @dataclass
@@ -67,22 +69,37 @@ class SweepResults:
     def relations(self) -> list[str]:
         return list(dict.fromkeys(name for r in self.rows for name in r.relations))
 
-    def value(self, row: SweepRow, metric: str = "accuracy") -> float:
-        """``metric`` of one row: ``"accuracy"``, ``"loss"``, ``"seconds"`` or a relation (``"left1"``)."""
+    @property
+    def eval_steps(self) -> list[int]:
+        """The steps every run was evaluated at (``eval_every``; the last step always)."""
+        return sorted(set.intersection(*({s for s, _ in r.evals} for r in self.rows))) if self.rows else []
+
+    def value(self, row: SweepRow, metric: str = "accuracy", step: int | None = None) -> float:
+        """``metric`` of one row: ``"accuracy"``, ``"loss"``, ``"seconds"`` or a relation (``"left1"``); with
+        ``step``, the held-out ``"accuracy"``, ``"loss"`` or relation at that evaluation (one of ``eval_steps``)."""
         name = metric.removeprefix("accuracy/")
+        if step is not None:
+            found = dict(row.evals).get(step)
+            if found is None:
+                raise KeyError(f"no evaluation at step {step}; the runs were evaluated at {self.eval_steps} "
+                               "(sweep_heads(..., eval_every=k) evaluates every k steps)")
+            key = metric if metric in found else f"accuracy/{name}"
+            if key not in found:
+                raise KeyError(f"unknown metric {metric!r} at step {step}: use one of {sorted(found)}")
+            return float(found[key])
         if name in row.relations:
             return row.relations[name]
         if metric in ("accuracy", "loss", "seconds", "parameters", "d_head"):
             return float(getattr(row, metric))
         raise KeyError(f"unknown metric {metric!r}: use 'accuracy', 'loss', 'seconds' or one of {self.relations}")
 
-    def by_heads(self, metric: str = "accuracy") -> dict[int, list[float]]:
-        """``{head count: [metric of each seed, in seed order]}``."""
-        return {h: [self.value(r, metric) for r in self.rows if r.heads == h] for h in self.heads}
+    def by_heads(self, metric: str = "accuracy", step: int | None = None) -> dict[int, list[float]]:
+        """``{head count: [metric of each seed, in seed order]}`` (at the end, or at evaluation ``step``)."""
+        return {h: [self.value(r, metric, step) for r in self.rows if r.heads == h] for h in self.heads}
 
-    def by_seed(self, metric: str = "accuracy") -> dict[int, dict[int, float]]:
-        """``{seed: {head count: metric}}``."""
-        return {s: {r.heads: self.value(r, metric) for r in self.rows if r.seed == s} for s in self.seeds}
+    def by_seed(self, metric: str = "accuracy", step: int | None = None) -> dict[int, dict[int, float]]:
+        """``{seed: {head count: metric}}`` (at the end, or at evaluation ``step``)."""
+        return {s: {r.heads: self.value(r, metric, step) for r in self.rows if r.seed == s} for s in self.seeds}
 
     def mean(self, metric: str = "accuracy") -> dict[int, float]:
         return {h: sum(v) / len(v) for h, v in self.by_heads(metric).items()}
@@ -148,7 +165,7 @@ def _train_one(model_config: ModelConfig, task: Any, base: TrainConfig, seed: in
         heads=model_config.n_heads, d_head=net.blocks[0].attn.d_head, seed=seed, parameters=count_parameters(net),
         loss=float(final.get("loss", math.nan)), accuracy=float(final.get("accuracy", math.nan)),
         relations={k.removeprefix("accuracy/"): float(v) for k, v in final.items() if k.startswith("accuracy/")},
-        seconds=history.elapsed,
+        seconds=history.elapsed, evals=tuple((step, dict(metrics)) for step, metrics in history.evals),
     )
     return row, net
 
@@ -178,8 +195,10 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
     ``threads``: torch's CPU threads meanwhile (on a busy 2-core machine 100 steps at ``d_model=64`` took
     5 s on one, 20-30 s on two); ``workers``: on a CPU, train this many models at once, each in a process of
     its own forked from this one (on ``threads`` threads, one if None), with the same results as one at a time;
-    on a GPU, or off Linux (where forking a process is not safe), the runs stay one at a time; ``config``/``settings``: as for :func:`mhalab.train.train` (without config,
-    ``batch_size=32``, ``lr=5e-3``); each run is silent and evaluated once, at the end.
+    on a GPU, or off Linux (where forking a process is not safe), the runs stay one at a time;
+    ``config``/``settings``: as for :func:`mhalab.train.train` (without config, ``batch_size=32``, ``lr=5e-3``);
+    each run is silent and evaluated at the end, and every ``eval_every`` steps if given (``SweepRow.evals``:
+    a held-out learning curve per run, read with ``results.by_heads(step=...)``).
     """
     if not isinstance(model, ModelConfig):
         raise TypeError(f"model must be a ModelConfig (the head count is swept, every other field kept), got "
@@ -188,7 +207,7 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
     check_model_fits_task(SimpleNamespace(config=model), task)
     heads = check_distinct_ints("heads", heads)
     seeds = check_distinct_ints("seeds", seeds)
-    for key in [k for k in ("seed", "progress", "eval_every", "checkpoint") if k in settings]:
+    for key in [k for k in ("seed", "progress", "checkpoint") if k in settings]:
         raise ValueError(f"sweep_heads sets {key} itself (the seed comes from `seeds`); do not pass {key}=")
     # a bad head count gets the standard message naming the valid ones
     configs = {h: replace(model, n_heads=h) for h in heads}
@@ -197,7 +216,7 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
     check_int("workers", workers, 1)
     # Fail on a bad setting now, not after the first few models have trained.
     defaults = _SWEEP_DEFAULTS if config is None else {}
-    base = make_config(config, **{**defaults, **settings}, progress=False, eval_every=None, checkpoint=None)
+    base = make_config(config, **{**defaults, **settings}, progress=False, checkpoint=None)
     threads_before = torch.get_num_threads()
 
     from tqdm.auto import tqdm

@@ -16,8 +16,8 @@ from torch import Tensor
 
 from .arguments import check_distinct_ints, check_int
 
-__all__ = ["Batch", "Task", "MultiRelationTask", "KeyValueRecall", "RepeatedSegments", "Seq2SeqBatch", "Seq2SeqTask",
-           "IGNORE"]
+__all__ = ["Batch", "Task", "MultiRelationTask", "KeyValueRecall", "TableLookup", "RepeatedSegments", "Seq2SeqBatch",
+           "Seq2SeqTask", "IGNORE"]
 
 IGNORE = -100  # target value meaning "nothing to predict here" (cross_entropy's ignore_index)
 
@@ -32,7 +32,7 @@ class Batch:
     targets: Tensor
     sources: dict[str, Tensor]
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         """A copy on ``device`` (for analysis; training samples on the device directly)."""
         tensors = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "sources"}
         return type(self)(**tensors, sources={k: v.to(device) for k, v in self.sources.items()})
@@ -188,7 +188,8 @@ class KeyValueRecall(Task):
             raise ValueError(f"with slots=True the values are the {n_pairs} slots, so n_values is n_pairs; "
                              f"got n_values={n_values} (leave it out)")
         self.slots = slots
-        self.n_values = check_int("n_values", n_pairs if slots else 16 if n_values is None else n_values, 1 if slots else 2)
+        values = n_pairs if slots else 16 if n_values is None else n_values
+        self.n_values = check_int("n_values", values, 1 if slots else 2)
         self.n_queries = check_int("n_queries", n_queries, 1)
         self.causal = bool(causal)
         self.vocab_size = self.n_keys + self.n_values
@@ -218,6 +219,51 @@ class KeyValueRecall(Task):
     def token_labels(self, tokens_1d: Tensor) -> list[str]:
         value = "slot" if self.slots else "v"
         return [f"K{t}" if t < self.n_keys else f"{value}{t - self.n_keys}" for t in map(int, tokens_1d)]
+
+
+class TableLookup(Task):
+    """``n_tables`` tables of ``n_entries`` entries, then ``n_queries`` keys; at a query, target r is the value
+    the asked key has in table r (relation ``table<r>``), so one query needs ``n_tables`` lookups at once.
+
+    Every table holds the same distinct keys (from ``n_keys``) in its own order, each with its own value (from
+    ``n_values``). An entry is one token, ``key * n_values + value``, so one attention layer can find it by
+    content; queries are tokens ``n_keys * n_values + key``. Tables sit in order at positions ``0..D*P-1``.
+    """
+
+    name = "table lookup"
+    _repr_fields = ("n_tables", "n_entries", "n_keys", "n_values", "n_queries")
+
+    def __init__(self, n_tables: int = 4, n_entries: int = 4, *, n_keys: int = 64, n_values: int = 8,
+                 n_queries: int = 4) -> None:
+        self.n_tables = check_int("n_tables", n_tables, 1)
+        self.n_entries = check_int("n_entries", n_entries, 1)
+        self.n_keys = check_int("n_keys", n_keys, n_entries,
+                                why=f" (the {n_entries} keys of a table are distinct, so n_keys >= n_entries)")
+        self.n_values = check_int("n_values", n_values, 2)
+        self.n_queries = check_int("n_queries", n_queries, 1)
+        self.n_targets = n_tables
+        self.relations = tuple(f"table{r}" for r in range(n_tables))
+        self.vocab_size = n_keys * n_values + n_keys
+        self.seq_len = n_tables * n_entries + n_queries
+
+    def _generate(self, batch_size: int, generator: torch.Generator, device: torch.device) -> Batch:
+        B, D, P, Q, T = batch_size, self.n_tables, self.n_entries, self.n_queries, self.seq_len
+        keys = torch.rand(B, self.n_keys, generator=generator, device=device).argsort(-1)[:, :P]  # [B, P] distinct
+        values = torch.randint(0, self.n_values, (B, D, P), generator=generator, device=device)  # [B, D, P]
+        order = torch.rand(B, D, P, generator=generator, device=device).argsort(-1)  # [B, D, P]: each table's order
+        stored_keys = keys[:, None, :].expand(B, D, P).gather(2, order)  # [B, D, P]
+        entries = (stored_keys * self.n_values + values.gather(2, order)).reshape(B, D * P)  # [B, D*P]
+        asked = torch.randint(0, P, (B, Q), generator=generator, device=device)  # [B, Q]: which key each query asks
+        inputs = torch.cat([entries, keys.gather(1, asked) + self.n_keys * self.n_values], dim=1)  # [B, T]
+        targets = torch.full((B, T, D), IGNORE, dtype=torch.long, device=device)
+        targets[:, D * P:] = values.gather(2, asked[:, None, :].expand(B, D, Q)).transpose(1, 2)  # [B, Q, D]
+        slot = order.argsort(-1)  # [B, D, P]: where key j sits in table r
+        sources = {}
+        for r, name in enumerate(self.relations):
+            where = torch.full((B, T), -1, dtype=torch.long, device=device)
+            where[:, D * P:] = r * P + slot[:, r].gather(1, asked)
+            sources[name] = where
+        return Batch(inputs, targets, sources)
 
 
 class RepeatedSegments(Task):

@@ -732,6 +732,36 @@ def dla_logits(result, scale, W_U, right, wrong):  # all the logits, then two of
     return logits.gather(-1, right[..., None])[..., 0] - logits.gather(-1, wrong[..., None])[..., 0]
 
 
+
+# ------------------------------------------------------------------------------------ 11
+def hump_sorted(acc):  # sorts each seed's head counts
+    for seed in acc:
+        heads = sorted(acc[seed])
+        values = [acc[seed][h] for h in heads]
+        if not (values[0] < max(values) and values[-1] < max(values)):
+            return False
+    return True
+
+
+def hump_numpy(accuracy):  # arrays, and a numpy bool back
+    verdicts = []
+    for row in accuracy.values():
+        heads = np.array(sorted(row))
+        acc = np.array([row[h] for h in heads])
+        verdicts.append(acc[0] < acc.max() and acc[-1] < acc.max())
+    return np.all(verdicts)
+
+
+def _hump_mean(acc):  # the mean over seeds
+    heads = sorted(next(iter(acc.values())))
+    mean = [sum(a[h] for a in acc.values()) / len(acc) for h in heads]
+    return mean[0] < max(mean) and mean[-1] < max(mean)
+
+
+def _hump_dict_order(acc):  # the first and last keys as the ends
+    return all(list(a.values())[0] < max(a.values()) and list(a.values())[-1] < max(a.values()) for a in acc.values())
+
+
 CORPUS = {
     "01.1": {
         "right": [attention_einsum, attention_float64, attention_numpy],
@@ -1090,6 +1120,18 @@ CORPUS = {
             (lambda r, s, U, a, b: (r / s * (U.T[b] - U.T[a])).sum(-1), "the sign is flipped"),
             (lambda r, s, U, a, b: (r / r.pow(2).mean(-1, keepdim=True).sqrt() * (U.T[a] - U.T[b])).sum(-1), "not the RMS of this head's own output"),
             (lambda r, s, U, a, b: (r / s * (U.T[a] - U.T[b])).sum(), "shape"),
+        ],
+    },
+    "11.1": {
+        "right": [hump_sorted, hump_numpy, lambda acc: all(max(a[min(a)], a[max(a)]) < max(a.values()) for a in acc.values())],
+        "wrong": [
+            (_hump_mean, "the mean over seeds can hide"),
+            (_hump_dict_order, "not the first and last keys"),
+            (lambda acc: all(max(a[min(a)], a[max(a)]) <= max(a.values()) for a in acc.values()), "strict comparison"),
+            (lambda acc: all(a[min(a)] < max(a.values()) for a in acc.values()), "check both ends"),
+            (lambda acc: all(max(a[min(a)], a[max(a)]) < max(a.values()) for a in list(acc.values())[:1]),
+             "a seed without the hump"),
+            (lambda acc: "yes", "return True or False"),
         ],
     },
 }

@@ -104,6 +104,19 @@ def test_results_can_be_built_by_hand():
     assert results.best_heads() == 4
 
 
+def test_eval_every_keeps_a_held_out_curve_per_run():
+    task = MultiRelationTask((-1, 1), vocab_size=5, seq_len=6)
+    results = sweep_heads(task, model=one_layer(task), heads=(1, 2), seeds=(0,), steps=4, eval_every=2, device="cpu",
+                          eval_batches=1, eval_batch_size=16, progress=False)
+    assert results.eval_steps == [2, 4]
+    for r in results.rows:
+        assert [s for s, _ in r.evals] == [2, 4] and r.evals[-1][1]["accuracy"] == pytest.approx(r.accuracy)
+    assert results.by_heads(step=4) == results.by_heads()
+    assert results.by_seed("left1", step=2)[0][1] == results.rows[0].evals[0][1]["accuracy/left1"]
+    with pytest.raises(KeyError, match=r"no evaluation at step 3; the runs were evaluated at \[2, 4\]"):
+        results.by_heads(step=3)
+
+
 def test_threads_are_restored_after_the_sweep():
     task = MultiRelationTask((-1, 1), vocab_size=5, seq_len=6)
     before = torch.get_num_threads()

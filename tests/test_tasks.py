@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mhalab.tasks import IGNORE, Batch, KeyValueRecall, MultiRelationTask, Task
+from mhalab.tasks import IGNORE, Batch, KeyValueRecall, MultiRelationTask, TableLookup, Task
 
 
 def _sample(task, n=8, seed=0, device="cpu"):
@@ -87,6 +87,32 @@ def test_key_value_recall_with_slots_stores_only_the_keys_and_answers_their_slot
 
 
 # ---------------------------------------------------------------- loss and metrics
+def test_table_lookup_answers_are_the_asked_keys_values_in_every_table():
+    task = TableLookup(n_tables=3, n_entries=5, n_keys=7, n_values=4, n_queries=6)
+    assert (task.seq_len, task.vocab_size, task.n_targets) == (3 * 5 + 6, 7 * 4 + 7, 3)
+    assert task.relations == ("table0", "table1", "table2")
+    b = task.sample(64, generator=torch.Generator().manual_seed(1))
+    entries, queries = b.inputs[:, :15].reshape(64, 3, 5), b.inputs[:, 15:] - 7 * 4  # [B, D, P], [B, Q]
+    assert bool((entries < 28).all()) and bool(((queries >= 0) & (queries < 7)).all())
+    keys = entries // 4
+    assert bool((keys.sort(-1).values == keys[:, :1].sort(-1).values).all())  # every table holds the same keys
+    assert bool((keys[:, 0].sort(-1).values.diff(dim=-1) > 0).all())  # distinct within a table
+    assert bool((b.targets[:, :15] == IGNORE).all())
+    for r, name in enumerate(task.relations):
+        where = b.sources[name]  # [B, T]
+        assert bool((where[:, :15] == -1).all())
+        found = b.inputs.gather(1, where[:, 15:])  # [B, Q]: the entry each query's table-r relation points at
+        assert bool((where[:, 15:] // 5 == r).all())  # inside table r
+        assert torch.equal(found // 4, queries) and torch.equal(found % 4, b.targets[:, 15:, r])
+
+
+def test_table_lookup_bad_arguments():
+    with pytest.raises(ValueError, match="n_keys >= n_entries"):
+        TableLookup(n_entries=5, n_keys=4)
+    with pytest.raises(ValueError, match="n_tables"):
+        TableLookup(n_tables=0)
+
+
 def test_metrics_score_perfect_and_wrong_logits():
     task = MultiRelationTask((-1, 1), vocab_size=5, seq_len=6)
     batch = _sample(task)
