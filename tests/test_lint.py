@@ -21,7 +21,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # Files written before the linter, not yet cleaned; the list only shrinks (a file that passes must leave it).
 NOT_YET_CLEAN = frozenset({
     "tests/labs_corpus.py",
-    "tests/test_sweep.py",
 })
 
 

@@ -97,7 +97,8 @@ def test_bad_settings_fail_before_training():
 
 
 def test_results_can_be_built_by_hand():
-    rows = [SweepRow(h, 4 // h, s, 10, 1.0, acc, {}, 0.1) for h, s, acc in [(1, 0, 0.2), (4, 0, 0.9), (1, 1, 0.4), (4, 1, 0.5)]]
+    runs = [(1, 0, 0.2), (4, 0, 0.9), (1, 1, 0.4), (4, 1, 0.5)]
+    rows = [SweepRow(h, 4 // h, s, 10, 1.0, acc, {}, 0.1) for h, s, acc in runs]
     results = SweepResults(rows, d_model=4, steps=1)
     assert results.by_heads() == {1: [0.2, 0.4], 4: [0.9, 0.5]}
     assert results.gaps(1) == pytest.approx({0: 0.7, 1: 0.1})
@@ -157,8 +158,8 @@ def test_two_workers_give_the_results_of_one(tiny):
     task, results = tiny
     if not sys.platform.startswith("linux"):
         pytest.skip("workers=2 forks processes on Linux only; elsewhere it runs one at a time")
-    parallel = sweep_heads(task, model=one_layer(task), heads=(1, 2, 8), seeds=(0, 1), steps=3, device="cpu", eval_batches=1,
-                           eval_batch_size=16, progress=False, workers=2, keep_models=True)
+    parallel = sweep_heads(task, model=one_layer(task), heads=(1, 2, 8), seeds=(0, 1), steps=3, device="cpu",
+                           eval_batches=1, eval_batch_size=16, progress=False, workers=2, keep_models=True)
     assert [(r.heads, r.seed) for r in parallel.rows] == [(r.heads, r.seed) for r in results.rows]
     for mine, theirs in zip(parallel.rows, results.rows):
         assert (mine.loss, mine.accuracy, mine.relations) == (theirs.loss, theirs.accuracy, theirs.relations)

@@ -1,10 +1,9 @@
-"""Exercise of notebook 11 (the head-count trade at convergence): reading a sweep for an interior maximum,
-seed by seed."""
+"""Exercise of notebook 11 (the head-count trade, and how far a training budget shows it): reading a sweep for
+an interior maximum, seed by seed."""
 
 from __future__ import annotations
 
-from .checks import call_answer, grading, rng
-from .core import Exercise, Wrong, register
+from .core import Check, Exercise, Wrong, register
 
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -34,11 +33,11 @@ _HUMP_CASES = [
 ]
 
 
-def _hump_cases() -> list[tuple[dict, str, str]]:
+def _hump_cases(check: Check) -> list[tuple[dict, str, str]]:
     """The fixed cases, and when grading four drawn fresh."""
     cases = list(_HUMP_CASES)
-    if grading():
-        r = rng(111)
+    if check.grading:
+        r = check.rng(111)
         for i in range(4):
             heads = r.sample([1, 2, 4, 8, 16, 32, 64], r.randint(3, 6))
             accuracy = {s: {h: round(r.random(), 3) for h in heads} for s in range(r.randint(1, 4))}
@@ -46,9 +45,9 @@ def _hump_cases() -> list[tuple[dict, str, str]]:
     return cases
 
 
-def _check_hump(hump_on_every_seed) -> None:
-    for accuracy, what, missed in _hump_cases():
-        got = call_answer(hump_on_every_seed, accuracy, label=repr(accuracy))
+def _check_hump(hump_on_every_seed, check: Check) -> None:
+    for accuracy, what, missed in _hump_cases(check):
+        got = check.call(hump_on_every_seed, accuracy, label=repr(accuracy))
         if type(got).__name__ not in ("bool", "bool_"):  # Python's or NumPy's
             raise Wrong(f"return True or False, got {got!r} for {accuracy} ({what})")
         want = _hump_reference(accuracy)
