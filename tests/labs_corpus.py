@@ -158,7 +158,8 @@ def mha_with_mhalab_sdpa(x, W_Q, W_K, W_V, W_O, n_heads):  # 02.4 through mhalab
     B, T, D = x.shape
     def split(t):
         return t.view(B, T, n_heads, D // n_heads).transpose(1, 2)
-    z, _ = scaled_dot_product_attention(split(x @ W_Q.T), split(x @ W_K.T), split(x @ W_V.T), mask=causal_allowed_mask(T))
+    z, _ = scaled_dot_product_attention(split(x @ W_Q.T), split(x @ W_K.T), split(x @ W_V.T),
+                                        mask=causal_allowed_mask(T))
     return z.transpose(1, 2).reshape(B, T, D) @ W_O.T
 
 
@@ -166,7 +167,8 @@ def costs_measured(d_model, n_heads):  # 03.1 measured on a real module and mhal
     from mhalab import MultiHeadAttention
     from mhalab.counting import count_parameters, kv_cache_per_token
 
-    return d_model // n_heads, count_parameters(MultiHeadAttention(d_model, n_heads, bias=False)), kv_cache_per_token(d_model, n_heads).elements
+    return (d_model // n_heads, count_parameters(MultiHeadAttention(d_model, n_heads, bias=False)),
+            kv_cache_per_token(d_model, n_heads).elements)
 
 
 def batch_with_kv_cache_per_token(config, seq_len, memory_bytes, bytes_per_value):  # 03.2 with mhalab's count
@@ -188,7 +190,8 @@ def choose_with_valid_head_counts(d_model, n_relations, min_d_k):  # 04.3 with m
     raise ValueError("no head count fits")
 
 
-def layout_measured(batch, n_heads, src_len, tgt_len):  # 06.2 measured on a real EncoderDecoder, as notebook 06 suggests
+def layout_measured(batch, n_heads, src_len, tgt_len):
+    # 06.2 measured on a real EncoderDecoder, as notebook 06 suggests
     from mhalab.models import EncoderDecoder, ModelConfig
 
     model = EncoderDecoder(ModelConfig(d_vocab=4, d_model=2 * n_heads, n_heads=n_heads, n_layers=1,
@@ -240,11 +243,13 @@ def causal_allowed_tril(L, S):
 
 
 def layout_lists(b, h, s, t):
-    return {"encoder": ["none", [b, h, s, s]], "decoder": ["causal", torch.Size([b, h, t, t])], "cross": ("none", (b, h, t, s))}
+    return {"encoder": ["none", [b, h, s, s]], "decoder": ["causal", torch.Size([b, h, t, t])],
+            "cross": ("none", (b, h, t, s))}
 
 
 def layout_by_loop(batch_size, heads, source_len, target_len):  # other names, NumPy ints, built in a loop
-    lengths = {"encoder": (source_len, source_len), "decoder": (target_len, target_len), "cross": (target_len, source_len)}
+    lengths = {"encoder": (source_len, source_len), "decoder": (target_len, target_len),
+               "cross": (target_len, source_len)}
     return {use: ("causal" if use == "decoder" else "none", tuple(np.int64(n) for n in (batch_size, heads, *lq_lk)))
             for use, lq_lk in lengths.items()}
 
@@ -296,7 +301,8 @@ def batch_by_loop(cfg, tokens, memory, nbytes):  # other names: add sequences un
 
 
 def batch_numpy(config, seq_len, memory_bytes, bytes_per_value):
-    per_seq = np.prod([2, config["n_layers"], config["n_kv_heads"], config["d_head"], seq_len, bytes_per_value], dtype=np.int64)
+    per_seq = np.prod([2, config["n_layers"], config["n_kv_heads"], config["d_head"], seq_len, bytes_per_value],
+                      dtype=np.int64)
     return np.floor_divide(np.int64(memory_bytes), per_seq)
 
 
@@ -367,7 +373,8 @@ def gqa_float64(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
     return out.numpy()
 
 
-def gqa_with_mhalab_attention_pooled(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):  # mhalab's module: fair, the prompt forbids nothing
+def gqa_with_mhalab_attention_pooled(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
+    # mhalab's module: fair, the prompt forbids nothing
     from mhalab import MultiHeadAttention
 
     B, T, D = x.shape
@@ -397,7 +404,8 @@ def ablate_by_pattern(model, tokens, layer, head):  # zero the head's attention 
 
 
 def ablate_register_hook(net, ids, which_layer, which_head):  # plain torch forward hook, other names, NumPy out
-    return _run_zeroing(net, ids, which_layer, lambda z: z.__setitem__((slice(None), slice(None), which_head), 0.0)).numpy()
+    return _run_zeroing(net, ids, which_layer,
+                        lambda z: z.__setitem__((slice(None), slice(None), which_head), 0.0)).numpy()
 
 
 def ablate_in_place_with_block(model, tokens, layer, head):  # model.hooks, a keyword-only hook that edits z in place
@@ -408,7 +416,8 @@ def ablate_in_place_with_block(model, tokens, layer, head):  # model.hooks, a ke
 
 
 def ablate_leaky(model, tokens, layer, head):
-    model.blocks[layer].attn.hook_z.register_forward_hook(lambda mod, inp, out: out.index_fill(2, torch.tensor([head]), 0.0))
+    model.blocks[layer].attn.hook_z.register_forward_hook(
+        lambda mod, inp, out: out.index_fill(2, torch.tensor([head]), 0.0))
     return model(tokens)
 
 
@@ -444,8 +453,9 @@ def effects_with_ablate_by_pattern(m, x, y):
         base = torch.nn.functional.cross_entropy(m(x).flatten(0, -2), y.flatten(), reduction="sum") / (y != -100).sum()
     rows = []
     for layer in range(m.config.n_layers):
-        rows.append([torch.nn.functional.cross_entropy(ablate_by_pattern(m, x, layer, h).float().flatten(0, -2), y.flatten(),
-                                                       reduction="sum") / (y != -100).sum() - base for h in range(m.config.n_heads)])
+        rows.append([torch.nn.functional.cross_entropy(ablate_by_pattern(m, x, layer, h).float().flatten(0, -2),
+                                                       y.flatten(), reduction="sum") / (y != -100).sum() - base
+                     for h in range(m.config.n_heads)])
     return torch.tensor(rows, dtype=torch.float64)
 
 
@@ -466,8 +476,8 @@ def effects_by_mhalab(model, tokens, targets):
 # ------------------------------------------------------------------------------------ 07
 def prev_scores_by_layer_number(cache):  # names built from the layer number, NumPy out
     n = len(cache)
-    return np.stack([np.diagonal(cache[f"blocks.{i}.attn.hook_pattern"].numpy(), offset=-1, axis1=-2, axis2=-1).mean(axis=(0, 2))
-                     for i in range(n)])
+    return np.stack([np.diagonal(cache[f"blocks.{i}.attn.hook_pattern"].numpy(), offset=-1, axis1=-2, axis2=-1)
+                     .mean(axis=(0, 2)) for i in range(n)])
 
 
 def prev_scores_loop(c):  # loops, sorted by the number in the name
@@ -531,7 +541,8 @@ def kv_bytes_by_mhalab(config, bytes_per_value):  # mhalab's counter: fair, the 
     from mhalab.counting import kv_cache_per_token
 
     c = config
-    return kv_cache_per_token(c.d_model, c.n_heads, n_kv_heads=c.n_key_value_heads, d_head=c.d_head, n_layers=c.n_layers).elements * bytes_per_value
+    return kv_cache_per_token(c.d_model, c.n_heads, n_kv_heads=c.n_key_value_heads, d_head=c.d_head,
+                              n_layers=c.n_layers).elements * bytes_per_value
 
 
 def induction_by_mhalab(cache, L):  # mhalab's induction score on stand-in tokens [start, 1..L, 1..L]: fair too
@@ -561,7 +572,8 @@ def _second_copy(model, tokens, heads, L, *, positions=None, axis=2, keep_hooks=
             block.attn.hook_z.register_forward_hook(lambda mod, inp, out: out * 0.5)
     with torch.no_grad():
         logits = model.run_with_hooks(tokens, fwd_hooks=[(lambda name: name.endswith("attn.hook_z"), off)])
-    nll = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(), reduction="none").view(tokens.shape[0], -1)
+    nll = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(),
+                                            reduction="none").view(tokens.shape[0], -1)
     return nll[:, L:].mean().item() if positions is None else nll[:, positions].mean().item()
 
 
@@ -640,7 +652,8 @@ def onset_normalised(steps, curve, fraction):  # the way gone, 0 at the start an
 def circuit_loop(induction, previous):
     K, N, H = induction.shape
     best = max(((layer, head) for layer in range(1, N) for head in range(H)), key=lambda lh: float(induction[-1][lh]))
-    below = max(((layer, head) for layer in range(best[0]) for head in range(H)), key=lambda lh: float(previous[-1][lh]))
+    below = max(((layer, head) for layer in range(best[0]) for head in range(H)),
+                key=lambda lh: float(previous[-1][lh]))
     return [list(best), list(below)]
 
 
@@ -768,13 +781,15 @@ CORPUS = {
         "wrong": [
             (lambda Q, K, V: (Q @ K.transpose(-2, -1)).softmax(-1) @ V, "not scaled"),
             (lambda Q, K, V: (Q @ K.transpose(-2, -1) / Q.size(-1)).softmax(-1) @ V, "divided by d_k"),
-            (lambda Q, K, V: (Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))).softmax(-2) @ V, "runs over the queries"),
+            (lambda Q, K, V: (Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))).softmax(-2) @ V,
+             "runs over the queries"),
             (lambda Q, K, V: (Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))).softmax(-1), "matrix of weights"),
             (lambda Q, K, V: (Q @ K.mT * math.sqrt(Q.size(-1))).softmax(-1) @ V, "multiplied by sqrt(d_k)"),
             (lambda Q, K, V: (Q @ K.mT / math.sqrt(K.size(-2))).softmax(-1) @ V, "the scale uses the number of keys"),
             (lambda Q, K, V: (Q @ K.mT).softmax(-1) @ V / math.sqrt(Q.size(-1)), "after the softmax"),
             (lambda Q, K, V: torch.sigmoid(Q @ K.mT / math.sqrt(Q.size(-1))) @ V, "a sigmoid of the scores"),
-            (lambda Q, K, V: (lambda s: s / s.sum(-1, keepdim=True))(Q @ K.mT / math.sqrt(Q.size(-1))) @ V, "exponentiates them first"),
+            (lambda Q, K, V: (lambda s: s / s.sum(-1, keepdim=True))(Q @ K.mT / math.sqrt(Q.size(-1))) @ V,
+             "exponentiates them first"),
             (attention_two_params, "keep the given parameters"),
             (3, "expected a function, got an int (3)"),
             (lambda Q, K, V: Q @ K, "attention(Q [3, 4], K [5, 4], V [5, 2]) raised RuntimeError"),
@@ -784,19 +799,25 @@ CORPUS = {
     "01.2": {
         "right": [query_numpy, query_float64_loop],
         "wrong": [
-            (lambda K, j, weight: K[j] * math.log(weight * (K.size(0) - 1) / (1 - weight)), "without the 1/sqrt(d_k) scaling"),
-            (lambda K, j, weight: K[j] * math.log(weight / (1 - weight)) * math.sqrt(K.size(1)), "the other 4 keys share"),
+            (lambda K, j, weight: K[j] * math.log(weight * (K.size(0) - 1) / (1 - weight)),
+             "without the 1/sqrt(d_k) scaling"),
+            (lambda K, j, weight: K[j] * math.log(weight / (1 - weight)) * math.sqrt(K.size(1)),
+             "the other 4 keys share"),
             (lambda K, j, weight: K[j] * weight, "not 0.9"),
-            (lambda K, j, w: K[j] * abs(math.log(w * (K.size(0) - 1) / (1 - w))) * math.sqrt(K.size(1)), "score *lower*"),
+            (lambda K, j, w: K[j] * abs(math.log(w * (K.size(0) - 1) / (1 - w))) * math.sqrt(K.size(1)),
+             "score *lower*"),
             (lambda K, j, w: K[j, :2], "has shape [2]; expected [8]"),
         ],
     },
     "02.1": {
         "right": [split_reshape_permute, split_unflatten],
         "wrong": [
-            (lambda x, n_heads: x.view(x.size(0), n_heads, x.size(1), x.size(2) // n_heads), "every head must see every token"),
-            (lambda x, n_heads: x.view(x.size(0), x.size(1), n_heads, x.size(2) // n_heads), "head axis must come before"),
-            (lambda x, n_heads: x.view(x.size(0), x.size(1), x.size(2) // n_heads, n_heads).permute(0, 3, 1, 2), "every n_heads-th"),
+            (lambda x, n_heads: x.view(x.size(0), n_heads, x.size(1), x.size(2) // n_heads),
+             "every head must see every token"),
+            (lambda x, n_heads: x.view(x.size(0), x.size(1), n_heads, x.size(2) // n_heads),
+             "head axis must come before"),
+            (lambda x, n_heads: x.view(x.size(0), x.size(1), x.size(2) // n_heads, n_heads).permute(0, 3, 1, 2),
+             "every n_heads-th"),
             (lambda x, n_heads: x.view(x.size(0), x.size(1), n_heads, -1).transpose(1, 2).contiguous(), "is a copy"),
             (split_stack, "is a copy"),
         ],
@@ -812,7 +833,8 @@ CORPUS = {
         "right": [causal_where, causal_renormalised, causal_triu, causal_weights_with_mhalab_mask],
         "wrong": [
             (lambda s: s.masked_fill(~_tril(s.size(-1), -1), float("-inf")).softmax(-1), "hides its own key"),
-            (lambda s: s.masked_fill(~torch.ones(s.size(-1), s.size(-1)).triu().bool(), float("-inf")).softmax(-1), "transposed"),
+            (lambda s: s.masked_fill(~torch.ones(s.size(-1), s.size(-1)).triu().bool(), float("-inf")).softmax(-1),
+             "transposed"),
             (lambda s: s.masked_fill(~_tril(s.size(-1)), 0.0).softmax(-1), "-inf"),
             (lambda s: s.softmax(-1) * _tril(s.size(-1)), "mask the scores before the softmax"),
             (lambda s: s.masked_fill(~_tril(s.size(-1)), float("-inf")).softmax(-2), "softmax runs over the queries"),
@@ -826,21 +848,27 @@ CORPUS = {
             (lambda x, W_Q, W_K, W_V, W_O, n_heads: x @ W_V.T, "stage 2 of 6 (one head, one token): W_O is missing"),
             (lambda x, W_Q, W_K, W_V, W_O, n_heads: x, "stage 2 of 6"),
             (lambda x, W_Q, W_K, W_V, W_O: x, "keep the given parameters"),
-            (lambda x, W_Q, W_K, W_V, W_O, n_heads: (x @ W_Q.T @ W_K @ x.mT).softmax(-1) @ x @ W_V.T @ W_O.T, "stage 3 of 6"),
+            (lambda x, W_Q, W_K, W_V, W_O, n_heads: (x @ W_Q.T @ W_K @ x.mT).softmax(-1) @ x @ W_V.T @ W_O.T,
+             "stage 3 of 6"),
             (mha_mistaken(swapped=True), "stage 3 of 6 (the scores): Q and K are swapped"),
             (mha_mistaken(over=-2), "stage 3 of 6 (the scores): the softmax runs over the queries"),
-            (mha_mistaken(allowed_diagonal=-1, fill=-1e9), "the last token does not see itself"),  # -1e9: no NaN at stage 2
-            (mha_masking(lambda T: torch.ones(T, T, dtype=torch.bool).tril()), "Is your mask inverted?"),  # masked what is allowed
-            (mha_masking(lambda T: torch.ones(T, T).triu() == 0), "your mask is flipped"),              # masked the past
+            (mha_mistaken(allowed_diagonal=-1, fill=-1e9),
+             "the last token does not see itself"),  # -1e9: no NaN at stage 2
+            (mha_masking(lambda T: torch.ones(T, T, dtype=torch.bool).tril()),
+             "Is your mask inverted?"),  # masked what is allowed
+            (mha_masking(lambda T: torch.ones(T, T).triu() == 0),
+             "your mask is flipped"),  # masked the past
         ],
     },
     "03.1": {
-        "right": [lambda d, h: (d / h, 4.0 * d * d, torch.tensor(2 * d)), lambda width, heads: [width // heads, 4 * width**2, 2 * width],
+        "right": [lambda d, h: (d / h, 4.0 * d * d, torch.tensor(2 * d)),
+                  lambda width, heads: [width // heads, 4 * width**2, 2 * width],
                   costs_measured],
         "wrong": [
             (lambda d_model, n_heads: (d_model, 4 * d_model**2, 2 * d_model), "the whole width"),
             (lambda d_model, n_heads: (d_model // n_heads, 3 * d_model**2, 2 * d_model), "but not the output matrix"),
-            (lambda d_model, n_heads: (d_model // n_heads, 4 * d_model**2, 2 * (d_model // n_heads)), "that is one head"),
+            (lambda d_model, n_heads: (d_model // n_heads, 4 * d_model**2, 2 * (d_model // n_heads)),
+             "that is one head"),
             (lambda d_model, n_heads: (d_model // n_heads, 4 * d_model**2, d_model), "both the keys and the values"),
             (lambda d, h: (d // h, 4 * d * d + 4 * d, 2 * d), "includes the biases"),
             (lambda d, h: d // h, "return a tuple (d_k, parameters, kv_cache)"),
@@ -848,15 +876,21 @@ CORPUS = {
         ],
     },
     "03.2": {
-        "right": [lambda config, seq_len, memory_bytes, bytes_per_value: int(memory_bytes / (2 * config["n_layers"] * config["n_kv_heads"] * config["d_head"] * seq_len * bytes_per_value)),
+        "right": [lambda config, seq_len, memory_bytes, bytes_per_value: int(
+                      memory_bytes / (2 * config["n_layers"] * config["n_kv_heads"] * config["d_head"] * seq_len
+                                      * bytes_per_value)),
                   batch_by_loop, batch_numpy, batch_with_kv_cache_per_token],
         "wrong": [
-            (lambda c, t, m, b: m // (2 * c["n_layers"] * c["n_heads"] * c["d_head"] * t * b), "full multi-head attention"),
-            (lambda c, t, m, b: m // (c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t * b), "both the keys and the values"),
+            (lambda c, t, m, b: m // (2 * c["n_layers"] * c["n_heads"] * c["d_head"] * t * b),
+             "full multi-head attention"),
+            (lambda c, t, m, b: m // (c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t * b),
+             "both the keys and the values"),
             (lambda c, t, m, b: m // (2 * c["n_kv_heads"] * c["d_head"] * t * b), "every layer keeps its own cache"),
-            (lambda c, t, m, b: m // (2 * c["n_layers"] * c["n_kv_heads"] * (c["d_model"] // c["n_heads"]) * t * b), "it need not be d_model / n_heads"),
+            (lambda c, t, m, b: m // (2 * c["n_layers"] * c["n_kv_heads"] * (c["d_model"] // c["n_heads"]) * t * b),
+             "it need not be d_model / n_heads"),
             (lambda c, t, m, b: -(-m // (2 * c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t * b)), "round down"),
-            (lambda c, t, m, b: m / (2 * c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t * b), "should be a whole number"),
+            (lambda c, t, m, b: m / (2 * c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t * b),
+             "should be a whole number"),
             (lambda c, t, m, b: m // (2 * c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t), "bytes_per_value"),
             (lambda c, t, m: 1, "keep the given parameters"),
         ],
@@ -867,7 +901,8 @@ CORPUS = {
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, causal=False), "mask the future"),
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, interleave=False), "repeat cycles"),
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, scale=False), "not scaled"),
-            (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, merge=False), "merged in the wrong order"),
+            (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, merge=False),
+             "merged in the wrong order"),
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, out=False), "W_O is missing"),
             (gqa_mistaken(swapped=True), "Q and K are swapped"),
             (gqa_mistaken(over=-2), "the softmax runs over the queries"),
@@ -888,32 +923,40 @@ CORPUS = {
         ],
     },
     "04.2": {
-        "right": [favourite_numpy, favourite_loop, lambda queries, keys: torch.where(queries > 0, keys.argmax(), keys.argmin()).double()],
+        "right": [favourite_numpy, favourite_loop,
+                  lambda queries, keys: torch.where(queries > 0, keys.argmax(), keys.argmin()).double()],
         "wrong": [
             (lambda q, k: k.argmax().expand(len(q)), "which end of the keys"),
             (lambda q, k: torch.where(q > 0, k.argmin(), k.argmax()), "which end of the keys"),
             (lambda q, k: torch.arange(len(q)) % len(k), "wrong key"),
             (lambda q, k: (q[:, None] * k[None, :]).softmax(-1).argmax(-1), "never builds it"),
-            (lambda q, k: np.argmax(np.outer(q.numpy(), k.numpy()), axis=1), "never builds it"),  # the L x S matrix in NumPy
+            (lambda q, k: np.argmax(np.outer(q.numpy(), k.numpy()), axis=1),
+             "never builds it"),  # the L x S matrix in NumPy
         ],
     },
     "04.3": {
-        "right": [choose_loop, lambda width, relations, narrowest: _choose_float(width, relations, narrowest), choose_with_valid_head_counts],
+        "right": [choose_loop, lambda width, relations, narrowest: _choose_float(width, relations, narrowest),
+                  choose_with_valid_head_counts],
         "wrong": [
             (lambda d, r, m: r, "does not divide d_model"),
             (lambda d, r, m: d, "narrower than min_d_k"),
             (lambda d, r, m: 1, "fewer heads than relations"),
             (lambda d, r, m: max(h for h in range(1, d + 1) if d % h == 0 and d // h >= m), "take the smallest"),
-            (lambda d, r, m: _raise(ValueError("no")), "choose_heads(d_model=64, n_relations=4, min_d_k=2) raised ValueError"),
+            (lambda d, r, m: _raise(ValueError("no")),
+             "choose_heads(d_model=64, n_relations=4, min_d_k=2) raised ValueError"),
         ],
     },
     "05.1": {
         "right": [ablate_by_pattern, ablate_register_hook, ablate_in_place_with_block],
         "wrong": [
             (lambda model, tokens, layer, head: model(tokens), "nothing changed"),
-            (lambda m, t, l, h: _run_zeroing(m, t, l, lambda z: z.__setitem__((slice(None), h), 0.0)), "a query position, not a head"),
-            (lambda m, t, l, h: _run_zeroing(m, t, l, lambda z: z.__setitem__((slice(None), slice(None)), 0.0)), "every head of the layer, not one"),
-            (lambda m, t, l, h: _run_zeroing(m, t, (l + 1) % m.config.n_layers, lambda z: z.__setitem__((slice(None), slice(None), h), 0.0)), "not of layer"),
+            (lambda m, t, l, h: _run_zeroing(m, t, l, lambda z: z.__setitem__((slice(None), h), 0.0)),
+             "a query position, not a head"),
+            (lambda m, t, l, h: _run_zeroing(m, t, l, lambda z: z.__setitem__((slice(None), slice(None)), 0.0)),
+             "every head of the layer, not one"),
+            (lambda m, t, l, h: _run_zeroing(m, t, (l + 1) % m.config.n_layers,
+                                             lambda z: z.__setitem__((slice(None), slice(None), h), 0.0)),
+             "not of layer"),
             (ablate_leaky, "still runs with a head off"),
             (ablate_with_mhalab, "mhalab.hooks.ablate_heads"),
             (ablate_with_ablation_module, "mhalab.ablation"),
@@ -931,21 +974,28 @@ CORPUS = {
         ],
     },
     "05.3": {
-        "right": [prev_score_loop, lambda a: torch.stack([a[:, h].diagonal(-1, -2, -1).mean() for h in range(a.shape[1])])],
+        "right": [prev_score_loop,
+                  lambda a: torch.stack([a[:, h].diagonal(-1, -2, -1).mean() for h in range(a.shape[1])])],
         "wrong": [
             (lambda attention: torch.diagonal(attention, dim1=-2, dim2=-1).mean(dim=(0, 2)), "the token itself"),
-            (lambda attention: torch.diagonal(attention, offset=1, dim1=-2, dim2=-1).mean(dim=(0, 2)), "the *next* token"),
-            (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).sum(-1).mean(0) / a.size(-1), "only the T - 1 queries"),
-            (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).sum(-1).mean(0), "that is the sum over the queries"),
+            (lambda attention: torch.diagonal(attention, offset=1, dim1=-2, dim2=-1).mean(dim=(0, 2)),
+             "the *next* token"),
+            (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).sum(-1).mean(0) / a.size(-1),
+             "only the T - 1 queries"),
+            (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).sum(-1).mean(0),
+             "that is the sum over the queries"),
             (lambda a: torch.diagonal(a, offset=-2, dim1=-2, dim2=-1).mean(dim=(0, 2)), "two tokens back (q - 2)"),
-            (lambda a: torch.diagonal(a[0], offset=-1, dim1=-2, dim2=-1).mean(-1), "the first sequence of the batch only"),
-            (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).mean().expand(a.size(1)), "the mean also runs over the heads"),
+            (lambda a: torch.diagonal(a[0], offset=-1, dim1=-2, dim2=-1).mean(-1),
+             "the first sequence of the batch only"),
+            (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).mean().expand(a.size(1)),
+             "the mean also runs over the heads"),
             (lambda a: a[:, :, 1:, :-1].mean(dim=(0, 2, 3)), "entries of the result are off"),
             (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).mean(-1), "has shape [2, 3]; expected [3]"),
         ],
     },
     "06.1": {
-        "right": [causal_allowed_tril, lambda n_queries, n_keys: np.tril(np.ones((n_queries, n_keys), dtype=bool), n_keys - n_queries)],
+        "right": [causal_allowed_tril,
+                  lambda n_queries, n_keys: np.tril(np.ones((n_queries, n_keys), dtype=bool), n_keys - n_queries)],
         "wrong": [
             (lambda n_queries, n_keys: torch.ones(n_queries, n_keys).tril().bool(), "they are the *last* 3 positions"),
             (lambda n_queries, n_keys: torch.ones(n_queries, n_keys).triu(n_keys - n_queries).bool(), "transposed"),
@@ -965,13 +1015,17 @@ CORPUS = {
             (lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("none", (b, h, t, t)),
                                  "cross": ("none", (b, h, t, s))}, "what must a position not see"),
             (lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("causal", (b, h, s, s)),
-                                 "cross": ("none", (b, h, t, s))}, "the queries of decoder self-attention come from the target, of length tgt_len"),
+                                 "cross": ("none", (b, h, t, s))},
+             "the queries of decoder self-attention come from the target, of length tgt_len"),
             (lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("causal", (b, h, t, t)),
-                                 "cross": ("none", (b, h, t, t))}, "the keys of cross-attention come from the source, of length src_len"),
+                                 "cross": ("none", (b, h, t, t))},
+             "the keys of cross-attention come from the source, of length src_len"),
         ],
     },
     "06.3": {
-        "right": [count_critical_path, lambda heads, enc, dec: [float(h) for h in ((enc + dec + (dec if enc else 0)) * heads, enc + dec + (dec if enc else 0))]],
+        "right": [count_critical_path,
+                  lambda heads, enc, dec: [float(h) for h in ((enc + dec + (dec if enc else 0)) * heads,
+                                                              enc + dec + (dec if enc else 0))]],
         "wrong": [
             (lambda h, e, d: ((e + d) * h, e + d), "two attention blocks"),
             (lambda h, e, d: ((e + 2 * d) * h, e + 2 * d), "a decoder-only model has none"),
@@ -982,24 +1036,39 @@ CORPUS = {
     "07.3": {
         "right": [prev_scores_by_layer_number, prev_scores_loop, prev_scores_by_mhalab],
         "wrong": [
-            (lambda cache: torch.stack([cache[k].diagonal(-1, -2, -1).mean(dim=(0, 2)) for k in sorted(cache)]), "blocks.10 before blocks.2"),
-            (lambda cache: torch.stack([p.diagonal(0, -2, -1).mean(dim=(0, 2)) for p in cache.values()]), "the token itself"),
-            (lambda cache: torch.stack([p.diagonal(1, -2, -1).mean(dim=(0, 2)) for p in cache.values()]), "the *next* token"),
-            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).sum(-1).mean(0) / p.shape[-1] for p in cache.values()]), "only the T - 1 queries"),
-            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).mean(dim=(0, 2)) for p in cache.values()]).T, "layers are the rows"),
-            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).sum(-1).mean(0) for p in cache.values()]), "the sum over the queries"),
-            (lambda cache: torch.stack([p.diagonal(-2, -2, -1).mean(dim=(0, 2)) for p in cache.values()]), "two tokens back (q - 2)"),
-            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).mean().expand(p.size(1)) for p in cache.values()]), "also runs over the heads"),
+            (lambda cache: torch.stack([cache[k].diagonal(-1, -2, -1).mean(dim=(0, 2)) for k in sorted(cache)]),
+             "blocks.10 before blocks.2"),
+            (lambda cache: torch.stack([p.diagonal(0, -2, -1).mean(dim=(0, 2)) for p in cache.values()]),
+             "the token itself"),
+            (lambda cache: torch.stack([p.diagonal(1, -2, -1).mean(dim=(0, 2)) for p in cache.values()]),
+             "the *next* token"),
+            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).sum(-1).mean(0) / p.shape[-1] for p in cache.values()]),
+             "only the T - 1 queries"),
+            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).mean(dim=(0, 2)) for p in cache.values()]).T,
+             "layers are the rows"),
+            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).sum(-1).mean(0) for p in cache.values()]),
+             "the sum over the queries"),
+            (lambda cache: torch.stack([p.diagonal(-2, -2, -1).mean(dim=(0, 2)) for p in cache.values()]),
+             "two tokens back (q - 2)"),
+            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).mean().expand(p.size(1)) for p in cache.values()]),
+             "also runs over the heads"),
         ],
     },
     "07.2": {
         "right": [hide_by_mask, hide_numpy],
         "wrong": [
-            (lambda p: p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 2), torch.zeros(1)]), "divide each row by what is left"),
+            (lambda p: p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 2), torch.zeros(1)]),
+             "divide each row by what is left"),
             (lambda p: torch.nan_to_num(p[..., 1:-1] / p[..., 1:-1].sum(-1, keepdim=True)), "keep every key"),
-            (lambda p: (lambda s: s / s.sum(-1, keepdim=True))(p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 2), torch.zeros(1)])), "NaNs"),
-            (lambda p: (lambda s: torch.nan_to_num(s / s.sum(-2, keepdim=True)))(p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 2), torch.zeros(1)])), "renormalises each column"),
-            (lambda p: (lambda s: torch.nan_to_num(s / s.sum(-1, keepdim=True)))(p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 1)])), "[SEP] is the last key"),
+            (lambda p: (lambda s: s / s.sum(-1, keepdim=True))(
+                p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 2), torch.zeros(1)])),
+             "NaNs"),
+            (lambda p: (lambda s: torch.nan_to_num(s / s.sum(-2, keepdim=True)))(
+                p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 2), torch.zeros(1)])),
+             "renormalises each column"),
+            (lambda p: (lambda s: torch.nan_to_num(s / s.sum(-1, keepdim=True)))(
+                p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 1)])),
+             "[SEP] is the last key"),
         ],
     },
     "07.1": {
@@ -1007,17 +1076,20 @@ CORPUS = {
         "wrong": [
             (lambda S: (S.diagonal().mean() - S.mean()).item(), "includes the true pairs"),
             (lambda S: -gap_masks(S), "sign is flipped"),
-            (lambda S: (S.diagonal().mean() - S.triu(1).sum() / (S.shape[0] * (S.shape[0] - 1) / 2)).item(), "not symmetric"),
+            (lambda S: (S.diagonal().mean() - S.triu(1).sum() / (S.shape[0] * (S.shape[0] - 1) / 2)).item(),
+             "not symmetric"),
             (lambda S: S.diagonal().mean().item(), "the true pairs alone"),
         ],
     },
     "08.1": {
-        "right": [kv_bytes_dict_style, kv_bytes_by_mhalab, lambda cfg, b: torch.tensor(2 * cfg.n_key_value_heads * cfg.d_head * cfg.n_layers * b)],
+        "right": [kv_bytes_dict_style, kv_bytes_by_mhalab,
+                  lambda cfg, b: torch.tensor(2 * cfg.n_key_value_heads * cfg.d_head * cfg.n_layers * b)],
         "wrong": [
             (lambda c, b: 2 * c.n_layers * c.n_heads * c.d_head * b, "full multi-head attention"),
             (lambda c, b: c.n_layers * c.n_key_value_heads * c.d_head * b, "both the keys and the values"),
             (lambda c, b: 2 * c.n_key_value_heads * c.d_head * b, "multiply by n_layers"),
-            (lambda c, b: 2 * c.n_layers * c.n_key_value_heads * (c.d_model // c.n_heads) * b, "need not be d_model / n_heads"),
+            (lambda c, b: 2 * c.n_layers * c.n_key_value_heads * (c.d_model // c.n_heads) * b,
+             "need not be d_model / n_heads"),
             (lambda c, b: 2 * c.n_layers * c.n_key_value_heads * c.d_head, "multiply by bytes_per_value"),
             (lambda c, b: 2 * c.n_layers * c.d_model * b, "a key and a value per query head"),
             (lambda c, b: c.n_layers * c.n_key_value_heads * c.d_head * b / 7, "whole number"),
@@ -1027,10 +1099,18 @@ CORPUS = {
     "08.2": {
         "right": [induction_loop, induction_diagonal, induction_by_mhalab],
         "wrong": [
-            (lambda cache, L: torch.stack([p[:, :, torch.arange(L + 1, 2 * L + 1), torch.arange(1, L + 1)].mean(dim=(0, 2)) for p in cache.values()]), "duplicate-token"),
-            (lambda cache, L: torch.stack([p[:, :, torch.arange(L + 1, 2 * L + 1), torch.arange(3, L + 3)].mean(dim=(0, 2)) for p in cache.values()]), "q - L + 2"),
-            (lambda cache, L: torch.stack([p[:, :, torch.arange(1, 2 * L + 1), torch.arange(1, 2 * L + 1) - L + 1].mean(dim=(0, 2)) for p in cache.values()]), "the second copy only"),
-            (lambda cache, L: torch.stack([p[:, :, torch.arange(L, 2 * L), torch.arange(L, 2 * L) - L + 1].mean(dim=(0, 2)) for p in cache.values()]), "starts at position L + 1"),
+            (lambda cache, L: torch.stack([p[:, :, torch.arange(L + 1, 2 * L + 1), torch.arange(1, L + 1)]
+                                           .mean(dim=(0, 2)) for p in cache.values()]),
+             "duplicate-token"),
+            (lambda cache, L: torch.stack([p[:, :, torch.arange(L + 1, 2 * L + 1), torch.arange(3, L + 3)]
+                                           .mean(dim=(0, 2)) for p in cache.values()]),
+             "q - L + 2"),
+            (lambda cache, L: torch.stack([p[:, :, torch.arange(1, 2 * L + 1), torch.arange(1, 2 * L + 1) - L + 1]
+                                           .mean(dim=(0, 2)) for p in cache.values()]),
+             "the second copy only"),
+            (lambda cache, L: torch.stack([p[:, :, torch.arange(L, 2 * L), torch.arange(L, 2 * L) - L + 1]
+                                           .mean(dim=(0, 2)) for p in cache.values()]),
+             "starts at position L + 1"),
             (lambda cache, L: induction_loop(cache, L).T, "[n_layers, n_heads]"),
         ],
     },
@@ -1042,8 +1122,10 @@ CORPUS = {
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(L + 1, None)), "leaves out"),
             (lambda m, t, heads, L: _second_copy(m, t, [], L), "stage 2 of 3 (one head off)"),
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, axis=1), "query positions, not heads"),
-            (lambda m, t, heads, L: _second_copy(m, t, heads, L, layers=[heads[-1][0]] if heads else None), "stage 3 of 3"),
-            (lambda m, t, heads, L: _second_copy(m, t, heads, L, layers=[heads[-1][0]] if heads else None), "only the heads of one layer"),
+            (lambda m, t, heads, L: _second_copy(m, t, heads, L, layers=[heads[-1][0]] if heads else None),
+             "stage 3 of 3"),
+            (lambda m, t, heads, L: _second_copy(m, t, heads, L, layers=[heads[-1][0]] if heads else None),
+             "only the heads of one layer"),
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, keep_hooks=True), "still runs with heads off"),
             (second_copy_with_ablate, "mhalab.ablation"),
             (second_copy_with_gate_heads, "mhalab.hooks.gate_heads"),
@@ -1051,12 +1133,14 @@ CORPUS = {
         ],
     },
     "09.1": {
-        "right": [icl_numpy, icl_per_sequence, lambda nll, window: torch.tensor(float(nll[:, -window:].mean() - nll[:, :window].mean()))],
+        "right": [icl_numpy, icl_per_sequence,
+                  lambda nll, window: torch.tensor(float(nll[:, -window:].mean() - nll[:, :window].mean()))],
         "wrong": [
             (lambda nll, w: float(nll[:, :w].mean() - nll[:, -w:].mean()), "the sign is flipped"),
             (lambda nll, w: float(nll[:, -w:].sum() - nll[:, :w].sum()), "difference of sums"),
             (lambda nll, w: float(nll[:, -w - 1:].mean() - nll[:, :w + 1].mean()), "one target too many"),
-            (lambda nll, w: float(nll[:, nll.shape[1] - nll.shape[1] // 2:].mean() - nll[:, :nll.shape[1] // 2].mean()), "two halves"),
+            (lambda nll, w: float(nll[:, nll.shape[1] - nll.shape[1] // 2:].mean() - nll[:, :nll.shape[1] // 2].mean()),
+             "two halves"),
             (lambda nll, w: float(nll[:, -w:].mean()), "subtract the loss early"),
             (lambda nll, w: nll[:, -w:].mean(1) - nll[:, :w].mean(1), "stage 2 of 2"),
         ],
@@ -1087,9 +1171,11 @@ CORPUS = {
         "right": [qk_circuit_by_slicing, qk_circuit_svd],
         "wrong": [
             (lambda m, l, h: (lambda p: (p.W_K @ p.W_Q.T, 4))(m.blocks[l].attn.head_projections(h)), "the transpose"),
-            (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T / p.W_Q.shape[1] ** 0.5, 4))(m.blocks[l].attn.head_projections(h)),
+            (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T / p.W_Q.shape[1] ** 0.5, 4))(
+                m.blocks[l].attn.head_projections(h)),
              "without the 1/sqrt(d_head)"),
-            (lambda m, l, h: (lambda p: (p.W_Q.T @ p.W_K, 4))(m.blocks[l].attn.head_projections(h)), "[d_head, d_head]"),
+            (lambda m, l, h: (lambda p: (p.W_Q.T @ p.W_K, 4))(m.blocks[l].attn.head_projections(h)),
+             "[d_head, d_head]"),
             (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, p.W_Q.shape[1]))(m.blocks[l].attn.head_projections(h)),
              "not always equal to it"),
             (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, torch.linalg.matrix_rank((p.W_Q @ p.W_K.T).double())))(
@@ -1104,26 +1190,34 @@ CORPUS = {
     "10.2": {
         "right": [copying_small_side, copying_trace],
         "wrong": [
-            (lambda E, V, O, U: (lambda l: (l.real.sum() / l.abs().sum()).item())(torch.linalg.eigvals(V @ O)), "W_V W_O alone"),
-            (lambda E, V, O, U: (lambda s: (s.sum() / s.abs().sum()).item())(torch.linalg.svdvals(E @ V @ O @ U)), "use the eigenvalues"),
-            (lambda E, V, O, U: (lambda l: (l.real.sum() / l.real.abs().sum()).item())(torch.linalg.eigvals(E @ V @ O @ U)), "not by |Re λ|"),
-            (lambda E, V, O, U: torch.linalg.eigvals(E @ V @ O @ U).real.sum().item(), "the sum of the real parts alone"),
+            (lambda E, V, O, U: (lambda l: (l.real.sum() / l.abs().sum()).item())(torch.linalg.eigvals(V @ O)),
+             "W_V W_O alone"),
+            (lambda E, V, O, U: (lambda s: (s.sum() / s.abs().sum()).item())(torch.linalg.svdvals(E @ V @ O @ U)),
+             "use the eigenvalues"),
+            (lambda E, V, O, U: (lambda l: (l.real.sum() / l.real.abs().sum()).item())(
+                torch.linalg.eigvals(E @ V @ O @ U)),
+             "not by |Re λ|"),
+            (lambda E, V, O, U: torch.linalg.eigvals(E @ V @ O @ U).real.sum().item(),
+             "the sum of the real parts alone"),
             (lambda E, V, O, U: torch.trace(E @ V @ O @ U).item() / (E @ V @ O @ U).norm().item(), "copying_score("),
         ],
     },
     "10.3": {
         "right": [dla_einsum, dla_logits],
         "wrong": [
-            (lambda r, s, U, a, b: (r * (U.T[a] - U.T[b])).sum(-1), "divide the head's output by the final norm's scale"),
+            (lambda r, s, U, a, b: (r * (U.T[a] - U.T[b])).sum(-1),
+             "divide the head's output by the final norm's scale"),
             (lambda r, s, U, a, b: (r * s * (U.T[a] - U.T[b])).sum(-1), "do not multiply"),
             (lambda r, s, U, a, b: (r / s * U.T[a]).sum(-1), "subtract the wrong token's"),
             (lambda r, s, U, a, b: (r / s * (U.T[b] - U.T[a])).sum(-1), "the sign is flipped"),
-            (lambda r, s, U, a, b: (r / r.pow(2).mean(-1, keepdim=True).sqrt() * (U.T[a] - U.T[b])).sum(-1), "not the RMS of this head's own output"),
+            (lambda r, s, U, a, b: (r / r.pow(2).mean(-1, keepdim=True).sqrt() * (U.T[a] - U.T[b])).sum(-1),
+             "not the RMS of this head's own output"),
             (lambda r, s, U, a, b: (r / s * (U.T[a] - U.T[b])).sum(), "shape"),
         ],
     },
     "11.1": {
-        "right": [hump_sorted, hump_numpy, lambda acc: all(max(a[min(a)], a[max(a)]) < max(a.values()) for a in acc.values())],
+        "right": [hump_sorted, hump_numpy,
+                  lambda acc: all(max(a[min(a)], a[max(a)]) < max(a.values()) for a in acc.values())],
         "wrong": [
             (_hump_mean, "the mean over seeds can hide"),
             (_hump_dict_order, "not the first and last keys"),
@@ -1137,7 +1231,8 @@ CORPUS = {
 }
 
 # Answers to 07 and 08 written from the prompts alone, in several styles (issue 30): tests/labs_learners.py.
-from labs_learners import RIGHT as _LEARNERS_RIGHT, WRONG as _LEARNERS_WRONG  # noqa: E402
+from labs_learners import RIGHT as _LEARNERS_RIGHT  # noqa: E402
+from labs_learners import WRONG as _LEARNERS_WRONG  # noqa: E402
 
 for _key, _answers in _LEARNERS_RIGHT.items():
     CORPUS[_key]["right"] += _answers
