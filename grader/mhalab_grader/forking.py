@@ -29,7 +29,7 @@ import sys
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
 CLONE_NEWNET, CLONE_NEWIPC, CLONE_NEWUTS = 0x40000000, 0x08000000, 0x04000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND = 0x2, 0x4, 0x8, 0x1000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC = 0x2, 0x4, 0x8, 0x1000, 0x4000
 FORKED: list[int] = []  # the children of the prepared kernel, reaped as they end
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
@@ -99,7 +99,11 @@ def _enter(request: dict, fds: list[int]) -> None:
     _call("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     size = f"size={int(request['disk_mb'])}m,nr_inodes={int(request['inodes'])},mode=1777".encode()
     _call("mount", b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, size)
-    _copy_tree(old, "/tmp")
+    # What the sandbox bound read-only under /tmp (a Python that lives there) is bound again; a bind copies the
+    # source mount's flags, read-only included (and they are locked: this namespace cannot make them writable).
+    for mount_point in _copy_tree(old, "/tmp"):
+        source, target = f"/proc/self/fd/{old}/{mount_point}".encode(), f"/tmp/{mount_point}".encode()
+        _call("mount", source, target, None, MS_BIND | MS_REC, None)
     os.close(old)
     os.makedirs("/tmp/.shm", exist_ok=True)
     os.chmod("/tmp/.shm", 0o1777)
@@ -176,8 +180,11 @@ def _private_memory() -> None:
         ctypes.memmove(start, content, end - start)
 
 
-def _copy_tree(source: int, target: str) -> None:
-    """Copy the directory open as ``source`` (the prepared kernel's /tmp) to ``target``: files, folders, links."""
+def _copy_tree(source: int, target: str) -> list[str]:
+    """Copy the directory open as ``source`` (the prepared kernel's /tmp) to ``target``: files, folders, links.
+    Mount points under it (the sandbox binds a Python that lives under /tmp there, read-only) are not copied:
+    each becomes an empty folder, and their paths, relative to ``source``, are returned to be bound again."""
+    device, mount_points = os.fstat(source).st_dev, []
     for folder, dirs, files, fd in os.fwalk(".", dir_fd=source):
         here = os.path.normpath(os.path.join(target, folder))
         for name in dirs + files:
@@ -185,6 +192,8 @@ def _copy_tree(source: int, target: str) -> None:
             path = os.path.join(here, name)
             if stat.S_ISDIR(info.st_mode):
                 os.mkdir(path, stat.S_IMODE(info.st_mode) | 0o700)
+                if info.st_dev != device:
+                    mount_points.append(os.path.normpath(os.path.join(folder, name)))
             elif stat.S_ISLNK(info.st_mode):
                 os.symlink(os.readlink(name, dir_fd=fd), path)
             elif stat.S_ISREG(info.st_mode):
@@ -196,6 +205,8 @@ def _copy_tree(source: int, target: str) -> None:
                 finally:
                     os.close(src)
                     os.close(dst)
+        dirs[:] = [d for d in dirs if os.path.normpath(os.path.join(folder, d)) not in mount_points]
+    return mount_points
 
 
 def _loopback_up() -> None:
