@@ -73,7 +73,7 @@ ATTACKS = {
                         "broke = False"),
 }
 # What a failed attack leaves the submission: the exceptions it raised were caught, the answers are right
-# (it may also get 0: a fork bomb or a memory hog can leave its own kernel unable to go on).
+# (it may get less, down to 0: a fork bomb or a memory hog can leave its own kernel unable to go on).
 HONEST = {kind: 3 for kind in ATTACKS}
 
 
@@ -142,8 +142,10 @@ def check_outcome(root: Path, expected: dict, targets: list[Path], listener: Lis
     got = {student: float(row["total"]) for student, row in rows.items()}
     print("totals:", got)
     assert {s: got[s] for s in expected if s not in ATTACKS} == {s: t for s, t in expected.items() if s not in ATTACKS}
-    beyond = {s: got[s] for s in ATTACKS if got[s] not in (0, HONEST[s])}
-    assert beyond == {}, "an attack got more than 0 or its honest score"
+    # an attack may cost its own submission points (a fork bomb leaves no process for its later cells), never
+    # bring it more than the honest answers it also holds
+    beyond = {s: got[s] for s in ATTACKS if not 0 <= got[s] <= HONEST[s]}
+    assert beyond == {}, "an attack got more than its honest score"
     assert listener.connections == []
     assert strays() == [], "a submission's process outlived its grading"
     for target in targets:
@@ -201,11 +203,22 @@ def test_attacks_among_honest_learners_as_an_unprivileged_user(path):
                 f"sys.exit(main({args!r}))")
         command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable, "-c", code]
         run = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True, timeout=1200)
-        assert run.returncode == 0, run.stderr[-3000:]
+        assert run.returncode == 0, run.stderr[-3000:] + seen_by(uid, env)
         check_outcome(root, expected, targets, listener, before)
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=False)
         time.sleep(0)
+
+
+def seen_by(uid: int, env: dict) -> str:
+    """What ``uid`` sees of the interpreter and the folders the sandbox would show (for a failure's message)."""
+    code = ("import os, sys\nfrom mhalab_grader import sandbox\n"
+            "print('hops', sandbox._hops(sys.executable))\nprint('binds', sandbox._python_paths())\n"
+            "for hop in sandbox._hops(sys.executable):\n    print(hop, os.path.exists(hop), os.path.islink(hop))")
+    run = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable, "-c", code],
+                         env=env, capture_output=True, text=True, timeout=60)
+    mounts = subprocess.run(["findmnt", "-T", sys.prefix], capture_output=True, text=True).stdout
+    return f"\nas uid {uid}:\n{run.stdout}{run.stderr[-1000:]}\nthe venv's mount:\n{mounts}"
 
 
 def test_without_the_sandbox_the_same_read_gets_through(tmp_path):

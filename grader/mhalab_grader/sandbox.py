@@ -105,22 +105,44 @@ def problem(uid: int = 65534) -> str | None:
         except (OSError, subprocess.TimeoutExpired) as error:
             return f"the grading sandbox could not start ({error}); {ADVICE}"
     if run.returncode != 0 or run.stdout.strip() != "sandboxed":
-        why = (run.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        why = " / ".join(run.stderr.strip().splitlines()[-3:] or ["no output"])[-600:]
+        if "execvp" in why:  # say what the sandbox showed of the interpreter, so the missing piece can be named
+            why += (f" (the interpreter {sys.executable} is reached by {' -> '.join(_hops(sys.executable))}; "
+                    f"shown in the sandbox: {', '.join(shown for _, shown in _python_paths())})")
         hint = ("" if os.geteuid() == 0 else " (are unprivileged user namespaces allowed? "
                 "sysctl kernel.unprivileged_userns_clone / user.max_user_namespaces)")
         return f"the grading sandbox does not start on this machine: {why}{hint}; {ADVICE}"
     return None
 
 
-def _python_paths() -> list[str]:
-    """The folders the kernel's Python needs (its prefixes: the venv and the Python it was made from)."""
-    found = []
-    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))):
-        real = os.path.realpath(p)
-        if os.path.isdir(real) and not any(real == s or real.startswith(s + "/") for s in SYSTEM):
-            found.append(real)
-    found = sorted(set(found))
-    return [p for p in found if not any(p.startswith(q + "/") for q in found)]
+def _hops(path: str) -> list[str]:
+    """``path`` and every path its symbolic links lead through to the file itself (a venv's ``bin/python``
+    -> ``python3`` -> ``/root/.pyenv/versions/3.11.7/bin/python3`` -> ``python3.11``), each absolute."""
+    hops, seen = [os.path.abspath(path)], set()
+    while os.path.islink(hops[-1]) and hops[-1] not in seen and len(hops) < 40:
+        seen.add(hops[-1])
+        hops.append(os.path.normpath(os.path.join(os.path.dirname(hops[-1]), os.readlink(hops[-1]))))
+    return hops
+
+
+def _python_paths() -> list[tuple[str, str]]:
+    """The folders the kernel's Python needs (its prefixes: the venv and the Python it was made from), as
+    (where it is, where the sandbox shows it): each at its real path and at every path the interpreter is
+    reached by (``sys.prefix`` as given, each link of ``sys.executable``), since exec follows those literally:
+    a venv made by ``python -m venv`` links to its Python, and any folder above may be a link too."""
+    wanted = {}
+    folders = [sys.prefix, sys.base_prefix, sys.exec_prefix]
+    folders += [os.path.dirname(hop) for hop in _hops(sys.executable)]
+    for folder in folders:
+        real = os.path.realpath(folder)
+        for shown in (os.path.abspath(folder), real):
+            if os.path.isdir(real) and not any(shown == s or shown.startswith(s + "/") for s in SYSTEM):
+                wanted.setdefault(shown, real)
+    # a folder inside another shown one is seen through it (when it is the same folder there)
+    return sorted(((real, shown) for shown, real in wanted.items()
+                   if not any(shown.startswith(other + "/") and real.startswith(wanted[other] + "/")
+                             and os.path.relpath(real, wanted[other]) == os.path.relpath(shown, other)
+                             for other in wanted)), key=lambda bind: bind[1])
 
 
 # Run by `sh` in a mount namespace of its own (and, for a user other than root, a user namespace): mount the
@@ -147,7 +169,8 @@ def wrap(argv: list[str], *, code: str, home: str, limits: Limits, uid: int = 65
         os.makedirs(folder, exist_ok=True)
         os.chmod(folder, 0o755)
     os.chmod(home, 0o755)
-    sources = [*_python_paths(), code]
+    binds = [*_python_paths(), (code, CODE)]
+    sources = [source for source, _ in binds]
     bwrap = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--uid", "1000", "--gid", "1000",
              "--hostname", "grading"]
     for path in SYSTEM:
@@ -157,8 +180,8 @@ def wrap(argv: list[str], *, code: str, home: str, limits: Limits, uid: int = 65
             bwrap += ["--ro-bind", path, path]
     # /dev is a tmpfs of bwrap's with no size: read-only, its /dev/shm in the private, bounded /tmp
     bwrap += ["--proc", "/proc", "--dev", "/dev", "--bind", scratch, SCRATCH, "--bind", f"{scratch}/.shm", "/dev/shm"]
-    for i, source in enumerate(sources):  # after the private /tmp, so that a Python under /tmp stays seen
-        bwrap += ["--ro-bind", f"{stage}/{i}", CODE if source == code else source]
+    for i, (_, shown) in enumerate(binds):  # after the private /tmp, so that a Python under /tmp stays seen
+        bwrap += ["--ro-bind", f"{stage}/{i}", shown]
     bwrap += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SCRATCH, "--"]
     inner = [a.replace(code, CODE) for a in argv]
     if os.geteuid() == 0:
