@@ -171,6 +171,21 @@ def test_the_process_limit_holds(tmp_path):
         kernel.close()
 
 
+def test_the_memory_limit_is_on_top_of_the_libraries(tmp_path):
+    """--memory-mb is what the learner's code may add to what Python and torch map (0.6 GB in torch's CPU build,
+    3.3 GB in its CUDA build): 256 MB lets a kernel of either build allocate 128 MB and refuses 512 MB."""
+    kernel = GradingKernel({"99": [[1, "double a number"]]}, cwd=tmp_path, timeout=60,
+                           limits=sandbox.Limits(memory_mb=256))
+    try:
+        kernel.run_cell("import torch\nsmall = torch.ones(128 << 20, dtype=torch.uint8)\nsmall += 1\n"
+                        "try:\n    big = torch.ones(512 << 20, dtype=torch.uint8)\n    refused = 0\n"
+                        "except (MemoryError, RuntimeError):\n    refused = 1\n"
+                        "import _mhalab_grading\n_mhalab_grading.ANSWERS['99.1'] = (int(small[0]), refused)")
+        assert kernel.value("99.1") == (2, 1)
+    finally:
+        kernel.close()
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_attacks_among_honest_learners_as_this_user(tmp_path, path):
     listener = Listener()

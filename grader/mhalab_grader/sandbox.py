@@ -14,10 +14,10 @@ What the submission's code sees and may do:
 - one writable folder, ``/tmp`` (its working directory and home; ``/dev/shm`` is a folder of it): a tmpfs of
   ``disk_mb`` and ``inodes`` at most, gone with it;
 - resource limits (:data:`Limits`, set by the worker on itself before any learner code runs, inherited by
-  all it starts): memory per process (``RLIMIT_AS``), processes and threads (``RLIMIT_NPROC``, counted in
-  the sandbox's own user namespace, so a fork bomb stops at the limit without touching the instructor's
-  processes), open files, file size; time is the grader's per-cell and per-call timeout; what it prints goes
-  to ``/dev/null`` (the grader reads answers, not output);
+  all it starts): memory per process (``RLIMIT_AS``, on top of what Python and torch map), processes and
+  threads (``RLIMIT_NPROC``, counted in the sandbox's own user namespace, so a fork bomb stops at the limit
+  without touching the instructor's processes), open files, file size; time is the grader's per-cell and
+  per-call timeout; what it prints goes to ``/dev/null`` (the grader reads answers, not output);
 - its own pid namespace: it cannot see or signal the grader or another submission; when the kernel is
   stopped the namespace goes and every process left in it is killed by the kernel;
 - when the grader runs as root, the kernel runs as ``uid`` (default 65534, "nobody") with no capabilities:
@@ -52,7 +52,8 @@ SYSTEM = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"
 class Limits:
     """What one grading kernel may use (README, "For instructors", says how to change them)."""
 
-    memory_mb: int = 4096    # address space of each process: an allocation past it raises MemoryError
+    memory_mb: int = 4096    # address space each process may add to what Python and torch map when the
+                             # learner's code starts: an allocation past it raises MemoryError
     processes: int = 256     # processes and threads at once (torch starts a thread per core)
     open_files: int = 1024
     disk_mb: int = 512       # the private /tmp (also the largest file)

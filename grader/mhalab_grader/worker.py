@@ -308,15 +308,32 @@ def serve(fd_in: int, fd_out: int, fd_fork: int | None = None) -> None:
 LIMITS = ("RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_CORE")
 
 
+def _mapped() -> int:
+    """Bytes of address space this process maps now (Linux's VmSize; 0 where there is no /proc)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def limit(limits: dict) -> None:
     """Lower this process's soft and hard limits to ``limits`` ({"RLIMIT_AS": bytes, ...}), for good: an
-    unprivileged process cannot raise a hard limit, and every process it starts inherits them."""
+    unprivileged process cannot raise a hard limit, and every process it starts inherits them.
+
+    ``RLIMIT_AS`` is what the learner's code may add to what is mapped now (Python, numpy and torch, loaded by
+    then): torch's libraries alone map about 0.6 GB in its CPU build and 3.3 GB in the CUDA build that a plain
+    ``pip install torch`` gives on Linux, so one absolute figure would mean a different allowance per build."""
     import resource
 
     for name, value in limits.items():
         if name in LIMITS and hasattr(resource, name):
+            value = int(value) + (_mapped() if name == "RLIMIT_AS" else 0)
             soft, hard = resource.getrlimit(getattr(resource, name))
-            value = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
             resource.setrlimit(getattr(resource, name), (value, value))
 
 
