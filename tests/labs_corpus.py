@@ -775,6 +775,42 @@ def _hump_dict_order(acc):  # the first and last keys as the ends
     return all(list(a.values())[0] < max(a.values()) and list(a.values())[-1] < max(a.values()) for a in acc.values())
 
 
+# ------------------------------------------------------------------------------------ 12
+def reachable_loop(k):  # a loop over the heads, a Python set
+    keys = set()
+    for row in k:
+        keys |= {int(row.argmax()), int(row.argmin())}
+    return torch.tensor([j in keys for j in range(k.shape[1])])
+
+
+def reachable_numpy(k):  # numpy, 0/1 integers
+    k = np.asarray(k)
+    out = np.zeros(k.shape[1], dtype=int)
+    out[k.argmax(1)] = 1
+    out[k.argmin(1)] = 1
+    return out
+
+
+def _reachable_only_max(k):
+    out = torch.zeros(k.shape[1], dtype=torch.bool)
+    out[k.argmax(1)] = True
+    return out
+
+
+def _reachable_whole_table(k):  # the extremes of the whole table
+    out = torch.zeros(k.shape[1], dtype=torch.bool)
+    out[int(k.argmax()) % k.shape[1]] = True
+    out[int(k.argmin()) % k.shape[1]] = True
+    return out
+
+
+def _reachable_wrong_dim(k):  # over the heads (dim 0)
+    out = torch.zeros(k.shape[1], dtype=torch.bool)
+    out[k.argmax(0) % k.shape[1]] = True
+    out[k.argmin(0) % k.shape[1]] = True
+    return out
+
+
 CORPUS = {
     "01.1": {
         "right": [attention_einsum, attention_float64, attention_numpy],
@@ -1226,6 +1262,20 @@ CORPUS = {
             (lambda acc: all(max(a[min(a)], a[max(a)]) < max(a.values()) for a in list(acc.values())[:1]),
              "a seed without the hump"),
             (lambda acc: "yes", "return True or False"),
+        ],
+    },
+    "12.1": {
+        "right": [reachable_loop, reachable_numpy,
+                  lambda k: ((k == k.amax(1, keepdim=True)) | (k == k.amin(1, keepdim=True))).any(0)],
+        "wrong": [
+            (_reachable_only_max, "mark each head's smallest key too"),
+            (lambda k: ((k == k.amax(1, keepdim=True)) | (k == k.amin(1, keepdim=True))).all(0), "one head is enough"),
+            (_reachable_whole_table, "not of the whole table"),
+            (_reachable_wrong_dim, "not over the heads"),
+            (lambda k: ((k == k.amax(1, keepdim=True)) | (k == k.amin(1, keepdim=True))).any(1), "one value per head"),
+            (lambda k: int(((k == k.amax(1, keepdim=True)) | (k == k.amin(1, keepdim=True))).any(0).sum()),
+             "return a tensor of"),
+            (lambda k: k.softmax(1).mean(0), "return True/False per stored key"),
         ],
     },
 }
