@@ -1,8 +1,8 @@
 """Submissions that try to break out of the grading sandbox (grader/mhalab_grader/sandbox.py), each among
 honest ones in one class run: as the user running the tests (root in CI) and, when that is root, again as an
 unprivileged user; each by both paths (a kernel forked per submission from a prepared one, and a fresh one).
-Each attack gets its honest score (3 when it fails: it then hands in right answers) or 0,
-no other learner's grade moves, the gradebook is whole and nothing on the machine changes.
+Each attack gets at most its honest score (3 when it fails: it then hands in right answers; less where it left
+its own kernel unable to go on), no other learner's grade moves, the gradebook is whole and nothing on the machine changes.
 
 The limits are lowered for the run (--memory-mb 1024 --processes 64 --disk-mb 64) and the test process itself
 runs under ``RLIMIT_AS``-free but process-bounded guards: the fork bomb stops at the sandbox's process limit
@@ -216,22 +216,53 @@ def test_attacks_among_honest_learners_as_an_unprivileged_user(path):
                 str(root / "graded"), *LIMITS, *PATHS[path]]
         code = ("import sys, labs_fixture  # registers notebook 99\nfrom mhalab_grader.__main__ import main\n"
                 f"sys.exit(main({args!r}))")
-        command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable, "-c", code]
+        opened = opened_for_others([sys.executable, sys.prefix, sys.base_prefix, str(ROOT), str(root)])
+        command = [*opened, "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable, "-c", code]
         run = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True, timeout=1200)
-        assert run.returncode == 0, run.stderr[-3000:] + seen_by(uid, env)
+        assert run.returncode == 0, run.stderr[-3000:] + seen_by(uid, env, opened)
         check_outcome(root, expected, targets, listener, before)
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=False)
         time.sleep(0)
 
 
-def seen_by(uid: int, env: dict) -> str:
+def opened_for_others(paths: list[str]) -> list[str]:
+    """A command prefix that runs what follows (as root) in a mount namespace of its own in which every folder
+    closed to other users above ``paths`` is open: root's Python often lives under /root (mode 700), where an
+    instructor grading as an ordinary user has a Python of their own. Each closed folder is covered by a tmpfs
+    of mode 755 holding binds of what ``paths`` need below it; nothing changes outside the namespace."""
+    closed: dict[str, set[str]] = {}
+    for path in paths:
+        for real in {os.path.abspath(path), os.path.realpath(path)}:
+            parts = Path(real).parts
+            for depth in range(1, len(parts) - 1):
+                folder = os.path.join(*parts[:depth + 1])
+                if os.path.isdir(folder) and not os.stat(folder).st_mode & 0o001:
+                    closed.setdefault(folder, set()).add(parts[depth + 1])
+    if not closed:
+        return []
+    script, n = ["set -e", 'stash=$(mktemp -d)'], 0
+    for folder in sorted(closed, key=lambda f: f.count("/")):  # outer first: an inner one is reached through it
+        names = sorted(closed[folder])
+        for name in names:
+            kind = "mkdir -p" if os.path.isdir(os.path.join(folder, name)) else "touch"
+            script += [f'{kind} "$stash/{n}"', f'mount --bind "{folder}/{name}" "$stash/{n}"']
+            n += 1
+        script.append(f'mount -t tmpfs -o mode=0755 tmpfs "{folder}"')
+        for i, name in enumerate(names, start=n - len(names)):
+            script += [f'mkdir -p "{folder}/{name}"' if os.path.isdir(os.path.join(folder, name))
+                       else f'touch "{folder}/{name}"', f'mount --bind "$stash/{i}" "{folder}/{name}"']
+    script.append('exec "$@"')
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", "\n".join(script), "opened"]
+
+
+def seen_by(uid: int, env: dict, opened: list[str]) -> str:
     """What ``uid`` sees of the interpreter and the folders the sandbox would show (for a failure's message)."""
     code = ("import os, sys\nfrom mhalab_grader import sandbox\n"
             "print('hops', sandbox._hops(sys.executable))\nprint('binds', sandbox._python_paths())\n"
             "for hop in sandbox._hops(sys.executable):\n    print(hop, os.path.exists(hop), os.path.islink(hop))")
-    run = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable, "-c", code],
-                         env=env, capture_output=True, text=True, timeout=60)
+    run = subprocess.run([*opened, "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable,
+                          "-c", code], env=env, capture_output=True, text=True, timeout=60)
     mounts = subprocess.run(["findmnt", "-T", sys.prefix], capture_output=True, text=True).stdout
     return f"\nas uid {uid}:\n{run.stdout}{run.stderr[-1000:]}\nthe venv's mount:\n{mounts}"
 

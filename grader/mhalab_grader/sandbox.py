@@ -95,6 +95,11 @@ def problem(uid: int = 65534) -> str | None:
     missing = _missing_tool()
     if missing:
         return f"no grading sandbox: {missing}; or {ADVICE}"
+    hidden = [hop for hop in _hops(sys.executable) if not os.path.lexists(hop)]
+    if hidden:  # exec may still follow a link this user cannot look through; the sandbox can show only what it sees
+        return (f"the grading sandbox cannot show this user its Python: {sys.executable} leads to {hidden[0]}, "
+                f"which this user (uid {os.geteuid()}) cannot see (a folder above it is closed to it: a venv "
+                f"made from another user's Python?); grade with a Python of this user's own, or {ADVICE}")
     with tempfile.TemporaryDirectory(prefix="mhalab-probe-") as home:
         os.chmod(home, 0o755)
         code = Path(home, "code")
