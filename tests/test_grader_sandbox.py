@@ -2,7 +2,8 @@
 honest ones in one class run: as the user running the tests (root in CI) and, when that is root, again as an
 unprivileged user; each by both paths (a kernel forked per submission from a prepared one, and a fresh one).
 Each attack gets at most its honest score (3 when it fails: it then hands in right answers; less where it left
-its own kernel unable to go on), no other learner's grade moves, the gradebook is whole and nothing on the machine changes.
+its own kernel unable to go on), no other learner's grade moves, the gradebook is whole and nothing on the
+machine changes.
 
 The limits are lowered for the run (--memory-mb 1024 --processes 64 --disk-mb 64) and the test process itself
 runs under ``RLIMIT_AS``-free but process-bounded guards: the fork bomb stops at the sandbox's process limit
