@@ -159,10 +159,29 @@ def test_the_explorer_in_a_browser_with_ipywidgets_7(overlay, tmp_path):
                     ".some(e => /idle/i.test(e.getAttribute('title') || e.dataset.status || e.textContent))",
                     timeout=180_000, polling=500,
                 )
-                page.locator(".jp-Notebook .jp-Cell").first.click()
-                page.keyboard.press("Shift+Enter")
+                # Run the cell, and make sure it started (a number or "*" in its prompt): on a loaded machine a
+                # key press can land before the notebook has focus, and is then lost (seen once in a CI run).
+                started = ("() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt'))"
+                           ".some(p => /\\S/.test(p.textContent.replace(/[\\[\\]: \\u00a0]/g, '')))")
+                for attempt in range(3):
+                    page.locator(".jp-Notebook .jp-Cell").first.click()
+                    page.keyboard.press("Shift+Enter")
+                    try:
+                        page.wait_for_function(started, timeout=60_000, polling=500)
+                        break
+                    except Exception:
+                        if attempt == 2:
+                            page.screenshot(path=str(tmp_path / "not-started.png"))
+                            raise
                 image = page.locator(".mhalab-head-explorer img")
-                image.wait_for(timeout=180_000)
+                try:
+                    image.wait_for(timeout=180_000)
+                except Exception as error:
+                    page.screenshot(path=str(tmp_path / "no-image.png"))
+                    prompt = page.locator(".jp-CodeCell .jp-InputArea-prompt").first.inner_text()
+                    output = page.locator(".jp-Notebook .jp-OutputArea").first.inner_text()[-2000:]
+                    raise AssertionError(f"no explorer image; the cell's prompt {prompt!r}, its output:\n{output}\n"
+                                         f"JupyterLab's log:\n{log.read_text()[-2000:]}") from error
                 printed = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stdout']").first
                 assert printed.inner_text().strip() == "ipywidgets 7.7.1"  # the kernel really ran 7.7.1
                 handles = page.locator(".mhalab-head-explorer .ui-slider-handle")  # ipywidgets 7: jQuery UI
