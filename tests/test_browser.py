@@ -147,7 +147,13 @@ def _run_all_and_wait(page, n_code_cells: int, timeout_s: float) -> None:
     started = ("() => document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt').length > 0 && "
                "Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt'))"
                ".some(p => /\\S/.test(p.textContent.replace(/[\\[\\]: \\u00a0]/g, '')))")
+    dialogs = []  # what JupyterLab asked in a dialog that covered the page (seen once, on a loaded machine)
     for attempt in range(3):
+        dialog = page.locator(".jp-Dialog")
+        if dialog.count():  # dismiss it (Escape: its cancel), say what it was if Run All never starts
+            dialogs.append(dialog.first.inner_text()[:300])
+            page.keyboard.press("Escape")
+            dialog.first.wait_for(state="detached", timeout=10_000)
         # Make the notebook the current widget first: the Run menu acts on the focused document.
         page.locator(".jp-Notebook .jp-Cell").first.click()
         page.click("#jp-MainMenu .lm-MenuBar-itemLabel:text-is('Run')")
@@ -155,9 +161,9 @@ def _run_all_and_wait(page, n_code_cells: int, timeout_s: float) -> None:
         try:  # a number or "*" in some prompt: the kernel has the cells
             page.wait_for_function(started, timeout=60_000, polling=500)
             break
-        except Exception:
+        except Exception as error:
             if attempt == 2:
-                raise
+                raise AssertionError(f"Run All did not start in 3 tries; dialogs dismissed: {dialogs}") from error
     # Done when every code cell has an execution number (none blank "[ ]:" or queued "[*]:") and the
     # kernel is idle, or as soon as a cell shows a traceback. The copy starts without numbers, so this
     # cannot be satisfied before the run.
