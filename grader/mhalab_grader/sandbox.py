@@ -124,9 +124,8 @@ def problem(uid: int = 65534) -> str | None:
 def _hops(path: str) -> list[str]:
     """``path`` and every path its symbolic links lead through to the file itself (a venv's ``bin/python``
     -> ``python3`` -> ``/root/.pyenv/versions/3.11.7/bin/python3`` -> ``python3.11``), each absolute."""
-    hops, seen = [os.path.abspath(path)], set()
-    while os.path.islink(hops[-1]) and hops[-1] not in seen and len(hops) < 40:
-        seen.add(hops[-1])
+    hops = [os.path.abspath(path)]
+    while os.path.islink(hops[-1]) and len(hops) < 40:  # 40: the kernel's own limit on links followed
         hops.append(os.path.normpath(os.path.join(os.path.dirname(hops[-1]), os.readlink(hops[-1]))))
     return hops
 
@@ -146,7 +145,7 @@ def _python_paths() -> list[tuple[str, str]]:
                 wanted.setdefault(shown, real)
     # a folder inside another shown one is seen through it (when it is the same folder there)
     return sorted(((real, shown) for shown, real in wanted.items()
-                   if not any(shown.startswith(other + "/") and real.startswith(wanted[other] + "/")
+                   if not any(shown.startswith(other + "/")
                              and os.path.relpath(real, wanted[other]) == os.path.relpath(shown, other)
                              for other in wanted)), key=lambda bind: bind[1])
 
