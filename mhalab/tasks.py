@@ -228,19 +228,25 @@ class TableLookup(Task):
     Every table holds the same distinct keys (from ``n_keys``) in its own order, each with its own value (from
     ``n_values``). An entry is one token, ``key * n_values + value``, so one attention layer can find it by
     content; queries are tokens ``n_keys * n_values + key``. Tables sit in order at positions ``0..D*P-1``.
+
+    With ``shift`` s > 0, table r holds every key moved by r*s (mod ``n_keys``) instead, and target r at a query
+    for key k is the value of key ``(k + r*s) mod n_keys`` in table r: the tables' lookups need different keys,
+    so no one attention pattern (a content term plus a position term) serves them all. ``shift=0`` draws exactly
+    the unshifted task's sequences.
     """
 
     name = "table lookup"
-    _repr_fields = ("n_tables", "n_entries", "n_keys", "n_values", "n_queries")
+    _repr_fields = ("n_tables", "n_entries", "n_keys", "n_values", "n_queries", "shift")
 
     def __init__(self, n_tables: int = 4, n_entries: int = 4, *, n_keys: int = 64, n_values: int = 8,
-                 n_queries: int = 4) -> None:
+                 n_queries: int = 4, shift: int = 0) -> None:
         self.n_tables = check_int("n_tables", n_tables, 1)
         self.n_entries = check_int("n_entries", n_entries, 1)
         self.n_keys = check_int("n_keys", n_keys, n_entries,
                                 why=f" (the {n_entries} keys of a table are distinct, so n_keys >= n_entries)")
         self.n_values = check_int("n_values", n_values, 2)
         self.n_queries = check_int("n_queries", n_queries, 1)
+        self.shift = check_int("shift", shift, 0, why=" (table r holds the keys moved by r * shift; 0 = unmoved)")
         self.n_targets = n_tables
         self.relations = tuple(f"table{r}" for r in range(n_tables))
         self.vocab_size = n_keys * n_values + n_keys
@@ -251,7 +257,9 @@ class TableLookup(Task):
         keys = torch.rand(B, self.n_keys, generator=generator, device=device).argsort(-1)[:, :P]  # [B, P] distinct
         values = torch.randint(0, self.n_values, (B, D, P), generator=generator, device=device)  # [B, D, P]
         order = torch.rand(B, D, P, generator=generator, device=device).argsort(-1)  # [B, D, P]: each table's order
-        stored_keys = keys[:, None, :].expand(B, D, P).gather(2, order)  # [B, D, P]
+        moved = torch.arange(D, device=device)[None, :, None] * self.shift  # [1, D, 1]: table r moves keys by r*s
+        table_keys = (keys[:, None, :] + moved) % self.n_keys  # [B, D, P]: table r's j-th key
+        stored_keys = table_keys.gather(2, order)  # [B, D, P]
         entries = (stored_keys * self.n_values + values.gather(2, order)).reshape(B, D * P)  # [B, D*P]
         asked = torch.randint(0, P, (B, Q), generator=generator, device=device)  # [B, Q]: which key each query asks
         inputs = torch.cat([entries, keys.gather(1, asked) + self.n_keys * self.n_values], dim=1)  # [B, T]

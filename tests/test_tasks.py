@@ -106,11 +106,30 @@ def test_table_lookup_answers_are_the_asked_keys_values_in_every_table():
         assert torch.equal(found // 4, queries) and torch.equal(found % 4, b.targets[:, 15:, r])
 
 
+def test_shifted_table_lookup_asks_each_table_for_a_different_key():
+    plain = TableLookup(n_tables=3, n_entries=5, n_keys=7, n_values=4, n_queries=6)
+    task = TableLookup(n_tables=3, n_entries=5, n_keys=7, n_values=4, n_queries=6, shift=2)
+    assert "shift=2" in repr(task)
+    b = task.sample(64, generator=torch.Generator().manual_seed(1))
+    p = plain.sample(64, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(b.inputs[:, 15:], p.inputs[:, 15:]) and torch.equal(b.targets, p.targets)  # same draws
+    keys, queries = b.inputs[:, :15].reshape(64, 3, 5) // 4, b.inputs[:, 15:] - 7 * 4  # [B, D, P], [B, Q]
+    for r, name in enumerate(task.relations):
+        assert bool((keys[:, r].sort(-1).values == ((keys[:, 0] + 2 * r) % 7).sort(-1).values).all())  # moved by 2r
+        found = b.inputs.gather(1, b.sources[name][:, 15:])  # [B, Q]: the entry table r's relation points at
+        assert bool((b.sources[name][:, 15:] // 5 == r).all())
+        assert torch.equal(found // 4, (queries + 2 * r) % 7) and torch.equal(found % 4, b.targets[:, 15:, r])
+    assert torch.equal(TableLookup(n_keys=8, shift=0).sample(4, generator=torch.Generator().manual_seed(0)).inputs,
+                       TableLookup(n_keys=8).sample(4, generator=torch.Generator().manual_seed(0)).inputs)
+
+
 def test_table_lookup_bad_arguments():
     with pytest.raises(ValueError, match="n_keys >= n_entries"):
         TableLookup(n_entries=5, n_keys=4)
     with pytest.raises(ValueError, match="n_tables"):
         TableLookup(n_tables=0)
+    with pytest.raises(ValueError, match="shift"):
+        TableLookup(shift=-1)
 
 
 def test_metrics_score_perfect_and_wrong_logits():
