@@ -91,3 +91,18 @@ def test_thumbnails_grow_to_the_explorers_width_and_stay_within_it(text_explorer
         width = view.mosaic.shape[1] + LEFT + RIGHT
         assert width <= ex.css_width - 24
         assert view.pixels == 72 or width + 4 * 4 > ex.css_width - 24  # one more pixel per head would not fit
+
+
+
+def test_the_header_fits_the_picture_however_long_the_text(text_explorer):
+    """A long text is cut (with an ellipsis) so that the header's first line ends inside the picture: the
+    picture's right edge beside that line stays blank."""
+    import io
+
+    from matplotlib.image import imread
+
+    model, _ = text_explorer
+    ex = widgets.head_explorer(model, "a long enough text to overflow", figsize=(3.0, 3.0))
+    picture = imread(io.BytesIO(model_view(ex).png))  # [rows, columns, RGBA], white background
+    first_line = picture[: picture.shape[0] // 16, -4:, :3]  # the header's first line, the last four columns
+    assert first_line.min() > 0.9

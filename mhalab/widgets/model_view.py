@@ -123,13 +123,16 @@ class ModelView:
                                                           edgecolor="tab:orange", lw=0.9))
                              for r, c in (self.cell_origin(l, h) for l, h in self.sinks)]
         hidden = "hidden: first token, [CLS], [SEP] (rows renormalised)" if ex.hide_special else "all keys shown"
-        # which text: a printed count may be older
-        text = "" if data.text is None else f" of {short_label(data.text, 60)!r}"
-        lines = [f"{data.n_layers} layers x {data.n_heads} heads, {data.T} tokens{text}", hidden,
-                 f"orange: sink head (>= {SINK_THRESHOLD:.0%} on the first token): {len(self.sinks)} of "
-                 f"{data.n_layers * data.n_heads}",
-                 "red: picked head" + ("; dashed: same K/V head" if self.group_size < data.n_heads else "")]
-        self._header.set_text("\n".join(lines))
+        rest = [hidden, f"orange: sink head (>= {SINK_THRESHOLD:.0%} on the first token): {len(self.sinks)} of "
+                        f"{data.n_layers * data.n_heads}",
+                "red: picked head" + ("; dashed: same K/V head" if self.group_size < data.n_heads else "")]
+        counts = f"{data.n_layers} layers x {data.n_heads} heads, {data.T} tokens"
+        renderer, room = self.figure.canvas.get_renderer(), self.figure.bbox.width * (1 - 4 / self._css_width)
+        for limit in range(60, 8, -4):  # which text (a printed count may be older), cut until the line fits
+            text = "" if data.text is None else f" of {short_label(data.text, limit)!r}"
+            self._header.set_text("\n".join([counts + text, *rest]))
+            if data.text is None or self._header.get_window_extent(renderer).x1 <= room:
+                break
         self.pick(self.layer, self.head, follow=False)
 
     def _build_figure(self) -> None:
