@@ -12,6 +12,11 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 
+#: JavaScript for ``page.wait_for_function``: true once some code cell's prompt shows a number or "*" (the kernel
+#: has the cell), in JupyterLab 3 and 4 alike.
+CELL_STARTED = ("() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt'))"
+                ".some(p => /\\S/.test(p.textContent.replace(/[\\[\\]: \\u00a0]/g, '')))")
+
 
 def chromium_executable() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")

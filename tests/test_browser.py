@@ -30,7 +30,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from chromium import chromium_page
+from chromium import CELL_STARTED, chromium_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -144,9 +144,6 @@ _ERROR_OUTPUT = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.e
 
 def _run_all_and_wait(page, n_code_cells: int, timeout_s: float) -> None:
     """Run All from the Run menu, make sure it started, and wait until every cell has run (or one failed)."""
-    started = ("() => document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt').length > 0 && "
-               "Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt'))"
-               ".some(p => /\\S/.test(p.textContent.replace(/[\\[\\]: \\u00a0]/g, '')))")
     dialogs = []  # what JupyterLab asked in a dialog that covered the page (seen once, on a loaded machine)
     for attempt in range(3):
         dialog = page.locator(".jp-Dialog")
@@ -159,7 +156,7 @@ def _run_all_and_wait(page, n_code_cells: int, timeout_s: float) -> None:
         page.click("#jp-MainMenu .lm-MenuBar-itemLabel:text-is('Run')")
         page.click("li.lm-Menu-item[data-command='runmenu:run-all']")
         try:  # a number or "*" in some prompt: the kernel has the cells
-            page.wait_for_function(started, timeout=60_000, polling=500)
+            page.wait_for_function(CELL_STARTED, timeout=60_000, polling=500)
             break
         except Exception as error:
             if attempt == 2:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from chromium import chromium_page
+from chromium import CELL_STARTED, chromium_page
 
 ROOT = Path(__file__).resolve().parent.parent
 IPYWIDGETS_7 = ("ipywidgets==7.7.1", "ipython_genutils==0.2.0")
@@ -161,13 +161,11 @@ def test_the_explorer_in_a_browser_with_ipywidgets_7(overlay, tmp_path):
                 )
                 # Run the cell, and make sure it started (a number or "*" in its prompt): on a loaded machine a
                 # key press can land before the notebook has focus, and is then lost (seen once in a CI run).
-                started = ("() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt'))"
-                           ".some(p => /\\S/.test(p.textContent.replace(/[\\[\\]: \\u00a0]/g, '')))")
                 for attempt in range(3):
                     page.locator(".jp-Notebook .jp-Cell").first.click()
                     page.keyboard.press("Shift+Enter")
                     try:
-                        page.wait_for_function(started, timeout=60_000, polling=500)
+                        page.wait_for_function(CELL_STARTED, timeout=60_000, polling=500)
                         break
                     except Exception:
                         if attempt == 2:

@@ -93,7 +93,6 @@ def test_thumbnails_grow_to_the_explorers_width_and_stay_within_it(text_explorer
         assert view.pixels == 72 or width + 4 * 4 > ex.css_width - 24  # one more pixel per head would not fit
 
 
-
 def test_the_header_fits_the_picture_however_long_the_text(text_explorer):
     """A long text is cut (with an ellipsis) so that the header's first line ends inside the picture: the
     picture's right edge beside that line stays blank."""
