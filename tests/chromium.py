@@ -1,11 +1,22 @@
-"""One way the tests start headless Chromium: Debian's build, driven by Playwright, in a fresh profile."""
+"""One way the tests start a JupyterLab server (on localhost, with settings of its own) and headless Chromium
+(Debian's build, driven by Playwright, in a fresh profile)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
-from collections.abc import Iterator
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -34,3 +45,63 @@ def chromium_page(playwright, *, width: int = 1280, height: int = 900) -> Iterat
             yield context.pages[0] if context.pages else context.new_page()
         finally:
             context.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def jupyterlab_server(root: Path, state: Path, *, python: str | os.PathLike = sys.executable,
+                      env: Mapping[str, str | None] | None = None, args: Sequence[str] = (),
+                      timeout: float = 120) -> Iterator[tuple[str, str, Path]]:
+    """A JupyterLab server on localhost serving ``root``, run by ``python``, its settings (no news or update
+    checks: nothing outside localhost is contacted), workspaces and runtime files under ``state``; ``env``
+    adds variables to this process's (None removes one), ``args`` adds options. Yields (base_url, token, log);
+    afterwards the server and its kernels are stopped."""
+    settings = state / "lab-settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    no_news = {"fetchNews": "false", "checkForUpdates": False}
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps(no_news))
+    variables = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(state / "lab-settings"),
+                     JUPYTERLAB_WORKSPACES_DIR=str(state / "workspaces"), JUPYTER_RUNTIME_DIR=str(state / "runtime"))
+    for name, value in (env or {}).items():
+        if value is None:
+            variables.pop(name, None)
+        else:
+            variables[name] = value
+    port, token = _free_port(), uuid.uuid4().hex
+    command = [str(python), "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+               f"--ServerApp.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0", *args]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        command.append("--allow-root")
+    log = state / "jupyterlab.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, cwd=root, env=variables, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"JupyterLab exited with code {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"JupyterLab did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield base, token, log
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group: it and its kernels
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)

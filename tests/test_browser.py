@@ -16,21 +16,12 @@ Uses Debian's ``chromium`` (never ``playwright install``). Run alone with::
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
-import time
-import urllib.request
-import uuid
 from pathlib import Path
 
 import nbformat
 import pytest
-from chromium import CELL_STARTED, chromium_page
+from chromium import CELL_STARTED, chromium_page, jupyterlab_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -40,26 +31,6 @@ NOTEBOOK_07 = ROOT / "notebooks" / "07_a_real_encoder.ipynb"
 FORMATION_NOTEBOOK = ROOT / "notebooks" / "09_heads_form.ipynb"  # the formation explorer's training-step slider
 TARGET_S = 0.5  # what a slider move should take (reported next to the measurement, not asserted)
 RUN_ALL_TIMEOUT_S = 900  # notebook 05 takes < 2 min alone; a shared CI machine may be much slower
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"JupyterLab exited with code {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"JupyterLab did not answer at {url} within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
 @contextlib.contextmanager
@@ -76,40 +47,8 @@ def _jupyterlab(tmp_path, notebook):
             cell.outputs, cell.execution_count = [], None
     nb.metadata.pop("widgets", None)
     nbformat.write(nb, root / notebook.name)
-    settings = tmp_path / "lab-settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    # No news or update checks: nothing outside localhost is contacted.
-    no_news = {"fetchNews": "false", "checkForUpdates": False}
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps(no_news))
-    port, token = _free_port(), uuid.uuid4().hex
-    env = dict(
-        os.environ,
-        JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "lab-settings"),
-        JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
-        JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-    )
-    command = [
-        sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-        f"--ServerApp.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0",
-    ]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        command.append("--allow-root")
-    log = tmp_path / "jupyterlab.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        _wait_for_server(f"{base}/api/status?token={token}", proc, log)
+    with jupyterlab_server(root, tmp_path) as (base, token, _):
         yield base, token, root
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group: it and its kernels
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
 
 
 @pytest.fixture

@@ -21,19 +21,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
-import uuid
 import venv
 from pathlib import Path
 
 import nbformat
 import pytest
-from chromium import CELL_STARTED, chromium_page
+from chromium import CELL_STARTED, chromium_page, jupyterlab_server
 
 ROOT = Path(__file__).resolve().parent.parent
 IPYWIDGETS_7 = ("ipywidgets==7.7.1", "ipython_genutils==0.2.0")
@@ -82,12 +77,6 @@ def test_widget_tests_pass_with_ipywidgets_7(overlay, tmp_path):
     assert " passed" in child.stdout and "skipped" not in child.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.browser
 def test_the_explorer_in_a_browser_with_ipywidgets_7(overlay, tmp_path):
     from playwright.sync_api import sync_playwright
@@ -116,38 +105,12 @@ def test_the_explorer_in_a_browser_with_ipywidgets_7(overlay, tmp_path):
     nb.cells = [nbformat.v4.new_code_cell(EXPLORER_CELL)]
     nbformat.write(nb, root / "explorer.ipynb")
 
-    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)  # no news or update checks: nothing outside localhost is contacted
-    no_news = {"fetchNews": "false", "checkForUpdates": False}
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps(no_news))
-    port, token = _free_port(), uuid.uuid4().hex
-    env = dict(
-        os.environ, JUPYTER_PATH=str(tmp_path / "jupyter"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-        JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
-        JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
-    )
-    env.pop("PYTHONPATH", None)  # the server runs JupyterLab 3 alone
-    command = [str(lab_python), "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-               f"--ServerApp.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0",
-               "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        command.append("--allow-root")
-    log = tmp_path / "jupyterlab.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    # The server runs JupyterLab 3 alone (no PYTHONPATH); its kernels come from tmp_path/jupyter only.
+    env = {"JUPYTER_PATH": str(tmp_path / "jupyter"), "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+           "PYTHONPATH": None}
+    args = ("--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate")
     errors: list[str] = []
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, f"JupyterLab 3 exited:\n{log.read_text()[-3000:]}"
-            try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, f"JupyterLab 3 did not start:\n{log.read_text()[-3000:]}"
-                time.sleep(0.5)
+    with jupyterlab_server(root, tmp_path, python=lab_python, env=env, args=args) as (base, token, log):
         with sync_playwright() as p:
             with chromium_page(p, width=1400, height=1000) as page:
                 page.on("pageerror", lambda error: errors.append(str(error)))
@@ -196,11 +159,4 @@ def test_the_explorer_in_a_browser_with_ipywidgets_7(overlay, tmp_path):
                 stderr_output = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
                 assert page.locator(stderr_output).count() == 0
                 page.screenshot(path=str(tmp_path / "ipywidgets7.png"))
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
     assert not errors, errors
