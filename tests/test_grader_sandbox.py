@@ -231,7 +231,8 @@ def opened_for_others(paths: list[str]) -> list[str]:
     """A command prefix that runs what follows (as root) in a mount namespace of its own in which every folder
     closed to other users above ``paths`` is open: root's Python often lives under /root (mode 700), where an
     instructor grading as an ordinary user has a Python of their own. Each closed folder is covered by a tmpfs
-    of mode 755 holding binds of what ``paths`` need below it; nothing changes outside the namespace."""
+    of mode 755 holding binds of what ``paths`` need below it; nothing changes outside the namespace. A closed
+    folder in ``paths`` itself (a clone in a folder of mode 700, as `mktemp -d` makes) gets binds of all it holds."""
     closed: dict[str, set[str]] = {}
     for path in paths:
         for real in {os.path.abspath(path), os.path.realpath(path)}:
@@ -240,6 +241,8 @@ def opened_for_others(paths: list[str]) -> list[str]:
                 folder = os.path.join(*parts[:depth + 1])
                 if os.path.isdir(folder) and not os.stat(folder).st_mode & 0o001:
                     closed.setdefault(folder, set()).add(parts[depth + 1])
+            if os.path.isdir(real) and not os.stat(real).st_mode & 0o001:
+                closed.setdefault(real, set()).update(os.listdir(real))
     if not closed:
         return []
     script, n = ["set -e", 'stash=$(mktemp -d)'], 0
