@@ -233,15 +233,18 @@ def opened_for_others(paths: list[str]) -> list[str]:
     instructor grading as an ordinary user has a Python of their own. Each closed folder is covered by a tmpfs
     of mode 755 holding binds of what ``paths`` need below it; nothing changes outside the namespace. A closed
     folder in ``paths`` itself (a clone in a folder of mode 700, as `mktemp -d` makes) gets binds of all it holds."""
+    def shut(folder: str) -> bool:  # a folder other users cannot pass through
+        return os.path.isdir(folder) and not os.stat(folder).st_mode & 0o001
+
     closed: dict[str, set[str]] = {}
     for path in paths:
         for real in {os.path.abspath(path), os.path.realpath(path)}:
             parts = Path(real).parts
             for depth in range(1, len(parts) - 1):
                 folder = os.path.join(*parts[:depth + 1])
-                if os.path.isdir(folder) and not os.stat(folder).st_mode & 0o001:
+                if shut(folder):
                     closed.setdefault(folder, set()).add(parts[depth + 1])
-            if os.path.isdir(real) and not os.stat(real).st_mode & 0o001:
+            if shut(real):
                 closed.setdefault(real, set()).update(os.listdir(real))
     if not closed:
         return []
