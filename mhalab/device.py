@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 
 import torch
 
 __all__ = ["pick_device", "describe_device", "autocast_dtype", "resolve_precision", "autocast", "synchronize",
-           "foreach_supported", "sdpa_shares_kv_heads", "sdpa_zeroes_blind_rows", "PRECISIONS"]
+           "foreach_supported", "moved_to", "sdpa_shares_kv_heads", "sdpa_zeroes_blind_rows", "PRECISIONS"]
 
 _CHOICES = ("auto", "cpu", "cuda", "mps")
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
@@ -90,6 +91,20 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+@contextlib.contextmanager
+def moved_to(module: torch.nn.Module, device: torch.device):
+    """``module`` on ``device`` inside the block and back on the device it was on after it, also on an error.
+    (A module with neither parameters nor buffers has nowhere to go back to and stays on ``device``.)"""
+    first = next(itertools.chain(module.parameters(), module.buffers()), None)
+    home = None if first is None else first.device  # read now: .to() moves a parameter's data, not the parameter
+    module.to(device)
+    try:
+        yield module
+    finally:
+        if home is not None:
+            module.to(home)
 
 
 def foreach_supported(device: torch.device) -> bool:

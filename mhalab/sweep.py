@@ -197,7 +197,8 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
     ``threads``: torch's CPU threads meanwhile (on a busy 2-core machine 100 steps at ``d_model=64`` took
     5 s on one, 20-30 s on two); ``workers``: on a CPU, train this many models at once, each in a process of
     its own forked from this one (on ``threads`` threads, one if None), with the same results as one at a time;
-    on a GPU, or off Linux (where forking a process is not safe), the runs stay one at a time;
+    on a GPU, off Linux (where forking a process is not safe) or in a process that has used CUDA, the runs stay one
+    at a time;
     ``config``/``settings``: as for :func:`mhalab.train.train` (without config, ``batch_size=32``, ``lr=5e-3``);
     each run is silent and evaluated at the end, and every ``eval_every`` steps if given (``SweepRow.evals``:
     a held-out learning curve per run, read with ``results.by_heads(step=...)``).
@@ -225,8 +226,10 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
 
     runs = [(h, seed) for h in heads for seed in seeds]
     on_cpu = pick_device(base.device).type == "cpu"
-    # Forking is safe on Linux; on macOS (where Python no longer forks by default) and Windows the runs stay serial.
-    parallel = min(workers, len(runs)) if on_cpu and sys.platform.startswith("linux") else 1
+    # Forking is safe on Linux; on macOS (where Python no longer forks by default) and Windows the runs stay serial,
+    # and so they do once this process has used CUDA: a forked child cannot run autograd after the parent's GPU work.
+    forkable = sys.platform.startswith("linux") and not torch.cuda.is_initialized()
+    parallel = min(workers, len(runs)) if on_cpu and forkable else 1
     rows: list[SweepRow] = []
     models: dict[tuple[int, int], Any] = {}
     bar = tqdm(total=len(runs), desc="sweep", unit="model", disable=not progress, dynamic_ncols=True)

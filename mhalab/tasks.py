@@ -1,6 +1,6 @@
 """Synthetic sequence tasks whose answers come from known positions, so we can tell which head learned what.
 
-Batches are drawn from a seeded generator directly on the device, and ``Batch.sources`` records, for each
+Batches are drawn from a seeded generator on its device, and ``Batch.sources`` records, for each
 relation and query position, the position it points to: the ground truth heads are scored against.
 Shapes: ``B`` batch, ``T`` sequence length, ``R`` targets per position, ``V`` vocabulary.
 """
@@ -33,7 +33,7 @@ class Batch:
     sources: dict[str, Tensor]
 
     def to(self, device: torch.device | str) -> Batch:
-        """A copy on ``device`` (for analysis; training samples on the device directly)."""
+        """A copy on ``device`` (training draws its batches on the CPU and copies them over with this)."""
         tensors = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "sources"}
         return type(self)(**tensors, sources={k: v.to(device) for k, v in self.sources.items()})
 

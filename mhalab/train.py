@@ -1,7 +1,8 @@
 """Training loop: AdamW with warm-up and cosine decay, evaluation, checkpoints that resume exactly.
 
-float32 on every device unless asked (so numbers do not depend on the hardware); losses are read back in
-groups (no sync per step), where a NaN stops the run without overwriting the last good checkpoint.
+The same batches on every device (drawn on the CPU) and float32 unless asked, so a run on a GPU trains on the data
+and in the precision of the same run on a laptop; losses are read back in groups (no sync per step), where a NaN
+stops the run without overwriting the last good checkpoint.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torch import Tensor, nn
 
 from .arguments import check_float, check_int, check_model_fits_task, check_task
 from .checkpoint import load_checkpoint, restore, save_checkpoint, snapshot
-from .device import autocast, foreach_supported, pick_device, resolve_precision
+from .device import autocast, foreach_supported, moved_to, pick_device, resolve_precision
 from .models import batch_logits, eval_mode
 from .plotting import plot_history
 
@@ -159,6 +160,17 @@ def stream_seed(seed: int, purpose: str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1  # 63 bits: a valid seed for every torch generator
 
 
+def to_device(batch: Any, device: torch.device) -> Any:
+    """A batch drawn on the CPU, on ``device``: itself on the CPU, else ``batch.to(device)`` (:class:`Batch` has it)."""
+    if device.type == "cpu":
+        return batch
+    if not callable(getattr(batch, "to", None)):
+        raise TypeError(f"training on {device} draws each batch on the CPU and copies it with batch.to(device), but a "
+                        f"{type(batch).__name__} has no to(): return an mhalab.tasks.Batch from sample(), or give "
+                        "yours a to(device)")
+    return batch.to(device)
+
+
 def make_config(config: TrainConfig | None = None, /, **overrides: Any) -> TrainConfig:
     """``config`` with some fields replaced (``overrides``: TrainConfig field names), or a new TrainConfig."""
     names = [f.name for f in fields(TrainConfig)]
@@ -186,11 +198,11 @@ def evaluate(model: nn.Module, task: Any, *, batches: int = 8, batch_size: int =
     check_int("seed", seed, 0)
     device = next(model.parameters(), torch.empty(0)).device if device is None else pick_device(device)
     _, dtype = resolve_precision(precision, device)
-    generator = torch.Generator(device=device).manual_seed(stream_seed(seed, "eval"))
+    generator = torch.Generator().manual_seed(stream_seed(seed, "eval"))  # on the CPU: the same batches everywhere
     results = []
     with eval_mode(model):
         for _ in range(batches):
-            batch = task.sample(batch_size, generator=generator, device=device)
+            batch = to_device(task.sample(batch_size, generator=generator), device)
             with autocast(device, dtype):
                 logits = batch_logits(model, batch)
             results.append(task.metrics(logits.float(), batch))
@@ -200,7 +212,11 @@ def evaluate(model: nn.Module, task: Any, *, batches: int = 8, batch_size: int =
 def train(model: nn.Module, task: Any, config: TrainConfig | None = None, *,
           callback: Callable[[int, nn.Module], Any] | None = None, callback_every: int | None = None,
           **settings: Any) -> History:
-    """Train ``model`` (moved to the device in place) on ``task``'s batches; return a :class:`History`.
+    """Train ``model`` on ``task``'s batches; return a :class:`History`.
+
+    The model trains on ``device`` (``"auto"``: a GPU if there is one) and is handed back on the device it was on
+    when called, also when training stops early: a model built on the CPU comes back to the CPU, where a notebook's
+    tensors are, and one the caller put on a GPU stays there.
 
     ``settings`` are :class:`TrainConfig` fields, e.g. ``train(model, task, steps=400, lr=1e-2)``; with
     ``config`` they replace its fields. Raises :class:`TrainingDiverged` on a NaN/inf loss.
@@ -228,118 +244,123 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, *,
         callback_every = getattr(callback, "every", None) or max(1, cfg.steps // 10)
     check_int("callback_every", callback_every, 1)
 
-    model.to(device)
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]  # matrices and embeddings
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]  # biases, LayerNorm gains
-    if not decay and not no_decay:
-        raise ValueError("the model has no trainable parameters")
-    foreach = foreach_supported(device)  # one multi-tensor kernel per update where torch has them (not MPS)
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, 0.98), foreach=foreach,
-    )
-    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # passes through unless fp16
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cfg.lr_factor(step))
-    parts = dict(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)  # what a checkpoint holds
-    generator = torch.Generator(device=device)
-    history = History(device=str(device), precision=precision)
-    start, save_every = 0, cfg.checkpoint_every or max(1, cfg.steps // 10)
-    # torch.manual_seed below reseeds the CPU and `device`: put the caller's random states back afterwards
-    with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], device_type=device.type):
-        torch.manual_seed(stream_seed(cfg.seed, "dropout"))  # the global stream: dropout's
-        generator.manual_seed(stream_seed(cfg.seed, "data"))  # the training batches
-        if path is not None and path.exists():
-            state = load_checkpoint(path)
-            _check_resume(state, cfg, run, path)
-            history, start = History(**state["history"]), int(state["step"])
-            if not restore(state, parts, generator, device, path=path):
-                saved_on = state["rng"].get("device", "another kind of device")
-                warnings.warn(
-                    f"checkpoint {str(path)!r} was written on {saved_on} and is resumed on {device.type}: the weights, "
-                    "optimizer and schedule continue, but one kind of device's random streams cannot continue on "
-                    f"another, so the batches and dropout after step {start} are drawn from new streams (seeded by "
-                    "seed and step). The run stays deterministic, but differs from one that never moved.", stacklevel=2)
-                torch.manual_seed(stream_seed(cfg.seed, f"dropout after step {start}"))
-                generator.manual_seed(stream_seed(cfg.seed, f"data after step {start}"))
-        last_saved = start if path is not None and path.exists() else None
-        pending: list[Tensor] = []  # losses not yet read back from the device
-        model.train()
-        bar = tqdm(total=cfg.steps, initial=start, disable=not cfg.progress, desc=f"training on {device.type}",
-                   unit="step", dynamic_ncols=True)
-        if cfg.progress:
-            gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
-            bar.write(f"mhalab.train: {device}{gpu}, precision {precision}, {cfg.steps - start} steps to go")
-        began = time.perf_counter() - history.elapsed  # resumed runs add up
-        step = start
+    with moved_to(model, device):  # trained on `device`, handed back where it was (a notebook's tensors live there)
+        decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]  # matrices and embeddings
+        no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]  # biases, LayerNorm gains
+        if not decay and not no_decay:
+            raise ValueError("the model has no trainable parameters")
+        foreach = foreach_supported(device)  # one multi-tensor kernel per update where torch has them (not MPS)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr, betas=(0.9, 0.98), foreach=foreach,
+        )
+        scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # passes through unless fp16
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cfg.lr_factor(step))
+        parts = dict(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)  # what a checkpoint holds
+        # The batches are drawn on the CPU and copied over: a GPU draws other numbers from the same seed, and a run
+        # there would train on other data than the same run on a laptop. (The copy is small beside a step.)
+        generator = torch.Generator()
+        history = History(device=str(device), precision=precision)
+        start, save_every = 0, cfg.checkpoint_every or max(1, cfg.steps // 10)
+        # torch.manual_seed below reseeds the CPU and `device`: put the caller's random states back afterwards
+        with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], device_type=device.type):
+            torch.manual_seed(stream_seed(cfg.seed, "dropout"))  # the global stream: dropout's
+            generator.manual_seed(stream_seed(cfg.seed, "data"))  # the training batches
+            if path is not None and path.exists():
+                state = load_checkpoint(path)
+                _check_resume(state, cfg, run, path)
+                history, start = History(**state["history"]), int(state["step"])
+                if not restore(state, parts, generator, device, path=path):
+                    saved_on = state["rng"].get("device", "another kind of device")
+                    warnings.warn(
+                        f"checkpoint {str(path)!r} was written on {saved_on} and is resumed on {device.type}: the "
+                        "weights, optimizer and schedule continue, but one kind of device's random streams cannot "
+                        f"continue on another, so the batches and dropout after step {start} are drawn from new "
+                        "streams (seeded by seed and step). The run stays deterministic, but differs from one that "
+                        "never moved.",
+                        stacklevel=2)
+                    torch.manual_seed(stream_seed(cfg.seed, f"dropout after step {start}"))
+                    generator.manual_seed(stream_seed(cfg.seed, f"data after step {start}"))
+            last_saved = start if path is not None and path.exists() else None
+            pending: list[Tensor] = []  # losses not yet read back from the device
+            model.train()
+            bar = tqdm(total=cfg.steps, initial=start, disable=not cfg.progress, desc=f"training on {device.type}",
+                       unit="step", dynamic_ncols=True)
+            if cfg.progress:
+                gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+                bar.write(f"mhalab.train: {device}{gpu}, precision {precision}, {cfg.steps - start} steps to go")
+            began = time.perf_counter() - history.elapsed  # resumed runs add up
+            step = start
 
-        def call_back(step: int) -> None:
-            """Run the callback outside training's random streams and mode; if it fails, keep the work done."""
+            def call_back(step: int) -> None:
+                """Run the callback outside training's random streams and mode; if it fails, keep the work done."""
+                try:
+                    with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device],
+                                               device_type=device.type):
+                        callback(step, model)
+                except Exception as error:
+                    kept = ""
+                    if path is not None and step > start and last_saved != step:
+                        save_checkpoint(snapshot(parts, generator, device, step=step, train_config=cfg.to_dict(),
+                                                 history=asdict(history), **run), path)
+                    if path is not None and step > start:
+                        kept = (f", the checkpoint {str(path)!r} holds step {step} "
+                                "(train again with the same settings to resume)")
+                    raise CallbackFailed(
+                        f"the callback {getattr(callback, '__name__', type(callback).__name__)} raised at step {step}: "
+                        f"{type(error).__name__}: {error}. Training stopped there; nothing finished is lost: the model "
+                        f"holds step {step}'s weights, this error's .history the run so far{kept}",
+                        step=step, history=history) from error
+                finally:
+                    model.train()
+
             try:
-                with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], device_type=device.type):
-                    callback(step, model)
-            except Exception as error:
-                kept = ""
-                if path is not None and step > start and last_saved != step:
-                    save_checkpoint(snapshot(parts, generator, device, step=step, train_config=cfg.to_dict(),
-                                             history=asdict(history), **run), path)
-                if path is not None and step > start:
-                    kept = (f", the checkpoint {str(path)!r} holds step {step} "
-                            "(train again with the same settings to resume)")
-                raise CallbackFailed(
-                    f"the callback {getattr(callback, '__name__', type(callback).__name__)} raised at step {step}: "
-                    f"{type(error).__name__}: {error}. Training stopped there; nothing finished is lost: the model "
-                    f"holds step {step}'s weights, this error's .history the run so far{kept}",
-                    step=step, history=history) from error
-            finally:
-                model.train()
+                if callback is not None and start == 0:
+                    call_back(0)
+                for step in range(start + 1, cfg.steps + 1):
+                    batch = to_device(task.sample(cfg.batch_size, generator=generator), device)
+                    with autocast(device, amp_dtype):
+                        loss = task.loss(batch_logits(model, batch), batch)
+                    optimizer.zero_grad(set_to_none=True)
+                    history.lr.append(optimizer.param_groups[0]["lr"])
+                    scaler.scale(loss).backward()
+                    if cfg.grad_clip is not None:
+                        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+                        torch.nn.utils.clip_grad_norm_(decay + no_decay, cfg.grad_clip, foreach=foreach)
+                    scaler.step(optimizer)
+                    scaler.update()
+                    scheduler.step()
+                    pending.append(loss.detach())
 
-        try:
-            if callback is not None and start == 0:
-                call_back(0)
-            for step in range(start + 1, cfg.steps + 1):
-                batch = task.sample(cfg.batch_size, generator=generator, device=device)
-                with autocast(device, amp_dtype):
-                    loss = task.loss(batch_logits(model, batch), batch)
-                optimizer.zero_grad(set_to_none=True)
-                history.lr.append(optimizer.param_groups[0]["lr"])
-                scaler.scale(loss).backward()
-                if cfg.grad_clip is not None:
-                    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-                    torch.nn.utils.clip_grad_norm_(decay + no_decay, cfg.grad_clip, foreach=foreach)
-                scaler.step(optimizer)
-                scaler.update()
-                scheduler.step()
-                pending.append(loss.detach())
-
-                evaluate_now = step == cfg.steps or (cfg.eval_every is not None and step % cfg.eval_every == 0)
-                save_now = path is not None and (step == cfg.steps or step % save_every == 0)
-                if len(pending) >= _FLUSH_EVERY or evaluate_now or save_now:
-                    # one host sync per group; raises TrainingDiverged before anything below could save bad weights
-                    _record_losses(history, pending, step, cfg, last_saved)
-                    if evaluate_now:
-                        history.evals.append((step, evaluate(model, task, batches=cfg.eval_batches, device=device,
-                                                             batch_size=cfg.eval_batch_size, precision=precision)))
-                    shown = {"acc": f"{history.final['accuracy']:.3f}"} if "accuracy" in history.final else {}
-                    bar.set_postfix(loss=f"{history.train_loss[-1]:.4f}", **shown, refresh=False)
-                history.elapsed = time.perf_counter() - began
-                if save_now:
-                    save_checkpoint(snapshot(parts, generator, device, step=step, train_config=cfg.to_dict(),
-                                             history=asdict(history), **run), path)
-                    last_saved = step
-                if callback is not None and (step % callback_every == 0 or step == cfg.steps):
-                    if pending:  # a NaN stops the run here, before the callback looks at broken weights
+                    evaluate_now = step == cfg.steps or (cfg.eval_every is not None and step % cfg.eval_every == 0)
+                    save_now = path is not None and (step == cfg.steps or step % save_every == 0)
+                    if len(pending) >= _FLUSH_EVERY or evaluate_now or save_now:
+                        # one host sync per group; raises TrainingDiverged before anything below could save bad weights
                         _record_losses(history, pending, step, cfg, last_saved)
-                    call_back(step)
-                bar.update(1)
-        except KeyboardInterrupt:
-            where = (f"; the last checkpoint (step {last_saved}) is at {str(cfg.checkpoint)!r}: call train again "
-                     "with the same settings to resume" if last_saved is not None
-                     else "; pass checkpoint=path to be able to resume")
-            bar.write(f"interrupted during step {step}{where}")
-            raise
-        finally:
-            bar.close()
-    return history
+                        if evaluate_now:
+                            history.evals.append((step, evaluate(model, task, batches=cfg.eval_batches, device=device,
+                                                                 batch_size=cfg.eval_batch_size, precision=precision)))
+                        shown = {"acc": f"{history.final['accuracy']:.3f}"} if "accuracy" in history.final else {}
+                        bar.set_postfix(loss=f"{history.train_loss[-1]:.4f}", **shown, refresh=False)
+                    history.elapsed = time.perf_counter() - began
+                    if save_now:
+                        save_checkpoint(snapshot(parts, generator, device, step=step, train_config=cfg.to_dict(),
+                                                 history=asdict(history), **run), path)
+                        last_saved = step
+                    if callback is not None and (step % callback_every == 0 or step == cfg.steps):
+                        if pending:  # a NaN stops the run here, before the callback looks at broken weights
+                            _record_losses(history, pending, step, cfg, last_saved)
+                        call_back(step)
+                    bar.update(1)
+            except KeyboardInterrupt:
+                where = (f"; the last checkpoint (step {last_saved}) is at {str(cfg.checkpoint)!r}: call train again "
+                         "with the same settings to resume" if last_saved is not None
+                         else "; pass checkpoint=path to be able to resume")
+                bar.write(f"interrupted during step {step}{where}")
+                raise
+            finally:
+                bar.close()
+        return history
 
 
 def _record_losses(history: History, pending: list[Tensor], step: int, cfg: TrainConfig,

@@ -186,3 +186,17 @@ def test_off_linux_workers_train_in_this_process(tiny, monkeypatch):
                          eval_batch_size=16, progress=False, workers=2)
     first = next(r for r in results.rows if (r.heads, r.seed) == (2, 1))
     assert serial.rows[0].loss == first.loss and serial.rows[0].relations == first.relations
+
+
+@pytest.mark.gpu
+def test_after_gpu_work_two_workers_train_in_this_process_and_kept_models_are_on_the_cpu(tiny):
+    """A process that has trained on CUDA cannot fork a child that runs autograd ("Unable to handle autograd's
+    threading in combination with fork-based multiprocessing"): workers=2 then trains here, with the same results."""
+    task, results = tiny
+    on_gpu = sweep_heads(task, model=one_layer(task), heads=(2,), seeds=(0,), steps=3, device="cuda",
+                         eval_batches=1, eval_batch_size=16, progress=False, keep_models=True)
+    assert all(p.device.type == "cpu" for p in on_gpu.models[(2, 0)].parameters())  # handed back where built
+    again = sweep_heads(task, model=one_layer(task), heads=(1, 2, 8), seeds=(0, 1), steps=3, device="cpu",
+                        eval_batches=1, eval_batch_size=16, progress=False, workers=2)
+    assert [(r.heads, r.seed, r.loss, r.accuracy) for r in again.rows] == \
+        [(r.heads, r.seed, r.loss, r.accuracy) for r in results.rows]

@@ -31,6 +31,10 @@ class Batch:
     sources: dict
     decoder_inputs: torch.Tensor | None = None
 
+    def to(self, device):  # what training calls on a GPU (it draws every batch on the CPU)
+        moved = {k: v.to(device) for k, v in vars(self).items() if torch.is_tensor(v)}
+        return Batch(**{**vars(self), **moved, "sources": {k: v.to(device) for k, v in self.sources.items()}})
+
 
 class PreviousToken:
     """Predict the token one to the left (a task one attention head solves)."""
@@ -382,12 +386,43 @@ def test_trains_on_cuda(precision, tmp_path):
     chosen = {} if precision is None else {"precision": precision}
     history = train(model, task, steps=60, lr=1e-2, device="cuda", checkpoint=path, batch_size=32, progress=False,
                     eval_batches=1, **chosen)
-    assert next(model.parameters()).is_cuda
-    assert history.train_loss[-1] < history.train_loss[0]
+    assert history.device.startswith("cuda") and history.train_loss[-1] < history.train_loss[0]
+    assert next(model.parameters()).device.type == "cpu"  # trained on the GPU, handed back where it was built
     fastest = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     assert history.precision == {None: "fp32", "auto": fastest}.get(precision, precision)  # fp32 unless asked
     state = load_checkpoint(path)
     assert state["step"] == 60 and state["rng"]["cuda"] is not None
+
+
+@pytest.mark.gpu
+def test_a_model_comes_back_where_it_was_and_a_notebook_can_look_at_it():
+    """Trained on the GPU, a model built on the CPU came back on the GPU, and the notebooks' next line (a CPU batch
+    through it) failed with "Expected all tensors to be on the same device" (every training notebook on Colab)."""
+    task = PreviousToken()
+    model = model_for(task)
+    train(model, task, steps=5, **{**FAST, "device": "cuda"})
+    batch = task.sample(4, generator=torch.Generator().manual_seed(0))
+    assert model(batch.inputs).device.type == "cpu"
+    on_gpu = model_for(task).cuda()
+    train(on_gpu, task, steps=5, **{**FAST, "device": "auto"})
+    assert all(p.is_cuda for p in on_gpu.parameters())  # put on the GPU by the caller: stays there
+
+
+@pytest.mark.gpu
+def test_a_gpu_run_trains_on_the_batches_of_the_cpu_run():
+    """The batches are drawn on the CPU: a CUDA generator draws other numbers from the same seed, so a run on a GPU
+    trained on other data than the same run on a laptop. The first step's loss (same weights, same batch) now
+    differs only by float32 rounding: a relative 1e-4 is hundreds of float32 epsilons (1.2e-7)."""
+    task = PreviousToken()
+    first = {}
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        first[device] = train(model_for(task), task, steps=1, **{**FAST, "device": device}).train_loss[0]
+    assert first["cuda"] == pytest.approx(first["cpu"], rel=1e-4)
+    model = model_for(task)
+    on_cpu = evaluate(model, task, batches=2)
+    on_gpu = evaluate(model.cuda(), task, batches=2)
+    assert on_gpu["loss"] == pytest.approx(on_cpu["loss"], rel=1e-4)  # the same held-out batches
 
 
 # ------------------------------------------------------------ bugs (each failed before its fix)
