@@ -160,7 +160,7 @@ def stream_seed(seed: int, purpose: str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1  # 63 bits: a valid seed for every torch generator
 
 
-def to_device(batch: Any, device: torch.device) -> Any:
+def _to_device(batch: Any, device: torch.device) -> Any:
     """A batch drawn on the CPU, on ``device``: itself on the CPU, else ``batch.to(device)`` (:class:`Batch` has it)."""
     if device.type == "cpu":
         return batch
@@ -202,7 +202,7 @@ def evaluate(model: nn.Module, task: Any, *, batches: int = 8, batch_size: int =
     results = []
     with eval_mode(model):
         for _ in range(batches):
-            batch = to_device(task.sample(batch_size, generator=generator), device)
+            batch = _to_device(task.sample(batch_size, generator=generator), device)
             with autocast(device, dtype):
                 logits = batch_logits(model, batch)
             results.append(task.metrics(logits.float(), batch))
@@ -318,7 +318,7 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, *,
                 if callback is not None and start == 0:
                     call_back(0)
                 for step in range(start + 1, cfg.steps + 1):
-                    batch = to_device(task.sample(cfg.batch_size, generator=generator), device)
+                    batch = _to_device(task.sample(cfg.batch_size, generator=generator), device)
                     with autocast(device, amp_dtype):
                         loss = task.loss(batch_logits(model, batch), batch)
                     optimizer.zero_grad(set_to_none=True)
