@@ -1,8 +1,8 @@
 """Checkpoints: one ``torch.save`` dict holding everything a run needs to resume exactly (as in nanoGPT).
 
 Keys: ``model``, ``optimizer``, ``step``, ``config`` (ModelConfig), ``train_config``, ``scheduler``,
-``scaler``, ``history``, ``task``, ``precision``, ``rng`` (CPU, GPU and ``data`` generator states, and
-``device``: the kind of device they belong to; another kind of device cannot continue them).
+``scaler``, ``history``, ``task``, ``precision``, ``rng`` (the global CPU and GPU states, which only the kind of
+device named in ``device`` can continue, and ``data``: the training batches' generator, on the CPU everywhere).
 Plain values only, so ``torch.load(weights_only=True)`` reads it; writing is atomic.
 """
 
@@ -59,12 +59,15 @@ def snapshot(parts: dict[str, Any], generator: torch.Generator, device: torch.de
 
 
 def restore(state: dict[str, Any], parts: dict[str, Any], generator: torch.Generator, device: torch.device, *,
-            path: str | os.PathLike = "the checkpoint") -> bool:
+            path: str | os.PathLike = "the checkpoint") -> tuple[bool, bool]:
     """Put a :func:`snapshot` back into ``parts`` and the random states, after checking its ModelConfig.
 
-    Returns False when the random states were written on another kind of device (a run saved on
-    ``cuda``, resumed on ``cpu``): a CPU generator cannot continue a CUDA one, so they are left alone and
-    the caller reseeds; everything else (weights, optimizer, schedule) is restored either way."""
+    Returns whether (the data generator's stream, the global streams) continue. The data generator lives on the
+    CPU, so its stream continues on any device; it does not from a checkpoint written before that (a CUDA
+    generator's state). The global streams (dropout's) are ``device``'s own and continue only on the kind of
+    device that wrote them (a run saved on ``cuda`` and resumed on ``cpu`` cannot continue them). A stream
+    that does not continue is left alone for the caller to reseed; everything else (weights, optimizer,
+    schedule) is restored either way."""
     config, saved = getattr(parts["model"], "config", None), state.get("config")
     if saved is not None and hasattr(config, "to_dict") and config.to_dict() != saved:
         diff = {k: (saved.get(k), v) for k, v in config.to_dict().items() if saved.get(k) != v}
@@ -78,15 +81,16 @@ def restore(state: dict[str, Any], parts: dict[str, Any], generator: torch.Gener
             part.load_state_dict(state[name])
     except RuntimeError as e:
         raise ValueError(f"checkpoint {str(path)!r} does not fit this model: {e}") from None
-    saved_on = state["rng"].get("device")  # (None in checkpoints older than this key: then try)
-    if saved_on not in (None, device.type):
-        return False
     try:
         generator.set_state(state["rng"]["data"])
-    except RuntimeError:  # a state of another device's generator: its size differs
-        return False
-    restore_rng(state["rng"], device)
-    return True
+        data = True
+    except RuntimeError:  # a CUDA generator's state (checkpoints from before batches were drawn on the CPU)
+        data = False
+    saved_on = state["rng"].get("device")  # (None in checkpoints older than this key: then the data state tells)
+    same_kind = saved_on == device.type if saved_on is not None else data
+    if same_kind:
+        restore_rng(state["rng"], device)
+    return data, same_kind
 
 
 def capture_rng(device: torch.device) -> dict[str, torch.Tensor]:

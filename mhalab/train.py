@@ -270,17 +270,23 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, *,
                 state = load_checkpoint(path)
                 _check_resume(state, cfg, run, path)
                 history, start = History(**state["history"]), int(state["step"])
-                if not restore(state, parts, generator, device, path=path):
+                data, rest = restore(state, parts, generator, device, path=path)
+                if not (data and rest):
                     saved_on = state["rng"].get("device", "another kind of device")
+                    new = " and ".join(name for name, kept in (("the batches", data), ("dropout", rest)) if not kept)
+                    also = ", and so do the batches (drawn on the CPU)" if data else ""
+                    unless = " if the model has dropout" if data else ""
                     warnings.warn(
                         f"checkpoint {str(path)!r} was written on {saved_on} and is resumed on {device.type}: the "
-                        "weights, optimizer and schedule continue, but one kind of device's random streams cannot "
-                        f"continue on another, so the batches and dropout after step {start} are drawn from new "
-                        "streams (seeded by seed and step). The run stays deterministic, but differs from one that "
-                        "never moved.",
-                        stacklevel=2)
-                    torch.manual_seed(stream_seed(cfg.seed, f"dropout after step {start}"))
-                    generator.manual_seed(stream_seed(cfg.seed, f"data after step {start}"))
+                        f"weights, optimizer and schedule continue{also}, but {new} after step {start} cannot "
+                        "continue here (one kind of device's random streams cannot continue on another, and a "
+                        "checkpoint from before mhalab drew batches on the CPU holds a GPU generator's), so they come "
+                        f"from new streams (seeded by seed and step). The run stays deterministic, but differs from "
+                        f"one that never moved{unless}.", stacklevel=2)
+                    if not rest:
+                        torch.manual_seed(stream_seed(cfg.seed, f"dropout after step {start}"))
+                    if not data:
+                        generator.manual_seed(stream_seed(cfg.seed, f"data after step {start}"))
             last_saved = start if path is not None and path.exists() else None
             pending: list[Tensor] = []  # losses not yet read back from the device
             model.train()

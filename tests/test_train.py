@@ -544,6 +544,28 @@ def test_resuming_on_another_kind_of_device_continues_with_a_warning(tmp_path):
     assert again.train_loss == moved.train_loss  # deterministic all the same
 
 
+def test_a_run_saved_on_a_gpu_continues_on_the_cpu_with_the_same_batches(tmp_path):
+    """The batches are drawn on the CPU, so their stream continues on any device; only the global (dropout)
+    streams are the device's own. Simulated: a CPU checkpoint relabelled as written on CUDA. Without dropout the
+    resumed run is the run that never stopped, step for step."""
+    from mhalab.checkpoint import save_checkpoint
+
+    task = PreviousToken()
+    kwargs = dict(steps=12, checkpoint_every=6, lr=1e-2, **FAST)
+    expected = train(model_for(task), task, **kwargs)
+    path = tmp_path / "run.pt"
+    with pytest.raises(KeyboardInterrupt):
+        train(model_for(task), InterruptAt(9), checkpoint=path, **kwargs)
+    state = load_checkpoint(path)
+    philox = torch.tensor([5, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0, 0, 0, 0, 0, 0], dtype=torch.uint8)
+    state["rng"] = {**state["rng"], "cuda": philox, "device": "cuda"}  # the data state stays the CPU generator's
+    save_checkpoint(state, path)
+    with pytest.warns(UserWarning, match=r"continue, and so do the batches .* dropout after step 6") as caught:
+        resumed = train(model_for(task, seed=1), task, checkpoint=path, **kwargs)
+    assert "the batches and" not in str(caught[0].message)
+    assert resumed.train_loss == expected.train_loss
+
+
 # ------------------------------------------------------------------ callback
 def test_a_callback_sees_the_chosen_steps_and_changes_nothing():
     kwargs = dict(steps=20, lr=1e-2, seed=2, **FAST)
