@@ -197,8 +197,8 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
     ``threads``: torch's CPU threads meanwhile (on a busy 2-core machine 100 steps at ``d_model=64`` took
     5 s on one, 20-30 s on two); ``workers``: on a CPU, train this many models at once, each in a process of
     its own forked from this one (on ``threads`` threads, one if None), with the same results as one at a time;
-    on a GPU, off Linux (where forking a process is not safe) or in a process that has used CUDA, the runs stay one
-    at a time;
+    on a GPU, off Linux (where forking a process is not safe) or on a machine with a GPU (where autograd does not
+    survive a fork), the runs stay one at a time;
     ``config``/``settings``: as for :func:`mhalab.train.train` (without config, ``batch_size=32``, ``lr=5e-3``);
     each run is silent and evaluated at the end, and every ``eval_every`` steps if given (``SweepRow.evals``:
     a held-out learning curve per run, read with ``results.by_heads(step=...)``).
@@ -227,8 +227,9 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
     runs = [(h, seed) for h in heads for seed in seeds]
     on_cpu = pick_device(base.device).type == "cpu"
     # Forking is safe on Linux; on macOS (where Python no longer forks by default) and Windows the runs stay serial,
-    # and so they do once this process has used CUDA: a forked child cannot run autograd after the parent's GPU work.
-    forkable = sys.platform.startswith("linux") and not torch.cuda.is_initialized()
+    # and so they do where torch sees a GPU: there the first backward pass, even on the CPU, starts autograd's
+    # per-device threads, after which a forked child cannot run autograd at all.
+    forkable = sys.platform.startswith("linux") and torch.cuda.device_count() == 0
     parallel = min(workers, len(runs)) if on_cpu and forkable else 1
     rows: list[SweepRow] = []
     models: dict[tuple[int, int], Any] = {}

@@ -189,9 +189,10 @@ def test_off_linux_workers_train_in_this_process(tiny, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_after_gpu_work_two_workers_train_in_this_process_and_kept_models_are_on_the_cpu(tiny):
-    """A process that has trained on CUDA cannot fork a child that runs autograd ("Unable to handle autograd's
-    threading in combination with fork-based multiprocessing"): workers=2 then trains here, with the same results."""
+def test_with_a_gpu_two_workers_train_in_this_process_and_kept_models_are_on_the_cpu(tiny):
+    """Where torch sees a GPU, the first backward pass (the `tiny` fixture's, on the CPU) starts autograd's device
+    threads, and a forked child can no longer run autograd ("Unable to handle autograd's threading in combination
+    with fork-based multiprocessing"): workers=2 then trains here, with the same results."""
     task, results = tiny
     on_gpu = sweep_heads(task, model=one_layer(task), heads=(2,), seeds=(0,), steps=3, device="cuda",
                          eval_batches=1, eval_batch_size=16, progress=False, keep_models=True)

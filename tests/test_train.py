@@ -425,6 +425,21 @@ def test_a_gpu_run_trains_on_the_batches_of_the_cpu_run():
     assert on_gpu["loss"] == pytest.approx(on_cpu["loss"], rel=1e-4)  # the same held-out batches
 
 
+@pytest.mark.gpu
+def test_a_run_saved_on_cuda_resumes_on_the_cpu_on_the_same_batches(tmp_path):
+    """Colab, then a laptop: the weights, optimizer, schedule and batches continue; the losses follow the run that
+    stayed on the CPU up to float rounding (a relative 1e-4: hundreds of float32 epsilons over a few steps)."""
+    task = PreviousToken()
+    kwargs = dict(steps=12, checkpoint_every=6, lr=1e-2, **FAST)
+    expected = train(model_for(task), task, **kwargs)
+    path = tmp_path / "run.pt"
+    with pytest.raises(KeyboardInterrupt):
+        train(model_for(task), InterruptAt(9), checkpoint=path, **{**kwargs, "device": "cuda"})
+    with pytest.warns(UserWarning, match="written on cuda and is resumed on cpu.*so do the batches"):
+        resumed = train(model_for(task, seed=1), task, checkpoint=path, **kwargs)
+    assert resumed.train_loss == pytest.approx(expected.train_loss, rel=1e-4)
+
+
 # ------------------------------------------------------------ bugs (each failed before its fix)
 def test_resume_with_more_steps_when_the_warm_up_was_derived(tmp_path):
     """warmup_steps=None derives the warm-up from steps; resuming with more steps is still the same run."""
