@@ -197,8 +197,8 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
     ``threads``: torch's CPU threads meanwhile (on a busy 2-core machine 100 steps at ``d_model=64`` took
     5 s on one, 20-30 s on two); ``workers``: on a CPU, train this many models at once, each in a process of
     its own forked from this one (on ``threads`` threads, one if None), with the same results as one at a time;
-    on a GPU, off Linux (where forking a process is not safe) or on a machine with a GPU (where autograd does not
-    survive a fork), the runs stay one at a time;
+    off Linux (where forking a process is not safe) or on any machine with a GPU (where autograd does not survive a
+    fork), the runs stay one at a time;
     ``config``/``settings``: as for :func:`mhalab.train.train` (without config, ``batch_size=32``, ``lr=5e-3``);
     each run is silent and evaluated at the end, and every ``eval_every`` steps if given (``SweepRow.evals``:
     a held-out learning curve per run, read with ``results.by_heads(step=...)``).
