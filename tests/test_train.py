@@ -119,6 +119,8 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
+# A CUDA generator's state, as a checkpoint written on a GPU holds it: Philox seed 5, offset 32 (16 bytes).
+PHILOX = torch.tensor([5, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0, 0, 0, 0, 0, 0], dtype=torch.uint8)
 FAST = dict(batch_size=32, device="cpu", progress=False, eval_batches=1, eval_batch_size=64)
 
 
@@ -546,8 +548,7 @@ def test_resuming_on_another_kind_of_device_continues_with_a_warning(tmp_path):
         train(model_for(task), InterruptAt(9), checkpoint=path, **kwargs)
     state = load_checkpoint(path)
     assert state["step"] == 6
-    philox = torch.tensor([5, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0, 0, 0, 0, 0, 0], dtype=torch.uint8)  # seed 5, offset 32
-    state["rng"] = {"torch": state["rng"]["torch"], "cuda": philox, "data": philox.clone(), "device": "cuda"}
+    state["rng"] = {"torch": state["rng"]["torch"], "cuda": PHILOX, "data": PHILOX.clone(), "device": "cuda"}
     save_checkpoint(state, path)
     with pytest.warns(UserWarning, match="written on cuda and is resumed on cpu.*new streams"):
         moved = train(model_for(task), task, checkpoint=path, **kwargs)
@@ -572,8 +573,7 @@ def test_a_run_saved_on_a_gpu_continues_on_the_cpu_with_the_same_batches(tmp_pat
     with pytest.raises(KeyboardInterrupt):
         train(model_for(task), InterruptAt(9), checkpoint=path, **kwargs)
     state = load_checkpoint(path)
-    philox = torch.tensor([5, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0, 0, 0, 0, 0, 0], dtype=torch.uint8)
-    state["rng"] = {**state["rng"], "cuda": philox, "device": "cuda"}  # the data state stays the CPU generator's
+    state["rng"] = {**state["rng"], "cuda": PHILOX, "device": "cuda"}  # the data state stays the CPU generator's
     save_checkpoint(state, path)
     with pytest.warns(UserWarning, match=r"continue, and so do the batches .* dropout after step 6") as caught:
         resumed = train(model_for(task, seed=1), task, checkpoint=path, **kwargs)
