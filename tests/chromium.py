@@ -29,6 +29,31 @@ CELL_STARTED = ("() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-In
                 ".some(p => /\\S/.test(p.textContent.replace(/[\\[\\]: \\u00a0]/g, '')))")
 
 
+def dismiss_dialogs(page, seen: list[str], budget_s: float = 120) -> None:
+    """Close every JupyterLab dialog covering ``page``, appending the start of its text to ``seen``.
+
+    A busy machine brings up dialogs no learner action caused: "Keep Waiting" while the server loads the
+    workspace, "Server Connection Error" when a request times out. Each is closed with a button, never with
+    Escape: a dialog only takes keys while it has the focus, which a headless page need not give it (a CI run
+    failed waiting for a dialog that Escape had not closed). A kernel picker is accepted (the notebook's own
+    kernel is preselected); any other dialog is cancelled (its reject button, else its only button). Raises
+    AssertionError naming the dialogs if they still cover the page after ``budget_s`` seconds."""
+    deadline = time.monotonic() + budget_s
+    dialog = page.locator(".jp-Dialog").first
+    while page.locator(".jp-Dialog").count():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"JupyterLab dialogs still cover the page after {budget_s} s: {seen}")
+        try:  # the dialog may close by itself between these calls: then try again
+            seen.append(" ".join(dialog.inner_text(timeout=5_000).split())[:300])
+            picker = dialog.locator(".jp-Dialog-body select").count() > 0
+            buttons = dialog.locator(".jp-Dialog-footer button")
+            chosen = buttons.locator(".jp-mod-accept" if picker else ".jp-mod-reject")
+            (chosen if chosen.count() else buttons).first.click(timeout=5_000)
+            dialog.wait_for(state="detached", timeout=10_000)
+        except Exception:  # Playwright's TimeoutError, or the dialog went away mid-call
+            time.sleep(1)
+
+
 def chromium_executable() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 

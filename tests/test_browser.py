@@ -21,7 +21,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from chromium import CELL_STARTED, chromium_page, jupyterlab_server
+from chromium import CELL_STARTED, chromium_page, dismiss_dialogs, jupyterlab_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -83,13 +83,9 @@ _ERROR_OUTPUT = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.e
 
 def _run_all_and_wait(page, n_code_cells: int, timeout_s: float) -> None:
     """Run All from the Run menu, make sure it started, and wait until every cell has run (or one failed)."""
-    dialogs = []  # what JupyterLab asked in a dialog that covered the page (seen once, on a loaded machine)
+    dialogs: list[str] = []  # dialogs JupyterLab put over the page (on a loaded machine), named if Run All fails
     for attempt in range(3):
-        dialog = page.locator(".jp-Dialog")
-        if dialog.count():  # dismiss it (Escape: its cancel), say what it was if Run All never starts
-            dialogs.append(dialog.first.inner_text()[:300])
-            page.keyboard.press("Escape")
-            dialog.first.wait_for(state="detached", timeout=10_000)
+        dismiss_dialogs(page, dialogs)
         # Make the notebook the current widget first: the Run menu acts on the focused document.
         page.locator(".jp-Notebook .jp-Cell").first.click()
         page.click("#jp-MainMenu .lm-MenuBar-itemLabel:text-is('Run')")
@@ -117,6 +113,7 @@ def _run_all_and_wait(page, n_code_cells: int, timeout_s: float) -> None:
     if page.locator(_ERROR_OUTPUT).count():
         error = page.locator(_ERROR_OUTPUT).first.text_content()[-3000:]
         raise AssertionError(f"a cell of the notebook failed in JupyterLab:\n{error}")
+    dismiss_dialogs(page, dialogs)  # one may have come up during the run: the sliders need the focus
 
 
 def _move(page, slider_index: int, key: str, explorer: str = ".mhalab-head-explorer") -> dict:
