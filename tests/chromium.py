@@ -46,9 +46,9 @@ def dismiss_dialogs(page, seen: list[str], budget_s: float = 120) -> None:
         try:  # the dialog may close by itself between these calls: then try again
             seen.append(" ".join(dialog.inner_text(timeout=5_000).split())[:300])
             picker = dialog.locator(".jp-Dialog-body select").count() > 0
-            buttons = dialog.locator(".jp-Dialog-footer button")
-            chosen = buttons.locator(".jp-mod-accept" if picker else ".jp-mod-reject")
-            (chosen if chosen.count() else buttons).first.click(timeout=5_000)
+            buttons = ".jp-Dialog-footer button"
+            chosen = dialog.locator(buttons + (".jp-mod-accept" if picker else ".jp-mod-reject"))
+            (chosen if chosen.count() else dialog.locator(buttons)).first.click(timeout=5_000)
             dialog.wait_for(state="detached", timeout=10_000)
         except Exception:  # Playwright's TimeoutError, or the dialog went away mid-call
             time.sleep(1)
