@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mhalab.checkpoint import load_checkpoint
+from mhalab.checkpoint import load_checkpoint, save_checkpoint
 from mhalab.models import EncoderDecoder, ModelConfig, Transformer
 from mhalab.train import (
     CallbackFailed,
@@ -122,6 +122,8 @@ def _one_thread():
 # A CUDA generator's state, as a checkpoint written on a GPU holds it: Philox seed 5, offset 32 (16 bytes).
 PHILOX = torch.tensor([5, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0, 0, 0, 0, 0, 0], dtype=torch.uint8)
 FAST = dict(batch_size=32, device="cpu", progress=False, eval_batches=1, eval_batch_size=64)
+# the resume-across-devices runs: saved at step 6, interrupted at step 9
+_RESUMED = dict(steps=12, checkpoint_every=6, lr=1e-2, **FAST)
 
 
 # ------------------------------------------------------------------ learning
@@ -431,10 +433,8 @@ def test_a_gpu_run_trains_on_the_batches_of_the_cpu_run():
 def test_a_run_saved_on_cuda_resumes_on_the_cpu_on_the_same_batches(tmp_path):
     """Colab, then a laptop: the weights, optimizer, schedule and batches continue; the losses follow the run that
     stayed on the CPU up to float rounding (a relative 1e-4: hundreds of float32 epsilons over a few steps)."""
-    task = PreviousToken()
-    kwargs = dict(steps=12, checkpoint_every=6, lr=1e-2, **FAST)
+    path, task, kwargs = tmp_path / "run.pt", PreviousToken(), _RESUMED
     expected = train(model_for(task), task, **kwargs)
-    path = tmp_path / "run.pt"
     with pytest.raises(KeyboardInterrupt):
         train(model_for(task), InterruptAt(9), checkpoint=path, **{**kwargs, "device": "cuda"})
     with pytest.warns(UserWarning, match="written on cuda and is resumed on cpu.*so do the batches"):
@@ -535,21 +535,24 @@ def test_data_dropout_and_initialisation_draw_from_distinct_streams():
     assert torch.equal(again.data, task.data)
 
 
+def _saved_as_if_on_cuda(path, task, **rng) -> dict:
+    """A run of ``task`` with ``_RESUMED`` interrupted at step 9, its step-6 checkpoint at ``path`` relabelled as
+    written on CUDA (CUDA's global state; ``rng`` replaces more random states). Returns the checkpoint saved."""
+    with pytest.raises(KeyboardInterrupt):
+        train(model_for(task), InterruptAt(9), checkpoint=path, **_RESUMED)
+    state = load_checkpoint(path)
+    assert state["step"] == 6
+    state["rng"] = {**state["rng"], "cuda": PHILOX, "device": "cuda", **rng}
+    save_checkpoint(state, path)
+    return state
+
+
 def test_resuming_on_another_kind_of_device_continues_with_a_warning(tmp_path):
     """A run saved on CUDA and resumed on the CPU (Colab, then a laptop): the CPU generator cannot take the
     CUDA generator's state (16 bytes of Philox seed and offset, not 5056 of Mersenne Twister) and resuming
     raised an unhandled RuntimeError. Simulated with a checkpoint whose random states are CUDA's."""
-    from mhalab.checkpoint import save_checkpoint
-
-    path = tmp_path / "run.pt"
-    task = PreviousToken()
-    kwargs = dict(steps=12, checkpoint_every=6, lr=1e-2, **FAST)
-    with pytest.raises(KeyboardInterrupt):
-        train(model_for(task), InterruptAt(9), checkpoint=path, **kwargs)
-    state = load_checkpoint(path)
-    assert state["step"] == 6
-    state["rng"] = {"torch": state["rng"]["torch"], "cuda": PHILOX, "data": PHILOX.clone(), "device": "cuda"}
-    save_checkpoint(state, path)
+    path, task, kwargs = tmp_path / "run.pt", PreviousToken(), _RESUMED
+    state = _saved_as_if_on_cuda(path, task, data=PHILOX.clone())
     with pytest.warns(UserWarning, match="written on cuda and is resumed on cpu.*new streams"):
         moved = train(model_for(task), task, checkpoint=path, **kwargs)
     assert moved.steps == list(range(1, 13))
@@ -564,17 +567,9 @@ def test_a_run_saved_on_a_gpu_continues_on_the_cpu_with_the_same_batches(tmp_pat
     """The batches are drawn on the CPU, so their stream continues on any device; only the global (dropout)
     streams are the device's own. Simulated: a CPU checkpoint relabelled as written on CUDA. Without dropout the
     resumed run is the run that never stopped, step for step."""
-    from mhalab.checkpoint import save_checkpoint
-
-    task = PreviousToken()
-    kwargs = dict(steps=12, checkpoint_every=6, lr=1e-2, **FAST)
+    path, task, kwargs = tmp_path / "run.pt", PreviousToken(), _RESUMED
     expected = train(model_for(task), task, **kwargs)
-    path = tmp_path / "run.pt"
-    with pytest.raises(KeyboardInterrupt):
-        train(model_for(task), InterruptAt(9), checkpoint=path, **kwargs)
-    state = load_checkpoint(path)
-    state["rng"] = {**state["rng"], "cuda": PHILOX, "device": "cuda"}  # the data state stays the CPU generator's
-    save_checkpoint(state, path)
+    _saved_as_if_on_cuda(path, task)  # the data state stays the CPU generator's
     with pytest.warns(UserWarning, match=r"continue, and so do the batches .* dropout after step 6") as caught:
         resumed = train(model_for(task, seed=1), task, checkpoint=path, **kwargs)
     assert "the batches and" not in str(caught[0].message)
