@@ -54,6 +54,28 @@ def dismiss_dialogs(page, seen: list[str], budget_s: float = 120) -> None:
             time.sleep(1)
 
 
+def run_cell(page, index: int, dialogs: list[str], attempts: int = 3, timeout_s: float = 60) -> None:
+    """Run cell ``index`` of the open notebook with Shift+Enter and wait until its prompt changes ("[*]:" or a
+    number: the kernel has the cell). On a loaded machine a key press can land before the notebook has the focus
+    and is then lost (seen in a CI run), so each of ``attempts`` tries first closes any dialog
+    (:func:`dismiss_dialogs`, which appends to ``dialogs``) and clicks the cell. Raises AssertionError naming the
+    dialogs seen if the cell never starts."""
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
+    prompt = cell.locator(".jp-InputArea-prompt")
+    before = prompt.text_content()
+    for _ in range(attempts):
+        dismiss_dialogs(page, dialogs)
+        cell.click()
+        page.keyboard.press("Shift+Enter")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if prompt.text_content() != before:
+                return
+            time.sleep(0.5)
+    raise AssertionError(f"cell {index} did not start in {attempts} tries of {timeout_s} s (prompt still "
+                         f"{before!r}); dialogs: {dialogs}")
+
+
 def chromium_executable() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import nbformat
 import pytest
-from chromium import CELL_STARTED, chromium_page, dismiss_dialogs, jupyterlab_server
+from chromium import chromium_page, dismiss_dialogs, jupyterlab_server, run_cell
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -19,11 +19,6 @@ def _notebook(path, kernel: str) -> None:
 
 def _wait_for_dialog(page) -> None:
     page.locator(".jp-Dialog").first.wait_for(timeout=60_000)
-
-
-def _run_cell(page, index: int) -> None:
-    page.locator(".jp-Notebook .jp-Cell").nth(index).click()
-    page.keyboard.press("Shift+Enter")
 
 
 def test_dismiss_dialogs_accepts_the_kernel_picker_and_cancels_a_question(tmp_path):
@@ -42,8 +37,7 @@ def test_dismiss_dialogs_accepts_the_kernel_picker_and_cancels_a_question(tmp_pa
             assert page.locator(".jp-Dialog").count() == 0
             # The preselected kernel was started (not "No Kernel"): a cell runs.
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
-            _run_cell(page, 0)
-            page.wait_for_function(CELL_STARTED, timeout=60_000, polling=500)
+            run_cell(page, 0, seen)
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
 
             # A question (Kernel > Restart) is cancelled: the kernel keeps its variables.
@@ -53,5 +47,5 @@ def test_dismiss_dialogs_accepts_the_kernel_picker_and_cancels_a_question(tmp_pa
             before = len(seen)
             dismiss_dialogs(page, seen)
             assert any(text.startswith("Restart Kernel?") for text in seen[before:]), seen
-            _run_cell(page, 1)
+            run_cell(page, 1, seen)
             page.locator(".jp-OutputArea-output").get_by_text("42").wait_for(timeout=60_000)

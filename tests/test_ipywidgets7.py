@@ -28,7 +28,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from chromium import CELL_STARTED, chromium_page, dismiss_dialogs, jupyterlab_server
+from chromium import chromium_page, jupyterlab_server, run_cell
 
 ROOT = Path(__file__).resolve().parent.parent
 IPYWIDGETS_7 = ("ipywidgets==7.7.1", "ipython_genutils==0.2.0")
@@ -122,20 +122,11 @@ def test_the_explorer_in_a_browser_with_ipywidgets_7(overlay, tmp_path):
                     ".some(e => /idle/i.test(e.getAttribute('title') || e.dataset.status || e.textContent))",
                     timeout=180_000, polling=500,
                 )
-                # Run the cell, and make sure it started (a number or "*" in its prompt): on a loaded machine a
-                # key press can land before the notebook has focus, and is then lost (seen once in a CI run).
-                dialogs: list[str] = []
-                for attempt in range(3):
-                    dismiss_dialogs(page, dialogs)
-                    page.locator(".jp-Notebook .jp-Cell").first.click()
-                    page.keyboard.press("Shift+Enter")
-                    try:
-                        page.wait_for_function(CELL_STARTED, timeout=60_000, polling=500)
-                        break
-                    except Exception as error:
-                        if attempt == 2:
-                            page.screenshot(path=str(tmp_path / "not-started.png"))
-                            raise AssertionError(f"the cell did not start in 3 tries; dialogs: {dialogs}") from error
+                try:
+                    run_cell(page, 0, dialogs=[])
+                except AssertionError:
+                    page.screenshot(path=str(tmp_path / "not-started.png"))
+                    raise
                 image = page.locator(".mhalab-head-explorer img")
                 try:
                     image.wait_for(timeout=180_000)
