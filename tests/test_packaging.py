@@ -195,6 +195,11 @@ def test_notebook_outputs_come_from_one_clean_run(path):
             )
             if output.output_type == "execute_result":
                 assert output.execution_count == cell.execution_count, f"{path.name}, cell {index}: stale result"
+                # a default repr ("<matplotlib.colorbar.Colorbar at 0x7fe5...>") is an address, new on every run
+                shown = "".join(output.get("data", {}).get("text/plain", ""))
+                assert not re.search(r" at 0x[0-9a-f]+>", shown), (
+                    f"{path.name}, cell {index}: the cell's last value is shown as {shown!r}: end the cell with "
+                    "a statement (plt.show(), an assignment)")
 
 
 @notebook_params
@@ -333,3 +338,19 @@ def test_notebook_ends_with_a_summary(path):
 def test_run_time_descriptions():
     assert [describe_run_time(s) for s in (3, 24, 56, 80, 100, 119)] == [
         "10 s", "20 s", "1 minute", "1.5 minutes", "1.5 minutes", "2 minutes"]
+
+
+@pytest.mark.slow
+def test_execute_runs_a_notebook_as_a_first_run(tmp_path, monkeypatch):
+    """`course.py execute` writes the committed outputs: what an earlier run left beside a notebook (notebook 05's
+    checkpoints, which it loads instead of training) must not reach them, and the run writes nothing there."""
+    import execute_notebooks
+
+    monkeypatch.setattr(execute_notebooks, "TIMES", tmp_path / "times.json")   # not the course's own record
+    (tmp_path / "checkpoints").mkdir()   # an earlier run's leftovers, beside the notebook
+    code = "import os\nprint(sorted(os.listdir('.')))\nopen('written.txt', 'w').close()"
+    path = tmp_path / "first_run.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)]), path)
+    execute_notebooks.execute(path)
+    assert nbformat.read(path, as_version=4).cells[0].outputs[0]["text"] == "[]\n"   # it saw an empty folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "first_run.ipynb", "times.json"]

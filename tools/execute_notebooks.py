@@ -4,11 +4,14 @@ Usage (through the course script, which sets up the environment first):
     python3 course.py execute                      # every notebook
     python3 course.py execute notebooks/03_*.ipynb # some
 This is the only way committed outputs are made: never edit an output by hand.
+Each notebook runs as a learner's first run does: in an empty working directory of its own (deleted afterwards), so
+nothing an earlier run left beside it (notebook 05's checkpoints) is loaded, and nothing is written beside it.
 """
 
 import json
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,12 +58,15 @@ def execute(path: Path) -> float:
 
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
-    client = NotebookClient(nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
-    cpu: dict[str, float | None] = {}
-    client.on_notebook_start = lambda notebook: cpu.setdefault("start", _kernel_cpu_seconds(client))
-    # after every cell: the kernel is already gone when the notebook-complete hook runs
-    client.on_cell_executed = lambda **_: cpu.__setitem__("end", _kernel_cpu_seconds(client))
-    client.execute()
+    # The kernel's working directory: an empty one, or a checkpoint from an earlier run beside the notebook would
+    # be loaded and the outputs would show no training (and too short a run time).
+    with tempfile.TemporaryDirectory(prefix="mhalab-execute-") as cwd:
+        client = NotebookClient(nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": cwd}})
+        cpu: dict[str, float | None] = {}
+        client.on_notebook_start = lambda notebook: cpu.setdefault("start", _kernel_cpu_seconds(client))
+        # after every cell: the kernel is already gone when the notebook-complete hook runs
+        client.on_cell_executed = lambda **_: cpu.__setitem__("end", _kernel_cpu_seconds(client))
+        client.execute()
     elapsed = time.perf_counter() - start
     if cpu.get("start") is not None and cpu.get("end") is not None:
         seconds = cpu["end"] - cpu["start"]
