@@ -60,7 +60,8 @@ def execute(path: Path) -> float:
     start = time.perf_counter()
     # The kernel's working directory: an empty one, or a checkpoint from an earlier run beside the notebook would
     # be loaded and the outputs would show no training (and too short a run time).
-    with tempfile.TemporaryDirectory(prefix="mhalab-execute-") as cwd:
+    # (ignore_cleanup_errors: on Windows a kernel still exiting may hold the folder a moment longer)
+    with tempfile.TemporaryDirectory(prefix="mhalab-execute-", ignore_cleanup_errors=True) as cwd:
         client = NotebookClient(nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": cwd}})
         cpu: dict[str, float | None] = {}
         client.on_notebook_start = lambda notebook: cpu.setdefault("start", _kernel_cpu_seconds(client))
