@@ -54,26 +54,36 @@ def dismiss_dialogs(page, seen: list[str], budget_s: float = 120) -> None:
             time.sleep(1)
 
 
-def run_cell(page, index: int, dialogs: list[str], attempts: int = 3, timeout_s: float = 60) -> None:
-    """Run cell ``index`` of the open notebook with Shift+Enter and wait until its prompt changes ("[*]:" or a
-    number: the kernel has the cell). On a loaded machine a key press can land before the notebook has the focus
-    and is then lost (seen in a CI run), so each of ``attempts`` tries first closes any dialog
-    (:func:`dismiss_dialogs`, which appends to ``dialogs``) and clicks the cell. Raises AssertionError naming the
-    dialogs seen if the cell never starts."""
+def start_until(page, trigger, started, dialogs: list[str], what: str, attempts: int = 3,
+                timeout_s: float = 60) -> None:
+    """Call ``trigger()`` (a key press, a menu click) until ``started()`` is true. On a loaded machine a key press
+    or click can land before the notebook has the focus and is then lost (seen in a CI run), so each of
+    ``attempts`` tries first closes any dialog (:func:`dismiss_dialogs`, which appends to ``dialogs``) and waits
+    up to ``timeout_s``. Raises AssertionError naming ``what`` and the dialogs seen if it never starts."""
+    for _ in range(attempts):
+        dismiss_dialogs(page, dialogs)
+        trigger()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if started():
+                return
+            time.sleep(0.5)
+    raise AssertionError(f"{what} did not start in {attempts} tries of {timeout_s} s; dialogs: {dialogs}")
+
+
+def run_cell(page, index: int, dialogs: list[str]) -> None:
+    """Run cell ``index`` of the open notebook with Shift+Enter (:func:`start_until`) and wait until its own
+    prompt changes ("[*]:" or a number: the kernel has the cell)."""
     cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
     prompt = cell.locator(".jp-InputArea-prompt")
     before = prompt.text_content()
-    for _ in range(attempts):
-        dismiss_dialogs(page, dialogs)
+
+    def trigger() -> None:
         cell.click()
         page.keyboard.press("Shift+Enter")
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if prompt.text_content() != before:
-                return
-            time.sleep(0.5)
-    raise AssertionError(f"cell {index} did not start in {attempts} tries of {timeout_s} s (prompt still "
-                         f"{before!r}); dialogs: {dialogs}")
+
+    start_until(page, trigger, lambda: prompt.text_content() != before, dialogs,
+                f"cell {index} (prompt {before!r})")
 
 
 def chromium_executable() -> str | None:

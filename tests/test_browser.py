@@ -21,7 +21,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from chromium import CELL_STARTED, chromium_page, dismiss_dialogs, jupyterlab_server
+from chromium import CELL_STARTED, chromium_page, dismiss_dialogs, jupyterlab_server, start_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -83,19 +83,15 @@ _ERROR_OUTPUT = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.e
 
 def _run_all_and_wait(page, n_code_cells: int, timeout_s: float) -> None:
     """Run All from the Run menu, make sure it started, and wait until every cell has run (or one failed)."""
-    dialogs: list[str] = []  # dialogs JupyterLab put over the page (on a loaded machine), named if Run All fails
-    for attempt in range(3):
-        dismiss_dialogs(page, dialogs)
+    def run_all() -> None:
         # Make the notebook the current widget first: the Run menu acts on the focused document.
         page.locator(".jp-Notebook .jp-Cell").first.click()
         page.click("#jp-MainMenu .lm-MenuBar-itemLabel:text-is('Run')")
         page.click("li.lm-Menu-item[data-command='runmenu:run-all']")
-        try:  # a number or "*" in some prompt: the kernel has the cells
-            page.wait_for_function(CELL_STARTED, timeout=60_000, polling=500)
-            break
-        except Exception as error:
-            if attempt == 2:
-                raise AssertionError(f"Run All did not start in 3 tries; dialogs dismissed: {dialogs}") from error
+
+    dialogs: list[str] = []  # dialogs JupyterLab put over the page (on a loaded machine), named if Run All fails
+    # started: a number or "*" in some prompt (the kernel has the cells)
+    start_until(page, run_all, lambda: page.evaluate(CELL_STARTED), dialogs, "Run All")
     # Done when every code cell has an execution number (none blank "[ ]:" or queued "[*]:") and the
     # kernel is idle, or as soon as a cell shows a traceback. The copy starts without numbers, so this
     # cannot be satisfied before the run.
