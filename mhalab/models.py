@@ -150,6 +150,18 @@ def _output_logits(model: nn.Module, x: Tensor) -> Tensor:
     return logits
 
 
+def _check_rows(name: str, rows: Any, low: int, high: int, width: int) -> None:
+    """Raise unless ``rows`` is a finite float tensor ``[n, width]`` with ``low <= n <= high``."""
+    rows_text = str(low) if low == high else f"{low} to {high}"
+    shape = getattr(rows, "shape", None)
+    if not isinstance(rows, Tensor) or rows.dim() != 2 or not low <= rows.shape[0] <= high or rows.shape[1] != width:
+        raise ValueError(f"{name} must be a tensor of {rows_text} rows of width d_model={width}, got "
+                         f"{type(rows).__name__}{'' if shape is None else ' of shape ' + str(tuple(shape))}")
+    if not rows.is_floating_point() or not torch.isfinite(rows).all():
+        raise ValueError(f"{name} must hold finite floating-point numbers, got dtype {rows.dtype}"
+                         + ("" if not rows.is_floating_point() else " with inf or nan"))
+
+
 def _check_config(config: Any) -> ModelConfig:
     if not isinstance(config, ModelConfig):
         raise TypeError(f"expected a mhalab.models.ModelConfig, got {type(config).__name__}; "
@@ -209,6 +221,32 @@ class Transformer(HookedRootModule):
     def new_kv_caches(self) -> list[KVCache]:
         """One empty :class:`KVCache` per layer (each holds ``n_key_value_heads`` heads)."""
         return [KVCache() for _ in self.blocks]
+
+    def fix_embedding(self, tokens: Tensor, positions: Tensor | None = None) -> Transformer:
+        """Give the model its embedding and keep it out of training: ``tokens [d_vocab, d_model]`` become the
+        token embedding's rows; ``positions [n, d_model]`` (``n <= n_ctx``; learned positions only) the first
+        ``n`` rows of the position table, the rest zero. Both stop requiring gradients, so :func:`mhalab.train.train`
+        leaves them as given (e.g. :meth:`mhalab.tasks.TableLookup.factored_code`). Returns the model."""
+        if self.head is None:
+            raise ValueError("fix_embedding would also fix the output matrix of a model with tie_word_embeddings=True "
+                             "(its logits are read off the token embedding); build it with tie_word_embeddings=False")
+        config = self.config
+        _check_rows("tokens", tokens, config.d_vocab, config.d_vocab, config.d_model)
+        if positions is not None:
+            if not self.embed.learned:
+                raise ValueError(f"positions= sets a learned position table, but this model's positions are "
+                                 f"{config.positions!r}; build it with ModelConfig(positions='learned') or pass "
+                                 f"tokens alone")
+            _check_rows("positions", positions, 1, config.n_ctx, config.d_model)
+        with torch.no_grad():
+            self.embed.tokens.weight.copy_(tokens)
+            self.embed.tokens.weight.requires_grad_(False)
+            if positions is not None:
+                table = self.embed.positions.weight  # [n_ctx, d_model]
+                table.zero_()
+                table[: positions.shape[0]] = positions
+                table.requires_grad_(False)
+        return self
 
     def generate(self, prompt: Tensor, new_tokens: int, *, use_cache: bool = True, stop: Sequence[int] = ()) -> Tensor:
         """Greedy continuation of ``prompt [B, T0]``: ``[B, T0 + new_tokens]``, or shorter once every row has

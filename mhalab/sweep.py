@@ -28,6 +28,9 @@ from .models import ModelConfig, Transformer
 from .plotting import plot_sweep
 from .train import TrainConfig, make_config, stream_seed, train
 
+#: A given embedding: token rows ``[d_vocab, d_model]`` and position rows ``[n, d_model]`` (or None).
+Embedding = tuple[torch.Tensor, "torch.Tensor | None"]
+
 __all__ = ["SweepRow", "SweepResults", "sweep_heads"]
 
 
@@ -156,11 +159,15 @@ def _format_table(header: list[str], lines: list[list[str]]) -> str:
 _SWEEP_DEFAULTS = dict(batch_size=32, lr=5e-3)
 
 
-def _train_one(model_config: ModelConfig, task: Any, base: TrainConfig, seed: int) -> tuple[SweepRow, Transformer]:
-    """One run of a sweep: initial weights from the seed's own stream, then :func:`mhalab.train.train`."""
+def _train_one(model_config: ModelConfig, task: Any, base: TrainConfig, seed: int,
+               embedding: Embedding | None) -> tuple[SweepRow, Transformer]:
+    """One run of a sweep: initial weights from the seed's own stream (the embedding given, if one is), then
+    :func:`mhalab.train.train`."""
     with torch.random.fork_rng(devices=[]):  # seed the initialisation without touching the caller's RNG
         torch.manual_seed(stream_seed(seed, "init"))
         net = Transformer(model_config)
+    if embedding is not None:
+        net.fix_embedding(*embedding)
     history = train(net, task, base, seed=seed)
     final = history.final
     row = SweepRow(
@@ -172,11 +179,11 @@ def _train_one(model_config: ModelConfig, task: Any, base: TrainConfig, seed: in
     return row, net
 
 
-def _train_in_worker(model_config: ModelConfig, task: Any, base: TrainConfig, seed: int, threads: int,
-                     keep: bool) -> tuple[SweepRow, bytes | None]:
+def _train_in_worker(model_config: ModelConfig, task: Any, base: TrainConfig, seed: int, embedding: Embedding | None,
+                     threads: int, keep: bool) -> tuple[SweepRow, bytes | None]:
     """:func:`_train_one` in a worker process on ``threads`` threads; the weights come back as bytes."""
     torch.set_num_threads(threads)  # before any operation: the parent's thread pool does not survive the fork
-    row, net = _train_one(model_config, task, base, seed)
+    row, net = _train_one(model_config, task, base, seed, embedding)
     if not keep:
         return row, None
     buffer = io.BytesIO()
@@ -186,7 +193,8 @@ def _train_in_worker(model_config: ModelConfig, task: Any, base: TrainConfig, se
 
 def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: Sequence[int] = (0, 1, 2),
                 keep_models: bool = False, threads: int | None = 1, workers: int = 1, progress: bool = True,
-                config: TrainConfig | None = None, **settings: Any) -> SweepResults:
+                embedding: Embedding | None = None, config: TrainConfig | None = None,
+                **settings: Any) -> SweepResults:
     """Train one :class:`~mhalab.models.Transformer` per (head count, seed): ``model`` with ``n_heads`` set to each
     of ``heads`` (``dataclasses.replace``), so the width, depth and everything else stay fixed.
 
@@ -197,6 +205,8 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
     ``threads``: torch's CPU threads meanwhile (on a busy 2-core machine 100 steps at ``d_model=64`` took
     5 s on one, 20-30 s on two); ``workers``: on a CPU, train this many models at once, each in a process of
     its own forked from this one (on ``threads`` threads, one if None), with the same results as one at a time;
+    ``embedding``: ``(tokens, positions)`` given to every model and kept out of training
+    (:meth:`~mhalab.models.Transformer.fix_embedding`; e.g. ``task.factored_code(d_model)``);
     off Linux (where forking a process is not safe) or on any machine with a GPU (where autograd does not survive a
     fork), the runs stay one at a time;
     ``config``/``settings``: as for :func:`mhalab.train.train` (without config, ``batch_size=32``, ``lr=5e-3``);
@@ -214,6 +224,11 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
         raise ValueError(f"sweep_heads sets {key} itself (the seed comes from `seeds`); do not pass {key}=")
     # a bad head count gets the standard message naming the valid ones
     configs = {h: replace(model, n_heads=h) for h in heads}
+    if embedding is not None:
+        if not (isinstance(embedding, tuple) and len(embedding) == 2):
+            raise TypeError(f"embedding must be a pair (tokens, positions), e.g. task.factored_code(d_model) "
+                            f"(positions may be None), got {type(embedding).__name__}")
+        Transformer(model).fix_embedding(*embedding)  # a bad embedding fails now, not in a worker
     if threads is not None:
         check_int("threads", threads, 1, why=" (or None)")
     check_int("workers", workers, 1)
@@ -240,7 +255,8 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
         if parallel > 1:
             context = multiprocessing.get_context("fork")
             with ProcessPoolExecutor(max_workers=parallel, mp_context=context) as pool:
-                futures = [pool.submit(_train_in_worker, configs[h], task, base, seed, threads or 1, keep_models)
+                futures = [pool.submit(_train_in_worker, configs[h], task, base, seed, embedding, threads or 1,
+                                       keep_models)
                            for h, seed in runs]
                 for (h, seed), future in zip(runs, futures):  # in the order of the runs, whichever ends first
                     row, weights = future.result()
@@ -248,12 +264,14 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
                     if keep_models:
                         net = Transformer(configs[h])
                         net.load_state_dict(torch.load(io.BytesIO(weights), weights_only=True))
+                        if embedding is not None:
+                            net.fix_embedding(*embedding)  # kept as trained: frozen, like a model trained here
                         models[(h, seed)] = net.eval()
                     bar.update(1)
         else:
             for h, seed in runs:
                 bar.set_postfix(heads=h, seed=seed, refresh=True)
-                row, net = _train_one(configs[h], task, base, seed)
+                row, net = _train_one(configs[h], task, base, seed, embedding)
                 rows.append(row)
                 if keep_models:
                     models[(h, seed)] = net.eval()

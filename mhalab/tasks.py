@@ -273,6 +273,26 @@ class TableLookup(Task):
             sources[name] = where
         return Batch(inputs, targets, sources)
 
+    def factored_code(self, d_model: int) -> tuple[Tensor, Tensor]:
+        """A fixed embedding in which key, value and table each have dimensions of their own (one-hot): an
+        entry's row is its key's unit vector plus its value's, a query's its key's alone, and an entry's position
+        row its table's (queries' positions: zero). Give it to a model with :meth:`Transformer.fix_embedding`
+        (or ``sweep_heads(embedding=...)``): then only the heads, MLP and readout train.
+
+        Returns ``(tokens [vocab_size, d_model], positions [seq_len, d_model])``; dimensions after
+        ``n_keys + n_values + n_tables`` stay zero."""
+        K, V, D, P = self.n_keys, self.n_values, self.n_tables, self.n_entries
+        check_int("d_model", d_model, K + V + D,
+                  why=f" (the code gives {K} keys, {V} values and {D} tables a dimension each: {K + V + D})")
+        tokens = torch.zeros(self.vocab_size, d_model)
+        key_of_entry = torch.arange(K * V) // V  # entry token = key * V + value
+        tokens[torch.arange(K * V), key_of_entry] = 1.0
+        tokens[torch.arange(K * V), K + torch.arange(K * V) % V] = 1.0
+        tokens[K * V + torch.arange(K), torch.arange(K)] = 1.0  # query token for key k
+        positions = torch.zeros(self.seq_len, d_model)
+        positions[torch.arange(D * P), K + V + torch.arange(D * P) // P] = 1.0  # table r fills positions r*P..
+        return tokens, positions
+
 
 class RepeatedSegments(Task):
     """Random tokens in which ``n_segments`` segments (each of a random length in ``segment_lengths``) are

@@ -60,6 +60,49 @@ def test_sinusoidal_table_matches_the_formula():
     assert sinusoidal_positions(4, 5).shape == (4, 5)  # odd widths work too
 
 
+def test_a_fixed_embedding_is_used_as_given_and_not_trained():
+    from mhalab.tasks import TableLookup
+    from mhalab.train import train
+
+    task = TableLookup(n_tables=2, n_entries=3, n_keys=5, n_values=3, n_queries=4, shift=1)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.for_task(task, d_model=12, n_heads=2, n_layers=1))
+    code, rows = task.factored_code(12)  # [vocab, 12], [seq_len, 12]
+    assert model.fix_embedding(code, rows) is model
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = task.sample(4, generator=torch.Generator().manual_seed(1))
+    _, cache = model.run_with_cache(batch.inputs, names_filter=["hook_embed", "hook_pos_embed"])
+    assert torch.equal(cache["hook_embed"], code[batch.inputs])
+    assert torch.equal(cache["hook_pos_embed"], rows.expand(4, -1, -1))
+    train(model, task, steps=5, lr=1e-2, batch_size=8, progress=False, device="cpu")
+    after = model.state_dict()
+    assert torch.equal(after["embed.tokens.weight"], code)
+    assert torch.equal(after["embed.positions.weight"][: task.seq_len], rows)
+    assert bool((after["embed.positions.weight"][task.seq_len:] == 0).all())  # rows past the given ones: zero
+    trained = [k for k in after if not k.startswith("embed.") and not torch.equal(after[k], before[k])]
+    assert len(trained) == len(after) - 2  # every other parameter trained
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda m: m.fix_embedding(torch.zeros(V, 8)), r"tokens must be a tensor of 13 rows of width d_model=16.*(13, 8)"),
+    (lambda m: m.fix_embedding([[0.0] * 16] * V), r"tokens must be a tensor.*got list"),
+    (lambda m: m.fix_embedding(torch.zeros(V, 16, dtype=torch.long)), r"finite floating-point.*torch.int64"),
+    (lambda m: m.fix_embedding(torch.full((V, 16), float("nan"))), r"finite floating-point.*inf or nan"),
+    (lambda m: m.fix_embedding(torch.zeros(V, 16), torch.zeros(17, 16)), r"positions must be a tensor of 1 to 16 rows"),
+])
+def test_fix_embedding_names_what_is_wrong(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(Transformer(small()))
+
+
+def test_fix_embedding_needs_a_table_for_positions_and_an_output_matrix_of_its_own():
+    with pytest.raises(ValueError, match="positions are 'rotary'.*positions='learned'"):
+        Transformer(small(positions="rotary")).fix_embedding(torch.zeros(V, 16), torch.zeros(4, 16))
+    Transformer(small(positions="rotary")).fix_embedding(torch.zeros(V, 16))  # tokens alone: fine
+    with pytest.raises(ValueError, match="tie_word_embeddings=False"):
+        Transformer(small(tie_word_embeddings=True)).fix_embedding(torch.zeros(V, 16))
+
+
 def test_sinusoidal_positions_are_not_trained_or_saved():
     model = Transformer(small(positions="sinusoidal"))
     assert not any("position" in name for name, _ in model.named_parameters())

@@ -12,7 +12,7 @@ import torch
 
 from mhalab.models import ModelConfig
 from mhalab.sweep import SweepResults, SweepRow, sweep_heads
-from mhalab.tasks import MultiRelationTask
+from mhalab.tasks import MultiRelationTask, TableLookup
 from mhalab.train import TrainConfig
 
 
@@ -201,3 +201,23 @@ def test_with_a_gpu_two_workers_train_in_this_process_and_kept_models_are_on_the
                         eval_batches=1, eval_batch_size=16, progress=False, workers=2)
     assert [(r.heads, r.seed, r.loss, r.accuracy) for r in again.rows] == \
         [(r.heads, r.seed, r.loss, r.accuracy) for r in results.rows]
+
+
+def test_a_given_embedding_reaches_every_model_and_stays_fixed():
+    """embedding= gives every model the same fixed rows, in this process and in forked workers alike."""
+    task = TableLookup(n_tables=2, n_entries=3, n_keys=5, n_values=3, n_queries=4, shift=1)
+    code = task.factored_code(12)
+    settings = dict(model=ModelConfig.for_task(task, d_model=12, n_layers=1), heads=(1, 2), seeds=(0,), steps=3,
+                    device="cpu", eval_batches=1, eval_batch_size=8, progress=False, keep_models=True)
+    results = {w: sweep_heads(task, embedding=code, workers=w, **settings) for w in (1, 2)}
+    learned = sweep_heads(task, **settings)
+    for (heads, seed), model in results[1].models.items():
+        assert torch.equal(model.embed.tokens.weight, code[0])
+        assert torch.equal(model.embed.positions.weight[: task.seq_len], code[1])
+        for (name, a), (_, b) in zip(model.state_dict().items(), results[2].models[heads, seed].state_dict().items()):
+            assert torch.equal(a, b), name  # forked workers train what this process does
+        assert not torch.equal(learned.models[heads, seed].embed.tokens.weight, code[0])
+    with pytest.raises(TypeError, match=r"embedding must be a pair \(tokens, positions\)"):
+        sweep_heads(task, embedding=code[0], **settings)
+    with pytest.raises(ValueError, match="tokens must be a tensor of 20 rows of width d_model=12"):
+        sweep_heads(task, embedding=(code[0][:, :8], None), **settings)

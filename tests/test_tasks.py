@@ -121,6 +121,23 @@ def test_shifted_table_lookup_asks_each_table_for_a_different_key():
         assert torch.equal(found // 4, (queries + 2 * r) % 7) and torch.equal(found % 4, b.targets[:, 15:, r])
 
 
+def test_table_lookup_factored_code_gives_key_value_and_table_dimensions_of_their_own():
+    task = TableLookup(n_tables=3, n_entries=5, n_keys=7, n_values=4, n_queries=6, shift=2)
+    tokens, positions = task.factored_code(16)
+    assert tokens.shape == (task.vocab_size, 16) and positions.shape == (task.seq_len, 16)
+    b = task.sample(8, generator=torch.Generator().manual_seed(2))
+    x = tokens[b.inputs] + positions  # [B, T, 16]: what the model's embedding would give
+    entries, queries = b.inputs[:, :15], b.inputs[:, 15:] - 7 * 4  # [B, 15], [B, 6]
+    assert torch.equal(x[:, :15, :7].argmax(-1), entries // 4)  # the key
+    assert torch.equal(x[:, :15, 7:11].argmax(-1), entries % 4)  # the value
+    assert torch.equal(x[:, :15, 11:14].argmax(-1), (torch.arange(15) // 5).expand(8, 15))  # the table
+    assert torch.equal(x[:, 15:, :7].argmax(-1), queries)
+    assert bool((x[:, 15:, 7:] == 0).all()) and bool((x[..., 14:] == 0).all())  # queries: key only; spare: zero
+    assert torch.equal(x.sum(-1)[:, :15], torch.full((8, 15), 3.0)) and bool((x.sum(-1)[:, 15:] == 1).all())
+    with pytest.raises(ValueError, match=r"7 keys, 4 values and 3 tables a dimension each: 14.*d_model=13"):
+        task.factored_code(13)
+
+
 def test_table_lookup_bad_arguments():
     with pytest.raises(ValueError, match="n_keys >= n_entries"):
         TableLookup(n_entries=5, n_keys=4)
