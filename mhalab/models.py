@@ -150,9 +150,9 @@ def _output_logits(model: nn.Module, x: Tensor) -> Tensor:
     return logits
 
 
-def _check_rows(name: str, rows: Any, low: int, high: int, width: int) -> None:
-    """Raise unless ``rows`` is a finite float tensor ``[n, width]`` with ``low <= n <= high``."""
-    rows_text = str(low) if low == high else f"{low} to {high}"
+def _check_rows(name: str, rows: Any, low: int, high: int, width: int, rows_text: str) -> None:
+    """Raise unless ``rows`` is a finite float tensor ``[n, width]`` with ``low <= n <= high`` (``rows_text``
+    says so in the message, e.g. "d_vocab=13")."""
     shape = getattr(rows, "shape", None)
     if not isinstance(rows, Tensor) or rows.dim() != 2 or not low <= rows.shape[0] <= high or rows.shape[1] != width:
         raise ValueError(f"{name} must be a tensor of {rows_text} rows of width d_model={width}, got "
@@ -223,21 +223,27 @@ class Transformer(HookedRootModule):
         return [KVCache() for _ in self.blocks]
 
     def fix_embedding(self, tokens: Tensor, positions: Tensor | None = None) -> Transformer:
-        """Give the model its embedding and keep it out of training: ``tokens [d_vocab, d_model]`` become the
-        token embedding's rows; ``positions [n, d_model]`` (``n <= n_ctx``; learned positions only) the first
-        ``n`` rows of the position table, the rest zero. Both stop requiring gradients, so :func:`mhalab.train.train`
-        leaves them as given (e.g. :meth:`mhalab.tasks.TableLookup.factored_code`). Returns the model."""
+        """Give the model its embedding and keep it out of training: ``tokens [d_vocab, d_model]`` (e.g. from
+        :meth:`mhalab.tasks.TableLookup.factored_code`) become the token embedding's rows; ``positions [n, d_model]``
+        (``n <= n_ctx``; learned positions only) the first ``n`` rows of the position table, the rest zero. Both
+        stop requiring gradients, so :func:`mhalab.train.train` leaves them as given. A state dict does not keep
+        that: call it again on a model built or loaded anew. Returns the model."""
+        config = self.config
         if self.head is None:
             raise ValueError("fix_embedding would also fix the output matrix of a model with tie_word_embeddings=True "
                              "(its logits are read off the token embedding); build it with tie_word_embeddings=False")
-        config = self.config
-        _check_rows("tokens", tokens, config.d_vocab, config.d_vocab, config.d_model)
+        for field, value, plain in (("n_token_types", config.n_token_types, 0),
+                                    ("post_embedding_ln", config.post_embedding_ln, False)):
+            if value != plain:
+                raise ValueError(f"fix_embedding gives the token and position rows, but this model's embedding also "
+                                 f"has {field}={value!r}, which would still train; build it with {field}={plain!r}")
+        _check_rows("tokens", tokens, config.d_vocab, config.d_vocab, config.d_model, f"d_vocab={config.d_vocab}")
         if positions is not None:
             if not self.embed.learned:
                 raise ValueError(f"positions= sets a learned position table, but this model's positions are "
                                  f"{config.positions!r}; build it with ModelConfig(positions='learned') or pass "
                                  f"tokens alone")
-            _check_rows("positions", positions, 1, config.n_ctx, config.d_model)
+            _check_rows("positions", positions, 1, config.n_ctx, config.d_model, f"1 to n_ctx={config.n_ctx}")
         with torch.no_grad():
             self.embed.tokens.weight.copy_(tokens)
             self.embed.tokens.weight.requires_grad_(False)

@@ -29,7 +29,7 @@ from .plotting import plot_sweep
 from .train import TrainConfig, make_config, stream_seed, train
 
 #: A given embedding: token rows ``[d_vocab, d_model]`` and position rows ``[n, d_model]`` (or None).
-Embedding = tuple[torch.Tensor, "torch.Tensor | None"]
+_GivenEmbedding = tuple[torch.Tensor, torch.Tensor | None]
 
 __all__ = ["SweepRow", "SweepResults", "sweep_heads"]
 
@@ -160,7 +160,7 @@ _SWEEP_DEFAULTS = dict(batch_size=32, lr=5e-3)
 
 
 def _train_one(model_config: ModelConfig, task: Any, base: TrainConfig, seed: int,
-               embedding: Embedding | None) -> tuple[SweepRow, Transformer]:
+               embedding: _GivenEmbedding | None) -> tuple[SweepRow, Transformer]:
     """One run of a sweep: initial weights from the seed's own stream (the embedding given, if one is), then
     :func:`mhalab.train.train`."""
     with torch.random.fork_rng(devices=[]):  # seed the initialisation without touching the caller's RNG
@@ -179,8 +179,8 @@ def _train_one(model_config: ModelConfig, task: Any, base: TrainConfig, seed: in
     return row, net
 
 
-def _train_in_worker(model_config: ModelConfig, task: Any, base: TrainConfig, seed: int, embedding: Embedding | None,
-                     threads: int, keep: bool) -> tuple[SweepRow, bytes | None]:
+def _train_in_worker(model_config: ModelConfig, task: Any, base: TrainConfig, seed: int,
+                     embedding: _GivenEmbedding | None, threads: int, keep: bool) -> tuple[SweepRow, bytes | None]:
     """:func:`_train_one` in a worker process on ``threads`` threads; the weights come back as bytes."""
     torch.set_num_threads(threads)  # before any operation: the parent's thread pool does not survive the fork
     row, net = _train_one(model_config, task, base, seed, embedding)
@@ -193,7 +193,7 @@ def _train_in_worker(model_config: ModelConfig, task: Any, base: TrainConfig, se
 
 def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: Sequence[int] = (0, 1, 2),
                 keep_models: bool = False, threads: int | None = 1, workers: int = 1, progress: bool = True,
-                embedding: Embedding | None = None, config: TrainConfig | None = None,
+                embedding: _GivenEmbedding | None = None, config: TrainConfig | None = None,
                 **settings: Any) -> SweepResults:
     """Train one :class:`~mhalab.models.Transformer` per (head count, seed): ``model`` with ``n_heads`` set to each
     of ``heads`` (``dataclasses.replace``), so the width, depth and everything else stay fixed.
@@ -205,10 +205,10 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
     ``threads``: torch's CPU threads meanwhile (on a busy 2-core machine 100 steps at ``d_model=64`` took
     5 s on one, 20-30 s on two); ``workers``: on a CPU, train this many models at once, each in a process of
     its own forked from this one (on ``threads`` threads, one if None), with the same results as one at a time;
-    ``embedding``: ``(tokens, positions)`` given to every model and kept out of training
-    (:meth:`~mhalab.models.Transformer.fix_embedding`; e.g. ``task.factored_code(d_model)``);
     off Linux (where forking a process is not safe) or on any machine with a GPU (where autograd does not survive a
     fork), the runs stay one at a time;
+    ``embedding``: ``(tokens, positions)`` (e.g. ``task.factored_code(d_model)``) given to every model and kept out
+    of training (:meth:`~mhalab.models.Transformer.fix_embedding`);
     ``config``/``settings``: as for :func:`mhalab.train.train` (without config, ``batch_size=32``, ``lr=5e-3``);
     each run is silent and evaluated at the end, and every ``eval_every`` steps if given (``SweepRow.evals``:
     a held-out learning curve per run, read with ``results.by_heads(step=...)``).
@@ -225,10 +225,13 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
     # a bad head count gets the standard message naming the valid ones
     configs = {h: replace(model, n_heads=h) for h in heads}
     if embedding is not None:
-        if not (isinstance(embedding, tuple) and len(embedding) == 2):
-            raise TypeError(f"embedding must be a pair (tokens, positions), e.g. task.factored_code(d_model) "
-                            f"(positions may be None), got {type(embedding).__name__}")
-        Transformer(model).fix_embedding(*embedding)  # a bad embedding fails now, not in a worker
+        if not (isinstance(embedding, (tuple, list)) and len(embedding) == 2):
+            raise TypeError(f"embedding must be two things, (tokens, positions), e.g. task.factored_code(d_model) "
+                            f"(positions may be None), got {type(embedding).__name__}"
+                            + (f" of length {len(embedding)}" if isinstance(embedding, (tuple, list)) else ""))
+        embedding = (embedding[0], embedding[1])
+        with torch.random.fork_rng(devices=[]):  # building a model draws numbers: not from the caller's stream
+            Transformer(model).fix_embedding(*embedding)  # a bad embedding fails now, not in a worker
     if threads is not None:
         check_int("threads", threads, 1, why=" (or None)")
     check_int("workers", workers, 1)
@@ -262,7 +265,8 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
                     row, weights = future.result()
                     rows.append(row)
                     if keep_models:
-                        net = Transformer(configs[h])
+                        with torch.random.fork_rng(devices=[]):  # a model to load into: its draws are not the caller's
+                            net = Transformer(configs[h])
                         net.load_state_dict(torch.load(io.BytesIO(weights), weights_only=True))
                         if embedding is not None:
                             net.fix_embedding(*embedding)  # kept as trained: frozen, like a model trained here

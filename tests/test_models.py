@@ -84,15 +84,24 @@ def test_a_fixed_embedding_is_used_as_given_and_not_trained():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda m: m.fix_embedding(torch.zeros(V, 8)), r"tokens must be a tensor of 13 rows of width d_model=16.*(13, 8)"),
+    (lambda m: m.fix_embedding(torch.zeros(V, 8)),
+     r"tokens must be a tensor of d_vocab=13 rows of width d_model=16, got Tensor of shape \(13, 8\)"),
     (lambda m: m.fix_embedding([[0.0] * 16] * V), r"tokens must be a tensor.*got list"),
     (lambda m: m.fix_embedding(torch.zeros(V, 16, dtype=torch.long)), r"finite floating-point.*torch.int64"),
     (lambda m: m.fix_embedding(torch.full((V, 16), float("nan"))), r"finite floating-point.*inf or nan"),
-    (lambda m: m.fix_embedding(torch.zeros(V, 16), torch.zeros(17, 16)), r"positions must be a tensor of 1 to 16 rows"),
+    (lambda m: m.fix_embedding(torch.zeros(V, 16), torch.zeros(17, 16)),
+     r"positions must be a tensor of 1 to n_ctx=16 rows of width d_model=16"),
 ])
 def test_fix_embedding_names_what_is_wrong(call, message):
     with pytest.raises(ValueError, match=message):
         call(Transformer(small()))
+
+
+def test_fix_embedding_refuses_a_model_whose_embedding_has_more_that_would_train():
+    with pytest.raises(ValueError, match="n_token_types=1, which would still train; build it with n_token_types=0"):
+        Transformer(small(n_token_types=1)).fix_embedding(torch.zeros(V, 16))
+    with pytest.raises(ValueError, match="post_embedding_ln=True, which would still train; .*post_embedding_ln=False"):
+        Transformer(small(post_embedding_ln=True)).fix_embedding(torch.zeros(V, 16))
 
 
 def test_fix_embedding_needs_a_table_for_positions_and_an_output_matrix_of_its_own():

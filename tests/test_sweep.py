@@ -74,10 +74,11 @@ def test_the_callers_random_state_is_untouched(tiny):
     task, _ = tiny
     torch.manual_seed(123)
     expected = torch.rand(3)
-    torch.manual_seed(123)
-    sweep_heads(task, model=one_layer(task), heads=(1,), seeds=(0,), steps=1, device="cpu", eval_batches=1,
-                eval_batch_size=4, progress=False)
-    assert torch.equal(torch.rand(3), expected)
+    for workers in (1, 2):  # two: the kept models are rebuilt here from the workers' weights
+        torch.manual_seed(123)
+        sweep_heads(task, model=one_layer(task), heads=(1, 2), seeds=(0,), steps=1, device="cpu", eval_batches=1,
+                    eval_batch_size=4, progress=False, workers=workers, keep_models=True)
+        assert torch.equal(torch.rand(3), expected), workers
 
 
 def test_bad_settings_fail_before_training():
@@ -205,19 +206,28 @@ def test_with_a_gpu_two_workers_train_in_this_process_and_kept_models_are_on_the
 
 def test_a_given_embedding_reaches_every_model_and_stays_fixed():
     """embedding= gives every model the same fixed rows, in this process and in forked workers alike."""
+    from mhalab.train import train
+
     task = TableLookup(n_tables=2, n_entries=3, n_keys=5, n_values=3, n_queries=4, shift=1)
     code = task.factored_code(12)
     settings = dict(model=ModelConfig.for_task(task, d_model=12, n_layers=1), heads=(1, 2), seeds=(0,), steps=3,
                     device="cpu", eval_batches=1, eval_batch_size=8, progress=False, keep_models=True)
+    state = torch.random.get_rng_state()
     results = {w: sweep_heads(task, embedding=code, workers=w, **settings) for w in (1, 2)}
-    learned = sweep_heads(task, **settings)
+    assert torch.equal(torch.random.get_rng_state(), state)  # checking the embedding drew nothing from the caller's
     for (heads, seed), model in results[1].models.items():
         assert torch.equal(model.embed.tokens.weight, code[0])
         assert torch.equal(model.embed.positions.weight[: task.seq_len], code[1])
         for (name, a), (_, b) in zip(model.state_dict().items(), results[2].models[heads, seed].state_dict().items()):
             assert torch.equal(a, b), name  # forked workers train what this process does
-        assert not torch.equal(learned.models[heads, seed].embed.tokens.weight, code[0])
-    with pytest.raises(TypeError, match=r"embedding must be a pair \(tokens, positions\)"):
+    kept = results[2].models[2, 0]  # rebuilt in this process from a worker's weights: still given, still fixed
+    train(kept, task, steps=2, lr=1e-1, batch_size=4, progress=False, device="cpu")
+    assert torch.equal(kept.embed.tokens.weight, code[0])
+    as_list = sweep_heads(task, embedding=list(code), **settings)
+    assert [r.loss for r in as_list.rows] == [r.loss for r in results[1].rows]
+    with pytest.raises(TypeError, match=r"embedding must be two things, \(tokens, positions\).*got Tensor"):
         sweep_heads(task, embedding=code[0], **settings)
-    with pytest.raises(ValueError, match="tokens must be a tensor of 20 rows of width d_model=12"):
+    with pytest.raises(TypeError, match="got tuple of length 3"):
+        sweep_heads(task, embedding=(*code, None), **settings)
+    with pytest.raises(ValueError, match="tokens must be a tensor of d_vocab=20 rows of width d_model=12"):
         sweep_heads(task, embedding=(code[0][:, :8], None), **settings)
