@@ -231,3 +231,21 @@ def test_a_given_embedding_reaches_every_model_and_stays_fixed():
         sweep_heads(task, embedding=(*code, None), **settings)
     with pytest.raises(ValueError, match="tokens must be a tensor of d_vocab=20 rows of width d_model=12"):
         sweep_heads(task, embedding=(code[0][:, :8], None), **settings)
+
+
+def test_an_attention_only_sweep_with_the_code_given():
+    """Notebook 11's last variation: attention-only models take the given rows too, in forked workers alike, and
+    what trains is the heads and the readout (no MLP to train)."""
+    task = TableLookup(n_tables=2, n_entries=3, n_keys=5, n_values=3, n_queries=4, shift=1)
+    code = task.factored_code(12)
+    config = ModelConfig.for_task(task, d_model=12, n_layers=1, attn_only=True)
+    settings = dict(model=config, heads=(1, 4), seeds=(0,), steps=3, device="cpu", eval_batches=1,
+                    eval_batch_size=8, progress=False, keep_models=True, embedding=code)
+    results = {w: sweep_heads(task, workers=w, **settings) for w in (1, 2)}
+    assert [r.loss for r in results[1].rows] == [r.loss for r in results[2].rows]
+    for (heads, seed), model in results[2].models.items():
+        assert model.config.attn_only and model.config.n_heads == heads
+        assert torch.equal(model.embed.tokens.weight, code[0])
+        trains = {name.split(".")[0] for name, p in model.named_parameters() if p.requires_grad}
+        assert "embed" not in trains and "blocks" in trains
+        assert not any("mlp" in name for name, _ in model.named_parameters())
