@@ -107,10 +107,13 @@ def _answer(kernel, source: str):
 
 
 def _own_tmp() -> list[str]:
-    """What a fresh fork's /tmp holds: IPython's folder, /dev/shm's, and where the sandbox binds a Python (or this
-    repository) that lives under /tmp (a clone in /tmp): bound again in each fork, read-only, never copied."""
-    under_tmp = {Path(p).resolve().parts[2] for p in (sys.prefix, sys.base_prefix, ROOT)
-                 if Path(p).resolve().parts[:2] == ("/", "tmp")}
+    """What a fresh fork's /tmp holds: IPython's folder, /dev/shm's, and where the sandbox binds the Python it runs
+    (its prefixes and the folder of its executable, as given and as resolved) when that lives under /tmp (a venv in
+    a clone in /tmp, or the floor run's venv in a folder of /tmp of its own): bound again in each fork, read-only,
+    never copied. Nothing else of the machine is bound, this repository included (the grading code is a copy)."""
+    folders = (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable))
+    paths = {Path(os.path.abspath(p)) for p in folders} | {Path(p).resolve() for p in folders}
+    under_tmp = {p.parts[2] for p in paths if p.parts[:2] == ("/", "tmp") and len(p.parts) > 2}
     return sorted({".ipython", ".shm"} | under_tmp)
 
 
