@@ -138,6 +138,36 @@ def test_table_lookup_factored_code_gives_key_value_and_table_dimensions_of_thei
         task.factored_code(13)
 
 
+
+def test_table_lookup_circle_code_puts_keys_on_a_circle_where_the_shift_is_a_rotation():
+    task = TableLookup(n_tables=3, n_entries=4, n_keys=12, n_values=4, n_queries=6, shift=2)
+    tokens, positions = task.circle_code(12)
+    assert tokens.shape == (task.vocab_size, 12) and positions.shape == (task.seq_len, 12)
+    b = task.sample(8, generator=torch.Generator().manual_seed(2))
+    x = tokens[b.inputs] + positions  # [B, T, 12]: what the model's embedding would give
+    entries, queries = b.inputs[:, :12], b.inputs[:, 12:] - 12 * 4  # [B, 12], [B, 6]
+    angle = torch.atan2(x[..., 1], x[..., 0])  # [B, T]: every token's key as an angle
+    assert torch.allclose(x[..., :2].norm(dim=-1), torch.ones(8, 18))  # on the unit circle
+    step = 2 * torch.pi / 12
+    assert torch.equal(torch.round(angle[:, :12] / step).long() % 12, entries // 4)  # the entry's key
+    assert torch.equal(torch.round(angle[:, 12:] / step).long() % 12, queries)  # the asked key
+    assert torch.equal(x[:, :12, 2:6].argmax(-1), entries % 4)  # the value
+    assert torch.equal(x[:, :12, 6:9].argmax(-1), (torch.arange(12) // 4).expand(8, 12))  # the table
+    assert bool((x[:, 12:, 2:9] == 0).all()) and bool((x[:, 12:, 9] == 1).all()) and bool((x[:, :12, 9] == 0).all())
+    assert bool((x[..., 10:] == 0).all())  # spare dimensions stay zero
+    # Table r's answer is the asked key turned r * shift steps on: one rotation per table, the same for every key.
+    q = x[:, 12:, :2]  # [B, 6, 2]
+    for r in range(3):
+        turn = torch.tensor(r * 2 * step)
+        rot = torch.stack([torch.stack([turn.cos(), -turn.sin()]), torch.stack([turn.sin(), turn.cos()])])  # [2, 2]
+        found = x[:, :12, :2].unsqueeze(1) @ (q @ rot.T).unsqueeze(-1)  # [B, 6, 12, 1]: rotated query . entry key
+        in_table = (torch.arange(12) // 4 == r)
+        best = found.squeeze(-1).masked_fill(~in_table, -2).argmax(-1)  # [B, 6]: nearest entry of table r
+        assert torch.equal(entries.gather(1, best) % 4, b.targets[:, 12:, r])
+    with pytest.raises(ValueError, match=r"keys 2 dimensions, 4 values and 3 tables a dimension each, and query "
+                                         r"positions one: 10.*d_model=9"):
+        task.circle_code(9)
+
 def test_table_lookup_bad_arguments():
     with pytest.raises(ValueError, match="n_keys >= n_entries"):
         TableLookup(n_entries=5, n_keys=4)

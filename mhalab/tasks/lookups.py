@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -129,14 +131,40 @@ class TableLookup(Task):
 
         Returns ``(tokens [vocab_size, d_model], positions [seq_len, d_model])``; dimensions after
         ``n_keys + n_values + n_tables`` stay zero."""
+        K, V, D = self.n_keys, self.n_values, self.n_tables
+        return self._code(d_model, torch.eye(K), query_flag=False,
+                          why=f" (the code gives {K} keys, {V} values and {D} tables a dimension each: {K + V + D})")
+
+    def circle_code(self, d_model: int) -> tuple[Tensor, Tensor]:
+        """:meth:`factored_code` with the keys on a circle: key j is the point ``(cos a_j, sin a_j)``,
+        ``a_j = 2 pi j / n_keys``, in dimensions 0-1 (entries and queries alike), so table r's shift is a rotation by
+        ``r * shift`` steps of the circle. A head of width two can then match the asked key in one table by rotating
+        its query (a QK circuit of rank 2), while a width-one head still ranks entries by one number, their
+        projection on one direction. Values and tables one-hot after the key's two dimensions; query positions get
+        one dimension of their own after those (a flag), so a query can be told from an entry by position alone.
+
+        Returns ``(tokens [vocab_size, d_model], positions [seq_len, d_model])``; dimensions after
+        ``2 + n_values + n_tables + 1`` stay zero."""
+        V, D = self.n_values, self.n_tables
+        angle = 2 * math.pi * torch.arange(self.n_keys) / self.n_keys
+        return self._code(d_model, torch.stack([angle.cos(), angle.sin()], dim=-1), query_flag=True,
+                          why=f" (the code gives the keys 2 dimensions, {V} values and {D} tables a dimension "
+                              f"each, and query positions one: {2 + V + D + 1})")
+
+    def _code(self, d_model: int, keys: Tensor, *, query_flag: bool, why: str) -> tuple[Tensor, Tensor]:
+        """The embedding of :meth:`factored_code` and :meth:`circle_code`, given each key's row ``keys [n_keys, k]``
+        (dimensions ``0..k-1``), then the values' and tables' one-hot dimensions and, with ``query_flag``, one for
+        query positions."""
         K, V, D, P = self.n_keys, self.n_values, self.n_tables, self.n_entries
-        check_int("d_model", d_model, K + V + D,
-                  why=f" (the code gives {K} keys, {V} values and {D} tables a dimension each: {K + V + D})")
+        k = keys.shape[1]
+        check_int("d_model", d_model, k + V + D + int(query_flag), why=why)
         tokens = torch.zeros(self.vocab_size, d_model)
-        key_of_entry = torch.arange(K * V) // V  # entry token = key * V + value
-        tokens[torch.arange(K * V), key_of_entry] = 1.0
-        tokens[torch.arange(K * V), K + torch.arange(K * V) % V] = 1.0
-        tokens[K * V + torch.arange(K), torch.arange(K)] = 1.0  # query token for key k
+        entry = torch.arange(K * V)  # entry token = key * V + value
+        tokens[entry, :k] = keys[entry // V]
+        tokens[entry, k + entry % V] = 1.0
+        tokens[K * V + torch.arange(K), :k] = keys  # query token for key j
         positions = torch.zeros(self.seq_len, d_model)
-        positions[torch.arange(D * P), K + V + torch.arange(D * P) // P] = 1.0  # table r fills positions r*P..
+        positions[torch.arange(D * P), k + V + torch.arange(D * P) // P] = 1.0  # table r fills positions r*P..
+        if query_flag:
+            positions[D * P:, k + V + D] = 1.0
         return tokens, positions
