@@ -138,7 +138,6 @@ def test_table_lookup_factored_code_gives_key_value_and_table_dimensions_of_thei
         task.factored_code(13)
 
 
-
 def test_table_lookup_circle_code_puts_keys_on_a_circle_where_the_shift_is_a_rotation():
     task = TableLookup(n_tables=3, n_entries=4, n_keys=12, n_values=4, n_queries=6, shift=2)
     tokens, positions = task.circle_code(12)
@@ -161,12 +160,13 @@ def test_table_lookup_circle_code_puts_keys_on_a_circle_where_the_shift_is_a_rot
         turn = torch.tensor(r * 2 * step)
         rot = torch.stack([torch.stack([turn.cos(), -turn.sin()]), torch.stack([turn.sin(), turn.cos()])])  # [2, 2]
         found = x[:, :12, :2].unsqueeze(1) @ (q @ rot.T).unsqueeze(-1)  # [B, 6, 12, 1]: rotated query . entry key
-        in_table = (torch.arange(12) // 4 == r)
+        in_table = torch.arange(12) // 4 == r  # [12]
         best = found.squeeze(-1).masked_fill(~in_table, -2).argmax(-1)  # [B, 6]: nearest entry of table r
         assert torch.equal(entries.gather(1, best) % 4, b.targets[:, 12:, r])
     with pytest.raises(ValueError, match=r"keys 2 dimensions, 4 values and 3 tables a dimension each, and query "
                                          r"positions one: 10.*d_model=9"):
         task.circle_code(9)
+
 
 def test_table_lookup_bad_arguments():
     with pytest.raises(ValueError, match="n_keys >= n_entries"):
