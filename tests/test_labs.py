@@ -345,3 +345,38 @@ def test_messages_say_direction_magnitude_shape_transpose_and_scale():
     assert "boolean" in _wrong(expect_equal, causal.float(), causal, "mask")
     assert "2 dimensions instead of 3" in _wrong(expect_shape, torch.zeros(2, 7), (2, 7, 1))
     assert re.search(r"expected a function, got an int \(3\)", _wrong(core.Check().calls, 3, [(1,)], lambda x: x))
+
+
+def test_use_gives_the_learners_answer_once_it_passes_and_the_reference_until_then(capsys):
+    """A notebook runs to its end before its exercises are done: the cells after one call q.use(answer)."""
+    q = labs.exercise("99", 1)
+
+    def unanswered(x):
+        raise NotImplementedError
+
+    def wrong(x):
+        return 3 * x
+
+    def right(x):
+        return x + x
+
+    for answer, said in ((unanswered, "is not answered yet"), (wrong, "does not pass its check yet")):
+        assert q.use(answer) is q.reference  # judged here when it was never checked
+        assert said in capsys.readouterr().out
+        q.check(answer)
+        capsys.readouterr()
+        assert q.use(answer) is q.reference  # the last check's verdict, not a second run
+        assert said in capsys.readouterr().out
+    assert q.use(right) is right and capsys.readouterr().out == ""
+    q.check(wrong)
+    assert q.use(right) is right  # a different answer than the one last checked is judged anew
+
+
+def test_labels_say_difficulty_importance_and_minutes():
+    for ex in (e for nb in labs.available_notebooks() for e in labs.load(nb)):
+        assert ex.label == (f"*Difficulty {'●' * ex.difficulty}{'○' * (5 - ex.difficulty)} · importance "
+                            f"{'●' * ex.importance}{'○' * (5 - ex.importance)} · about {ex.minutes} minutes*")
+    with pytest.raises(ValueError, match="minutes is a whole number from 1 to 120, got 0"):
+        labs.Exercise("99", 9, "t", lambda a, c: None, "h", "x = 1", reference=1, minutes=0)
+    with pytest.raises(ValueError, match="difficulty is a whole number from 1 to 5, got 6"):
+        labs.Exercise("99", 9, "t", lambda a, c: None, "h", "x = 1", reference=1, difficulty=6)

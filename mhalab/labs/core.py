@@ -122,17 +122,26 @@ class Exercise:
     the learner's function is called by; ``reference`` passes, but scores 0 when handed in."""
 
     def __init__(self, notebook: str, number: int, title: str, checker: Callable[..., None], hint: str | Sequence[str],
-                 solution: str, *, reference: Any, points: float = 1):
+                 solution: str, *, reference: Any, points: float = 1, minutes: int = 10, difficulty: int = 2,
+                 importance: int = 3):
         hints = [hint] if isinstance(hint, str) else list(hint)
         if not callable(checker) or not hints or not solution.strip():
             raise ValueError(f"exercise {notebook}.{number} needs a checker, a hint and a solution")
         self.notebook, self.number, self.title = str(notebook).zfill(2), int(number), title
         self.checker, self.hints, self.solution_text, self.points = checker, hints, solution, points
         self.reference = reference
+        for name, value, low, high in (("minutes", minutes, 1, 120), ("difficulty", difficulty, 1, 5),
+                                       ("importance", importance, 1, 5)):
+            if not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"exercise {notebook}.{number}: {name} is a whole number from {low} to {high}, "
+                                 f"got {value!r}")
+        # ARENA's labels: how hard (1-5), how much it matters for what follows (1-5), the minutes to spend on it
+        self.minutes, self.difficulty, self.importance = minutes, difficulty, importance
         self.key = f"{self.notebook}.{self.number}"
         defs = [node for node in ast.parse(solution).body if isinstance(node, ast.FunctionDef)]
         self.template = (defs[0].name, tuple(a.arg for a in defs[0].args.args)) if defs else None
         self.last_status, self.last_message = None, ""  # of the last check()
+        self._last_answer: Any = None  # what the last check() judged (use() trusts its verdict)
         self._hints_shown = 0
 
     def _borrowed(self, answer: Any) -> str | None:
@@ -147,7 +156,7 @@ class Exercise:
         kernel the answer runs in (``answer`` is then what stands for it here); ``seed``: draw the hidden inputs
         from it; ``trusted`` (the tests only) lets the answer be the course's reference."""
         if answer is None or answer is Ellipsis or answer is NotImplemented:
-            return UNANSWERED, "no answer yet: replace the placeholder with your answer, then run the cell again."
+            return UNANSWERED, "not answered yet: replace the placeholder with your answer, then run the cell again."
         borrowed = self._borrowed(answer) if not trusted else None
         if borrowed:
             return FAILED, borrowed
@@ -155,7 +164,7 @@ class Exercise:
         try:
             self.checker(answer, check)
         except NotImplementedError:
-            return UNANSWERED, ("no answer yet: your code still raises NotImplementedError; replace that line with "
+            return UNANSWERED, ("not answered yet: your code still raises NotImplementedError; replace that line with "
                                 "your answer.")
         except AnswerRaised as raised:
             return ERROR, str(raised)
@@ -172,10 +181,30 @@ class Exercise:
     def check(self, answer: Any) -> None:
         """Test ``answer`` (a function on hidden inputs, or a value) and print ✓ or what is off."""
         status, message = self.verdict(answer)
-        self.last_status, self.last_message = status, message
-        print(f"{'✓' if status == PASSED else '✗'} Exercise {self.key} ({self.title}): {message}")
+        self.last_status, self.last_message, self._last_answer = status, message, answer
+        mark = "✓" if status == PASSED else "○" if status == UNANSWERED else "✗"
+        print(f"{mark} Exercise {self.key} ({self.title}): {message}")
         if status != PASSED and os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes"):
             raise AssertionError(f"exercise {self.key} ({self.title}): {message}")
+
+    def use(self, answer: Any) -> Any:
+        """What the cells after an exercise should use: ``answer`` once it passes its check, and until then the
+        course's own answer, saying so, so that a notebook runs to its end before every exercise is done."""
+        if answer is self._last_answer and self.last_status is not None:
+            status = self.last_status
+        else:
+            status, _ = self.verdict(answer)
+        if status == PASSED:
+            return answer
+        why = "is not answered yet" if status == UNANSWERED else "does not pass its check yet"
+        print(f"Exercise {self.key} {why}: the cells below use the course's answer until yours passes.")
+        return self.reference
+
+    @property
+    def label(self) -> str:
+        """The line under the exercise's heading: ``difficulty ●●○○○ · importance ●●●○○ · about 10 minutes``."""
+        dots = "●" * self.difficulty + "○" * (5 - self.difficulty), "●" * self.importance + "○" * (5 - self.importance)
+        return f"*Difficulty {dots[0]} · importance {dots[1]} · about {self.minutes} minutes*"
 
     def hint(self) -> None:
         """Print the next hint (all of them once every one has been shown)."""

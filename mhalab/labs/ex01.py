@@ -81,6 +81,7 @@ register(Exercise(
         "    return weights @ V                                   # [..., L, d_v]"
     ),
     reference=_attention_reference,
+    minutes=10, difficulty=1, importance=5,
 ))
 
 
@@ -147,4 +148,5 @@ register(Exercise(
         "    return K[j] * gap * math.sqrt(d_k)                 # undo the 1/sqrt(d_k) scaling"
     ),
     reference=_aim_reference,
+    minutes=20, difficulty=3, importance=3,
 ))

@@ -79,6 +79,7 @@ register(Exercise(
         "    return x.view(B, T, n_heads, D // n_heads).transpose(1, 2)  # [B, T, H, dk] -> [B, H, T, dk]"
     ),
     reference=_split_reference,
+    minutes=10, difficulty=2, importance=4,
 ))
 
 
@@ -115,6 +116,7 @@ register(Exercise(
         "    return x.transpose(1, 2).reshape(B, T, H * dk)  # [B, T, H, dk] -> [B, T, D]"
     ),
     reference=lambda x: x.transpose(1, 2).reshape(x.size(0), x.size(2), x.size(1) * x.size(3)),
+    minutes=5, difficulty=1, importance=4,
 ))
 
 
@@ -187,6 +189,7 @@ register(Exercise(
         "    return scores.masked_fill(~allowed, float('-inf')).softmax(dim=-1)"
     ),
     reference=_causal_reference,
+    minutes=10, difficulty=2, importance=4,
 ))
 
 
@@ -392,4 +395,5 @@ register(Exercise(
     ),
     reference=lambda x, W_Q, W_K, W_V, W_O, n_heads: _mha(x, W_Q, W_K, W_V, W_O, n_heads).to(x.dtype),
     points=3,  # a whole module, in six stages
+    minutes=30, difficulty=3, importance=5,
 ))

@@ -72,6 +72,7 @@ register(Exercise(
         "    return d_k, parameters, kv_cache"
     ),
     reference=lambda d_model, n_heads: (d_model // n_heads, 4 * d_model**2, 2 * d_model),
+    minutes=10, difficulty=1, importance=4,
 ))
 
 
@@ -165,6 +166,7 @@ register(Exercise(
         "    return memory_bytes // per_sequence                                # whole sequences only"
     ),
     reference=_largest_batch,
+    minutes=15, difficulty=2, importance=3,
 ))
 
 
@@ -260,4 +262,5 @@ register(Exercise(
         "    return z.transpose(1, 2).reshape(B, T, -1) @ W_O              # [B, T, D]"
     ),
     reference=_gqa_reference,
+    minutes=25, difficulty=3, importance=3,
 ))

@@ -92,6 +92,7 @@ register(Exercise(
         "    return Q, K"
     ),
     reference=_look_back_reference,
+    minutes=25, difficulty=4, importance=3,
 ))
 
 
@@ -153,6 +154,7 @@ register(Exercise(
         "    return torch.where(q > 0, k.argmax(), k.argmin())   # [L]: positive queries take the largest key"
     ),
     reference=_favourite_reference,
+    minutes=15, difficulty=3, importance=3,
 ))
 
 
@@ -230,4 +232,5 @@ register(Exercise(
         "    raise ValueError(f'no head count gives {n_relations} heads of width >= {min_d_k} at d_model={d_model}')"
     ),
     reference=_choose_reference,
+    minutes=10, difficulty=2, importance=2,
 ))

@@ -108,6 +108,7 @@ register(Exercise(
         "        return model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{layer}.attn.hook_z', switch_off)])"
     ),
     reference=_ablate_reference,
+    minutes=15, difficulty=2, importance=4,
 ))
 
 
@@ -185,6 +186,7 @@ register(Exercise(
         "                              - intact for h in range(H)] for l in range(N)])   # [N, H]"
     ),
     reference=_effects_reference,
+    minutes=15, difficulty=2, importance=3,
 ))
 
 
@@ -226,4 +228,5 @@ register(Exercise(
         "    return below.mean(dim=(0, 2))"
     ),
     reference=lambda attention: torch.diagonal(attention, offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2)),
+    minutes=5, difficulty=1, importance=2,
 ))

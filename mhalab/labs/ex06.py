@@ -78,6 +78,7 @@ register(Exercise(
         "    return key_pos <= query_pos                           # [L, S], True = allowed"
     ),
     reference=_causal_reference,
+    minutes=15, difficulty=2, importance=4,
 ))
 
 
@@ -162,6 +163,7 @@ register(Exercise(
         "    }"
     ),
     reference=_layout_reference,
+    minutes=10, difficulty=1, importance=2,
 ))
 
 
@@ -227,4 +229,5 @@ register(Exercise(
         "    return blocks * n_heads, blocks                       # (the decoder's first self-attention need not)"
     ),
     reference=_count_reference,
+    minutes=10, difficulty=1, importance=2,
 ))

@@ -87,6 +87,7 @@ register(Exercise(
         "    return torch.stack(rows)"
     ),
     reference=_prev_from_cache_reference,
+    minutes=10, difficulty=2, importance=3,
 ))
 
 
@@ -161,6 +162,7 @@ register(Exercise(
         "    return torch.where(total > 0, shown / total.clamp(min=1e-12), torch.zeros_like(shown))"
     ),
     reference=_hide_reference,
+    minutes=10, difficulty=2, importance=2,
 ))
 
 
@@ -216,4 +218,5 @@ register(Exercise(
         "    return float(matched - mismatched)"
     ),
     reference=_gap_reference,
+    minutes=10, difficulty=1, importance=2,
 ))

@@ -96,6 +96,7 @@ register(Exercise(
         "    return numbers * config.n_layers * bytes_per_value       # every layer keeps its own cache"
     ),
     reference=_kv_reference,
+    minutes=5, difficulty=1, importance=3,
 ))
 
 
@@ -173,6 +174,7 @@ register(Exercise(
         "    return torch.stack(rows)                                   # [n_layers, n_heads]"
     ),
     reference=_induction_reference,
+    minutes=15, difficulty=2, importance=4,
 ))
 
 
@@ -361,4 +363,5 @@ register(Exercise(
         "    return nll[:, L:].mean().item()   # predictions at L .. 2L-1: the second copy, its first token too"
     ),
     reference=_second_copy_reference,
+    minutes=20, difficulty=3, importance=3,
 ))

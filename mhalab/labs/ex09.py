@@ -68,6 +68,7 @@ register(Exercise(
         "    return float(late - early)                     # negative: the context helps"
     ),
     reference=_icl_reference,
+    minutes=5, difficulty=1, importance=2,
 ))
 
 
@@ -160,6 +161,7 @@ register(Exercise(
         "    return None"
     ),
     reference=_onset_reference,
+    minutes=10, difficulty=2, importance=2,
 ))
 
 
@@ -256,4 +258,5 @@ register(Exercise(
         "    return (layer, head), (p_layer, p_head)"
     ),
     reference=_circuit_reference,
+    minutes=10, difficulty=2, importance=3,
 ))

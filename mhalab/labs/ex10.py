@@ -107,6 +107,7 @@ register(Exercise(
         "    return W_QK, int(torch.linalg.matrix_rank(W_QK))"
     ),
     reference=_qk_reference,
+    minutes=15, difficulty=2, importance=4,
 ))
 
 
@@ -169,6 +170,7 @@ register(Exercise(
         "    return float(eigenvalues.real.sum() / eigenvalues.abs().sum())"
     ),
     reference=_copying_reference,
+    minutes=15, difficulty=3, importance=4,
 ))
 
 
@@ -228,4 +230,5 @@ register(Exercise(
         "    return ((result / scale) * direction).sum(-1)    # [batch, pos]"
     ),
     reference=_dla,
+    minutes=15, difficulty=3, importance=4,
 ))

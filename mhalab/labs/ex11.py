@@ -72,4 +72,5 @@ register(Exercise(
         "    return True"
     ),
     reference=_hump_reference,
+    minutes=10, difficulty=2, importance=2,
 ))

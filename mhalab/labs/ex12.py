@@ -112,4 +112,5 @@ register(Exercise(
         "    return reachable"
     ),
     reference=_reachable_reference,
+    minutes=15, difficulty=3, importance=2,
 ))
