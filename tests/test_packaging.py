@@ -312,20 +312,36 @@ def test_opening_a_notebook_changes_nothing(path):
 
 # Issue 21: every notebook opens with what it teaches, what it assumes and how long it takes, and ends with a Summary.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-from execute_notebooks import RUN_TIME, TIMES, describe_run_time  # noqa: E402
+import course_time  # noqa: E402
 
 
 @notebook_params
-def test_notebook_opens_with_objectives_assumptions_and_its_measured_time(path):
+def test_notebook_opens_with_objectives_assumptions_and_the_time_models_time(path):
     opening = nbformat.read(path, as_version=4).cells[0].source
     for part in ("**After this notebook you can**", "**It assumes**", "**Time:**"):
         assert part in opening, f"{path.name}: the first cell has no {part!r} line"
-    stated = RUN_TIME.search(opening)
-    assert stated, f"{path.name}: the Time line must say 'running every cell takes about ... of processor time'"
-    measured = json.loads(TIMES.read_text())[path.stem]   # written by `python3 course.py execute`
-    assert stated.group(0).endswith(f"about {describe_run_time(measured)} of processor time"), (
-        f"{path.name}: states {stated.group(0)!r}, but its last execution took {measured} s: "
-        f"re-run `python3 course.py execute {path.relative_to(path.parent.parent)}`")
+    stated = course_time.TIME_LINE.search(opening).group(0)
+    assert stated == course_time.minutes_of(path).line(), (
+        f"{path.name}: states {stated!r}; run `python tools/course_time.py --write` (or `python3 course.py execute`)")
+
+
+def test_the_readme_states_the_courses_total_time():
+    stated = course_time.README_TOTAL.search((ROOT / "README.md").read_text())
+    assert stated and float(stated.group(1)) == course_time.total_hours(), "run `python tools/course_time.py --write`"
+
+
+def test_the_time_model_counts_prose_code_exercises_and_running():
+    """The model on a notebook made up for it: 300 words, 30 lines of lesson code (the check, answer and Colab
+    cells not counted), two exercises of 10 and 15 minutes, 61 s of running (2 minutes, rounded up)."""
+    md = {"cell_type": "markdown", "metadata": {}, "source": " ".join(["word"] * 300)}
+    lesson = {"cell_type": "code", "metadata": {}, "source": "\n".join(["x = 1"] * 30 + [""] * 5)}
+    check = {"cell_type": "code", "metadata": {"tags": ["checks"]}, "source": "# @title checks: x\nassert x"}
+    answer = {"cell_type": "code", "metadata": {"nbgrader": {"solution": True}}, "source": "def f():\n    pass"}
+    colab = {"cell_type": "code", "metadata": {}, "source": "# Colab only: installs mhalab\nimport os"}
+    m = course_time.notebook_minutes({"cells": [md, colab, lesson, check, answer]}, 61.0, [10, 15])
+    assert (m.reading, m.code, m.exercises) == (2, 2, 25) and m.total == 30  # 2 + 2 + 25 + 2 = 31, to 5 minutes
+    assert m.line() == ("**Time:** about 30 minutes (reading 2, code 2, exercises 25; running every cell takes "
+                        "about 1 minute of processor time).")
 
 
 @notebook_params
@@ -336,7 +352,7 @@ def test_notebook_ends_with_a_summary(path):
 
 
 def test_run_time_descriptions():
-    assert [describe_run_time(s) for s in (3, 24, 56, 80, 100, 119)] == [
+    assert [course_time.describe_run_time(s) for s in (3, 24, 56, 80, 100, 119)] == [
         "10 s", "20 s", "1 minute", "1.5 minutes", "1.5 minutes", "2 minutes"]
 
 

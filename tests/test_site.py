@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tests"))
 from nbtools import course_notebooks  # noqa: E402
 
-SCREENSHOT_PAGE = "notebooks/03_it_costs_nothing.html"  # equations, a table and figures
+SCREENSHOT_PAGE = "learn/03_it_costs_nothing.html"  # equations, a table and figures
 EXPLORER_NOTEBOOK = "05_what_heads_do"
 
 
@@ -104,9 +104,9 @@ def _notebook_images(nb) -> list[bytes]:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", course_notebooks(), ids=lambda p: p.name)
 def test_every_notebook_has_its_page_and_figures(site, path):
-    page_path = site / "notebooks" / f"{path.stem}.html"
+    page_path = site / "learn" / f"{path.stem}.html"
     assert page_path.exists(), f"no page for {path.name}"
-    nb = nbformat.read(path, as_version=4)
+    nb = nbformat.read(path.parent.parent / "learn" / path.name, as_version=4)  # the pages show the learner copies
     heading = next(c.source for c in nb.cells if c.cell_type == "markdown" and c.source.startswith("# "))
     title = heading.splitlines()[0][2:].strip()
     page = _parse(page_path)
@@ -114,6 +114,8 @@ def test_every_notebook_has_its_page_and_figures(site, path):
     shown = {(page_path.parent / unquote(src)).resolve().read_bytes() for src in page.images if "_images/" in src}
     missing = [i for i, png in enumerate(_notebook_images(nb)) if png not in shown]
     assert not missing, f"{path.name}: figures {missing} (of {len(_notebook_images(nb))}) are not on its page"
+    text = page_path.read_text(encoding="utf-8")
+    assert "@title checks:" not in text and "BEGIN SOLUTION" not in text  # check cells' code is left off
 
 
 @pytest.mark.slow
@@ -153,7 +155,7 @@ def test_the_explorer_shows_its_still_picture(site):
         f"{path.name}'s explorer output has no still picture: "
         f"re-run it with `python3 course.py execute notebooks/{path.name}`"
     )
-    page_path = site / "notebooks" / f"{path.stem}.html"
+    page_path = site / "learn" / f"{path.stem}.html"
     shown = {(page_path.parent / unquote(src)).resolve().read_bytes()
              for src in _parse(page_path).images if "_images/" in src}
     for output in outputs:
@@ -186,7 +188,7 @@ def test_no_broken_internal_link_and_nothing_from_the_network(site):
     assert not broken, "broken internal links:\n" + "\n".join(broken[:30])
     assert not remote, "scripts or styles loaded from the network:\n" + "\n".join(remote[:30])
     mathjax = [s for s in _parse(site / SCREENSHOT_PAGE).scripts if "mathjax" in s.lower()]
-    assert mathjax and (site / "notebooks" / unquote(urlsplit(mathjax[0]).path)).resolve().is_file()
+    assert mathjax and (site / "learn" / unquote(urlsplit(mathjax[0]).path)).resolve().is_file()
 
 
 @pytest.mark.slow

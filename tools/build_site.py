@@ -1,10 +1,11 @@
-"""Build the course website from the committed notebooks, without running them (Jupyter Book 1).
+"""Build the course website from the committed learner copies (learn/), without running them (Jupyter Book 1).
 
 Usage (through the course script, which installs the `site` extra first):
     python3 course.py site [OUT]        # default OUT: build/site; open OUT/index.html
 
-Stages ``website/`` (configuration and intro page) with a copy of every course notebook and a table of
-contents listing them in order, then runs ``jupyter-book build`` on it and copies the HTML to OUT.
+Stages ``website/`` (configuration and intro page) with every learner copy (exercises left to do, so that the
+pages show no solution and their launch buttons open the copy a learner works in) and a table of contents listing
+them in order; the check cells' code is left off the pages (their ``remove-input`` tag), then runs ``jupyter-book build`` on it and copies the HTML to OUT.
 Nothing is executed and nothing is fetched: the pages show the committed outputs, equations are
 rendered by a MathJax copied into the site, and search works from the site's own index.
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import nbformat
 import yaml
-from nbtools import ROOT, course_notebooks, repository_url
+from nbtools import LEARNER_COPIES, ROOT, course_notebooks, repository_url
 
 SITE = ROOT / "website"
 GUIDES = ("learners", "contributors")  # copied as they are; instructors.md gets the course map added
@@ -110,7 +111,7 @@ def instructors_page() -> str:
 def stage(source: Path) -> list[str]:
     """Write the book's sources to ``source``; returns the notebook page names in order."""
     shutil.rmtree(source, ignore_errors=True)
-    (source / "notebooks").mkdir(parents=True)
+    (source / LEARNER_COPIES.name).mkdir(parents=True)
     config = yaml.safe_load((SITE / "_config.yml").read_text())
     config["repository"]["url"] = repository_url()
     (source / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -119,13 +120,13 @@ def stage(source: Path) -> list[str]:
     (source / "instructors.md").write_text(instructors_page())
     shutil.copytree(SITE / "_ext", source / "_ext", ignore=shutil.ignore_patterns("__pycache__"))
     pages = []
-    for path in course_notebooks():
+    for path in (LEARNER_COPIES / p.name for p in course_notebooks()):
         nb = nbformat.read(path, as_version=4)
         # Saved widget state is only useful with the widget JavaScript, which comes from a CDN: leave it
         # out, and let the explorer's still picture (in the same output) show instead.
         nb.metadata.pop("widgets", None)
-        nbformat.write(nb, source / "notebooks" / path.name)
-        pages.append(f"notebooks/{path.stem}")
+        nbformat.write(nb, source / LEARNER_COPIES.name / path.name)
+        pages.append(f"{LEARNER_COPIES.name}/{path.stem}")
     toc = {"format": "jb-book", "root": "intro", "chapters": [{"file": page} for page in pages]
                                                    + [{"file": guide} for guide in ("instructors", *GUIDES)]}
     (source / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False))

