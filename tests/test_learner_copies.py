@@ -55,7 +55,8 @@ def test_run_all_on_a_learner_copy_with_nothing_answered_runs_to_its_end(path, t
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    outputs = {i: "".join(o.get("text", "") for o in c.outputs) for i, c in enumerate(nb.cells) if c.cell_type == "code"}
+    outputs = {i: "".join(o.get("text", "") for o in c.outputs)
+               for i, c in enumerate(nb.cells) if c.cell_type == "code"}
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
     number = path.name[:2]

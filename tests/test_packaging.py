@@ -3,7 +3,6 @@ from one clean run with the Colab cell first, the README's two commands and the 
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path

@@ -5,7 +5,8 @@ Usage (through the course script, which installs the `site` extra first):
 
 Stages ``website/`` (configuration and intro page) with every learner copy (exercises left to do, so that the
 pages show no solution and their launch buttons open the copy a learner works in) and a table of contents listing
-them in order; the check cells' code is left off the pages (their ``remove-input`` tag), then runs ``jupyter-book build`` on it and copies the HTML to OUT.
+them in order; the check cells' code is left off the pages (their ``remove-input`` tag). Then runs
+``jupyter-book build`` on it and copies the HTML to OUT.
 Nothing is executed and nothing is fetched: the pages show the committed outputs, equations are
 rendered by a MathJax copied into the site, and search works from the site's own index.
 """

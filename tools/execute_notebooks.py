@@ -9,16 +9,14 @@ nothing an earlier run left beside it (notebook 05's checkpoints) is loaded, and
 """
 
 import json
-import re
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import nbformat
-
 import course_time
 import learner_copies
+import nbformat
 
 
 def kernelspec() -> dict:
