@@ -216,11 +216,13 @@ def cmd_set_repo(args: list[str]) -> int:
         sys.exit("course.py: could not find the Repository line in pyproject.toml")
     pyproject.write_text(text)
     github = re.match(r"^https://github\.com/([^/\s]+)/([^/\s]+?)(?:\.git)?/?$", args[0])
-    if github:  # the README's Binder link names the repository too
-        readme = ROOT / "README.md"
+    if github:  # the Binder links and Colab badges name the repository too
         owner, name = github.groups()
-        binder = f"mybinder.org/v2/gh/{owner}/{name}/"
-        readme.write_text(re.sub(r"mybinder\.org/v2/gh/[^/]+/[^/]+/", binder, readme.read_text()))
+        for page in (ROOT / "README.md", ROOT / "website" / "learners.md"):
+            text = re.sub(r"mybinder\.org/v2/gh/[^/]+/[^/]+/", f"mybinder.org/v2/gh/{owner}/{name}/", page.read_text())
+            text = re.sub(r"colab\.research\.google\.com/github/[^/]+/[^/]+/",
+                          f"colab.research.google.com/github/{owner}/{name}/", text)
+            page.write_text(text)
     python = ensure_environment()  # the notebook tools need nbformat
     return run([python, str(ROOT / "tools" / "colab_cells.py"), "--write"], cwd=ROOT)
 

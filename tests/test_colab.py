@@ -129,7 +129,11 @@ def test_readme_binder_link_and_fork_url_follow_the_repository():
     readme = (ROOT / "README.md").read_text()
     owner_repo = re.match(r"^https://github\.com/([^/]+/[^/]+?)/?$", repository_url()).group(1)
     assert f"https://mybinder.org/v2/gh/{owner_repo}/main?urlpath=lab/tree/learn" in readme
-    assert "environment.yml" in readme and (ROOT / "environment.yml").exists()
+    learners = (ROOT / "website" / "learners.md").read_text()
+    assert f"https://mybinder.org/v2/gh/{owner_repo}/main?urlpath=lab/tree/learn" in learners
+    assert "environment.yml" in learners and (ROOT / "environment.yml").exists()
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):  # a Colab badge per notebook
+        assert f"colab.research.google.com/github/{owner_repo}/blob/main/learn/{path.name})" in readme, path.name
     contributors = (ROOT / "website" / "contributors.md").read_text()
     assert "course.py set-repo" in contributors and "`[project.urls] Repository` in `pyproject.toml`" in contributors
 
