@@ -295,3 +295,42 @@ def test_picking_in_the_model_view_opens_the_head_in_the_explorer(notebook_07_pa
     toggle.check()
     page.wait_for_function(f"async () => ({_IMAGE_OF})('{_VIEW_IMG}').then(h => h !== '{before}')", timeout=30_000)
     _no_errors(page, errors)
+
+
+def test_a_learner_copy_opens_with_its_check_cells_folded(tmp_path):
+    """JupyterLab 4 shows each check cell folded (a placeholder in place of its code) and the lesson's code
+    unfolded; a screenshot is kept (set MHALAB_SCREENSHOT_DIR to keep it outside the temporary folder)."""
+    import os
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    notebook = ROOT / "learn" / "01_one_head.ipynb"
+    nb = nbformat.read(notebook, as_version=4)
+    folded = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "checks" in c.metadata.get("tags", [])]
+    assert folded, "notebook 01 has no check cell"
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy(notebook, root / notebook.name)
+    with jupyterlab_server(root, tmp_path) as (base, token, _), sync_playwright() as p, \
+            chromium_page(p, width=1400, height=1000) as page:
+        page.goto(f"{base}/lab/tree/{notebook.name}?token={token}", timeout=120_000)
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=180_000)
+        dismiss_dialogs(page, [])
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        assert cells.count() == len(nb.cells)
+        hidden = [i for i in range(len(nb.cells))
+                  if cells.nth(i).locator(".jp-InputPlaceholder").count() > 0]
+        assert hidden == folded  # exactly the check cells: the lesson's code stays open
+        first = cells.nth(folded[0])
+        first.scroll_into_view_if_needed()
+        assert not first.get_by_text("@title checks").is_visible()  # the code is out of sight until opened
+        shot = tmp_path / "folded-check-cell.png"
+        page.screenshot(path=str(shot))
+        first.locator(".jp-InputPlaceholder").click()  # a click opens it, as a learner would
+        page.wait_for_function("(el) => !el.querySelector('.jp-InputPlaceholder')", arg=first.element_handle(),
+                               timeout=10_000)
+        assert first.get_by_text("assert", exact=False).first.is_visible()
+    if os.environ.get("MHALAB_SCREENSHOT_DIR"):
+        Path(os.environ["MHALAB_SCREENSHOT_DIR"]).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(os.environ["MHALAB_SCREENSHOT_DIR"]) / shot.name)
