@@ -90,10 +90,11 @@ def total_hours(paths: list[Path] | None = None) -> float:
     return round(minutes / 30) / 2
 
 
-def stale(write: bool = False) -> list[str]:
-    """Notebooks (and the README) whose stated time is not the model's; rewritten when ``write``."""
+def stale(write: bool = False, paths: list[Path] | None = None) -> list[str]:
+    """Notebooks (of ``paths``, default all) and the README whose stated time is not the model's; rewritten when
+    ``write``."""
     found = []
-    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+    for path in paths or sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
         nb = json.loads(path.read_text())
         opening = _source(nb["cells"][0])
         expected = minutes_of(path).line()

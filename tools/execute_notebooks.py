@@ -83,5 +83,6 @@ if __name__ == "__main__":
         print(f"executing {path} ...", flush=True)
         print(f"  done in {execute(path):.1f} s (recorded in {TIMES.name})", flush=True)
     # what follows from the outputs and the run times: each notebook's Time line, the README's total, learn/
-    for name in course_time.stale(write=True) + learner_copies.stale(write=True):
+    executed = [path.resolve() for path in paths]
+    for name in course_time.stale(write=True, paths=executed) + learner_copies.stale(write=True, paths=executed):
         print(f"rewrote {name}", flush=True)

@@ -26,11 +26,12 @@ def learner_copy_text(path: Path) -> str:
     return nbformat.writes(student_version(nbformat.read(path, as_version=4))) + "\n"
 
 
-def stale(write: bool = False) -> list[str]:
-    """The copies that are missing, differ from what release makes of their notebook, or have no notebook."""
+def stale(write: bool = False, paths: list[Path] | None = None) -> list[str]:
+    """The copies (of ``paths``, default all) that are missing, differ from what release makes of their notebook,
+    or have no notebook."""
     sources = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     found = []
-    for path in sources:
+    for path in paths or sources:
         target, text = LEARN / path.name, learner_copy_text(path)
         if not target.exists() or target.read_text() != text:
             found.append(target.name)
