@@ -73,12 +73,12 @@ def course_notebooks() -> list[Path]:
     return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 
-def colab_cell_problems(write: bool = False) -> list[str]:
+def colab_cell_problems(write: bool = False, paths: list[Path] | None = None) -> list[str]:
     """Notebooks whose first code cell is not the current Colab set-up cell, or whose first cell does not end its
     title line with the Colab badge (both rewritten when ``write``). A second install cell (the models', before
     the Colab cell installed them) is removed."""
     problems = []
-    for path in course_notebooks():
+    for path in paths or course_notebooks():
         nb = nbformat.read(path, as_version=4)
         expected = colab_cell_source(models=reads_pretrained_models(nb))
         code = [c for c in nb.cells if c.cell_type == "code"]

@@ -87,14 +87,13 @@ def label_problems(write: bool = False, notebooks: list[Path] | None = None) -> 
                     continue
                 ex = exercises[int(m.group(1))]
                 seen.add(ex.number)
-                following = lines[i + 1] if i + 1 < len(lines) else ""
-                if following == ex.label:
+                following = lines[i + 1:i + 3] + [""] * 2  # the label, then a blank line (a paragraph of its own)
+                if following[0] == ex.label and following[1] == "":
                     continue
                 problems.append(f"{path.name}: exercise {ex.key}")
-                if LABEL.match(following):
-                    lines[i + 1] = ex.label
-                else:
-                    lines.insert(i + 1, ex.label)
+                if LABEL.match(following[0]):
+                    del lines[i + 1]
+                lines[i + 1:i + 1] = [ex.label] + ([""] if lines[i + 1:i + 2] != [""] else [])
                 changed = True
             if changed:
                 cell["source"] = "\n".join(lines).splitlines(keepends=True)
