@@ -5,7 +5,8 @@ and whether CUDA wheels or test tools came along.
 
 runs CLONE's own set-up (course.py's ensure_environment with the extras `lab` installs) into CLONE/.venv with an
 empty pip cache, from pip's own output counts the bytes of every wheel it downloaded ("Downloading x.whl (6.8 MB)")
-or took from a local file ("Processing /path/x.whl"), and prints one JSON line. Set MHALAB_TORCH_CPU_INDEX to a
+or took from a local file ("Processing /path/x.whl": here a local mirror stands in for PyPI), and prints one JSON
+line. Set MHALAB_TORCH_CPU_INDEX to a
 local PEP 503 folder (file:///...) to stand in for PyTorch's CPU index where it cannot be reached.
 """
 
@@ -23,11 +24,14 @@ from pathlib import Path
 UNITS = {"kB": 1e3, "MB": 1e6, "GB": 1e9}
 
 
-def fetched_bytes(log: str) -> tuple[float, float]:
-    """(bytes downloaded, bytes of local wheel files installed) that pip's output names."""
-    downloaded = sum(float(n) * UNITS[u] for n, u in re.findall(r"Downloading \S+ \(([\d.]+) (kB|MB|GB)\)", log))
-    local = sum(Path(p).stat().st_size for p in set(re.findall(r"Processing (/\S+\.whl)", log)) if Path(p).exists())
-    return downloaded, local
+def fetched(log: str) -> dict[str, float]:
+    """{wheel: bytes} of every wheel pip's output says it downloaded or took from a local file."""
+    sizes = {name: float(n) * UNITS[u]
+             for name, n, u in re.findall(r"Downloading (\S+) \(([\d.]+) (kB|MB|GB)\)", log)}
+    for path in set(re.findall(r"Processing (/\S+\.whl)", log)):
+        if Path(path).exists():
+            sizes[Path(path).name] = Path(path).stat().st_size
+    return sizes
 
 
 def main(clone: Path, label: str) -> dict:
@@ -39,14 +43,14 @@ def main(clone: Path, label: str) -> dict:
     seconds = time.perf_counter() - start
     if run.returncode != 0:
         sys.exit(run.stdout[-3000:] + run.stderr[-3000:])
-    downloaded, local = fetched_bytes(run.stdout + run.stderr)
+    sizes = fetched(run.stdout + run.stderr)
     listed = subprocess.run([str(clone / ".venv" / "bin" / "python"), "-m", "pip", "list", "--format=json"],
                             capture_output=True, text=True, check=True).stdout
     names = {p["name"].lower().replace("_", "-") for p in json.loads(listed)}
     du = subprocess.run(["du", "-sb", str(clone / ".venv")], capture_output=True, text=True).stdout.split()[0]
     return {
-        "label": label, "seconds": round(seconds), "fetched_MB": round((downloaded + local) / 1e6),
-        "downloaded_MB": round(downloaded / 1e6), "local_wheels_MB": round(local / 1e6),
+        "label": label, "seconds": round(seconds), "fetched_MB": round(sum(sizes.values()) / 1e6),
+        "largest_MB": {name: round(size / 1e6) for name, size in sorted(sizes.items(), key=lambda kv: -kv[1])[:6]},
         "venv_MB": round(int(du) / 1e6), "packages": len(names),
         "cuda_wheels": sorted(n for n in names if n.startswith("nvidia-")),
         "test_tools": sorted(names & {"pytest", "nbval", "hypothesis", "pytest-xdist", "playwright", "ruff",
