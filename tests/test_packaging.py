@@ -328,7 +328,7 @@ def test_notebook_opens_with_objectives_assumptions_and_the_time_models_time(pat
 
 def test_the_readme_states_the_courses_total_time():
     stated = course_time.README_TOTAL.search((ROOT / "README.md").read_text())
-    assert stated and float(stated.group(1)) == course_time.total_hours(), "run `python tools/course_time.py --write`"
+    assert stated and float(stated.group(2)) == course_time.total_hours(), "run `python tools/course_time.py --write`"
 
 
 def test_the_time_model_counts_prose_code_exercises_and_running():

@@ -29,7 +29,7 @@ TIMES = ROOT / "website" / "notebook_times.json"  # seconds of processor time, w
 WORDS_PER_MINUTE = 150
 CODE_LINES_PER_MINUTE = 15
 TIME_LINE = re.compile(r"^\*\*Time:\*\* .*$", re.M)
-README_TOTAL = re.compile(r"about (\d+(?:\.5)?) hours in all")
+README_TOTAL = re.compile(r"([Aa]bout) (\d+(?:\.5)?) hours in all")
 
 
 def describe_run_time(seconds: float) -> str:
@@ -109,10 +109,10 @@ def stale(write: bool = False, paths: list[Path] | None = None) -> list[str]:
     readme = README.read_text()
     stated = README_TOTAL.search(readme)
     hours = f"{total_hours():g}"
-    if not stated or stated.group(1) != hours:
+    if not stated or stated.group(2) != hours:
         found.append(README.name)
         if write and stated:
-            README.write_text(README_TOTAL.sub(f"about {hours} hours in all", readme))
+            README.write_text(README_TOTAL.sub(lambda m: f"{m.group(1)} {hours} hours in all", readme))
     return found
 
 
