@@ -88,7 +88,7 @@ def instructors_page() -> str:
                      path.stem)
         seconds = times.get(path.stem)
         run_time = f"{seconds:.0f} s of processor time" if seconds else "not measured yet (`python3 course.py execute`)"
-        lines += [f"### {title}", "", f"[the notebook](notebooks/{path.stem}.ipynb) · run time {run_time}", ""]
+        lines += [f"### {title}", "", f"[the notebook]({LEARNER_COPIES.name}/{path.stem}.ipynb) · run time {run_time}", ""]
         lines += [f"- {goal}" for goal in objectives(nb)] + [""]
         number = path.name[:2]
         exercises = labs.load(number) if number in labs.available_notebooks() else ()
