@@ -29,6 +29,7 @@ from nbtools import LEARNER_COPIES, ROOT, course_notebooks, repository_url
 SITE = ROOT / "website"
 GUIDES = ("learners", "contributors")  # copied as they are; instructors.md gets the course map added
 TIMES = SITE / "notebook_times.json"  # seconds per notebook, written by tools/execute_notebooks.py
+COLAB_BADGE = re.compile(r" ?\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
 
 
 def objectives(nb) -> list[str]:
@@ -88,7 +89,8 @@ def instructors_page() -> str:
                      path.stem)
         seconds = times.get(path.stem)
         run_time = f"{seconds:.0f} s of processor time" if seconds else "not measured yet (`python3 course.py execute`)"
-        lines += [f"### {title}", "", f"[the notebook]({LEARNER_COPIES.name}/{path.stem}.ipynb) · run time {run_time}", ""]
+        page = f"{LEARNER_COPIES.name}/{path.stem}.ipynb"
+        lines += [f"### {title}", "", f"[the notebook]({page}) · run time {run_time}", ""]
         lines += [f"- {goal}" for goal in objectives(nb)] + [""]
         number = path.name[:2]
         exercises = labs.load(number) if number in labs.available_notebooks() else ()
@@ -126,6 +128,9 @@ def stage(source: Path) -> list[str]:
         # Saved widget state is only useful with the widget JavaScript, which comes from a CDN: leave it
         # out, and let the explorer's still picture (in the same output) show instead.
         nb.metadata.pop("widgets", None)
+        # The Colab badge is an image from Colab's site: the pages load nothing from the network, and have
+        # launch buttons of their own.
+        nb.cells[0].source = COLAB_BADGE.sub("", nb.cells[0].source, count=1)
         nbformat.write(nb, source / LEARNER_COPIES.name / path.name)
         pages.append(f"{LEARNER_COPIES.name}/{path.stem}")
     toc = {"format": "jb-book", "root": "intro", "chapters": [{"file": page} for page in pages]
