@@ -20,7 +20,7 @@ from labs_fixture import TESTS, synthetic_notebook  # also registers notebook "9
 from mhalab_grader.__main__ import main as labs_main
 from mhalab_grader.cells import student_version
 from mhalab_grader.grade import MISSING, NOT_CHECKED, grade, similarity
-from mhalab_grader.kernel import GradingKernel, _Handed
+from mhalab_grader.kernel import GradingKernel, _Handed, spec_of
 
 import mhalab.labs as labs
 from mhalab.labs import core
@@ -258,7 +258,7 @@ def test_copying_the_published_code_is_flagged():
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
-    spec = {nb: [[ex.number, ex.title] for ex in labs.load(nb)] for nb in labs.available_notebooks()}
+    spec = spec_of(ex for nb in labs.available_notebooks() for ex in labs.load(nb))
     k = GradingKernel(spec, cwd=tmp_path_factory.mktemp("kernel"), timeout=120)
     # tests/ is not in the sandbox: the corpus (numpy and torch only) and the two modules it imports, in the order
     # they import each other, are sent over as a cell
@@ -286,7 +286,7 @@ def test_judged_through_the_grading_kernel_every_answer_gets_the_same_verdict(ke
     for kind, i, answer in entries:
         index = i if kind == "right" else f"{i}][0"
         remote = _hand_in(kernel, key, f"labs_corpus.CORPUS[{key!r}][{kind!r}][{index}]")
-        assert ex.verdict(remote, remote=kernel) == ex.verdict(answer), (kind, i)
+        assert ex.verdict(remote, runner=kernel) == ex.verdict(answer), (kind, i)
 
 
 def test_switching_off_the_watch_in_the_grading_kernel_is_flagged(kernel):
@@ -295,5 +295,5 @@ def test_switching_off_the_watch_in_the_grading_kernel_is_flagged(kernel):
                     "def sneaky(model, tokens, layer, head):\n    sys.setprofile(None)\n"
                     "    return model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{layer}.attn.hook_z', "
                     "ablate_heads([head]))])")
-    status, message = q1.verdict(_hand_in(kernel, "05.1", "sneaky"), remote=kernel, seed=7)
+    status, message = q1.verdict(_hand_in(kernel, "05.1", "sneaky"), runner=kernel, seed=7)
     assert status == core.FAILED and "sys.setprofile" in message

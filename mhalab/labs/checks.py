@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from ..hooks import ActivationCache
-from .core import Wrong
 from .invoke import describe
+from .verdicts import Wrong
 
 __all__ = [
     "ATOL", "RTOL", "as_float64", "describe", "expect_close", "expect_equal", "expect_shape", "expect_whole",
@@ -284,3 +284,4 @@ def judge(got: Any, want: Any, label: str, mistakes: Callable[[], Mapping[str, A
 def name_miss(got: Any, mistakes: Sequence[tuple[Any, str]]) -> str | None:
     """The message of the first (value, message) whose value equals ``got`` (numbers, by value)."""
     return next((message for value, message in mistakes if value == got), None)
+

@@ -22,8 +22,10 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..pretrained.smollm2 import SMOLLM2_135M
+from .calls import Check
 from .checks import as_float64, expect_shape, expect_whole, judge, name_miss, pattern_cache
-from .core import AnswerRaised, Check, Exercise, Wrong, register
+from .core import Exercise, register
+from .verdicts import AnswerRaised, Wrong
 
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -61,15 +63,11 @@ def _describe_config(c: ModelConfig) -> str:
             f"n_key_value_heads={c.n_key_value_heads}, d_head={c.d_head})")
 
 
-def _kv_reference(config, bytes_per_value: int) -> int:
-    return 2 * config.n_layers * config.n_key_value_heads * config.d_head * bytes_per_value
-
-
 def _check_kv(kv_cache_bytes_per_token, check: Check) -> None:
     for config, b, what in _kv_cases(check):
         label = f"{_describe_config(config)}, bytes_per_value={b} ({what})"
         got = expect_whole(check.call(kv_cache_bytes_per_token, config, b, label=label), "the result")
-        want = _kv_reference(config, b)
+        want = check.reference(config, b)
         if got != want:
             c = config
             raise Wrong(f"kv_cache_bytes_per_token({label}): got {got:,}; " + (name_miss(got, [
@@ -95,15 +93,15 @@ register(Exercise(
         "    numbers = 2 * config.n_key_value_heads * config.d_head   # a key and a value per K/V head\n"
         "    return numbers * config.n_layers * bytes_per_value       # every layer keeps its own cache"
     ),
-    reference=_kv_reference,
     minutes=5, difficulty=1, importance=3,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-def _induction_reference(cache, L: int) -> torch.Tensor:
+def _induction_in_order(patterns, L: int) -> torch.Tensor:
+    """The induction scores of ``patterns`` (one [B, H, T, T] per layer) taken in the order given."""
     queries = torch.arange(L + 1, 2 * L + 1)  # the second copy (position 0 is the start token)
-    return torch.stack([p[:, :, queries, queries - L + 1].mean(dim=(0, 2)) for p in cache.values()])  # [N, H]
+    return torch.stack([p[:, :, queries, queries - L + 1].mean(dim=(0, 2)) for p in patterns])  # [N, H]
 
 
 def _induction_cases(check: Check) -> list:
@@ -141,8 +139,8 @@ def _check_induction(induction_from_cache, check: Check) -> None:
             return torch.stack([p[:, :, q, q - offset].mean(dim=(0, 2)) for p in P])
 
         second = list(range(L + 1, 2 * L + 1))
-        by_name = _induction_reference({k: cache[k] for k in sorted(cache)}, L)
-        judge(got, _induction_reference(cache, L), f"induction_from_cache({label})", lambda: {
+        by_name = _induction_in_order([cache[k] for k in sorted(cache)], L)
+        judge(got, check.reference(cache, L), f"induction_from_cache({label})", lambda: {
             "the layers are out of order: sorting the names puts blocks.10 before blocks.2; take them by layer "
             "number (cache[f'blocks.{i}.attn.hook_pattern'] for i in range(n_layers))": by_name,
             "that is the attention to the earlier copy of the *same* token (q - L), a duplicate-token score; an "
@@ -173,7 +171,6 @@ register(Exercise(
         "copy\n"
         "    return torch.stack(rows)                                   # [n_layers, n_heads]"
     ),
-    reference=_induction_reference,
     minutes=15, difficulty=2, importance=4,
 ))
 
@@ -227,10 +224,6 @@ def _loss_with(model, tokens, heads, L, *, positions=None, axis=2, point="z", sh
     nll = F.cross_entropy(logits[:, :T - shift].flatten(0, 1), tokens[:, shift:].flatten(), reduction="none")
     nll = nll.view(tokens.size(0), T - shift)  # shift 1: [B, 2L], nll[:, p] the loss of token p + 1 from position p
     return float((nll[:, L:] if positions is None else nll[:, positions]).mean())
-
-
-def _second_copy_reference(model, tokens, heads, L) -> float:
-    return _loss_with(model, tokens, heads, L)
 
 
 def _stages(check: Check, model, tokens, L, n: int) -> list:
@@ -319,7 +312,7 @@ def _check_second_copy(second_copy_loss, check: Check) -> None:
                 raise Wrong(f"{stage}, second_copy_loss({label}): after your function returned, the model still runs "
                             "with heads off. Remove the hooks when you are done (model.run_with_hooks and model.hooks "
                             "do it for you)")
-            want = _second_copy_reference(model, tokens, heads, L)
+            want = check.reference(model, tokens, list(heads), L)
             judge(got, want, f"{stage}, second_copy_loss({label})", lambda: {
                 "that is the loss over the whole sequence; the in-context loss is on the second copy only "
                 "(predictions from positions L .. 2L-1)": _loss_with(model, tokens, heads, L, positions=slice(None)),
@@ -362,6 +355,5 @@ register(Exercise(
         "    nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction='none')\n"
         "    return nll[:, L:].mean().item()   # predictions at L .. 2L-1: the second copy, its first token too"
     ),
-    reference=_second_copy_reference,
     minutes=20, difficulty=3, importance=3,
 ))

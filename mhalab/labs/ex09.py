@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import torch
 
+from .calls import Check
 from .checks import expect_whole, judge, name_miss
-from .core import Check, Exercise, Wrong, register
+from .core import Exercise, register
+from .verdicts import Wrong
 
 
 # ------------------------------------------------------------------------------------ exercise 1
-def _icl_reference(nll, window: int) -> float:
-    nll = torch.as_tensor(nll, dtype=torch.float64)
-    return float(nll[:, -window:].mean() - nll[:, :window].mean())
-
-
 def _icl_cases(check: Check) -> list:
     """(stage, nll [B, T], window): one sequence, then a batch whose later targets are easier."""
     g, r = check.generator(90), check.rng(91)
@@ -39,15 +36,15 @@ def _check_icl(icl_score, check: Check) -> None:
         B, T = nll.shape
         label = f"{stage}, icl_score(nll [{B}, {T}], window={w})"
         got = check.call(icl_score, nll, w, label=f"nll [{B}, {T}], window={w}")
-        judge(got, _icl_reference(nll, w), label, lambda: {
+        judge(got, check.reference(nll, w), label, lambda: {
             "the sign is flipped: the score is late minus early (negative when the context helps)":
-                -_icl_reference(nll, w),
+                -check.reference(nll, w),
             "that is a difference of sums; take the mean loss of each window":
                 float(nll[:, -w:].sum() - nll[:, :w].sum()),
             "the windows hold one target too many: each is the first or last `window` targets":
-                _icl_reference(nll, w + 1),
+                check.reference(nll, w + 1),
             "the windows hold one target too few: each is the first or last `window` targets":
-                _icl_reference(nll, w - 1) if w > 1 else float("nan"),
+                check.reference(nll, w - 1) if w > 1 else float("nan"),
             "that compares the two halves of the context; compare only the first and the last `window` targets":
                 float(nll[:, T - T // 2:].mean() - nll[:, :T // 2].mean()),
             "that is the loss late in the context alone; subtract the loss early in it": float(nll[:, -w:].mean()),
@@ -67,7 +64,6 @@ register(Exercise(
         "    early = nll[:, :window].mean()                 # the first `window`\n"
         "    return float(late - early)                     # negative: the context helps"
     ),
-    reference=_icl_reference,
     minutes=5, difficulty=1, importance=2,
 ))
 
@@ -81,12 +77,6 @@ def _stays_past(steps, curve, threshold: float, falling: bool, *, stay: bool = T
         if bool(reached[k:].all() if stay else reached[k]):
             return int(steps[k])
     return None
-
-
-def _onset_reference(steps, curve, fraction: float):
-    curve = torch.as_tensor(curve, dtype=torch.float64)
-    start, end = float(curve[0]), float(curve[-1])
-    return _stays_past(steps, curve, start + fraction * (end - start), end < start)  # a loss falls to it
 
 
 def _onset_cases(check: Check) -> list:
@@ -113,7 +103,7 @@ def _check_onset(onset_step, check: Check) -> None:
     for stage, steps, curve, fraction in _onset_cases(check):
         label = f"steps (every {steps[1]}, {len(steps)} of them), curve [{len(steps)}], fraction={fraction}"
         got = check.call(onset_step, list(steps), curve.clone(), fraction, label=label)
-        want = _onset_reference(steps, curve, fraction)
+        want = check.reference(list(steps), curve.clone(), fraction)
         if got is None:
             falls = float(curve[-1]) < float(curve[0])
             raise Wrong(f"{stage}, onset_step({label}): got None, but the curve does come {fraction:g} of the way "
@@ -160,22 +150,11 @@ register(Exercise(
         "            return int(steps[k])\n"
         "    return None"
     ),
-    reference=_onset_reference,
     minutes=10, difficulty=2, importance=2,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 3
-def _circuit_reference(induction, previous):
-    induction, previous = torch.as_tensor(induction), torch.as_tensor(previous)
-    final = induction[-1, 1:]  # [N - 1, H]: layer 0 has nothing below it to compose with
-    layer, head = divmod(int(final.argmax()), final.size(1))
-    layer += 1
-    below = previous[-1, :layer]  # [layer, H]
-    p_layer, p_head = divmod(int(below.argmax()), below.size(1))
-    return ((layer, head), (p_layer, p_head))
-
-
 def _circuit_cases(check: Check) -> list:
     """(stage, induction [K, N, H], previous [K, N, H]): two layers, then three with distractors."""
     g, r = check.generator(94), check.rng(95)
@@ -206,7 +185,7 @@ def _check_circuit(circuit_heads, check: Check) -> None:
         K, N, H = induction.shape
         label = f"induction [{K}, {N}, {H}], previous [{K}, {N}, {H}]"
         got = check.call(circuit_heads, induction.clone(), previous.clone(), label=label)
-        want = _circuit_reference(induction, previous)
+        want = check.reference(induction.clone(), previous.clone())
         try:
             pairs = tuple(tuple(expect_whole(v, "the result") for v in pair) for pair in got)
             if len(pairs) != 2 or any(len(p) != 2 for p in pairs):
@@ -257,6 +236,5 @@ register(Exercise(
         "    p_layer, p_head = divmod(int(below.argmax()), below.size(1))\n"
         "    return (layer, head), (p_layer, p_head)"
     ),
-    reference=_circuit_reference,
     minutes=10, difficulty=2, importance=3,
 ))

@@ -13,8 +13,10 @@ import math
 
 import torch
 
+from .calls import Check
 from .checks import expect_equal, judge, name_miss
-from .core import Check, Exercise, Wrong, register
+from .core import Exercise, register
+from .verdicts import Wrong
 
 # ------------------------------------------------------------------------------------ exercise 1
 _QK_MODELS = [
@@ -47,12 +49,6 @@ def _qk_cases(check: Check) -> list:
     return cases
 
 
-def _qk_reference(model, layer, head):
-    p = model.blocks[layer].attn.head_projections(head)
-    W_QK = (p.W_Q @ p.W_K.T).detach()
-    return W_QK, int(torch.linalg.matrix_rank(W_QK))
-
-
 def _check_qk(qk_circuit, check: Check) -> None:
     for stage, model, layer, head in _qk_cases(check):
         attn = model.blocks[layer].attn
@@ -63,7 +59,8 @@ def _check_qk(qk_circuit, check: Check) -> None:
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise Wrong(f"{label}: return two things, (W_QK, rank)")
         W_QK, rank = got
-        want, want_rank = _qk_reference(model, layer, head)
+        want, want_rank = check.reference(model, layer, head)
+        want = want.detach()
         p = attn.head_projections(head)
 
         def mistakes():
@@ -106,7 +103,6 @@ register(Exercise(
         "    W_QK = p.W_Q @ p.W_K.T                                 # [d_model, d_model]\n"
         "    return W_QK, int(torch.linalg.matrix_rank(W_QK))"
     ),
-    reference=_qk_reference,
     minutes=15, difficulty=2, importance=4,
 ))
 
@@ -137,10 +133,6 @@ def _copying(M: torch.Tensor) -> float:
     return float(lam.real.sum() / lam.abs().sum())
 
 
-def _copying_reference(W_E, W_V, W_O, W_U) -> float:
-    return _copying(W_E @ W_V @ W_O @ W_U)
-
-
 def _check_copying(copying_score, check: Check) -> None:
     for what, W_E, W_V, W_O, W_U in _ov_cases(check):
         shapes = ", ".join(f"{n} {list(m.shape)}" for n, m in zip(("W_E", "W_V", "W_O", "W_U"), (W_E, W_V, W_O, W_U)))
@@ -148,7 +140,7 @@ def _check_copying(copying_score, check: Check) -> None:
         got = check.call(copying_score, W_E, W_V, W_O, W_U, label=label)
         full = W_E @ W_V @ W_O @ W_U
         lam = torch.linalg.eigvals(full)
-        judge(got, _copying_reference(W_E, W_V, W_O, W_U), label, lambda: {
+        judge(got, check.reference(W_E, W_V, W_O, W_U), label, lambda: {
             "that is the copying score of W_V W_O alone; the full OV circuit runs from the embedding to the "
             "unembedding, W_E W_V W_O W_U": _copying(W_V @ W_O),
             "singular values are never negative, so their score is always 1: use the eigenvalues "
@@ -169,7 +161,6 @@ register(Exercise(
         "    eigenvalues = torch.linalg.eigvals(W_E @ W_V @ W_O @ W_U)    # [V], complex\n"
         "    return float(eigenvalues.real.sum() / eigenvalues.abs().sum())"
     ),
-    reference=_copying_reference,
     minutes=15, difficulty=3, importance=4,
 ))
 
@@ -202,7 +193,7 @@ def _check_dla(head_logit_attribution, check: Check) -> None:
                  "right, wrong)")
         got = check.call(head_logit_attribution, result, scale, W_U, right, wrong, label=label)
         own = result.pow(2).mean(-1, keepdim=True).sqrt()
-        judge(got, _dla(result, scale, W_U, right, wrong), label, lambda: {
+        judge(got, check.reference(result, scale, W_U, right, wrong), label, lambda: {
             "divide the head's output by the final norm's scale first: the logits are computed from the normed "
             "residual":
                 _dla(result, 1.0, W_U, right, wrong),
@@ -229,6 +220,5 @@ register(Exercise(
         "    direction = W_U.T[right] - W_U.T[wrong]          # [batch, pos, d_model]\n"
         "    return ((result / scale) * direction).sum(-1)    # [batch, pos]"
     ),
-    reference=_dla,
     minutes=15, difficulty=3, importance=4,
 ))

@@ -3,18 +3,11 @@ an interior maximum, seed by seed."""
 
 from __future__ import annotations
 
-from .core import Check, Exercise, Wrong, register
-
+from .calls import Check
+from .core import Exercise, register
+from .verdicts import Wrong
 
 # ------------------------------------------------------------------------------------ exercise 1
-def _hump_reference(accuracy: dict) -> bool:
-    for by_heads in accuracy.values():
-        ends = (by_heads[min(by_heads)], by_heads[max(by_heads)])
-        if max(ends) >= max(by_heads.values()):
-            return False
-    return True
-
-
 # (accuracy {seed: {heads: accuracy}}, what the case tests, what a wrong answer to it usually missed)
 _EVERY_SEED = "check each seed on its own: the mean over seeds can hide a seed without the hump"
 _ORDER = "the ends are the smallest and the largest head count (min and max of the keys), not the first and last keys"
@@ -50,7 +43,7 @@ def _check_hump(hump_on_every_seed, check: Check) -> None:
         got = check.call(hump_on_every_seed, accuracy, label=repr(accuracy))
         if type(got).__name__ not in ("bool", "bool_"):  # Python's or NumPy's
             raise Wrong(f"return True or False, got {got!r} for {accuracy} ({what})")
-        want = _hump_reference(accuracy)
+        want = check.reference(accuracy)
         if bool(got) != want:
             raise Wrong(f"for {accuracy} ({what}) the answer is {want}, you returned {bool(got)}: {missed}")
 
@@ -71,6 +64,5 @@ register(Exercise(
         "            return False\n"
         "    return True"
     ),
-    reference=_hump_reference,
     minutes=10, difficulty=2, importance=2,
 ))

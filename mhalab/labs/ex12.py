@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import torch
 
+from .calls import Check
 from .checks import _as_tensor, describe, expect_shape
-from .core import Check, Exercise, Wrong, register
+from .core import Exercise, register
+from .verdicts import Wrong
 
 
 # ------------------------------------------------------------------------------------ exercise 1
 def _extremes(k: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     return k.argmax(dim), k.argmin(dim)
-
-
-def _reachable_reference(k: torch.Tensor) -> torch.Tensor:
-    reachable = torch.zeros(k.shape[1], dtype=torch.bool)  # [P]
-    largest, smallest = _extremes(k, 1)                    # [H] each: one position per head
-    reachable[largest] = True
-    reachable[smallest] = True
-    return reachable
 
 
 def _mistakes(k: torch.Tensor) -> list[tuple[torch.Tensor, str]]:
@@ -85,7 +79,7 @@ def _check_reachable(reachable_keys, check: Check) -> None:
             if not bool(((got == 0) | (got == 1)).all()):
                 raise Wrong(f"return True/False per stored key, got values {got.tolist()} for {label}")
             got = got.bool()
-        want = _reachable_reference(k)
+        want = check.reference(k)
         if torch.equal(got, want):
             continue
         missed = next((message for value, message in _mistakes(k) if torch.equal(got, value)), None)
@@ -111,6 +105,5 @@ register(Exercise(
         "    reachable[k.argmin(dim=1)] = True                         # each head's smallest key\n"
         "    return reachable"
     ),
-    reference=_reachable_reference,
     minutes=15, difficulty=3, importance=2,
 ))
