@@ -280,13 +280,21 @@ def _hand_in(kernel, key: str, expression: str):
 
 @pytest.mark.parametrize("key", sorted(k for k in CORPUS if k[:2] in labs.available_notebooks()))
 def test_judged_through_the_grading_kernel_every_answer_gets_the_same_verdict(kernel, key):
+    """Every corpus entry through q.check (here) and through the grader (the answer in the grading kernel, what it
+    returns sent back as plain data), on the same cases: the same verdict, and the one the corpus asks for (NumPy
+    scalars, 0-d tensors and the rest included)."""
     ex = labs.exercise(*key.split("."))
-    entries = [("right", i, a) for i, a in enumerate(CORPUS[key]["right"])] + \
-              [("wrong", i, a) for i, (a, _) in enumerate(CORPUS[key]["wrong"])]
-    for kind, i, answer in entries:
+    entries = [("right", i, a, None) for i, a in enumerate(CORPUS[key]["right"])] + \
+              [("wrong", i, a, expected) for i, (a, expected) in enumerate(CORPUS[key]["wrong"])]
+    for kind, i, answer, expected in entries:
         index = i if kind == "right" else f"{i}][0"
         remote = _hand_in(kernel, key, f"labs_corpus.CORPUS[{key!r}][{kind!r}][{index}]")
-        assert ex.verdict(remote, runner=kernel) == ex.verdict(answer), (kind, i)
+        graded, checked = ex.verdict(remote, runner=kernel), ex.verdict(answer)
+        assert graded == checked, (kind, i, graded, checked)
+        if kind == "right":
+            assert graded == (core.PASSED, "correct."), (i, graded)
+        else:
+            assert graded[0] in (core.FAILED, core.ERROR) and expected in graded[1], (i, expected, graded)
 
 
 def test_switching_off_the_watch_in_the_grading_kernel_is_flagged(kernel):
