@@ -597,6 +597,31 @@ def second_copy_forward_hooks(net, ids, which, n):  # plain torch forward hooks,
     return torch.tensor(-picked.mean().item(), dtype=torch.float64)
 
 
+def second_copy_caching_everything(model, tokens, heads, L):  # run_with_cache of every point: the explicit softmax
+    def off(z, hook):
+        z = z.clone()
+        z[:, :, [h for l, h in heads if hook.name == f"blocks.{l}.attn.hook_z"]] = 0.0
+        return z
+
+    with torch.no_grad(), model.hooks(fwd_hooks=[(lambda name: name.endswith("hook_z"), off)]):
+        logits, cache = model.run_with_cache(tokens)
+    return torch.nn.functional.cross_entropy(logits[0, L:-1], tokens[0, L + 1:]).item() if len(tokens) == 1 else \
+        torch.nn.functional.cross_entropy(logits[:, L:-1].flatten(0, 1), tokens[:, L + 1:].flatten()).item()
+
+
+def second_copy_watching_patterns(model, tokens, heads, L):  # a hook on every hook_pattern too (it keeps them)
+    patterns = {}
+    layers = model.config.n_layers
+    keep = [(f"blocks.{i}.attn.hook_pattern", lambda p, hook: patterns.setdefault(hook.name, p)) for i in range(layers)]
+    gates = torch.ones(layers, model.config.n_heads)
+    for layer, head in heads:
+        gates[layer, head] = 0.0
+    scale = [(f"blocks.{i}.attn.hook_z", lambda z, hook, i=i: z * gates[i][None, None, :, None]) for i in range(layers)]
+    with torch.no_grad():
+        logp = model.run_with_hooks(tokens, fwd_hooks=keep + scale).log_softmax(-1)
+    return -logp[:, L:-1].gather(2, tokens[:, L + 1:].unsqueeze(2)).mean().item()
+
+
 def second_copy_with_ablate(model, tokens, heads, L):
     from mhalab.ablation import ablate
 
@@ -647,6 +672,61 @@ def onset_normalised(steps, curve, fraction):  # the way gone, 0 at the start an
     along = (c - c[0]) / (c[-1] - c[0])
     stays = torch.flip(torch.cummin(torch.flip(along, [0]), 0).values, [0]) >= fraction
     return steps[int(stays.nonzero()[0])]
+
+
+def onset_numpy(steps, curve, fraction):  # NumPy throughout: the step comes back as an np.int64
+    c = np.asarray(curve, dtype=np.float64)
+    threshold = c[0] + fraction * (c[-1] - c[0])
+    past = c <= threshold if c[-1] < c[0] else c >= threshold
+    stays = np.flip(np.logical_and.accumulate(np.flip(past)))  # past from k to the end
+    return np.asarray(steps)[np.argmax(stays)] if stays.any() else None
+
+
+def onset_tensor_step(steps, curve, fraction):  # the step as a 0-d tensor, the threshold written as a mix
+    c = torch.as_tensor(curve, dtype=torch.float64)
+    threshold = (1 - fraction) * c[0] + fraction * c[-1]
+    past = (c - threshold) * torch.sign(c[-1] - c[0]) >= 0
+    for k in range(len(steps)):
+        if bool(past[k:].all()):
+            return torch.tensor(steps)[k]
+    return None
+
+
+def _onset_with(steps, curve, fraction, *, lo=None, hi=None, strict=False, run=None, values=None):
+    """onset_loop with one reading changed: the ends of the way, a strict comparison, `run` records in a row,
+    another curve (smoothed) to read."""
+    c = torch.as_tensor(curve if values is None else values, dtype=torch.float64)
+    first, last = float(c[0]) if lo is None else lo, float(c[-1]) if hi is None else hi
+    threshold = first + fraction * (last - first)
+    falling = float(c[-1]) < float(c[0])
+    if strict:
+        past = c < threshold if falling else c > threshold
+    else:
+        past = c <= threshold if falling else c >= threshold
+    for k in range(len(steps)):
+        if bool(past[k:].all()) if run is None else bool(past[k:k + run].all()) and k + run <= len(steps):
+            return steps[k]
+    return None
+
+
+def _onset_min_max(steps, curve, fraction):  # the way from the curve's lowest value to its highest (falling: down)
+    c = torch.as_tensor(curve, dtype=torch.float64)
+    lo, hi = (float(c.max()), float(c.min())) if c[-1] < c[0] else (float(c.min()), float(c.max()))
+    return _onset_with(steps, curve, fraction, lo=lo, hi=hi)
+
+
+def _onset_moving_average(steps, curve, fraction):  # smoothed first, like a rolling mean of 3 (pandas min_periods=1)
+    c = np.asarray(curve, dtype=np.float64)
+    smooth = np.array([c[max(0, k - 2):k + 1].mean() for k in range(len(c))])
+    return _onset_with(steps, curve, fraction, values=smooth)
+
+
+def _onset_exponential(steps, curve, fraction):  # smoothed another way (an exponential average): named by its effect
+    c = [float(v) for v in curve]
+    smooth = [c[0]]
+    for v in c[1:]:
+        smooth.append(0.6 * smooth[-1] + 0.4 * v)
+    return _onset_with(steps, curve, fraction, values=smooth)
 
 
 def circuit_loop(induction, previous):
@@ -708,6 +788,36 @@ def _circuit_with_layer0(induction, previous):
     p = previous[-1, :max(layer, 1)]
     return (layer, head), divmod(int(p.argmax()), p.size(1))
 
+def circuit_tensors(induction, previous):  # the heads as 0-d tensors, from argmax over a flattened view
+    final, H = induction[-1], induction.shape[2]
+    flat = final[1:].flatten().argmax()
+    layer, head = flat // H + 1, flat % H
+    below = previous[-1, :int(layer)].flatten().argmax()
+    return (layer, head), (below // H, below % H)
+
+
+def circuit_numpy_ints(induction, previous):  # np.int64 everywhere, a list of lists
+    i, p = np.asarray(induction)[-1], np.asarray(previous)[-1]
+    layer, head = np.unravel_index(np.argmax(i[1:]), i[1:].shape)
+    p_layer, p_head = np.unravel_index(np.argmax(p[:layer + 1]), p[:layer + 1].shape)
+    return [[layer + 1, head], [p_layer, p_head]]
+
+
+def _circuit_reading(induction, previous, *, read="last", layers=None, p_read="last", below=None):
+    """circuit_loop with one reading changed: the step read (last, max, mean), the induction head's layers, which
+    layers hold the previous-token head (a function of the induction head's layer)."""
+    def at(t, how):
+        return {"last": t[-1], "max": t.amax(0), "mean": t.mean(0)}[how]
+    K, N, H = induction.shape
+    scores = at(induction, read)
+    layers = list(range(1, N)) if layers is None else list(layers(N))
+    layer, head = max(((l, h) for l in layers for h in range(H)), key=lambda lh: float(scores[lh]))
+    p_scores = at(previous, p_read)
+    rows = list(range(layer)) if below is None else list(below(layer, N))
+    p_layer, p_head = max(((l, h) for l in rows for h in range(H)), key=lambda lh: float(p_scores[lh]))
+    return (layer, head), (p_layer, p_head)
+
+
 # ------------------------------------------------------------------------------------ 10
 def qk_circuit_by_slicing(model, layer, head):  # qkv_proj sliced by hand, the K/V head found from the group size
     attn = model.blocks[layer].attn
@@ -719,11 +829,38 @@ def qk_circuit_by_slicing(model, layer, head):  # qkv_proj sliced by hand, the K
     return [W_QK.detach().numpy(), torch.linalg.matrix_rank(W_QK)]
 
 
-def qk_circuit_svd(m, l, i):  # the rank from the singular values, other parameter names
+def qk_circuit_svd(m, l, i):  # the rank from the singular values above their rounding, other parameter names
     p = m.blocks[l].attn.head_projections(i)
     M = p.W_Q @ p.W_K.T
     S = torch.linalg.svdvals(M)
-    return M, int((S > S[0] * 1e-5).sum())
+    return M, int((S > S[0] * max(M.shape) * torch.finfo(M.dtype).eps).sum())
+
+
+def qk_circuit_numpy(model, layer, head):  # NumPy: the rank is np.linalg.matrix_rank's np.int64
+    p = model.blocks[layer].attn.head_projections(head)
+    W = p.W_Q.detach().numpy() @ p.W_K.detach().numpy().T
+    return W, np.linalg.matrix_rank(W)
+
+
+def qk_circuit_tensor_rank(model, layer, head):  # the rank as torch gives it, a 0-d tensor; the product in float64
+    p = model.blocks[layer].attn.head_projections(head)
+    W = p.W_Q.double() @ p.W_K.double().T  # exact products of the float32 weights: the rank is the same
+    return W, torch.linalg.matrix_rank(W)
+
+
+def _qk_svd_loose(m, l, i, rtol=1e-5):  # the rank from the singular values, with a tolerance of its own
+    p = m.blocks[l].attn.head_projections(i)
+    M = p.W_Q @ p.W_K.T
+    S = torch.linalg.svdvals(M)
+    return M, int((S > S[0] * rtol).sum())
+
+
+def _qk_made_up_group(model, layer, head):  # query head j paired with K/V head j % G (a map made up)
+    attn = model.blocks[layer].attn
+    H, G, d = attn.n_heads, attn.n_kv_heads, attn.d_head
+    w = attn.qkv_proj.weight.detach()
+    W_Q, W_K = w[head * d:(head + 1) * d].T, w[(H + head % G) * d:(H + head % G + 1) * d].T
+    return W_Q @ W_K.T, int(torch.linalg.matrix_rank(W_Q @ W_K.T))
 
 
 def copying_small_side(W_E, W_V, W_O, W_U):  # the same nonzero eigenvalues from the [d_head, d_head] product
@@ -734,6 +871,16 @@ def copying_small_side(W_E, W_V, W_O, W_U):  # the same nonzero eigenvalues from
 def copying_trace(E, V, O, U):  # the sum of the eigenvalues is the trace, and numpy
     M = (E @ V @ O @ U).numpy()
     return np.trace(M) / np.abs(np.linalg.eigvals(M)).sum()
+
+
+def copying_numpy(W_E, W_V, W_O, W_U):  # NumPy's eigenvalues: the score comes back as an np.float64
+    lam = np.linalg.eigvals((W_E @ W_V @ W_O @ W_U).numpy())
+    return lam.real.sum() / np.abs(lam).sum()
+
+
+def copying_tensor(W_E, W_V, W_O, W_U):  # a 0-d tensor, the moduli written out
+    lam = torch.linalg.eigvals(W_E @ W_V @ W_O @ W_U)
+    return lam.real.sum() / torch.sqrt(lam.real ** 2 + lam.imag ** 2).sum()
 
 
 def dla_einsum(result, scale, W_U, right, wrong):
@@ -775,6 +922,31 @@ def _hump_dict_order(acc):  # the first and last keys as the ends
     return all(list(a.values())[0] < max(a.values()) and list(a.values())[-1] < max(a.values()) for a in acc.values())
 
 
+def hump_tensor(accuracy):  # a 0-d torch bool back
+    every = torch.tensor(True)
+    for by_heads in accuracy.values():
+        heads = torch.tensor(sorted(by_heads))
+        acc = torch.tensor([by_heads[int(h)] for h in heads])
+        every = every & (acc[0] < acc.max()) & (acc[-1] < acc.max())
+    return every
+
+
+def _hump_best_anywhere(acc):  # the ends against the best over all seeds
+    best = max(max(a.values()) for a in acc.values())
+    return all(a[min(a)] < best and a[max(a)] < best for a in acc.values())
+
+
+def _hump_neighbours(acc):  # each end below its neighbour
+    def ok(a):
+        h = sorted(a)
+        return a[h[0]] < a[h[1]] and a[h[-1]] < a[h[-2]]
+    return all(ok(a) for a in acc.values())
+
+
+def _hump_argmax_inside(acc):  # the best head count is not an end (ties broken by dict order)
+    return all(max(a, key=a.get) not in (min(a), max(a)) for a in acc.values())
+
+
 # ------------------------------------------------------------------------------------ 12
 def reachable_loop(k):  # a loop over the heads, a Python set
     keys = set()
@@ -804,10 +976,10 @@ def _reachable_whole_table(k):  # the extremes of the whole table
     return out
 
 
-def _reachable_wrong_dim(k):  # over the heads (dim 0)
+def _reachable_wrong_dim(k):  # over the heads (dim 0): raises where there are more heads than keys
     out = torch.zeros(k.shape[1], dtype=torch.bool)
-    out[k.argmax(0) % k.shape[1]] = True
-    out[k.argmin(0) % k.shape[1]] = True
+    out[k.argmax(0)] = True
+    out[k.argmin(0)] = True
     return out
 
 
@@ -1151,7 +1323,8 @@ CORPUS = {
         ],
     },
     "08.3": {
-        "right": [second_copy_one_predicate_hook, second_copy_forward_hooks],
+        "right": [second_copy_one_predicate_hook, second_copy_forward_hooks, second_copy_caching_everything,
+                  second_copy_watching_patterns],
         "wrong": [
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(None)), "stage 1 of 3 (no head off)"),
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(None)), "over the whole sequence"),
@@ -1182,29 +1355,41 @@ CORPUS = {
         ],
     },
     "09.2": {
-        "right": [onset_loop, onset_normalised],
+        "right": [onset_loop, onset_normalised, onset_numpy, onset_tensor_step],
         "wrong": [
-            (_onset_first_crossing, "stage 2 of 3 (a rise with an early blip)"),
-            (_onset_first_crossing, "falls back below it later"),
+            (_onset_first_crossing, "stage 1 of 4 (a rise that crosses the threshold and falls back)"),
+            (_onset_first_crossing, "that is the first step past the threshold, but the curve falls back later"),
+            (lambda s, c, f: _onset_with(s, c, f, run=2), "for two records in a row, but the curve falls back later"),
+            (lambda s, c, f: _onset_with(s, c, f, run=3), "for three records in a row"),
+            (lambda s, c, f: _onset_with(s, c, f, strict=True), "a value exactly at the threshold has come"),
+            (_onset_min_max, "not from the lowest value to the highest"),
             (_onset_rising_only, "this curve falls (a loss)"),
             (_onset_from_zero, "not from zero"),
             (_onset_index, "an index into steps"),
-            (lambda steps, curve, fraction: steps[int(torch.as_tensor(curve).argmax())], "stage 1 of 3"),
+            (_onset_moving_average, "smoothed (a trailing moving average over 3 records)"),
+            (_onset_exponential, "return the first step from which it stays at or past first + fraction"),
+            (lambda steps, curve, fraction: steps[int(torch.as_tensor(curve).argmax())], "stage 1 of 4"),
         ],
     },
     "09.3": {
-        "right": [circuit_loop, circuit_numpy],
+        "right": [circuit_loop, circuit_numpy, circuit_tensors, circuit_numpy_ints],
         "wrong": [
             (lambda i, p: tuple(t[::-1] for t in circuit_loop(i, p)), "(layer, head), in that order"),
             (lambda i, p: circuit_loop(i, p)[::-1], "the induction head comes first"),
             (_circuit_ever, "peaked mid-way and faded"),
+            (lambda i, p: _circuit_reading(i, p, read="mean"), "on average over the steps"),
+            (lambda i, p: _circuit_reading(i, p, layers=lambda N: [N - 1]), "need not be in the last layer"),
             (_circuit_anywhere, "in a layer *below* the induction head"),
+            (lambda i, p: _circuit_reading(i, p, below=lambda layer, N: range(layer + 1)), "not in its own layer"),
+            (lambda i, p: _circuit_reading(i, p, below=lambda layer, N: [layer - 1]), "not only the one just below"),
+            (lambda i, p: _circuit_reading(i, p, p_read="max"), "that previous-token head's score peaked and faded"),
+            (lambda i, p: _circuit_reading(i, p, p_read="mean"), "highest previous-token score on average"),
             (_circuit_with_layer0, "layers 1 and up"),
             (lambda i, p: circuit_loop(i, p)[0], "return ((layer, head), (layer, head))"),
         ],
     },
     "10.1": {
-        "right": [qk_circuit_by_slicing, qk_circuit_svd],
+        "right": [qk_circuit_by_slicing, qk_circuit_svd, qk_circuit_numpy, qk_circuit_tensor_rank],
         "wrong": [
             (lambda m, l, h: (lambda p: (p.W_K @ p.W_Q.T, 4))(m.blocks[l].attn.head_projections(h)), "the transpose"),
             (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T / p.W_Q.shape[1] ** 0.5, 4))(
@@ -1216,25 +1401,44 @@ CORPUS = {
              "not always equal to it"),
             (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, torch.linalg.matrix_rank((p.W_Q @ p.W_K.T).double())))(
                 m.blocks[l].attn.head_projections(h)), "stay in their dtype"),
-            (lambda m, l, h: (lambda a, d: (a.qkv_proj.weight[h * d:(h + 1) * d].T
-                                            @ a.qkv_proj.weight[(a.n_heads + h % a.n_kv_heads) * d:
-                                                                (a.n_heads + h % a.n_kv_heads + 1) * d], 4))(
+            (_qk_made_up_group, "query head j reads K/V head j // (H // G)"),
+            (_qk_made_up_group, "stage 2 of 4 (grouped-query: 4 query heads share 2 K/V heads)"),
+            (lambda m, l, h: (lambda a, d: (lambda W: (W, int(torch.linalg.matrix_rank(W))))(
+                a.qkv_proj.weight[h * d:(h + 1) * d].T @ a.qkv_proj.weight[(a.n_heads + h // a.n_kv_heads) * d:
+                                                                           (a.n_heads + h // a.n_kv_heads + 1) * d]))(
                 m.blocks[l].attn, m.blocks[l].attn.d_head), "query head j reads K/V head j // (H // G)"),
+            (_qk_made_up_group, "query head j reads K/V head j // (H // G), here 0"),
+            (_qk_svd_loose, "your tolerance is looser than the rounding"),
+            (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, torch.linalg.matrix_rank(p.W_Q @ p.W_K.T, rtol=1e-3)))(
+                m.blocks[l].attn.head_projections(h)), "your tolerance is looser than the rounding"),
+            (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, torch.linalg.matrix_rank(p.W_Q)))(
+                m.blocks[l].attn.head_projections(h)), "that is the rank of W_Q alone"),
+            (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, torch.linalg.matrix_rank(p.W_K)))(
+                m.blocks[l].attn.head_projections(h)), "that is the rank of W_K alone"),
+            (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, [3]))(m.blocks[l].attn.head_projections(h)),
+             "the rank should be one whole number"),
             (lambda m, l, h: m.blocks[l].attn.head_projections(h).W_Q, "return two things"),
         ],
     },
     "10.2": {
-        "right": [copying_small_side, copying_trace],
+        "right": [copying_small_side, copying_trace, copying_numpy, copying_tensor],
         "wrong": [
             (lambda E, V, O, U: (lambda l: (l.real.sum() / l.abs().sum()).item())(torch.linalg.eigvals(V @ O)),
              "W_V W_O alone"),
             (lambda E, V, O, U: (lambda s: (s.sum() / s.abs().sum()).item())(torch.linalg.svdvals(E @ V @ O @ U)),
-             "use the eigenvalues"),
+             "a score of exactly 1 whatever the circuit"),
+            (lambda E, V, O, U: (lambda l: (l.abs().sum() / l.abs().sum()).item())(torch.linalg.eigvals(E @ V @ O @ U)),
+             "the numerator is the sum of the *real parts* Re λ"),
             (lambda E, V, O, U: (lambda l: (l.real.sum() / l.real.abs().sum()).item())(
                 torch.linalg.eigvals(E @ V @ O @ U)),
              "not by |Re λ|"),
+            (lambda E, V, O, U: (lambda l: (l.abs().sum() / l.real.abs().sum()).item())(
+                torch.linalg.eigvals(E @ V @ O @ U)),
+             "not of their moduli"),
             (lambda E, V, O, U: torch.linalg.eigvals(E @ V @ O @ U).real.sum().item(),
              "the sum of the real parts alone"),
+            (lambda E, V, O, U: (torch.trace(E @ V @ O @ U) / torch.linalg.svdvals(E @ V @ O @ U).sum()).item(),
+             "not of the singular values (the nuclear norm)"),
             (lambda E, V, O, U: torch.trace(E @ V @ O @ U).item() / (E @ V @ O @ U).norm().item(), "copying_score("),
         ],
     },
@@ -1252,16 +1456,25 @@ CORPUS = {
         ],
     },
     "11.1": {
-        "right": [hump_sorted, hump_numpy,
+        "right": [hump_sorted, hump_numpy, hump_tensor,
                   lambda acc: all(max(a[min(a)], a[max(a)]) < max(a.values()) for a in acc.values())],
         "wrong": [
             (_hump_mean, "the mean over seeds can hide"),
             (_hump_dict_order, "not the first and last keys"),
             (lambda acc: all(max(a[min(a)], a[max(a)]) <= max(a.values()) for a in acc.values()), "strict comparison"),
-            (lambda acc: all(a[min(a)] < max(a.values()) for a in acc.values()), "check both ends"),
+            (_hump_argmax_inside, "the best head count must be neither end"),
+            (lambda acc: all(a[min(a)] < max(a.values()) for a in acc.values()),
+             "the most heads as well as the fewest"),
+            (lambda acc: all(a[max(a)] < max(a.values()) for a in acc.values()),
+             "the fewest heads as well as the most"),
             (lambda acc: all(max(a[min(a)], a[max(a)]) < max(a.values()) for a in list(acc.values())[:1]),
-             "a seed without the hump"),
+             "that judges the first seed only"),
+            (lambda acc: any(max(a[min(a)], a[max(a)]) < max(a.values()) for a in acc.values()),
+             "it must be on *every* seed"),
+            (_hump_best_anywhere, "not with the best over all seeds"),
+            (_hump_neighbours, "an end below its neighbour is not enough"),
             (lambda acc: "yes", "return True or False"),
+            (lambda acc: int(hump_sorted(acc)), "return True or False"),
         ],
     },
     "12.1": {
@@ -1272,7 +1485,12 @@ CORPUS = {
             (lambda k: ((k == k.amax(1, keepdim=True)) | (k == k.amin(1, keepdim=True))).all(0), "one head is enough"),
             (_reachable_whole_table, "not of the whole table"),
             (_reachable_wrong_dim, "not over the heads"),
-            (lambda k: ((k == k.amax(1, keepdim=True)) | (k == k.amin(1, keepdim=True))).any(1), "one value per head"),
+            (lambda k: ((k == k.amax(1, keepdim=True)) | (k == k.amin(1, keepdim=True))).any(1),
+             "values, one per head: return one per stored key"),
+            (lambda k: torch.ones(k.shape[1], dtype=torch.bool), "you marked every stored key reachable"),
+            (lambda k: np.ones(k.shape[1], dtype=bool), "you marked every stored key reachable"),
+            (lambda k: (lambda m: torch.zeros(k.shape[1], dtype=torch.bool).index_fill(0, torch.stack(
+                [m.argmax(), m.argmin()]), True))(k.mean(0)), "the heads are not averaged"),
             (lambda k: int(((k == k.amax(1, keepdim=True)) | (k == k.amin(1, keepdim=True))).any(0).sum()),
              "return a tensor of"),
             (lambda k: k.softmax(1).mean(0), "return True/False per stored key"),

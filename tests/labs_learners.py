@@ -251,7 +251,7 @@ WRONG = {
                                        for p in _sorted_by_name(cache)]), "blocks.10 before blocks.2"),
     ],
     "08.3": [
-        (second_copy_zeroing_v, "This model groups its K/V heads"),
+        (second_copy_zeroing_v, "hook_v holds the 2 K/V heads"),  # (IndexError for a head >= 2, else named)
         (second_copy_zeroing_v_group, "switches off all 3 query heads that share it"),
         (second_copy_one_digit_layer, "the layer has two digits"),
         (second_copy_unshifted, "against the token at that same position"),

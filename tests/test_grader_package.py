@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 GRADING = {"kernel.py", "worker.py", "cells.py", "grade.py", "gradebook.py", "sandbox.py", "__main__.py", "zygote.py",
-           "forking.py"}
+           "forking.py", "kernel_labs.py"}
 
 
 def _wheel(project: Path, out: Path) -> list[str]:

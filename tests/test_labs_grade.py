@@ -20,7 +20,7 @@ from labs_fixture import TESTS, synthetic_notebook  # also registers notebook "9
 from mhalab_grader.__main__ import main as labs_main
 from mhalab_grader.cells import student_version
 from mhalab_grader.grade import MISSING, NOT_CHECKED, grade, similarity
-from mhalab_grader.kernel import GradingKernel, _Handed
+from mhalab_grader.kernel import GradingKernel, _Handed, spec_of
 
 import mhalab.labs as labs
 from mhalab.labs import core
@@ -258,7 +258,7 @@ def test_copying_the_published_code_is_flagged():
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
-    spec = {nb: [[ex.number, ex.title] for ex in labs.load(nb)] for nb in labs.available_notebooks()}
+    spec = spec_of(ex for nb in labs.available_notebooks() for ex in labs.load(nb))
     k = GradingKernel(spec, cwd=tmp_path_factory.mktemp("kernel"), timeout=120)
     # tests/ is not in the sandbox: the corpus (numpy and torch only) and the two modules it imports, in the order
     # they import each other, are sent over as a cell
@@ -280,13 +280,21 @@ def _hand_in(kernel, key: str, expression: str):
 
 @pytest.mark.parametrize("key", sorted(k for k in CORPUS if k[:2] in labs.available_notebooks()))
 def test_judged_through_the_grading_kernel_every_answer_gets_the_same_verdict(kernel, key):
+    """Every corpus entry through q.check (here) and through the grader (the answer in the grading kernel, what it
+    returns sent back as plain data), on the same cases: the same verdict, and the one the corpus asks for (NumPy
+    scalars, 0-d tensors and the rest included)."""
     ex = labs.exercise(*key.split("."))
-    entries = [("right", i, a) for i, a in enumerate(CORPUS[key]["right"])] + \
-              [("wrong", i, a) for i, (a, _) in enumerate(CORPUS[key]["wrong"])]
-    for kind, i, answer in entries:
+    entries = [("right", i, a, None) for i, a in enumerate(CORPUS[key]["right"])] + \
+              [("wrong", i, a, expected) for i, (a, expected) in enumerate(CORPUS[key]["wrong"])]
+    for kind, i, answer, expected in entries:
         index = i if kind == "right" else f"{i}][0"
         remote = _hand_in(kernel, key, f"labs_corpus.CORPUS[{key!r}][{kind!r}][{index}]")
-        assert ex.verdict(remote, remote=kernel) == ex.verdict(answer), (kind, i)
+        graded, checked = ex.verdict(remote, runner=kernel), ex.verdict(answer)
+        assert graded == checked, (kind, i, graded, checked)
+        if kind == "right":
+            assert graded == (core.PASSED, "correct."), (i, graded)
+        else:
+            assert graded[0] in (core.FAILED, core.ERROR) and expected in graded[1], (i, expected, graded)
 
 
 def test_switching_off_the_watch_in_the_grading_kernel_is_flagged(kernel):
@@ -295,5 +303,5 @@ def test_switching_off_the_watch_in_the_grading_kernel_is_flagged(kernel):
                     "def sneaky(model, tokens, layer, head):\n    sys.setprofile(None)\n"
                     "    return model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{layer}.attn.hook_z', "
                     "ablate_heads([head]))])")
-    status, message = q1.verdict(_hand_in(kernel, "05.1", "sneaky"), remote=kernel, seed=7)
+    status, message = q1.verdict(_hand_in(kernel, "05.1", "sneaky"), runner=kernel, seed=7)
     assert status == core.FAILED and "sys.setprofile" in message

@@ -15,6 +15,7 @@ from mhalab_grader.cells import MarkerError, answers, for_nbgrader, solution_reg
 from mhalab_grader.grade import grade
 
 import mhalab.labs as labs
+from mhalab.labs.core import grade_id
 
 LAB_NOTEBOOKS = lab_notebooks()
 nb_ids = [p.stem for p in LAB_NOTEBOOKS]
@@ -169,7 +170,7 @@ def test_for_nbgrader_adds_a_locked_test_cell_worth_the_points_after_each_answer
         assert meta["solution"] and not meta["grade"]
         test = out.cells[a.index + 1]
         q = f"q{a.key[-1]}"
-        assert test.metadata["nbgrader"] == {"grade": True, "grade_id": f"ex{a.key.replace('.', '-')}-test",
+        assert test.metadata["nbgrader"] == {"grade": True, "grade_id": grade_id(a.key, "test"),
                                              "locked": True, "points": 1, "schema_version": 3, "solution": False}
         assert f"assert {q}.last_status == \"passed\"" in test.source
         assert set(test.metadata["nbgrader"]) <= SCHEMA_V3_KEYS

@@ -11,12 +11,10 @@ exercise's label line (difficulty, importance, minutes).
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ANSWER = re.compile(r"ex(\d\d)-(\d+)-answer")
 
 
 def _expected_cell(source: str, solution: str, where: str) -> str:
@@ -39,19 +37,20 @@ def _expected_cell(source: str, solution: str, where: str) -> str:
 def solution_problems(write: bool = False, notebooks: list[Path] | None = None) -> list[str]:
     """``notebook: grade_id`` for each answer cell whose region is not its exercise's solution (rewritten if
     ``write``)."""
-    from mhalab.labs.core import load
+    from mhalab.labs.core import exercise, parse_grade_id
 
     problems = []
     for path in notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         nb = json.loads(path.read_text())
         changed = False
         for cell in nb["cells"]:
-            m = ANSWER.fullmatch(cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", ""))
-            if cell["cell_type"] != "code" or not m:
+            label = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+            parsed = parse_grade_id(label)
+            if cell["cell_type"] != "code" or not parsed or parsed[1] != "answer":
                 continue
             source = "".join(cell["source"])
-            where = f"{path.name}: {m.group(0)}"
-            expected = _expected_cell(source, load(m.group(1))[int(m.group(2)) - 1].solution_text, where)
+            where = f"{path.name}: {label}"
+            expected = _expected_cell(source, exercise(*parsed[0].split(".")).solution_text, where)
             if expected != source:
                 problems.append(where)
                 cell["source"] = expected.splitlines(keepends=True)

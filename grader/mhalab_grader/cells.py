@@ -25,10 +25,9 @@ from typing import Any
 
 import nbformat
 
-from mhalab.labs.core import load
+from mhalab.labs.core import grade_id, load, parse_grade_id
 
 BEGIN_LINE, END_LINE = "### BEGIN SOLUTION", "### END SOLUTION"
-_GRADE_ID = re.compile(r"^ex(?P<nb>\d\d)-(?P<num>\d+)-(?P<kind>answer|written)$")
 
 
 class MarkerError(ValueError):
@@ -100,17 +99,17 @@ def answers(nb: Any, *, strict: bool = True) -> list[Answer]:
         except MarkerError as error:
             problems.append(f"cell {index}: {error}")
             continue
-        m = _GRADE_ID.match(str(meta.get("grade_id", "")))
+        parsed = parse_grade_id(meta.get("grade_id", ""))
         if not meta.get("solution"):
             if regions:
                 problems.append(f"cell {index}: a solution region outside an answer cell; give the cell nbgrader "
                                 'metadata {"solution": true, "grade": false, "locked": false, "schema_version": 3, '
                                 '"grade_id": "exNN-K-answer"}')
-        elif not m:
+        elif not parsed:
             problems.append(f"cell {index}: grade_id {meta.get('grade_id')!r} should be exNN-K-answer "
                             "(or exNN-K-written)")
         else:
-            answer = Answer(index, f"{m['nb']}.{int(m['num'])}", written=m["kind"] == "written")
+            answer = Answer(index, parsed[0], written=parsed[1] == "written")
             if cell.cell_type == "code" and not _read_check(answer, cell.source):
                 problems.append(f"cell {index}: an answer cell ends with its check, q.check(answer), and this one "
                                 "has none")
@@ -171,7 +170,7 @@ def for_nbgrader(nb: Any) -> Any:
             f"# nbgrader's test of exercise {a.key} ({ex.points:g} point{'s' if ex.points != 1 else ''}): its check, "
             "in the answer cell above, passed\n"
             f"assert {q}.last_status == \"passed\", {q}.last_message or \"exercise {a.key}: its check did not run\"")
-        test.metadata["nbgrader"] = {"grade": True, "grade_id": f"ex{a.key.replace('.', '-')}-test", "locked": True,
+        test.metadata["nbgrader"] = {"grade": True, "grade_id": grade_id(a.key, "test"), "locked": True,
                                      "points": ex.points, "schema_version": 3, "solution": False}
         if "id" in test:  # (nbformat 4.5 cell ids) the same on every run
             test.id = test.metadata["nbgrader"]["grade_id"]

@@ -28,10 +28,12 @@ from typing import Any
 
 import nbformat
 
-from mhalab.labs.core import PACKAGE, PASSED, load
+from mhalab.labs.calls import PACKAGE
+from mhalab.labs.core import grade_id, load, parse_grade_id
+from mhalab.labs.verdicts import PASSED
 
-from .cells import _GRADE_ID, answers, student_version
-from .kernel import GradingKernel, KernelGone, _Handed
+from .cells import answers, student_version
+from .kernel import GradingKernel, KernelGone, _Handed, spec_of
 from .sandbox import Limits
 from .zygote import Prepared
 
@@ -168,7 +170,7 @@ def prepare(assignment: str, *, source: str | Path | None = None, timeout: float
     """A kernel that has run notebook ``assignment``'s cells before its first answer cell, to fork per submission."""
     nb_id = str(assignment).zfill(2)
     instructor = nbformat.read(instructor_notebook(nb_id, source), as_version=4)
-    spec = {nb_id: [[ex.number, ex.title] for ex in load(nb_id)]}
+    spec = spec_of(load(nb_id))
     return Prepared(nb_id, spec, prefix_cells(instructor), timeout=timeout, limits=limits, jobs=jobs)
 
 
@@ -195,14 +197,14 @@ def grade(path: str | Path, *, assignment: str | None = None, source: str | Path
     theirs: dict[str, Any] = {}
     foreign = set()
     for cell in submitted.cells:
-        grade_id = str(cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", ""))
-        m = _GRADE_ID.match(grade_id)
-        if m and m["nb"] != nb_id:
-            foreign.add(m["nb"])
-        if cell.cell_type == "code" and grade_id and grade_id not in theirs:
-            theirs[grade_id] = cell
+        label = str(cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", ""))
+        parsed = parse_grade_id(label)
+        if parsed and parsed[0][:2] != nb_id:
+            foreign.add(parsed[0][:2])
+        if cell.cell_type == "code" and label and label not in theirs:
+            theirs[label] = cell
     student = student_version(instructor)
-    keys_of = {f"ex{a.key.replace('.', '-')}-answer": a.key for a in cells.values() if not a.written}
+    keys_of = {grade_id(a.key): a.key for a in cells.values() if not a.written}
     missing = sorted(k for g, k in keys_of.items() if g not in theirs)
     run_sources, answer_sources = [], {}
     for index, cell in enumerate(instructor.cells):
@@ -210,13 +212,12 @@ def grade(path: str | Path, *, assignment: str | None = None, source: str | Path
             continue
         a = cells.get(index)
         if a is not None and not a.written:
-            grade_id = f"ex{a.key.replace('.', '-')}-answer"
-            text = theirs[grade_id].source if grade_id in theirs else student.cells[index].source
+            text = theirs[grade_id(a.key)].source if grade_id(a.key) in theirs else student.cells[index].source
             answer_sources[a.key] = text
             run_sources.append((index, text, a.key))
         else:
             run_sources.append((index, cell.source, None))
-    spec = {nb_id: [[ex.number, ex.title] for ex in exercises]}
+    spec = spec_of(exercises)
     errors, death, judged, flags = [], None, {}, []
     by_key = {ex.key: ex for ex in exercises}
     seed = secrets.randbits(62) if seed is None else seed
@@ -297,8 +298,7 @@ def _judge(ex: Any, kernel: GradingKernel | None, handed: dict, missing: list, s
     if problem:
         return MISSING, problem
     if ex.key in missing:
-        grade_id = f"ex{ex.key.replace('.', '-')}-answer"
-        return MISSING, f"the submission has no answer cell for it (nbgrader grade_id {grade_id})"
+        return MISSING, f"the submission has no answer cell for it (nbgrader grade_id {grade_id(ex.key)})"
     if ex.key not in handed:
         return NOT_CHECKED, ("its check never ran: the answer cell stopped before `q.check(...)`, or the check was "
                              "removed")
@@ -310,4 +310,4 @@ def _judge(ex: Any, kernel: GradingKernel | None, handed: dict, missing: list, s
             answer = kernel.value(ex.key)
         except KernelGone as gone:
             return NOT_CHECKED, str(gone)
-    return ex.verdict(answer, remote=kernel, seed=seed)
+    return ex.verdict(answer, runner=kernel, seed=seed)

@@ -1,7 +1,7 @@
 """The grading kernel: a process of its own that runs a submission's cells and calls its answers on request
-(:mod:`mhalab_grader.worker` is its side), with a copy of mhalab whose ``mhalab.labs`` is a stub that only hands
-answers over, in the sandbox of :mod:`mhalab_grader.sandbox` (or, told ``sandbox=False``, as the grader's own
-user, with the sweep that kills whatever the submission started and left behind).
+(:mod:`mhalab_grader.worker` is its side), with a copy of mhalab whose ``mhalab.labs`` only hands answers over
+(:mod:`mhalab_grader.kernel_labs`), in the sandbox of :mod:`mhalab_grader.sandbox` (or, told ``sandbox=False``, as
+the grader's own user, with the sweep that kills whatever the submission started and left behind).
 
 Not a Jupyter kernel run by nbclient: nbclient executes cells (with per-cell timeouts) but talks to its kernel
 over ZMQ sockets, and grading needs more than running cells: calling the learner's functions on hidden inputs
@@ -24,90 +24,39 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mhalab.labs import invoke
-from mhalab.labs.core import PACKAGE, STRICT_ENV
+from mhalab.labs.calls import PACKAGE
+from mhalab.labs.verdicts import STRICT_ENV
 
-from . import forking, worker
+from . import forking, kernel_labs, worker
 from . import sandbox as jail
-
-_STUB = '''"""mhalab.labs while a notebook is graded: ``q.check(answer)`` hands the answer to the grader, which
-judges it in its own process. Hints, solutions and references are not available here."""
-
-import json as _json
-import os as _os
-
-import _mhalab_grading as _grading
-
-_SPEC = _json.loads(_os.environ.get("MHALAB_GRADING_SPEC", "{}"))
-__all__ = ["Exercise", "Wrong", "available_notebooks", "exercise", "load"]
-
-
-class Wrong(Exception):
-    """(Only the grader judges answers.)"""
-
-
-class Exercise:
-    reference = None
-    solution_text = ""
-
-    def __init__(self, notebook, number, title):
-        self.notebook, self.number, self.title = notebook, number, title
-        self.key = f"{notebook}.{number}"
-        self.last_status, self.last_message = None, ""
-
-    def check(self, answer):
-        _grading.ANSWERS[self.key] = answer
-        print(f"Exercise {self.key} ({self.title}): handed in; the grader judges it.")
-
-    def use(self, answer):
-        return answer  # (the cells after an exercise run on the learner's own answer while it is graded)
-
-    def hint(self):
-        print(f"(no hints while grading: exercise {self.key})")
-
-    def solution(self):
-        print(f"(no solutions while grading: exercise {self.key})")
-
-    def __repr__(self):
-        return f"<Exercise {self.key}: {self.title}>"
-
-
-_EXERCISES = {nb: tuple(Exercise(nb, n, t) for n, t in items) for nb, items in _SPEC.items()}
-
-
-def available_notebooks():
-    return sorted(_EXERCISES)
-
-
-def load(notebook):
-    text = str(notebook).strip().zfill(2)
-    if text not in _EXERCISES:
-        raise ValueError(f"there are no exercises for notebook {text!r} in this assignment")
-    return _EXERCISES[text]
-
-
-def exercise(notebook, number):
-    return next(ex for ex in load(notebook) if ex.number == int(number))
-'''
 
 _SANDBOX: dict[str, str] = {}
 _SANDBOX_LOCK = threading.Lock()
 
 
+#: The modules of mhalab.labs the grading kernel keeps, those its worker imports: leaves that judge nothing and hold
+#: no answer (what a check concludes, calling an answer, plain data). The exercise modules, core, checks and calls
+#: stay out.
+KERNEL_LABS = tuple(name.rsplit(".", 1)[1] + ".py" for name in worker.KEPT)
+_LABS = os.path.join(PACKAGE, "labs")
+
+
+def _kept(folder: str, names: list[str]) -> list[str]:
+    """What the package's copy leaves out: caches, and every module of mhalab/labs but the kernel's leaves."""
+    return [n for n in names if n == "__pycache__" or (folder == _LABS and n not in KERNEL_LABS)]
+
+
 def sandbox() -> str:
-    """A folder (made once per process) holding the grading kernel's code: a copy of mhalab without its exercise
-    modules and checkers (a stub ``mhalab.labs`` instead) and the worker."""
+    """A folder (made once per process) holding the grading kernel's code: a copy of the mhalab package without
+    its exercise modules and checkers, whose ``mhalab.labs`` is :mod:`mhalab_grader.kernel_labs`, and the grader's
+    own worker and fork code."""
     with _SANDBOX_LOCK:
         if "path" in _SANDBOX and os.path.isdir(_SANDBOX["path"]):
             return _SANDBOX["path"]
         root = tempfile.mkdtemp(prefix="mhalab-sandbox-")
-        shutil.copytree(PACKAGE, os.path.join(root, "pkg", "mhalab"),
-                        ignore=lambda d, names: [n for n in names
-                                                 if n == "__pycache__" or (d == PACKAGE and n == "labs")])
-        os.makedirs(os.path.join(root, "pkg", "mhalab", "labs"))
-        Path(root, "pkg", "mhalab", "labs", "__init__.py").write_text(_STUB)
+        shutil.copytree(PACKAGE, os.path.join(root, "pkg", "mhalab"), ignore=_kept)
+        shutil.copy(kernel_labs.__file__, os.path.join(root, "pkg", "mhalab", "labs", "__init__.py"))
         shutil.copy(worker.__file__, os.path.join(root, "_mhalab_grading.py"))
-        shutil.copy(invoke.__file__, os.path.join(root, "_mhalab_invoke.py"))
         shutil.copy(forking.__file__, os.path.join(root, "_mhalab_fork.py"))
         for folder, dirs, files in os.walk(root):  # readable by the sandbox's user
             os.chmod(folder, 0o755)
@@ -115,6 +64,15 @@ def sandbox() -> str:
                 os.chmod(os.path.join(folder, name), 0o644)
         _SANDBOX["path"] = root
         return root
+
+
+def spec_of(exercises: Any) -> dict[str, list]:
+    """What the kernel's ``mhalab.labs`` knows of an assignment's exercises: ``{notebook: [[number, title, label]]}``
+    (:mod:`mhalab_grader.kernel_labs`)."""
+    spec: dict[str, list] = {}
+    for ex in exercises:
+        spec.setdefault(ex.notebook, []).append([ex.number, ex.title, ex.label])
+    return spec
 
 
 class KernelGone(Exception):
@@ -178,7 +136,7 @@ def _kill_strays() -> None:
 
 
 class GradingKernel:
-    """A process that runs a notebook's cells and calls its answers on request (:mod:`mhalab.labs.worker`):
+    """A process that runs a notebook's cells and calls its answers on request (:mod:`mhalab_grader.worker`):
     a session of its own, the sandbox's mhalab first on its path, the exercise modules refused on import."""
 
     GRACE_S = 10.0  # after an interrupt, how long the kernel gets to report back before it is killed
@@ -294,6 +252,15 @@ class GradingKernel:
         failed = str(reply.get("failed", "no usable reply from the grading kernel"))[:300]
         return "raised", ("RuntimeError", failed, ""), found
 
+    # The runner of a grading check (``Exercise.verdict(answer, runner=kernel)``, :mod:`mhalab.labs.calls`): the
+    # answer runs here, in the kernel, and what it returned comes back as plain data.
+    def run(self, check: Any, fn: Any, args: tuple, *, facts: tuple, forbid: tuple, allow: tuple,
+            copy_args: bool) -> tuple[str, Any, dict]:
+        return self.call(check.key, args, facts=facts, forbid=forbid)  # (the kernel gets its own copy of args)
+
+    def received(self, answer: Any) -> Any:
+        return answer  # a value handed in came over the transport already (:meth:`value`)
+
     def kill(self) -> None:
         self.dead = True
         try:
@@ -347,10 +314,11 @@ def _find_worker(top: int) -> int:
 
 
 class _Handed:
-    """Stands in here for a function the learner handed in: calling it goes through the grading kernel."""
+    """Stands in here for a function the learner handed in: calling it goes through the grading kernel (the
+    check's runner)."""
 
     def __init__(self, name: str):
         self.__name__ = name
 
     def __call__(self, *args: Any) -> Any:
-        raise RuntimeError("an answer handed in is only called through call_answer")
+        raise RuntimeError("an answer handed in is only called through its check (check.call)")

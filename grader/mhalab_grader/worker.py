@@ -2,18 +2,19 @@
 
 ``python worker.py FD_IN FD_OUT`` runs a notebook's cells as the grader sends them, then calls the
 learner's answers on the inputs the grader sends and sends back what they returned. It is copied out of
-the package for the grading kernel (beside ``_mhalab_invoke.py``, a copy of :mod:`mhalab.labs.invoke`) and
-imports nothing of ``mhalab.labs``: that kernel gets a stub ``mhalab.labs`` (``q.check(answer)`` only notes
-the answer) and an import hook that refuses the rest. Before any of the learner's code runs it lowers its own
-resource limits (:func:`limit`), which nothing it starts can raise again.
+the package for the grading kernel, as ``_mhalab_grading.py``, beside a copy of mhalab whose ``mhalab.labs`` holds
+only the leaf modules it imports (:mod:`mhalab.labs.invoke`, :mod:`mhalab.labs.plain`, :mod:`mhalab.labs.verdicts`)
+and :mod:`mhalab_grader.kernel_labs` as its ``__init__`` (``q.check(answer)`` only notes the answer); an import
+hook refuses the rest. Before any of the learner's code runs it lowers its own resource limits (:func:`limit`),
+which nothing it starts can raise again.
 
-Everything that crosses is JSON plus an ``.npz`` of arrays (``allow_pickle=False``): no code is loaded on
-either side, over two pipes the grader opened (no socket, so the kernel needs no network at all).
+Everything that crosses is JSON plus an ``.npz`` of arrays (``allow_pickle=False``, :mod:`mhalab.labs.plain`): no
+code is loaded on either side, over two pipes the grader opened (no socket, so the kernel needs no network at
+all).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import io
 import json
@@ -28,115 +29,14 @@ from typing import Any
 import numpy as np
 import torch
 
-try:  # in the grading kernel: the copy beside this file (mhalab.labs cannot be imported there)
-    from _mhalab_invoke import Opaque, describe, invoke, where
-except ImportError:  # in the grader
-    from mhalab.labs.invoke import Opaque, describe, invoke, where
+from mhalab.labs.invoke import Opaque, describe, invoke, where
+from mhalab.labs.plain import decode, encode
+
+__all__ = ["Opaque", "decode", "encode", "limit", "receive", "send", "serve"]
 
 MAX_FRAME = 1 << 30  # bytes one message may take (a learner's answer could return anything)
 
 # --------------------------------------------------------------------------- plain data
-
-
-def encode(value: Any, arrays: list, depth: int = 0) -> Any:
-    """``value`` as JSON-able data; tensors and arrays go to ``arrays`` (numbered). Models of ``mhalab.models``
-    travel as their class, config and weights, mhalab's dataclasses (configs) as their class and fields;
-    anything else unknown as its description."""
-    if isinstance(value, np.generic):  # np.float64 and np.str_ are a float and a str
-        value = value.item()
-    if value is None or isinstance(value, (bool, int, str)):
-        big = isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**62
-        return {"__int__": str(value)} if big else value
-    if isinstance(value, float):
-        return value if np.isfinite(value) else {"__float__": repr(value)}
-    if isinstance(value, torch.Tensor):
-        t = value.detach().cpu()
-        dtype = str(t.dtype).replace("torch.", "")
-        if t.dtype == torch.bfloat16 or t.is_complex() and t.dtype == torch.complex32:
-            t = t.float()
-        arrays.append(t.resolve_conj().resolve_neg().contiguous().numpy())
-        return {"__tensor__": len(arrays) - 1, "dtype": dtype}
-    if isinstance(value, np.ndarray) and value.dtype != object:
-        arrays.append(np.ascontiguousarray(value))
-        return {"__ndarray__": len(arrays) - 1}
-    if depth < 8 and isinstance(value, (tuple, list)):  # torch.Size and named tuples become tuples
-        items = [encode(v, arrays, depth + 1) for v in value]
-        return items if isinstance(value, list) else {"__tuple__": items}
-    if depth < 8 and type(value) is dict:
-        if all(isinstance(k, str) and not k.startswith("__") for k in value):
-            return {k: encode(v, arrays, depth + 1) for k, v in value.items()}
-        return {"__dict__": [[encode(k, arrays, depth + 1), encode(v, arrays, depth + 1)] for k, v in value.items()]}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type) and _travels(type(value).__module__):
-        # a config of mhalab's (a model's sizes): its class and its fields, rebuilt in the grading kernel
-        return {"__config__": f"{type(value).__module__}:{type(value).__qualname__}",
-                "fields": encode({f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}, arrays,
-                                 depth + 1)}
-    config = getattr(value, "config", None)
-    if (isinstance(value, torch.nn.Module) and type(value).__module__.startswith("mhalab.")
-            and dataclasses.is_dataclass(config)):
-        return {"__model__": f"{type(value).__module__}:{type(value).__qualname__}",
-                "config_class": f"{type(config).__module__}:{type(config).__qualname__}",
-                "config": encode(dataclasses.asdict(config), arrays, depth + 1),
-                "state": encode(dict(value.state_dict()), arrays, depth + 1), "training": value.training}
-    return {"__opaque__": describe(value)}
-
-
-def _travels(module: str) -> bool:
-    return module.startswith("mhalab.") and not module.startswith("mhalab.labs")
-
-
-def _mhalab_class(path: str):
-    module, _, name = str(path).partition(":")
-    if not module.startswith("mhalab.") or module.startswith("mhalab.labs"):
-        raise ValueError(f"refusing to build {path!r}: only models of mhalab travel")
-    obj = importlib.import_module(module)
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def decode(value: Any, arrays: Any, *, models: bool = False) -> Any:
-    """The inverse of :func:`encode`. Tensors come back as tensors, arrays as arrays, other objects as
-    :class:`Opaque`; a model or config is rebuilt only with ``models=True`` (the grading kernel, from the grader)."""
-    if isinstance(value, list):
-        return [decode(v, arrays, models=models) for v in value]
-    if not isinstance(value, dict):
-        return value
-    if "__tensor__" in value:
-        t = torch.from_numpy(np.array(arrays[f"a{int(value['__tensor__'])}"]))
-        dtype = getattr(torch, str(value.get("dtype")), None)
-        return t.to(dtype) if isinstance(dtype, torch.dtype) and dtype != t.dtype else t
-    if "__ndarray__" in value:
-        return np.array(arrays[f"a{int(value['__ndarray__'])}"])
-    if "__tuple__" in value:
-        return tuple(decode(v, arrays, models=models) for v in value["__tuple__"])
-    if "__dict__" in value:
-        return {_hashable(decode(k, arrays, models=models)): decode(v, arrays, models=models)
-                for k, v in value["__dict__"]}
-    if "__int__" in value:
-        return int(value["__int__"])
-    if "__float__" in value:
-        return float(value["__float__"])
-    if "__opaque__" in value:
-        return Opaque(value["__opaque__"])
-    if "__config__" in value:
-        if not models:
-            return Opaque("a config")
-        return _mhalab_class(value["__config__"])(**decode(value["fields"], arrays))
-    if "__model__" in value:
-        if not models:
-            return Opaque("a model")
-        config = _mhalab_class(value["config_class"])(**decode(value["config"], arrays))
-        model = _mhalab_class(value["__model__"])(config)
-        model.load_state_dict(decode(value["state"], arrays))
-        return model.train(bool(value.get("training")))
-    return {k: decode(v, arrays, models=models) for k, v in value.items()}
-
-
-def _hashable(key: Any) -> Any:
-    if isinstance(key, (list, tuple)):
-        return tuple(_hashable(k) for k in key)
-    return repr(key) if isinstance(key, (dict, Opaque)) else key
 
 
 def pack(message: dict, arrays: list | None = None) -> bytes:
@@ -190,14 +90,16 @@ def receive(fd: int, timeout: float | None = None) -> tuple[dict, Any]:
 
 # --------------------------------------------------------------------------- the grading kernel
 
-BLOCKED = "mhalab.labs."  # every submodule: the exercises (references, solutions) and the checkers
+BLOCKED = "mhalab.labs."  # every submodule: the exercises (references, solutions) and the checkers...
+KEPT = tuple(f"mhalab.labs.{name}" for name in ("verdicts", "invoke", "plain"))  # ...but the leaves this file uses
 
 
 class _Refuse:
-    """An import hook: the course's exercise modules cannot be imported in the grading kernel."""
+    """An import hook: the course's exercise modules cannot be imported in the grading kernel (nor are they in its
+    copy of the package)."""
 
     def find_spec(self, name, path=None, target=None):
-        if name.startswith(BLOCKED) or name in ("labs_fixture",):
+        if (name.startswith(BLOCKED) and name not in KEPT) or name in ("labs_fixture",):
             raise ImportError(f"{name} cannot be imported while a notebook is graded: answers are judged elsewhere")
         return None
 

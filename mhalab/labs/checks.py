@@ -14,12 +14,12 @@ import numpy as np
 import torch
 
 from ..hooks import ActivationCache
-from .core import Wrong
 from .invoke import describe
+from .verdicts import Wrong
 
 __all__ = [
-    "ATOL", "RTOL", "as_float64", "describe", "expect_close", "expect_equal", "expect_shape", "expect_whole",
-    "first_match", "judge", "name_miss", "pattern_cache", "previous_token_mistakes",
+    "ATOL", "RTOL", "as_float64", "consistent_mistake", "describe", "expect_close", "expect_equal", "expect_shape",
+    "expect_whole", "first_match", "judge", "name_miss", "pattern_cache", "previous_token_mistakes", "unseparated",
 ]
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -284,3 +284,41 @@ def judge(got: Any, want: Any, label: str, mistakes: Callable[[], Mapping[str, A
 def name_miss(got: Any, mistakes: Sequence[tuple[Any, str]]) -> str | None:
     """The message of the first (value, message) whose value equals ``got`` (numbers, by value)."""
     return next((message for value, message in mistakes if value == got), None)
+
+
+# --------------------------------------------------------------------------- naming a mistake over every case
+# A checker that calls the answer on every case first, then names the mistake that explains *every* result, blames
+# no mistake for a coincidence on one case (issue 47: a smoothed onset that happened to fall where the "from zero"
+# mistake falls was told to measure from the first value). Its hidden cases are drawn so that every mistake it names
+# differs from the right answer, and from every other mistake, on some case (:func:`unseparated`).
+
+
+def _readings(right: Sequence, mistakes: Sequence[Mapping[str, Any]]) -> dict[str, list]:
+    """{message: what that mistake gives on every case}; on a case whose dict lacks it, it gives the right answer
+    (it does not apply there: a rising curve read as rising is read right)."""
+    return {m: [case.get(m, want) for case, want in zip(mistakes, right)]
+            for m in dict.fromkeys(m for case in mistakes for m in case)}
+
+
+def consistent_mistake(got: Sequence, right: Sequence, mistakes: Sequence[Mapping[str, Any]],
+                       same: Callable[[Any, Any], bool]) -> str | None:
+    """The first message of ``mistakes`` whose readings are what the answer gave on every case: ``got[i]`` is the
+    answer's result on case ``i``, ``right[i]`` the right one and ``mistakes[i]`` {message: what that mistake gives
+    on case ``i``} (absent: it gives the right answer there). In the order the messages first appear."""
+    return next((m for m, values in _readings(right, mistakes).items()
+                 if all(same(g, v) for g, v in zip(got, values))), None)
+
+
+def unseparated(right: Sequence, mistakes: Sequence[Mapping[str, Any]], same: Callable[[Any, Any], bool]) -> list[str]:
+    """The mistakes that the cases do not tell apart: those that give the right answer on every case, or what an
+    earlier mistake gives on every case (whose message would then be shown for them). Empty when every mistake is
+    separated; a checker redraws hidden cases until it is, and the tests check the fixed cases."""
+    readings, found = list(_readings(right, mistakes).items()), []
+    for i, (message, values) in enumerate(readings):
+        if all(same(v, w) for v, w in zip(values, right)):
+            found.append(f"{message} (gives the right answer on every case)")
+            continue
+        other = next((m for m, earlier in readings[:i] if all(same(v, e) for v, e in zip(values, earlier))), None)
+        if other is not None:
+            found.append(f"{message} (gives what {other!r} gives)")
+    return found

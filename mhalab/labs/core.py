@@ -1,135 +1,98 @@
 """The exercise machinery: an exercise is an object with check(), hint() and solution(), registered in exNN.py.
 
-Its checker is called as ``checker(answer, check)``: ``check`` (a :class:`Check`, one per verdict) is the only
-way the checker learns whether it is grading, draws its hidden inputs (``check.generator(n)``, ``check.rng(n)``)
-and runs the learner's code (``check.call(fn, *args)``).
+Its checker is called as ``checker(answer, check)``: ``check`` (a :class:`~mhalab.labs.calls.Check`, one per
+verdict) is the only way the checker learns whether it is grading, draws its hidden inputs (``check.generator(n)``,
+``check.rng(n)``), runs the learner's code (``check.call(fn, *args)``, where its runner runs it) and reaches the
+course's answer (``check.reference``). That answer is written once, as the solution's text: the reference is what
+running the text defines.
 
 A checker exception that is not a :class:`Wrong` is the checker's bug: the learner is told so and the
 traceback goes to the ``mhalab.labs`` logger. With ``MHALAB_LABS_STRICT=1`` a failed check raises
 ``AssertionError`` (the tests use it so that nbval fails on it).
+
+Modules: :mod:`.verdicts` (statuses, :class:`Wrong`) and :mod:`.invoke` (calling an answer) import nothing of
+this package; :mod:`.plain` (what an answer returned, as plain data) imports :mod:`.invoke`; :mod:`.checks` (the
+tolerance policy) imports those; :mod:`.calls` (:class:`Check` and its runners) imports those; this module imports
+:mod:`.calls`; the exercise modules import all of them. No module imports one that imports it.
 """
 
 from __future__ import annotations
 
 import ast
-import copy
 import importlib
+import linecache
 import logging
 import os
 import pkgutil
-import random
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
+from .calls import LOCAL, PACKAGE, Check
+from .verdicts import BROKEN, ERROR, FAILED, PASSED, STRICT_ENV, UNANSWERED, AnswerRaised, Wrong
 
-from ..models import ModelConfig, Transformer
-
-__all__ = ["Check", "Wrong", "Exercise", "register", "exercise", "load", "available_notebooks"]
+__all__ = ["Check", "Wrong", "AnswerRaised", "Exercise", "register", "exercise", "load", "available_notebooks",
+           "grade_id", "parse_grade_id", "solved", "PACKAGE", "PASSED", "FAILED", "UNANSWERED", "ERROR", "BROKEN",
+           "STRICT_ENV"]
 
 log = logging.getLogger("mhalab.labs")
 log.addHandler(logging.NullHandler())  # checker tracebacks are for instructors and tests, not printed to learners
 
-PASSED, FAILED, UNANSWERED, ERROR, BROKEN = "passed", "failed", "unanswered", "error", "checker error"
-STRICT_ENV = "MHALAB_LABS_STRICT"
-PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # mhalab/
+LABS = os.path.dirname(os.path.abspath(__file__))
 
 
-class Wrong(Exception):
-    """Raised by a checker: the answer is wrong, and the message says what is off."""
+def grade_id(key: str, kind: str = "answer") -> str:
+    """nbgrader's ``grade_id`` of exercise ``key`` ("03.1"): ``ex03-1-answer`` (its answer cell), ``ex03-1-written``
+    (a markdown answer), ``ex03-1-test`` (nbgrader's test cell)."""
+    notebook, number = str(key).split(".")
+    return f"ex{notebook.zfill(2)}-{int(number)}-{kind}"
 
 
-class AnswerRaised(Wrong):
-    """The learner's function raised on a hidden input (reported as an error)."""
+_GRADE_ID = re.compile(r"ex(?P<nb>\d\d)-(?P<num>\d+)-(?P<kind>answer|written)")
 
 
-@dataclass
-class Check:
-    """One run of an exercise's checker, ``checker(answer, check)``, made by :meth:`Exercise.verdict`: where the
-    answer runs, which hidden inputs to draw, and what the answer's last call measured. Every check has its own,
-    so checks running at the same time (a class graded in parallel) share nothing. ``Check()`` is ``q.check``'s."""
+def parse_grade_id(text: str) -> tuple[str, str] | None:
+    """(exercise key, kind) of an answer cell's ``grade_id`` (``ex03-1-answer`` -> ("03.1", "answer")), else None."""
+    m = _GRADE_ID.fullmatch(str(text))
+    return (f"{m['nb']}.{int(m['num'])}", m["kind"]) if m else None
 
-    template: tuple[str, tuple[str, ...]] | None = None  # the solution's def line: (name, parameters)
-    remote: Any = None            # grading: the kernel the answer runs in (mhalab_grader.kernel.GradingKernel)
-    key: str = ""                 # the exercise ("03.1")
-    trusted: bool = False         # the course's own answers (tests): the reference may be handed in
-    seed: int | None = None       # grading: hidden inputs drawn fresh from it (None: the fixed cases of q.check)
-    last_call: tuple[str, str] = ("your answer", "")  # the last call's label, and what it returned (described)
-    facts: dict = field(default_factory=dict)         # measured during the last call: see observe
 
-    @property
-    def grading(self) -> bool:
-        """Whether the hidden inputs are drawn fresh (a grading run) rather than fixed (``q.check``)."""
-        return self.seed is not None
+# What a solution may use without importing it: what the notebooks import before their exercises.
+_SOLUTION_GLOBALS = "import math\nimport numpy as np\nimport torch\nimport torch.nn.functional as F\n"
 
-    def _stream(self, n: int) -> int:
-        return n if self.seed is None else (self.seed * 1_000_003 + n) % (2**63 - 1)
 
-    def generator(self, n: int) -> torch.Generator:
-        """A torch.Generator for hidden inputs: seeded with ``n`` in ``q.check`` (the same cases every time), and
-        when grading with ``n`` mixed with the run's secret seed, so every grading run draws fresh inputs."""
-        return torch.Generator().manual_seed(self._stream(n))
-
-    def rng(self, n: int) -> random.Random:
-        """Like :meth:`generator`, a ``random.Random`` for hidden sizes and counts."""
-        return random.Random(self._stream(n))
-
-    def hidden_model(self, config: Mapping[str, Any], seed: int, *, scale: float = 3.0) -> Transformer:
-        """A small :class:`mhalab.models.Transformer` for hidden inputs (``config``: ModelConfig's fields), in eval
-        mode, its weights drawn from :meth:`generator` ``(seed)`` without touching the global random state, then
-        multiplied by ``scale``: larger than at initialisation, so that every head matters."""
-        with torch.random.fork_rng():
-            torch.manual_seed(self.generator(seed).initial_seed())
-            model = Transformer(ModelConfig(**config)).eval()
-            for p in model.parameters():
-                p.data.mul_(scale)
-        return model
-
-    def call(self, fn: Callable, *args: Any, label: str | None = None, allow: tuple = (), copy_args: bool = True,
-             forbid: tuple = (), facts: tuple = ()) -> Any:
-        """The learner's ``fn(*args)``, called where this check runs it: :func:`mhalab.labs.calls.call_answer`."""
-        from .calls import call_answer  # (calls.py imports this module)
-
-        return call_answer(self, fn, *args, label=label, allow=allow, copy_args=copy_args, forbid=forbid, facts=facts)
-
-    def observe(self, name: str) -> Any:
-        """A fact measured during the learner's last call (``check.call(..., facts=(name,))``), where the call
-        ran: "shares_memory", "largest_bytes", "model_changed" (see :func:`mhalab.labs.invoke.invoke`)."""
-        if name not in self.facts:
-            raise KeyError(f"the fact {name!r} was not measured: pass facts=({name!r},) to check.call")
-        return self.facts[name]
-
-    def calls(self, fn: Callable, cases: Iterable[tuple], reference: Callable, *,
-              compare: Callable[..., None] | None = None) -> None:
-        """Call ``fn`` and ``reference`` on every case (positional arguments) and ``compare`` the results
-        (:func:`~mhalab.labs.checks.expect_close` by default, or ``expect_equal`` for exact ones); the message
-        names the failing input."""
-        from .checks import expect_close  # (checks.py imports this module)
-
-        for args in cases:
-            got = self.call(fn, *args)
-            try:
-                (compare or expect_close)(got, reference(*copy.deepcopy(args)), "the result")
-            except Wrong as wrong:
-                raise Wrong(f"{self.last_call[0]}: {wrong}") from None
+def solved(key: str, solution: str) -> Any:
+    """What running the solution's text defines: its function (the first ``def``), or for a value exercise the
+    value its last assignment gives. Compiled under a file name inside this package, so that an answer that calls
+    it is seen calling the course's own code (:func:`mhalab.labs.calls.call_answer`); its lines go to linecache, so
+    tracebacks and ``inspect.getsource`` show them."""
+    tree = ast.parse(solution)
+    defs = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
+    assigned = [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+                if isinstance(t, ast.Name)]
+    if not defs and not assigned:
+        raise ValueError(f"exercise {key}: its solution defines no function and assigns no value")
+    filename = os.path.join(LABS, f"ex{key.replace('.', '_solution_')}.py")  # mhalab.labs.ex03_solution_1
+    linecache.cache[filename] = (len(solution), None, solution.splitlines(keepends=True), filename)
+    namespace: dict[str, Any] = {"__name__": f"mhalab.labs.ex{key.replace('.', '_solution_')}"}
+    exec(compile(_SOLUTION_GLOBALS, filename + ":imports", "exec"), namespace)  # noqa: S102 (the course's own text)
+    exec(compile(solution, filename, "exec"), namespace)  # noqa: S102
+    return namespace[defs[0] if defs else assigned[-1]]
 
 
 class Exercise:
     """Exercise ``number`` of notebook ``notebook`` ("03"): ``checker(answer, check)`` raises :class:`Wrong`;
-    ``hint`` is one hint or a list given one at a time; the first ``def`` line of ``solution`` is the template
-    the learner's function is called by; ``reference`` passes, but scores 0 when handed in."""
+    ``hint`` is one hint or a list given one at a time; ``solution`` is the answer, written once: its first ``def``
+    line is the template the learner's function is called by, and what its text defines is ``reference`` (what the
+    checker compares with, as ``check.reference``), which passes but scores 0 when handed in."""
 
     def __init__(self, notebook: str, number: int, title: str, checker: Callable[..., None], hint: str | Sequence[str],
-                 solution: str, *, reference: Any, points: float = 1, minutes: int = 10, difficulty: int = 2,
-                 importance: int = 3):
+                 solution: str, *, points: float = 1, minutes: int = 10, difficulty: int = 2, importance: int = 3):
         hints = [hint] if isinstance(hint, str) else list(hint)
         if not callable(checker) or not hints or not solution.strip():
             raise ValueError(f"exercise {notebook}.{number} needs a checker, a hint and a solution")
         self.notebook, self.number, self.title = str(notebook).zfill(2), int(number), title
         self.checker, self.hints, self.solution_text, self.points = checker, hints, solution, points
-        self.reference = reference
         for name, value, low, high in (("minutes", minutes, 1, 120), ("difficulty", difficulty, 1, 5),
                                        ("importance", importance, 1, 5)):
             if not isinstance(value, int) or not low <= value <= high:
@@ -138,6 +101,7 @@ class Exercise:
         # ARENA's labels: how hard (1-5), how much it matters for what follows (1-5), the minutes to spend on it
         self.minutes, self.difficulty, self.importance = minutes, difficulty, importance
         self.key = f"{self.notebook}.{self.number}"
+        self.reference = solved(self.key, solution)
         defs = [node for node in ast.parse(solution).body if isinstance(node, ast.FunctionDef)]
         self.template = (defs[0].name, tuple(a.arg for a in defs[0].args.args)) if defs else None
         self.last_status, self.last_message = None, ""  # of the last check()
@@ -150,18 +114,27 @@ class Exercise:
             return "your answer is the course's own reference (q.reference); write the answer yourself"
         return None
 
-    def verdict(self, answer: Any, *, remote: Any = None, seed: int | None = None,
+    @property
+    def grade_id(self) -> str:
+        """nbgrader's ``grade_id`` of this exercise's answer cell: ``ex03-1-answer``."""
+        return grade_id(self.key)
+
+    def verdict(self, answer: Any, *, runner: Any = None, seed: int | None = None,
                 trusted: bool = False) -> tuple[str, str]:
-        """(status, message) for ``answer``; never raises for anything the learner did. ``remote``: the grading
-        kernel the answer runs in (``answer`` is then what stands for it here); ``seed``: draw the hidden inputs
-        from it; ``trusted`` (the tests only) lets the answer be the course's reference."""
+        """(status, message) for ``answer``; never raises for anything the learner did. ``runner``: where the answer
+        runs (default here; when grading, the grading kernel, and ``answer`` is what stands for it here: see
+        :mod:`mhalab.labs.calls`); ``seed``: draw the hidden inputs from it; ``trusted`` (the tests only) lets the
+        answer be the course's reference."""
         if answer is None or answer is Ellipsis or answer is NotImplemented:
             return UNANSWERED, "not answered yet: replace the placeholder with your answer, then run the cell again."
         borrowed = self._borrowed(answer) if not trusted else None
         if borrowed:
             return FAILED, borrowed
-        check = Check(self.template, remote, self.key, trusted, seed)
+        check = Check(template=self.template, runner=runner or LOCAL, key=self.key, trusted=trusted, seed=seed,
+                      reference=self.reference)
         try:
+            if not callable(answer):  # a value: the checker judges what the grader's transport would carry
+                answer = check.runner.received(answer)
             self.checker(answer, check)
         except NotImplementedError:
             return UNANSWERED, ("not answered yet: your code still raises NotImplementedError; replace that line with "

@@ -7,17 +7,13 @@ import math
 import torch
 from torch import Tensor
 
+from .calls import Check
 from .checks import as_float64, expect_shape, first_match
-from .core import Check, Exercise, Wrong, register
+from .core import Exercise, register
+from .verdicts import Wrong
 
 
 # ------------------------------------------------------------------------------------ exercise 1
-def _attention_reference(Q, K, V):
-    d_k = Q.size(-1)
-    weights = (Q @ K.transpose(-2, -1) / math.sqrt(d_k)).softmax(dim=-1)  # [..., L, S]
-    return weights @ V  # [..., L, dv]
-
-
 def _attention_cases(check: Check):
     g = check.generator(1)
     shapes = [
@@ -34,7 +30,7 @@ def _check_attention(attention, check: Check) -> None:
         case = f"Q {list(Q.shape)}, K {list(K.shape)}, V {list(V.shape)}"
         got = as_float64(check.call(attention, Q, K, V, label=case), f"what attention({case}) returned")
         Q, K, V = Q.double(), K.double(), V.double()
-        want = _attention_reference(Q, K, V)
+        want = check.reference(Q, K, V)
         if tuple(got.shape) == tuple(Q.shape[:-1]) + (K.size(-2),) and got.shape != want.shape:
             raise Wrong(f"for {case} you returned shape {list(got.shape)}: that is the [L, S] matrix of weights. "
                         f"Attention returns each query's weighted sum of the values: [L, d_v] = {list(want.shape)}")
@@ -80,7 +76,6 @@ register(Exercise(
         "    weights = scores.softmax(dim=-1)                     # each query's weights sum to 1 over the keys\n"
         "    return weights @ V                                   # [..., L, d_v]"
     ),
-    reference=_attention_reference,
     minutes=10, difficulty=1, importance=5,
 ))
 
@@ -103,12 +98,6 @@ def _orthonormal_keys(check: Check, n_keys: int, d_k: int, seed: int) -> Tensor:
     g = check.generator(100 + seed)
     q, _ = torch.linalg.qr(torch.randn(d_k, d_k, generator=g, dtype=torch.float64))
     return q[:n_keys].float()  # [S, d_k]: orthonormal rows
-
-
-def _aim_reference(K, j, weight):
-    S, d_k = K.shape
-    gap = math.log(weight * (S - 1) / (1 - weight))  # score of key j minus the others' (0) after scaling
-    return K[j] * gap * math.sqrt(d_k)  # K[j] . K[j] = 1, K[i] . K[j] = 0
 
 
 def _check_aim(query_towards, check: Check) -> None:
@@ -147,6 +136,5 @@ register(Exercise(
         "    gap = math.log(weight * (S - 1) / (1 - weight))   # scaled score of key j over the others (0)\n"
         "    return K[j] * gap * math.sqrt(d_k)                 # undo the 1/sqrt(d_k) scaling"
     ),
-    reference=_aim_reference,
     minutes=20, difficulty=3, importance=3,
 ))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .calls import Check
 from .checks import as_float64, expect_shape, first_match
-from .core import Check, Exercise, Wrong, register
+from .core import Exercise, register
+from .verdicts import Wrong
 
 # Hidden cases: (batch, tokens, d_model, n_heads). None of them is the notebook's example.
 _SPLIT_CASES = [(2, 5, 12, 3), (1, 1, 8, 8), (3, 4, 6, 1), (2, 3, 10, 5), (1, 7, 16, 4)]
@@ -33,10 +35,8 @@ def _check_split(split_heads, check: Check) -> None:
         x = _numbered(B, T, D)  # a fresh input per call, so the result can be compared with its memory
         result = check.call(split_heads, x, H, label=case, copy_args=False, facts=("shares_memory",))
         view = check.observe("shares_memory")
-        got, want = (
-            as_float64(result, f"what split_heads({case}) returned"),
-            _numbered(B, T, D).view(B, T, H, dk).transpose(1, 2),
-        )
+        got = as_float64(result, f"what split_heads({case}) returned")
+        want = check.reference(_numbered(B, T, D), H)
         if got.shape != want.shape:
             if tuple(got.shape) == (B, T, H, dk) and H != T:
                 raise Wrong(f"for {case} you returned shape [B, T, H, dk] = {list(got.shape)}; the head axis must come "
@@ -63,11 +63,6 @@ def _check_split(split_heads, check: Check) -> None:
                         ".clone() and NumPy copy the data")
 
 
-def _split_reference(x, n_heads):
-    B, T, D = x.shape
-    return x.view(B, T, n_heads, D // n_heads).transpose(1, 2)  # [B, T, H, dk] -> [B, H, T, dk]
-
-
 register(Exercise(
     "02", 1, "split into heads",
     _check_split,
@@ -78,7 +73,6 @@ register(Exercise(
         "    B, T, D = x.shape\n"
         "    return x.view(B, T, n_heads, D // n_heads).transpose(1, 2)  # [B, T, H, dk] -> [B, H, T, dk]"
     ),
-    reference=_split_reference,
     minutes=10, difficulty=2, importance=4,
 ))
 
@@ -89,7 +83,7 @@ def _check_merge(merge_heads, check: Check) -> None:
         dk, case = D // H, f"heads of shape [{B}, {H}, {T}, {D // H}]"
         heads = _numbered(B, H, T, dk)  # as attention returns them: laid out head by head
         got = as_float64(check.call(merge_heads, heads, label=case), f"what merge_heads({case}) returned")
-        want = heads.transpose(1, 2).reshape(B, T, D).double()
+        want = check.reference(heads).double()
         if tuple(got.shape) == (B, T, dk) and dk != D:
             raise Wrong(f"for {case} you returned {list(got.shape)}: one head's width; the heads are "
                         f"concatenated, so the result is [B, T, H * d_k] = [{B}, {T}, {D}]")
@@ -115,7 +109,6 @@ register(Exercise(
         "    B, H, T, dk = x.shape\n"
         "    return x.transpose(1, 2).reshape(B, T, H * dk)  # [B, T, H, dk] -> [B, T, D]"
     ),
-    reference=lambda x: x.transpose(1, 2).reshape(x.size(0), x.size(2), x.size(1) * x.size(3)),
     minutes=5, difficulty=1, importance=4,
 ))
 
@@ -155,7 +148,7 @@ def _check_causal(causal_attention_weights, check: Check) -> None:
         got = as_float64(check.call(causal_attention_weights, scores, label=case), f"the weights for {case}")
         expect_shape(got, scores.shape, f"the weights for {case} (the same shape as the scores)")
         s = scores.double()
-        want = _causal_reference(s)
+        want = check.reference(s)
         if first_match(got, {"": want}) is not None:
             continue
         mistake = first_match(got, _causal_mistakes(s))
@@ -171,12 +164,6 @@ def _check_causal(causal_attention_weights, check: Check) -> None:
                     "did you scale or shift the scores? (they come in already scaled)")
 
 
-def _causal_reference(scores):
-    L = scores.size(-1)
-    allowed = torch.ones(L, L, dtype=torch.bool, device=scores.device).tril()  # [L, L]: key j <= query i
-    return scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
-
-
 register(Exercise(
     "02", 3, "causal masking",
     _check_causal,
@@ -188,7 +175,6 @@ register(Exercise(
         "    allowed = torch.ones(L, L, dtype=torch.bool).tril()  # [L, L]: True where key j <= query i\n"
         "    return scores.masked_fill(~allowed, float('-inf')).softmax(dim=-1)"
     ),
-    reference=_causal_reference,
     minutes=10, difficulty=2, importance=4,
 ))
 
@@ -393,7 +379,6 @@ register(Exercise(
         "    merged = heads.transpose(1, 2).reshape(B, T, D)          # [B, T, D]\n"
         "    return merged @ W_O.T"
     ),
-    reference=lambda x, W_Q, W_K, W_V, W_O, n_heads: _mha(x, W_Q, W_K, W_V, W_O, n_heads).to(x.dtype),
     points=3,  # a whole module, in six stages
     minutes=30, difficulty=3, importance=5,
 ))

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import torch
 
+from .calls import Check
 from .checks import expect_whole, judge, name_miss
-from .core import Check, Exercise, Wrong, register
+from .core import Exercise, register
+from .verdicts import Wrong
 
 # ------------------------------------------------------------------------------------ exercise 1
 _COST_CASES = [(768, 12), (768, 1), (1024, 16), (96, 32), (4096, 64)]  # (d_model, n_heads), none from the notebook
@@ -50,7 +52,7 @@ def _check_costs(attention_costs, check: Check) -> None:
         if not isinstance(got, (tuple, list)) or len(got) != 3:
             raise Wrong(f"return a tuple (d_k, parameters, kv_cache) of three numbers; for {label} you returned "
                         f"{got!r}"[:300])
-        want = dict(d_k=d_model // n_heads, parameters=4 * d_model**2, kv_cache=2 * d_model)
+        want = dict(zip(("d_k", "parameters", "kv_cache"), check.reference(d_model, n_heads)))
         for value, (name, right) in zip(got, want.items()):
             value = expect_whole(value, f"{name} for {label}")
             if value != right:
@@ -71,7 +73,6 @@ register(Exercise(
         "    kv_cache = 2 * n_heads * d_k                                   # = 2 * d_model\n"
         "    return d_k, parameters, kv_cache"
     ),
-    reference=lambda d_model, n_heads: (d_model // n_heads, 4 * d_model**2, 2 * d_model),
     minutes=10, difficulty=1, importance=4,
 ))
 
@@ -96,10 +97,6 @@ _BATCH_CASES = [  # (config name, seq_len, memory_bytes, bytes_per_value)
 
 def _per_sequence(c: dict, seq_len: int, bytes_per_value: int) -> int:
     return 2 * c["n_layers"] * c["n_kv_heads"] * c["d_head"] * seq_len * bytes_per_value
-
-
-def _largest_batch(config, seq_len, memory_bytes, bytes_per_value):
-    return memory_bytes // _per_sequence(config, seq_len, bytes_per_value)
 
 
 def _batch_mistakes(c: dict, seq_len: int, memory: int, nbytes: int) -> list[tuple[int, str]]:
@@ -144,7 +141,7 @@ def _check_batch(largest_batch, check: Check) -> None:
                                                                                f"memory_bytes={memory:,}, "
                                                                                f"bytes_per_value={nbytes}")
         got = expect_whole(got, f"the batch size for {label}")
-        want = _largest_batch(config, seq_len, memory, nbytes)
+        want = check.reference(config, seq_len, memory, nbytes)
         if got == want:
             continue
         miss = name_miss(got, [(v, m) for v, m in _batch_mistakes(config, seq_len, memory, nbytes) if v != want])
@@ -165,7 +162,6 @@ register(Exercise(
         "    per_sequence = per_token_per_layer * config['n_layers'] * seq_len * bytes_per_value\n"
         "    return memory_bytes // per_sequence                                # whole sequences only"
     ),
-    reference=_largest_batch,
     minutes=15, difficulty=2, importance=3,
 ))
 
@@ -208,16 +204,12 @@ def _gqa_cases(check: Check) -> list:
     return cases
 
 
-def _gqa_reference(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
-    return _gqa_forward(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads)
-
-
 def _check_gqa(gqa_attention, check: Check) -> None:
     for case in _gqa_cases(check):
         x, W_Q, W_K, W_V, W_O, H, G = case
         label = f"x {list(x.shape)}, n_heads={H}, n_kv_heads={G}"
         got = check.call(gqa_attention, *case, label=label)
-        judge(got, _gqa_reference(*case), f"gqa_attention({label})", lambda: {
+        judge(got, check.reference(*case), f"gqa_attention({label})", lambda: {
             "a query sees keys after it: token-by-token decoding only ever has the past in its cache (mask the "
             "future)": _gqa_forward(*case, causal=False),
             "query heads are paired with the wrong K/V heads: the cache stores consecutive query heads' shared head "
@@ -261,6 +253,5 @@ register(Exercise(
         "    z = scores.masked_fill(future, float('-inf')).softmax(-1) @ v  # [B, H, T, dk]\n"
         "    return z.transpose(1, 2).reshape(B, T, -1) @ W_O              # [B, T, D]"
     ),
-    reference=_gqa_reference,
     minutes=25, difficulty=3, importance=3,
 ))

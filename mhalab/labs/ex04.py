@@ -3,12 +3,12 @@ sequence length, where a width-one head can look, and choosing a head count for 
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from .calls import Check
 from .checks import as_float64, describe, expect_shape, expect_whole
-from .core import Check, Exercise, Wrong, register
+from .core import Exercise, register
+from .verdicts import Wrong
 
 # ------------------------------------------------------------------------------------ exercise 1
 _LOOK_BACK_CASES = [(16, 1), (9, 7), (64, 3), (200, 2), (128, 5)]  # (seq_len, offset): longer than the notebook's
@@ -16,15 +16,6 @@ _LOOK_BACK_CASES = [(16, 1), (9, 7), (64, 3), (200, 2), (128, 5)]  # (seq_len, o
 
 def _look_back_weights(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
     return (Q @ K.T).softmax(-1)  # [T, T], scores as in section 2 (no scale, no mask)
-
-
-def _look_back_reference(seq_len: int, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
-    omega = math.pi / seq_len                                 # half a circle: no two keys meet
-    radius = 2 * math.log(9 * seq_len) / (1 - math.cos(omega))  # margin over the nearest key: 2 log(9 T)
-    angles = omega * torch.arange(seq_len, dtype=torch.float64)
-    K = torch.stack([angles.cos(), angles.sin()], -1)
-    Q = radius * torch.stack([(angles - offset * omega).cos(), (angles - offset * omega).sin()], -1)
-    return Q, K
 
 
 def _look_back_cases(check: Check) -> list[tuple[int, int]]:
@@ -91,16 +82,11 @@ register(Exercise(
         "    Q = radius * torch.stack([back.cos(), back.sin()], -1)        # [T, 2]: query i points at key i - offset\n"
         "    return Q, K"
     ),
-    reference=_look_back_reference,
     minutes=25, difficulty=4, importance=3,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-def _favourite_reference(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    return torch.where(q > 0, k.argmax(), k.argmin())
-
-
 _WATCHED = (3000, 4000)  # the case whose allocations are watched: its L x S matrix takes 12 MB even as booleans
 
 
@@ -129,7 +115,7 @@ def _check_favourite(favourite_keys, check: Check) -> None:
                         f"{case}")
         if not torch.equal(got, got.round()):
             raise Wrong(f"return key *positions* (whole numbers), got fractional values for {case}")
-        want = _favourite_reference(q, k)
+        want = check.reference(q, k)
         bad = got.long() != want
         if bad.any():
             i = int(bad.nonzero()[0])
@@ -153,21 +139,11 @@ register(Exercise(
         "    # q: [L] one number per query, k: [S] one number per key (a head with d_k = 1)\n"
         "    return torch.where(q > 0, k.argmax(), k.argmin())   # [L]: positive queries take the largest key"
     ),
-    reference=_favourite_reference,
     minutes=15, difficulty=3, importance=3,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 3
-def _choose_reference(d_model: int, n_relations: int, min_d_k: int) -> int:
-    for h in range(n_relations, d_model + 1):
-        if d_model % h == 0:
-            if d_model // h < min_d_k:
-                break
-            return h
-    raise ValueError(f"no head count gives {n_relations} heads of width >= {min_d_k} at d_model={d_model}")
-
-
 _CHOOSE_CASES = [(64, 4, 2), (64, 3, 2), (96, 5, 8), (48, 7, 4), (512, 8, 64), (30, 4, 3), (12, 1, 12)]
 _IMPOSSIBLE = [(8, 4, 4), (64, 3, 32), (10, 3, 3)]
 
@@ -184,7 +160,7 @@ def _choose_cases(check: Check) -> tuple[list, list]:
                 r.choice([2, 4, 8, 16, 32]),
             )
             try:
-                _choose_reference(*case)
+                check.reference(*case)
                 possible.append(case)
             except ValueError:
                 impossible.append(case)
@@ -203,7 +179,7 @@ def _check_choose(choose_heads, check: Check) -> None:
             raise Wrong(f"for {case} there are fewer heads than relations: some head must blend two roles")
         if d_model // h < min_d_k:
             raise Wrong(f"for {case} your heads are narrower than min_d_k: too thin for the job")
-        if h != _choose_reference(d_model, n_relations, min_d_k):
+        if h != check.reference(d_model, n_relations, min_d_k):
             raise Wrong(f"for {case} a head count with fewer, wider heads also gives every relation its own head: "
                         "take the smallest head count that works")
     for d_model, n_relations, min_d_k in impossible:
@@ -231,6 +207,5 @@ register(Exercise(
         "            return h\n"
         "    raise ValueError(f'no head count gives {n_relations} heads of width >= {min_d_k} at d_model={d_model}')"
     ),
-    reference=_choose_reference,
     minutes=10, difficulty=2, importance=2,
 ))

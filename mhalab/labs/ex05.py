@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..head_roles import previous_token_score
-from ..hooks import ablate_heads
+from .calls import Check
 from .checks import as_float64, expect_shape, judge, previous_token_mistakes
-from .core import Check, Exercise, Wrong, register
+from .core import Exercise, register
+from .verdicts import Wrong
 
 #: What exercise 1's prompt forbids (the course's own ablation); everything else of mhalab may run.
 _FORBID = ("mhalab.hooks.ablate_heads", "mhalab.hooks.gate_heads", "mhalab.ablation")
@@ -56,11 +56,6 @@ def _zeroed(heads):
     return hook
 
 
-def _ablate_reference(model, tokens, layer, head):
-    with torch.no_grad():
-        return model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate_heads([head]))])
-
-
 # ------------------------------------------------------------------------------------ exercise 1
 def _check_ablate(ablate_head, check: Check) -> None:
     for model, tokens, _ in _models(check):
@@ -77,7 +72,7 @@ def _check_ablate(ablate_head, check: Check) -> None:
                             "off. Remove the hook when you are done (model.run_with_hooks and model.hooks do it for "
                             "you)")
             others = [h for h in range(H) if h != head]
-            judge(got, _ablate_reference(model, tokens, layer, head), f"ablate_head({label})", lambda: {
+            judge(got, check.reference(model, tokens, layer, head), f"ablate_head({label})", lambda: {
                 "nothing changed: the result is the intact model's. Does your hook return the new z (or change it in "
                 f"place), and is it on blocks.{layer}.attn.hook_z?": clean,
                 "you zeroed a query position, not a head: z is [batch, query, head, d_head]":
@@ -87,7 +82,7 @@ def _check_ablate(ablate_head, check: Check) -> None:
                 "that switches off every head of the layer except the one asked":
                     _with_hook(model, tokens, layer, _zeroed(others)),
                 **{f"that switches off head {head} of layer {other}, not of layer {layer}":
-                   _ablate_reference(model, tokens, other, head) for other in range(N) if other != layer},
+                   check.reference(model, tokens, other, head) for other in range(N) if other != layer},
             })
 
 
@@ -107,7 +102,6 @@ register(Exercise(
         "    with torch.no_grad():\n"
         "        return model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{layer}.attn.hook_z', switch_off)])"
     ),
-    reference=_ablate_reference,
     minutes=15, difficulty=2, importance=4,
 ))
 
@@ -117,20 +111,12 @@ def _loss(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def _effects_reference(model, tokens, targets, *, zero=_zeroed):
-    N, H = model.config.n_layers, model.config.n_heads
-    with torch.no_grad():
-        base = _loss(model(tokens), targets)
-        return torch.tensor([[float(_loss(_with_hook(model, tokens, l, zero([h])), targets) - base) for h in range(H)]
-                             for l in range(N)])
-
-
 def _check_effects(ablation_effects, check: Check) -> None:
     for model, tokens, targets in _models(check):
         N, H = model.config.n_layers, model.config.n_heads
         label = f"a {N}-layer model with {H} heads, tokens {list(tokens.shape)}, targets {list(targets.shape)}"
         got = check.call(ablation_effects, model, tokens, targets, label=label, copy_args=False)
-        want = _effects_reference(model, tokens, targets)
+        want = check.reference(model, tokens, targets)
         try:
             got = as_float64(got, "the result")  # a tensor, an array or nested lists, as everywhere
             expect_shape(got, (N, H), "the result")
@@ -185,16 +171,11 @@ register(Exercise(
         "switch_off(h))]))\n"
         "                              - intact for h in range(H)] for l in range(N)])   # [N, H]"
     ),
-    reference=_effects_reference,
     minutes=15, difficulty=2, importance=3,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 3
-def _prev_reference(attention: torch.Tensor) -> torch.Tensor:
-    return previous_token_score(attention[None])[0]  # [1, B, H, T, S] -> [H]
-
-
 def _pattern_cases(check: Check) -> list:
     g = check.generator(5)
     cases = []
@@ -210,7 +191,7 @@ def _check_prev_score(previous_token_score, check: Check) -> None:
     for (attention,) in _pattern_cases(check):
         label = f"attention {list(attention.shape)}"
         got = check.call(previous_token_score, attention, label=label)
-        judge(got, _prev_reference(attention), f"previous_token_score({label})",
+        judge(got, check.reference(attention), f"previous_token_score({label})",
               lambda: {why: scores[0] for why, scores in previous_token_mistakes([attention]).items()})
 
 
@@ -227,6 +208,5 @@ register(Exercise(
         "    below = torch.diagonal(attention, offset=-1, dim1=-2, dim2=-1)   # [B, H, T-1]: attention[q, q-1]\n"
         "    return below.mean(dim=(0, 2))"
     ),
-    reference=lambda attention: torch.diagonal(attention, offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2)),
     minutes=5, difficulty=1, importance=2,
 ))

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import torch
 
+from .calls import Check
 from .checks import expect_equal, expect_whole, name_miss
-from .core import Check, Exercise, Wrong, register
+from .core import Exercise, register
+from .verdicts import Wrong
 
 
 # ------------------------------------------------------------------------------------ exercise 1
-def _causal_reference(n_queries: int, n_keys: int) -> torch.Tensor:
-    key_pos = torch.arange(n_keys)[None, :]  # [1, S]
-    return key_pos <= torch.arange(n_queries)[:, None] + (n_keys - n_queries)  # [L, S]: True = allowed
-
-
 def _diagonal_miss(got, want: torch.Tensor) -> str | None:
     """What is off when ``got`` is the lower triangle of ``want``'s shape starting at another diagonal."""
     if (
@@ -45,7 +42,7 @@ def _expect_causal(value, expected, name) -> None:
 
 def _check_causal(causal_allowed, check: Check) -> None:
     # Square first (a whole sequence), then the queries as the last few positions (decoding with a cache).
-    check.calls(causal_allowed, [(5, 5), (1, 1), (9, 9)], _causal_reference, compare=_expect_causal)
+    check.calls(causal_allowed, [(5, 5), (1, 1), (9, 9)], compare=_expect_causal)
     r = check.rng(60)
     for L, S in [(3, 7), (1, 6)] + ([(r.randint(1, 5), r.randint(6, 12)) for _ in range(2)] if check.grading else []):
         label = f"n_queries={L}, n_keys={S} ({S - L} tokens already cached)"
@@ -59,7 +56,7 @@ def _check_causal(causal_allowed, check: Check) -> None:
                         f"*last* {L} positions, so query i sits at position {S - L} + i and may see the cached tokens "
                         "too")
         try:
-            _expect_causal(got, _causal_reference(L, S), "the result")
+            _expect_causal(got, check.reference(L, S), "the result")
         except Wrong as wrong:
             raise Wrong(f"causal_allowed({label}): {wrong}") from None
 
@@ -77,7 +74,6 @@ register(Exercise(
         "    key_pos = torch.arange(n_keys)[None, :]               # [1, S]\n"
         "    return key_pos <= query_pos                           # [L, S], True = allowed"
     ),
-    reference=_causal_reference,
     minutes=15, difficulty=2, importance=4,
 ))
 
@@ -91,14 +87,6 @@ _WHY_MASK = {
 }
 _SIDES = {"encoder": ("source", "source"), "decoder": ("target", "target"), "cross": ("target", "source")}
 _NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
-
-
-def _layout_reference(batch: int, n_heads: int, src_len: int, tgt_len: int) -> dict:
-    return {
-        "encoder": ("none", (batch, n_heads, src_len, src_len)),
-        "decoder": ("causal", (batch, n_heads, tgt_len, tgt_len)),
-        "cross": ("none", (batch, n_heads, tgt_len, src_len)),
-    }
 
 
 def _shape_miss(use: str, shape: tuple, want: tuple, src_len: int, tgt_len: int) -> str:
@@ -126,7 +114,7 @@ def _check_layout(attention_layout, check: Check) -> None:
     for batch, n_heads, src_len, tgt_len in [(2, 8, 11, 5), (3, 4, 6, 9), (1, 1, 7, 7)] + fresh:
         text = f"batch={batch}, n_heads={n_heads}, src_len={src_len}, tgt_len={tgt_len}"
         got = check.call(attention_layout, batch, n_heads, src_len, tgt_len, label=text)
-        want = _layout_reference(batch, n_heads, src_len, tgt_len)
+        want = check.reference(batch, n_heads, src_len, tgt_len)
         if not isinstance(got, dict) or set(got) != set(_USES):
             keys = sorted(map(str, got)) if isinstance(got, dict) else type(got).__name__
             raise Wrong(f"return a dict with the keys {list(_USES)} (one per use of attention), got {keys}")
@@ -162,18 +150,11 @@ register(Exercise(
         "source\n"
         "    }"
     ),
-    reference=_layout_reference,
     minutes=10, difficulty=1, importance=2,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 3
-def _count_reference(n_heads: int, encoder_layers: int, decoder_layers: int) -> tuple[int, int]:
-    cross = decoder_layers if encoder_layers > 0 else 0  # cross-attention exists only with an encoder
-    blocks = encoder_layers + decoder_layers + cross
-    return blocks * n_heads, blocks
-
-
 def _critical_path(encoder_layers: int, decoder_layers: int) -> int:
     """Sequential steps when the decoder's first self-attention runs beside the encoder (it does not need it)."""
     if not encoder_layers or not decoder_layers:
@@ -198,7 +179,7 @@ def _check_count(attention_operations, check: Check) -> None:
             raise Wrong(f"return a pair (operations, sequential_steps), got {got!r} for {label}"[:300])
         got_ops = expect_whole(got[0], f"operations for {label}")
         got_steps = expect_whole(got[1], f"sequential steps for {label}")
-        ops, steps = _count_reference(n_heads, enc, dec)
+        ops, steps = check.reference(n_heads, enc, dec)
         if got_ops != ops:
             raise Wrong(f"operations for {label}: got {got_ops:,}; " + (name_miss(got_ops, [
                 ((enc + dec) * n_heads, "a decoder layer of an encoder-decoder has two attention blocks: "
@@ -228,6 +209,5 @@ register(Exercise(
         "    blocks = encoder_layers + decoder_layers + cross      # in a standard implementation each block waits\n"
         "    return blocks * n_heads, blocks                       # (the decoder's first self-attention need not)"
     ),
-    reference=_count_reference,
     minutes=10, difficulty=1, importance=2,
 ))

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import torch
 
+from .calls import Check
 from .checks import as_float64, expect_shape, judge, pattern_cache, previous_token_mistakes
-from .core import Check, Exercise, Wrong, register
+from .core import Exercise, register
+from .verdicts import Wrong
 
 
 def _patterns(shape, generator, causal=False, sharp=3.0) -> torch.Tensor:
@@ -41,10 +43,6 @@ def _cache_cases(check: Check) -> list:
     return cases
 
 
-def _prev_from_cache_reference(cache) -> torch.Tensor:
-    return torch.stack([p.diagonal(-1, -2, -1).mean(dim=(0, 2)) for p in cache.values()])  # [N, H]
-
-
 def _check_prev_from_cache(previous_token_scores, check: Check) -> None:
     for cache in _cache_cases(check):
         N = len(cache)
@@ -59,7 +57,7 @@ def _check_prev_from_cache(previous_token_scores, check: Check) -> None:
                 raise Wrong(f"previous_token_scores({label}): layers are the rows, heads the columns: [n_layers, "
                             "n_heads]") from None
             raise Wrong(f"previous_token_scores({label}): {wrong} ([n_layers, n_heads])") from None
-        want = _prev_from_cache_reference(cache)
+        want = check.reference(cache)
         by_name = torch.stack([cache[k].diagonal(-1, -2, -1).mean(dim=(0, 2)) for k in sorted(cache)])
         judge(got, want, f"previous_token_scores({label})", lambda: {
             "the layers are out of order: sorting the names puts blocks.10 before blocks.2; take them by layer "
@@ -86,19 +84,11 @@ register(Exercise(
         "        rows.append(below.mean(dim=(0, 2)))                   # [H]\n"
         "    return torch.stack(rows)"
     ),
-    reference=_prev_from_cache_reference,
     minutes=10, difficulty=2, importance=3,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-def _hide_reference(pattern: torch.Tensor) -> torch.Tensor:
-    shown = pattern.double().clone()
-    shown[..., [0, -1]] = 0.0
-    total = shown.sum(-1, keepdim=True)
-    return torch.where(total > 0, shown / total.clamp(min=1e-300), torch.zeros_like(shown))
-
-
 def _hide_cases(check: Check) -> list:
     """The fixed sizes, and when grading two drawn fresh."""
     g, r = check.generator(8), check.rng(71)
@@ -130,7 +120,7 @@ def _check_hide(hide_cls_and_sep, check: Check) -> None:
                         "[SEP] has nothing left to divide by; give such a row zeros")
         kept = pattern.double().clone()
         kept[..., [0, -1]] = 0.0
-        judge(got, _hide_reference(pattern), f"hide_cls_and_sep({label})", lambda: {
+        judge(got, check.reference(pattern.double()), f"hide_cls_and_sep({label})", lambda: {
             "the rows no longer sum to 1: divide each row by what is left of it (renormalise)": kept,
             "that renormalises each column (over the queries); each row (one query's weights over the keys) should sum "
             "to 1":
@@ -161,19 +151,11 @@ register(Exercise(
         "    total = shown.sum(-1, keepdim=True)                # [B, H, T, 1]: what is left of each row\n"
         "    return torch.where(total > 0, shown / total.clamp(min=1e-12), torch.zeros_like(shown))"
     ),
-    reference=_hide_reference,
     minutes=10, difficulty=2, importance=2,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 3
-def _gap_reference(similarity: torch.Tensor) -> float:
-    S = similarity.double()
-    n = S.size(0)
-    matched = S.diagonal().mean()
-    return float(matched - (S.sum() - S.diagonal().sum()) / (n * n - n))
-
-
 def _gap_cases(check: Check) -> list:
     """The fixed sizes, and when grading two drawn fresh."""
     g, r = check.generator(9), check.rng(72)
@@ -193,10 +175,10 @@ def _check_gap(paraphrase_gap, check: Check) -> None:
         got = check.call(paraphrase_gap, S, label=label)
         D = S.double()
         upper = D.triu(1)
-        judge(got, _gap_reference(S), f"paraphrase_gap({label})", lambda: {
+        judge(got, check.reference(S.double()), f"paraphrase_gap({label})", lambda: {
             "the mismatched mean includes the true pairs (the diagonal); leave them out: n*n - n entries":
                 float(D.diagonal().mean() - D.mean()),
-            "the sign is flipped: matched minus mismatched": -_gap_reference(S),
+            "the sign is flipped: matched minus mismatched": -check.reference(S.double()),
             "that uses only the entries above the diagonal; the matrix is not symmetric (row i is the first sentence "
             "of pair i, column j the second of pair j), so every off-diagonal entry is a mismatched pair":
                 float(D.diagonal().mean() - upper.sum() / (n * (n - 1) / 2)),
@@ -217,6 +199,5 @@ register(Exercise(
         "    mismatched = (similarity.sum() - similarity.diagonal().sum()) / (n * n - n)\n"
         "    return float(matched - mismatched)"
     ),
-    reference=_gap_reference,
     minutes=10, difficulty=1, importance=2,
 ))

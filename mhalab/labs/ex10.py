@@ -10,87 +10,139 @@ unembeddings. When grading, the values are drawn fresh and more cases added. Any
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
-from .checks import expect_equal, judge, name_miss
-from .core import Check, Exercise, Wrong, register
+from .calls import Check
+from .checks import ATOL, RTOL, describe, expect_whole, judge, name_miss
+from .core import Exercise, register
+from .verdicts import Wrong
+
 
 # ------------------------------------------------------------------------------------ exercise 1
-_QK_MODELS = [
-    ("stage 1 of 3 (multi-head attention)", dict(d_vocab=11, d_model=12, n_heads=3, n_layers=2), 101, 1, 1),
-    ("stage 2 of 3 (grouped-query: 4 query heads share 2 K/V heads)",
-     dict(d_vocab=11, d_model=16, n_heads=4, n_key_value_heads=2, n_layers=2), 102, 0, 2),
-    ("stage 3 of 3 (a head whose rank is below d_head)",
-     dict(d_vocab=11, d_model=16, n_heads=4, n_key_value_heads=1, d_head=6, n_layers=1), 103, 0, 1),
+def _kv_maps(H: int, G: int) -> dict[str, Callable[[int], int]]:
+    """The K/V head a query head reads, by the right map and by the maps a learner could make up."""
+    return {"right": lambda j: j // (H // G), "cycles": lambda j: j % G, "by G": lambda j: j // G}
+
+
+def _near_degenerate(model, layer: int, head: int, generator: torch.Generator) -> None:
+    """Make ``head``'s W_QK of rank 3 with one direction small but well above rounding, and lower in rank than W_Q
+    (5) and W_K (4): W_Q's columns are orthogonal directions a_i u_i, W_K's b_i v_i, so W_QK = sum_i a_i b_i u_i v_iᵀ
+    has the singular values a_i b_i. Query direction 0 and key directions 1 and 2 are zero (W_QK keeps 3, 4 and 5);
+    direction 3 is tiny: its singular value is 3 x the rounding of a float32 W_QK (max(shape) x eps x the largest, the
+    tolerance of torch.linalg.matrix_rank), so the rank counts it and any relative tolerance of 1e-5 or looser misses
+    it. The head's K/V head is shared by its group (and every head when there is one K/V head): their W_QK lose key
+    directions 1 and 2 too."""
+    attn = model.blocks[layer].attn
+    H, G, d, D = attn.n_heads, attn.n_kv_heads, attn.d_head, attn.d_model
+    u, _ = torch.linalg.qr(torch.randn(D, d, generator=generator, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(D, d, generator=generator, dtype=torch.float64))
+    tiny = 3 * D * torch.finfo(torch.float32).eps * 1.5  # x the largest singular value, a_4 b_4
+    a = torch.tensor([0.0, 1.0, 1.0, tiny ** 0.5, 1.5, 1.0], dtype=torch.float64)[:d]
+    b = torch.tensor([1.0, 0.0, 0.0, tiny ** 0.5, 1.0, 0.6], dtype=torch.float64)[:d]
+    w = attn.qkv_proj.weight.view(H + 2 * G, d, D)
+    with torch.no_grad():
+        w[head] = (u * a).T.to(w.dtype)                                 # W_Q = u diag(a): [D, d]
+        w[H + head // (H // G)] = (v * b).T.to(w.dtype)                 # W_K = v diag(b)
+
+
+_QK_MODELS = [  # (stage, config, seed, layer, heads probed, the head made near-degenerate or None)
+    ("stage 1 of 4 (multi-head attention)", dict(d_vocab=11, d_model=12, n_heads=3, n_layers=2), 101, 1, [1], None),
+    ("stage 2 of 4 (grouped-query: 4 query heads share 2 K/V heads)",
+     dict(d_vocab=11, d_model=16, n_heads=4, n_key_value_heads=2, n_layers=2), 102, 0, [0, 1, 2, 3], None),
+    ("stage 3 of 4 (grouped-query: 6 query heads share 3 K/V heads)",
+     dict(d_vocab=11, d_model=24, n_heads=6, n_key_value_heads=3, d_head=4, n_layers=2), 106, 1, list(range(6)), None),
+    ("stage 4 of 4 (a head whose rank is below its width, W_Q's and W_K's)",
+     dict(d_vocab=11, d_model=16, n_heads=4, n_key_value_heads=1, d_head=6, n_layers=1), 103, 0, [1, 0], 1),
 ]
 
 
 def _qk_cases(check: Check) -> list:
-    """(stage, model, layer, head): the paper's attention, grouped-query, a low-rank head; more drawn when grading."""
-    cases = []
-    for stage, config, seed, layer, head in _QK_MODELS:
-        model = check.hidden_model({**config, "n_ctx": 8, "causal": True, "bias": False}, seed)
-        if "low" in stage or "rank" in stage:  # head 1 keeps only 3 of its 6 query directions
-            d = model.config.d_head
-            with torch.no_grad():
-                model.blocks[layer].attn.qkv_proj.weight[head * d + 3:(head + 1) * d] = 0.0
-        cases.append((stage, model, layer, head))
+    """(stage, model, layer, heads, near-degenerate head): the paper's attention; grouped-query attention with every
+    query head probed, so that only the right K/V map passes; a head of rank 3 with a direction near the rounding;
+    when grading, the grouped-query models and the low-rank head drawn fresh (sizes, groups, which head)."""
+    specs = list(_QK_MODELS)
     if check.grading:
         r = check.rng(104)
-        g = r.choice([1, 2])
-        config = dict(d_vocab=9, d_model=r.choice([16, 24]), n_heads=2 * g, n_key_value_heads=g,
-                      d_head=r.choice([3, 5]), n_layers=2, n_ctx=8, causal=True, bias=False)
-        cases.append(
-            ("a model drawn for this grading", check.hidden_model(config, 105), r.randrange(2), r.randrange(2 * g))
-        )
+        G = r.choice([2, 3])
+        H = G * r.choice([2, 3])
+        D = r.choice([16, 24])
+        specs[1] = (f"stage 2 of 4 (grouped-query: {H} query heads share {G} K/V heads)",
+                    dict(d_vocab=9, d_model=D, n_heads=H, n_key_value_heads=G, d_head=r.choice([3, 4, 5]),
+                         n_layers=2), 105, r.randrange(2), list(range(H)), None)
+        H, G = r.choice([(4, 1), (4, 2), (6, 3)])
+        special = r.randrange(H)
+        specs[3] = (specs[3][0], dict(d_vocab=9, d_model=r.choice([16, 24]), n_heads=H, n_key_value_heads=G, d_head=6,
+                                      n_layers=2), 107, r.randrange(2), [special, (special + 1) % H], special)
+    cases = []
+    for stage, config, seed, layer, heads, special in specs:
+        model = check.hidden_model({**config, "n_ctx": 8, "causal": True, "bias": False}, seed)
+        if special is not None:
+            _near_degenerate(model, layer, special, check.generator(seed + 50))
+        cases.append((stage, model, layer, heads))
     return cases
 
 
-def _qk_reference(model, layer, head):
-    p = model.blocks[layer].attn.head_projections(head)
-    W_QK = (p.W_Q @ p.W_K.T).detach()
-    return W_QK, int(torch.linalg.matrix_rank(W_QK))
+def _rank_mistakes(attn, head: int, W_QK: torch.Tensor) -> list[tuple[int, str]]:
+    """(the rank a mistake gives, what it missed) for one head; the first that matches is named."""
+    p = attn.head_projections(head)
+    out = [(int(torch.linalg.matrix_rank(p.W_Q.detach())), "that is the rank of W_Q alone; W_QK = W_Q W_Kᵀ can have "
+            "a lower rank than W_Q or W_K (a direction counts only where both have it): compute it from W_QK"),
+           (int(torch.linalg.matrix_rank(p.W_K.detach())), "that is the rank of W_K alone; W_QK = W_Q W_Kᵀ can have "
+            "a lower rank than W_Q or W_K: compute it from W_QK"),
+           (attn.d_head, f"the rank is at most d_head = {attn.d_head}, not always equal to it: compute it "
+                         "(torch.linalg.matrix_rank)"),
+           (attn.d_model, "that is d_model, the size of the matrix, not its rank (if you computed it in float64 from "
+                          "float32 weights, rounding noise fills the other directions: stay in their dtype)")]
+    for rtol in (1e-5, 1e-4, 1e-3, 1e-2):
+        out.append((int(torch.linalg.matrix_rank(W_QK.double(), rtol=rtol)), "a direction of W_QK whose singular value "
+                    "is small but well above rounding was not counted: your tolerance is looser than the rounding of "
+                    "the computation (torch.linalg.matrix_rank's default: max(shape) x eps of W_QK's dtype x its "
+                    "largest singular value)"))
+    return out
 
 
 def _check_qk(qk_circuit, check: Check) -> None:
-    for stage, model, layer, head in _qk_cases(check):
+    for stage, model, layer, heads in _qk_cases(check):
         attn = model.blocks[layer].attn
         H, G, d = attn.n_heads, attn.n_kv_heads, attn.d_head
-        label = (f"{stage}, qk_circuit(a model with {H} heads, {G} K/V heads, d_model {attn.d_model}, d_head {d}, "
-                 f"layer={layer}, head={head})")
-        got = check.call(qk_circuit, model, layer, head, label=label, copy_args=False)
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise Wrong(f"{label}: return two things, (W_QK, rank)")
-        W_QK, rank = got
-        want, want_rank = _qk_reference(model, layer, head)
-        p = attn.head_projections(head)
+        for head in heads:
+            label = (f"{stage}, qk_circuit(a model with {H} heads, {G} K/V heads, d_model {attn.d_model}, d_head {d}, "
+                     f"layer={layer}, head={head})")
+            got = check.call(qk_circuit, model, layer, head, label=label, copy_args=False)
+            if not isinstance(got, (tuple, list)) or len(got) != 2:
+                raise Wrong(f"{label}: return two things, (W_QK, rank)")
+            W_QK, rank = got
+            want, want_rank = check.reference(model, layer, head)
+            want = want.detach()
+            p = attn.head_projections(head)
 
-        def mistakes():
-            out = {"that is W_K W_Qᵀ, the transpose: the query side comes first, W_QK = W_Q W_Kᵀ": want.T,
-                   "W_QK is W_Q W_Kᵀ itself, without the 1/sqrt(d_head) the attention scores get":
-                       want / math.sqrt(d)}
-            if G != H:
-                wrong_kv = head % G
-                W_K = attn.qkv_proj.weight[(H + wrong_kv) * d:(H + wrong_kv + 1) * d].T
-                out[f"that W_K is K/V head {wrong_kv}'s; query head j reads K/V head j // (H // G) "
-                    f"(head_projections picks it for you)"] = (p.W_Q @ W_K.T).detach()
-            return out
+            def mistakes():
+                out = {"that is W_K W_Qᵀ, the transpose: the query side comes first, W_QK = W_Q W_Kᵀ": want.T,
+                       "W_QK is W_Q W_Kᵀ itself, without the 1/sqrt(d_head) the attention scores get":
+                           want / math.sqrt(d)}
+                w = attn.qkv_proj.weight.detach().view(H + 2 * G, d, attn.d_model)
+                for name, kv in _kv_maps(H, G).items():
+                    g = kv(head)
+                    if name != "right" and g != head // (H // G) and g < G:
+                        out[f"that W_K is K/V head {g}'s; query head j reads K/V head j // (H // G), here "
+                            f"{head // (H // G)} (head_projections picks it for you)"] = p.W_Q.detach() @ w[H + g]
+                return out
 
-        if hasattr(W_QK, "shape") and tuple(W_QK.shape) == (d, d) != tuple(want.shape):
-            raise Wrong(f"{label}: W_QK has shape [{d}, {d}], [d_head, d_head]; W_Q and W_K are [d_model, d_head], "
-                        "so W_Q W_Kᵀ is [d_model, d_model]")
-        judge(W_QK, want, f"{label}, W_QK", mistakes)
-        if not isinstance(rank, (int, float)) and not (hasattr(rank, "numel") and rank.numel() == 1):
-            raise Wrong(f"{label}: the rank should be one whole number, got {type(rank).__name__}")
-        miss = name_miss(int(rank), [
-            (d, f"the rank is at most d_head = {d}, not always equal to it: compute it (torch.linalg.matrix_rank)"),
-            (attn.d_model, "that is d_model, the size of the matrix, not its rank (if you computed it in float64 "
-                           "from float32 weights, rounding noise fills the other directions: stay in their dtype)"),
-        ]) if int(rank) != want_rank else None
-        if miss:
-            raise Wrong(f"{label}: rank {int(rank)}; {miss}")
-        expect_equal(rank, want_rank, f"{label}: the rank")
+            if hasattr(W_QK, "shape") and tuple(W_QK.shape) == (d, d) != tuple(want.shape):
+                raise Wrong(f"{label}: W_QK has shape [{d}, {d}], [d_head, d_head]; W_Q and W_K are [d_model, d_head], "
+                            "so W_Q W_Kᵀ is [d_model, d_model]")
+            judge(W_QK, want, f"{label}, W_QK", mistakes)
+            one = isinstance(rank, (int, float)) or getattr(rank, "numel", lambda: 0)() == 1
+            if isinstance(rank, bool) or not one:
+                raise Wrong(f"{label}: the rank should be one whole number, got {describe(rank)}")
+            rank = expect_whole(rank, f"{label}: the rank")
+            if rank != want_rank:
+                miss = name_miss(rank, [(v, m) for v, m in _rank_mistakes(attn, head, want) if v != want_rank])
+                raise Wrong(f"{label}: rank {rank}; " + (miss or "the rank of W_QK is the number of its singular "
+                                                                 "values above the rounding of the computation "
+                                                                 "(torch.linalg.matrix_rank)"))
 
 
 register(Exercise(
@@ -106,39 +158,64 @@ register(Exercise(
         "    W_QK = p.W_Q @ p.W_K.T                                 # [d_model, d_model]\n"
         "    return W_QK, int(torch.linalg.matrix_rank(W_QK))"
     ),
-    reference=_qk_reference,
     minutes=15, difficulty=2, importance=4,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-def _ov_cases(check: Check) -> list:
-    """(what, W_E, W_V, W_O, W_U) in float64; W_U from W_E for one that copies and one that suppresses."""
-    g = check.generator(110)
-    sizes = [(10, 6, 3), (12, 8, 2), (9, 6, 4)]
-    if check.grading:
-        r = check.rng(111)
-        sizes += [(r.randint(6, 16), r.randint(4, 8), r.randint(1, 4)) for _ in range(2)]
-    cases = []
-    for n, (V, D, d) in enumerate(sizes):
-        W_E, W_V, W_O = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((V, D), (D, d), (d, D)))
-        if n == 0:  # a head that copies: W_O undoes W_V on its subspace, W_U reads the embedding back
-            W_U, W_O, what = W_E.T.clone(), torch.linalg.pinv(W_V), "a head that copies"
-        elif n == 1:
-            W_U, W_O, what = -W_E.T, torch.linalg.pinv(W_V), "a head that suppresses"
-        else:
-            W_U, what = torch.randn(D, V, generator=g, dtype=torch.float64), "random matrices"
-        cases.append((what, W_E, W_V, W_O, W_U))
-    return cases[2:] + cases[:2]  # random ones first: there every mistake gives its own value
-
-
 def _copying(M: torch.Tensor) -> float:
     lam = torch.linalg.eigvals(M)
     return float(lam.real.sum() / lam.abs().sum())
 
 
-def _copying_reference(W_E, W_V, W_O, W_U) -> float:
-    return _copying(W_E @ W_V @ W_O @ W_U)
+def _copying_mistakes(W_E, W_V, W_O, W_U) -> dict[str, float]:
+    """{message: the score that mistake gives} for one circuit."""
+    full = W_E @ W_V @ W_O @ W_U
+    lam = torch.linalg.eigvals(full)
+    return {
+        "that is the copying score of W_V W_O alone; the full OV circuit runs from the embedding to the "
+        "unembedding, W_E W_V W_O W_U": _copying(W_V @ W_O),
+        "a score of exactly 1 whatever the circuit: the numerator is the sum of the *real parts* Re λ of the "
+        "eigenvalues, which can be negative (a head that suppresses scores below 0), over the sum of their moduli "
+        "|λ|. A sum of moduli |λ|, or of singular values, over itself is always 1": 1.0,
+        "divide by the moduli |λ| (eigenvalues.abs()), not by |Re λ|": float(lam.real.sum() / lam.real.abs().sum()),
+        "that is the sum of the real parts alone; divide it by the sum of the moduli |λ|": float(lam.real.sum()),
+        "divide by the sum of the moduli of the eigenvalues |λ|, not of the singular values (the nuclear norm)":
+            float(lam.real.sum() / torch.linalg.svdvals(full).sum()),
+        "the numerator is the sum of the real parts of the eigenvalues, not of their moduli: this divides the sum "
+        "of the moduli |λ| by something else": float(lam.abs().sum() / lam.real.abs().sum()),
+    }
+
+
+def _far_apart(values: list[float]) -> bool:
+    """Every two of ``values`` differ by far more than the tolerance (so each mistake is told by its value)."""
+    return all(abs(a - b) > 100 * (ATOL + RTOL * max(abs(a), abs(b))) for n, a in enumerate(values)
+               for b in values[n + 1:])
+
+
+def _ov_cases(check: Check) -> list:
+    """(what, W_E, W_V, W_O, W_U) in float64: random circuits first (drawn, and redrawn a few times at most, until
+    every mistake gives a score of its own: eigenvalues that are not all real, so that |λ| is not |Re λ|), then one
+    that copies and one that suppresses (W_U from W_E)."""
+    g = check.generator(110)
+    sizes = [(9, 6, 4)]
+    if check.grading:
+        r = check.rng(111)
+        sizes = [(r.randint(6, 16), r.randint(4, 8), r.randint(3, 4)) for _ in range(2)]
+    cases = []
+    for V, D, d in sizes:
+        for _ in range(50):
+            W_E, W_V, W_O = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((V, D), (D, d), (d, D)))
+            W_U = torch.randn(D, V, generator=g, dtype=torch.float64)
+            scores = [_copying(W_E @ W_V @ W_O @ W_U), *_copying_mistakes(W_E, W_V, W_O, W_U).values()]
+            if _far_apart(scores):
+                break
+        cases.append(("random matrices", W_E, W_V, W_O, W_U))
+    for what, (V, D, d) in (("a head that copies", (10, 6, 3)), ("a head that suppresses", (12, 8, 2))):
+        W_E, W_V = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((V, D), (D, d)))
+        W_O = torch.linalg.pinv(W_V)  # W_O undoes W_V on its subspace; W_U reads the embedding back (or negated)
+        cases.append((what, W_E, W_V, W_O, W_E.T.clone() if "copies" in what else -W_E.T))
+    return cases
 
 
 def _check_copying(copying_score, check: Check) -> None:
@@ -146,16 +223,7 @@ def _check_copying(copying_score, check: Check) -> None:
         shapes = ", ".join(f"{n} {list(m.shape)}" for n, m in zip(("W_E", "W_V", "W_O", "W_U"), (W_E, W_V, W_O, W_U)))
         label = f"copying_score({shapes}) ({what})"
         got = check.call(copying_score, W_E, W_V, W_O, W_U, label=label)
-        full = W_E @ W_V @ W_O @ W_U
-        lam = torch.linalg.eigvals(full)
-        judge(got, _copying_reference(W_E, W_V, W_O, W_U), label, lambda: {
-            "that is the copying score of W_V W_O alone; the full OV circuit runs from the embedding to the "
-            "unembedding, W_E W_V W_O W_U": _copying(W_V @ W_O),
-            "singular values are never negative, so their score is always 1: use the eigenvalues "
-            "(torch.linalg.eigvals)": 1.0,
-            "divide by the moduli |λ| (eigenvalues.abs()), not by |Re λ|": float(lam.real.sum() / lam.real.abs().sum()),
-            "that is the sum of the real parts alone; divide it by the sum of the moduli |λ|": float(lam.real.sum()),
-        })
+        judge(got, check.reference(W_E, W_V, W_O, W_U), label, lambda: _copying_mistakes(W_E, W_V, W_O, W_U))
 
 
 register(Exercise(
@@ -169,7 +237,6 @@ register(Exercise(
         "    eigenvalues = torch.linalg.eigvals(W_E @ W_V @ W_O @ W_U)    # [V], complex\n"
         "    return float(eigenvalues.real.sum() / eigenvalues.abs().sum())"
     ),
-    reference=_copying_reference,
     minutes=15, difficulty=3, importance=4,
 ))
 
@@ -202,7 +269,7 @@ def _check_dla(head_logit_attribution, check: Check) -> None:
                  "right, wrong)")
         got = check.call(head_logit_attribution, result, scale, W_U, right, wrong, label=label)
         own = result.pow(2).mean(-1, keepdim=True).sqrt()
-        judge(got, _dla(result, scale, W_U, right, wrong), label, lambda: {
+        judge(got, check.reference(result, scale, W_U, right, wrong), label, lambda: {
             "divide the head's output by the final norm's scale first: the logits are computed from the normed "
             "residual":
                 _dla(result, 1.0, W_U, right, wrong),
@@ -229,6 +296,5 @@ register(Exercise(
         "    direction = W_U.T[right] - W_U.T[wrong]          # [batch, pos, d_model]\n"
         "    return ((result / scale) * direction).sum(-1)    # [batch, pos]"
     ),
-    reference=_dla,
     minutes=15, difficulty=3, importance=4,
 ))

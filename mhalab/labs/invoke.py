@@ -1,7 +1,8 @@
 """Calling the learner's code and describing what it returned: :func:`invoke` (with the facts a check
 measures during the call), :func:`describe`, :class:`Opaque`, :func:`where`. ``q.check`` calls answers with
-these in the learner's own kernel (:mod:`mhalab.labs.calls`); the grader (the separate ``mhalab_grader``
-distribution) copies this file into its grading kernel as ``_mhalab_invoke``, so it imports nothing of mhalab.
+these in the learner's own kernel (the local runner of :mod:`mhalab.labs.calls`); the grading kernel (of the
+separate ``mhalab_grader`` distribution) imports this module from its copy of the package, where the exercise
+modules are left out. A leaf module: it imports nothing of mhalab.
 """
 
 from __future__ import annotations

@@ -1,0 +1,125 @@
+"""Checkers as hard as the notebooks (issue 47, point 2): the hidden cases separate every mistake a checker names
+from the right answer and from one another, on the fixed cases of ``q.check`` and on fresh grading draws; 08.3's
+tolerance holds the rounding a correct answer carries through the deepest hidden model ten times over; and on fresh
+draws every corpus answer keeps its outcome (right ones pass, wrong ones fail, naming their mistake)."""
+
+from __future__ import annotations
+
+import copy
+
+import labs_fixture  # noqa: F401  (registers notebook "99")
+import pytest
+import torch
+from labs_corpus import CORPUS
+
+import mhalab.labs as labs
+from mhalab.labs import core, ex08, ex09, ex10, ex11, ex12
+from mhalab.labs.checks import unseparated
+
+# exercise: (its cases for a check, the right answers, the mistakes of each case, equality)
+SEPARATING = {
+    "09.2": (ex09._onset_cases,
+             lambda cases: [ex09._first_from(s, ex09._past(c, float(c[0]) + f * (float(c[-1]) - float(c[0])),
+                                                           float(c[-1]) < float(c[0]))) for _, s, c, f in cases],
+             lambda cases: [ex09._onset_mistakes(s, c, f, smoothing=False) for _, s, c, f in cases], ex09._same_step),
+    "09.3": (ex09._circuit_cases, lambda cases: [ex09._circuit(i, p) for _, i, p in cases],
+             lambda cases: [ex09._circuit_mistakes(i, p) for _, i, p in cases], ex09._same_pair),
+    "11.1": (ex11._hump_cases, lambda cases: [ex11._hump_every_seed(a) for a, _ in cases],
+             lambda cases: [ex11._hump_mistakes(a) for a, _ in cases], ex11._same),
+    "12.1": (ex12._reachable_cases, lambda cases: [ex12._reachable(k) for k, _ in cases],
+             lambda cases: [ex12._mistakes(k) for k, _ in cases], ex12._same),
+}
+
+
+@pytest.mark.parametrize("key", sorted(SEPARATING))
+@pytest.mark.parametrize("seed", [None, *range(1, 21)])
+def test_the_cases_separate_every_mistake_from_the_answer_and_from_one_another(key, seed):
+    cases_of, right_of, mistakes_of, same = SEPARATING[key]
+    cases = cases_of(core.Check(seed=seed))
+    right = right_of(cases)
+    solution = [labs.exercise(*key.split(".")).reference(*_args(key, case)) for case in cases]
+    assert all(same(_plain(a), b) for a, b in zip(solution, right))  # the checker's reading is the solution's
+    assert unseparated(right, mistakes_of(cases), same) == []
+
+
+def _plain(value):
+    return value if isinstance(value, torch.Tensor) else tuple(map(tuple, value)) if isinstance(value, tuple) and \
+        value and isinstance(value[0], tuple) else value
+
+
+def _args(key, case):
+    return {"09.2": lambda c: (c[1], c[2].clone(), c[3]), "09.3": lambda c: (c[1].clone(), c[2].clone()),
+            "11.1": lambda c: (c[0],)}.get(key, lambda c: (c[0],))(case)
+
+
+@pytest.mark.parametrize("seed", [None, *range(1, 21)])
+def test_the_copying_scores_of_every_mistake_are_far_apart(seed):
+    for what, *circuit in ex10._ov_cases(core.Check(seed=seed)):
+        if what == "random matrices":  # (the copying and suppressing heads score 1 and -1: some mistakes agree)
+            full = circuit[0] @ circuit[1] @ circuit[2] @ circuit[3]
+            assert ex10._far_apart([ex10._copying(full), *ex10._copying_mistakes(*circuit).values()])
+            assert torch.linalg.eigvals(full).imag.abs().max() > 1e-3  # |λ| is not |Re λ|
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2, 3])
+def test_the_near_degenerate_head_has_a_rank_below_its_width_and_a_direction_just_above_rounding(seed):
+    check = core.Check(seed=seed)
+    stage, model, layer, heads = ex10._qk_cases(check)[3]
+    attn = model.blocks[layer].attn
+    p = attn.head_projections(heads[0])
+    W_QK = (p.W_Q @ p.W_K.T).detach()
+    S = torch.linalg.svdvals(W_QK.double())
+    tol = max(W_QK.shape) * torch.finfo(torch.float32).eps * S[0]  # torch.linalg.matrix_rank's, in float32
+    assert [int(torch.linalg.matrix_rank(m)) for m in (W_QK, p.W_Q.detach(), p.W_K.detach())] == [3, 5, 4]
+    assert 2 * tol < S[2] < 1e-5 * S[0]  # counted by the rank, missed by any relative tolerance of 1e-5 or looser
+    assert S[3] < tol / 5  # the float32 product's rounding noise stays well under the tolerance
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2])
+def test_08_3_a_correct_answer_carries_a_tenth_of_the_tolerance_at_most_through_the_deepest_model(seed):
+    """08.3's tolerance, derived: a correct float32 answer is as far from the exact loss as its forward pass's
+    rounding, which depends on the path attention takes (fused, or explicit once run_with_cache or any hook on
+    hook_pattern is used). Measured against float64 on every stage of both models, it is a tenth of the tolerance
+    policy's at most, so the tolerance is not widened to let such an answer pass; and every mistake is ten
+    tolerances from the right loss or none (it does not apply), and three from every other."""
+    for model, tokens, L, stages in ex08._second_copy_cases(core.Check(seed=seed)):
+        exact = copy.deepcopy(model).double()
+        for stage, heads in stages:
+            loss = ex08._loss_with(model, tokens, heads, L)
+            assert ex08._rounding(model, exact, tokens, heads, L) <= 0.1 * ex08._tolerance(loss), (stage, heads)
+            assert ex08._separated(model, tokens, heads, L), (stage, heads)
+    assert max(m.config.n_layers for m, *_ in ex08._second_copy_cases(core.Check(seed=seed))) == 30
+
+
+# --------------------------------------------------------------------------- the corpus on fresh draws
+
+#: exercise: how many grading draws its corpus is judged on here (the issue's answers were judged on 20)
+DRAWS = {"09.2": 20, "09.3": 20, "11.1": 20, "12.1": 20, "10.2": 20, "10.1": 5}
+
+
+def _names_a_fixed_case(expected: str) -> bool:
+    return expected.startswith("stage") or "[3, 3]" in expected
+
+
+@pytest.mark.parametrize("key", sorted(DRAWS))
+def test_on_fresh_grading_draws_right_answers_pass_and_wrong_ones_fail_naming_their_mistake(key):
+    ex = labs.exercise(*key.split("."))
+    for seed in range(1, DRAWS[key] + 1):
+        for i, answer in enumerate(CORPUS[key]["right"]):
+            assert ex.verdict(answer, seed=seed) == (core.PASSED, "correct."), (seed, i, ex.verdict(answer, seed=seed))
+        for i, (answer, expected) in enumerate(CORPUS[key]["wrong"]):
+            status, message = ex.verdict(answer, seed=seed)
+            assert status in (core.FAILED, core.ERROR), (seed, i, message)
+            assert _names_a_fixed_case(expected) or expected in message, (seed, i, expected, message)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_08_3_on_fresh_grading_draws(seed):
+    ex = labs.exercise("08", 3)
+    for i, answer in enumerate(CORPUS["08.3"]["right"]):
+        assert ex.verdict(answer, seed=seed) == (core.PASSED, "correct."), (i, ex.verdict(answer, seed=seed))
+    for i, (answer, expected) in enumerate(CORPUS["08.3"]["wrong"]):
+        status, message = ex.verdict(answer, seed=seed)
+        assert status in (core.FAILED, core.ERROR), (i, message)
+        assert _names_a_fixed_case(expected) or expected in message, (i, expected, message)
