@@ -11,6 +11,7 @@ exercise's label line (difficulty, importance, minutes).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -116,17 +117,17 @@ def _names(source: str) -> set[str]:
 def use_problems(write: bool = False, notebooks: list[Path] | None = None) -> list[str]:
     """``notebook: exercise`` for each answer that a later cell calls but whose answer cell does not end with
     ``name = qN.use(name)`` (so a learner copy would raise there until the exercise is done); added if ``write``."""
-    from mhalab.labs.core import load
+    from mhalab.labs.core import exercise, parse_grade_id
 
     problems = []
     for path in notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         nb = json.loads(path.read_text())
         changed = False
         for index, cell in enumerate(nb["cells"]):
-            m = ANSWER.fullmatch(cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", ""))
-            if cell["cell_type"] != "code" or not m:
+            parsed = parse_grade_id(cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", ""))
+            if cell["cell_type"] != "code" or not parsed or parsed[1] != "answer":
                 continue
-            ex = load(m.group(1))[int(m.group(2)) - 1]
+            ex = exercise(*parsed[0].split("."))
             name = ex.template[0]
             later = [c for c in nb["cells"][index + 1:] if c["cell_type"] == "code"]
             if not any(name in _names("".join(c["source"])) for c in later):
