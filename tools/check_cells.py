@@ -103,10 +103,29 @@ def recorded_asserts() -> list[str]:
     return sorted(line for line in ASSERTS.read_text().split("\n") if line and not line.startswith("#"))
 
 
+def _meaning(line: str) -> str:
+    """``"NN: assert ..."`` as its notebook and syntax tree, so that two Pythons whose ``ast.unparse`` write the
+    same assert differently (3.10 keeps a generator argument's own parentheses, 3.11 drops them) agree."""
+    notebook, _, text = line.partition(": ")
+    return notebook + ": " + ast.dump(ast.parse(text))
+
+
+def _unmatched(lines: list[str], others: list[str]) -> list[str]:
+    """The lines of ``lines`` whose meaning ``others`` lacks, counted as a multiset."""
+    spare = Counter(map(_meaning, others))
+    left = []
+    for line in lines:
+        if spare[_meaning(line)] > 0:
+            spare[_meaning(line)] -= 1
+        else:
+            left.append(line)
+    return left
+
+
 def assert_changes() -> tuple[list[str], list[str]]:
     """(asserts recorded but no longer in the notebooks, asserts in the notebooks but not recorded)."""
-    now, then = Counter(all_asserts()), Counter(recorded_asserts())
-    return sorted((then - now).elements()), sorted((now - then).elements())
+    now, then = all_asserts(), recorded_asserts()
+    return _unmatched(then, now), _unmatched(now, then)
 
 
 HEADER = ("# Every assert of every notebook, as ast.unparse writes it, sorted: written by\n"
