@@ -44,6 +44,19 @@ def test_every_claim_points_at_notebooks_and_every_lesson_tests_a_claim():
     assert not course_map.claims_of(course_map.NOTEBOOKS[-1].number)
 
 
+def test_every_notebook_but_the_start_page_and_the_wrap_up_has_exercises():
+    """The start page and the wrap-up are the only notebooks without exercises: the exemption is theirs alone."""
+    import mhalab.labs as labs
+
+    with_exercises = set(labs.available_notebooks())
+    for nb in course_map.NOTEBOOKS:
+        exempt = nb.stem in (START, WRAP_UP)
+        assert (nb.number in with_exercises) != exempt, (
+            f"{nb.stem}: " + ("the start page and the wrap-up have no exercises" if exempt else "has no exercises"))
+        if not exempt:
+            assert labs.load(nb.number), nb.stem
+
+
 def test_the_map_states_no_measured_number():
     """Each notebook states and checks its own numbers; the map's texts only point at them."""
     texts = [c.label for c in course_map.CLAIMS] + [t for nb in course_map.NOTEBOOKS for t in (nb.evidence, nb.found)]
