@@ -142,6 +142,15 @@ def test_the_instructors_guide_has_the_course_map_the_mistakes_and_the_ways_to_r
 
 
 @pytest.mark.slow
+def test_the_start_page_shows_its_shape_sheet_and_glossary_as_tables(site):
+    """Notebook 00's shape sheet is Markdown a cell displays; CommonMark would show its table as text."""
+    text = (site / "learn" / "00_setup.html").read_text(encoding="utf-8")
+    tables = re.findall(r"<table.*?</table>", text, flags=re.S)
+    assert any("shape here" in t and "hook_pattern" in t for t in tables), "the shape sheet is not a table"
+    assert any("taught in" in t for t in tables), "the glossary is not a table"
+
+
+@pytest.mark.slow
 def test_the_explorer_shows_its_still_picture(site):
     """The head explorer's output is a widget in Jupyter; on the website, its still PNG (with the line on
     how to get the sliders) must show instead, with no widget JavaScript from a CDN."""
