@@ -173,7 +173,7 @@ def plot_block(model, tokens: Tensor):
             _arrow(ax, (x + 4.05, y_branch - 0.5), (x + branch - 0.38, y_stream + 0.21))
             x += branch
     _box(ax, x + 1.0, y_branch, "ln_final", shapes["ln_final"], width=1.8, colour="#f3f3f3")
-    _box(ax, x + 3.3, y_branch, "head (logits)", shapes["head"], width=2.4, colour="#fde8c8")
+    _box(ax, x + 3.3, y_branch, "unembedding: head", shapes["head"], width=2.4, colour="#fde8c8")
     _arrow(ax, (x, y_stream + 0.1), (x + 0.45, y_branch - 0.5))
     _arrow(ax, (x + 1.9, y_branch), (x + 2.1, y_branch))
     ax.set(xlim=(-0.1, width + 0.3), ylim=(-0.6, 4.1), aspect="equal")

@@ -329,6 +329,30 @@ def test_notebook_opens_with_objectives_assumptions_and_the_time_models_time(pat
 def test_the_readme_states_the_courses_total_time():
     stated = course_time.README_TOTAL.search((ROOT / "README.md").read_text())
     assert stated and float(stated.group(2)) == course_time.total_hours(), "run `python tools/course_time.py --write`"
+    core = course_time.README_CORE.search((ROOT / "README.md").read_text())
+    assert core and float(core.group(1)) == course_time.core_hours(), "run `python tools/course_time.py --write`"
+
+
+def test_the_time_model_counts_deep_dives_apart():
+    """A deep dive runs from a heading that says so to the next heading of its level or above; its words, lesson
+    code and the exercises headed inside it count apart, and a deep dive in a title takes the whole notebook."""
+    def md(text):
+        return {"cell_type": "markdown", "metadata": {}, "source": text}
+
+    words = " ".join(["word"] * 148)   # 150 words a cell with its heading: one minute
+    lesson = {"cell_type": "code", "metadata": {}, "source": "\n".join(["x = 1"] * 15)}   # one minute
+    cells = [md("# 99 · A title\n" + words), md("## 1. Core\n" + words), lesson,
+             md("## 2. Further (deep dive)\n" + words), lesson, md("### Exercise 2: inside\n" + words),
+             md("## 3. Core again\n" + words), md("### Exercise 1: core\n" + words)]
+    m = course_time.notebook_minutes({"cells": cells}, 0.0, {1: 10, 2: 20})
+    assert course_time.deep_dive_cells({"cells": cells}) == [False, False, False, True, True, True, False, False]
+    # six cells of about 150 words (their headings add a few), two of lesson code; deep: one cell of each and 20
+    assert (round(m.reading), m.code, m.exercises) == (6, 2, 30) and m.deep_dive == pytest.approx(23, abs=0.1)
+    assert (m.total, m.core, m.deep_dive_total) == (40, 15, 25)
+    assert "15 on the core path, 25 in its deep dives" in m.line()
+    whole = course_time.notebook_minutes({"cells": [md("# 99 · Deep dive · A title\n" + words)] + cells[1:]}, 0.0,
+                                         {1: 10, 2: 20})
+    assert whole.core == 0 and "all of it a deep dive" in whole.line()
 
 
 def test_the_time_model_counts_prose_code_exercises_and_running():
