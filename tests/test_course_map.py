@@ -64,6 +64,12 @@ def test_the_map_states_no_measured_number():
     assert not numbers, numbers
 
 
+def test_each_notebooks_text_fits_one_line_of_the_map():
+    """A text longer than the figure's line would wrap, and could leave a lone word on a line of its own."""
+    too_long = [t for nb in course_map.NOTEBOOKS for t in (nb.evidence, nb.found) if len(t) > course_map.WRAP]
+    assert not too_long, too_long
+
+
 @pytest.mark.parametrize("column", ["evidence", "found"])
 def test_the_map_figure_has_no_overlapping_or_clipped_label(column):
     notebook_style()
@@ -96,7 +102,7 @@ def test_the_readme_and_the_websites_introduction_list_every_notebook():
 
 def _glossary() -> list[tuple[str, str]]:
     nb = nbformat.read(ROOT / "notebooks" / f"{START}.ipynb", as_version=4)
-    text = next(c.source for c in nb.cells if c.cell_type == "markdown" and c.source.startswith("## 5. The words"))
+    text = next(c.source for c in nb.cells if c.cell_type == "markdown" and c.source.startswith("## 4. The words"))
     rows = re.findall(r"^\| (.+?) \| .+ \| (\d\d) \|$", text, flags=re.M)
     assert len(rows) > 20, "the start page's glossary table was not found"
     return rows
