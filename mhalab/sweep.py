@@ -10,6 +10,7 @@ thread.
 
 from __future__ import annotations
 
+import importlib
 import io
 import math
 import multiprocessing
@@ -25,14 +26,15 @@ import torch
 from .arguments import check_distinct_ints, check_int, check_model_fits_task
 from .counting import count_parameters
 from .device import pick_device
-from .models import ModelConfig, Transformer
+from .models import ModelConfig, Transformer, batch_logits, eval_mode
 from .plotting import plot_sweep
-from .train import TrainConfig, make_config, stream_seed, train
+from .tasks.base import IGNORE
+from .train import EVAL_SEED, TrainConfig, make_config, stream_seed, train
 
 #: A given embedding: token rows ``[d_vocab, d_model]`` and position rows ``[n, d_model]`` (or None).
 _GivenEmbedding = tuple[torch.Tensor, torch.Tensor | None]
 
-__all__ = ["SweepRow", "SweepResults", "sweep_heads"]
+__all__ = ["SweepRow", "SweepResults", "sweep_heads", "held_out_change"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,8 @@ class SweepRow:
 @dataclass
 class SweepResults:
     """What :func:`sweep_heads` returns: ``rows`` (one :class:`SweepRow` per run), the shared settings
-    (``config``: every run's TrainConfig but its seed) and, if kept, ``models[(heads, seed)]``."""
+    (``config``: every run's TrainConfig but its seed), if kept, ``models[(heads, seed)]``, and the models at the
+    steps asked for, ``snapshots[(heads, seed, step)]``."""
 
     rows: list[SweepRow]
     d_model: int
@@ -61,6 +64,7 @@ class SweepResults:
     task: str = ""
     config: TrainConfig | None = None
     models: dict[tuple[int, int], Any] = field(default_factory=dict, repr=False)
+    snapshots: dict[tuple[int, int, int], Any] = field(default_factory=dict, repr=False)
 
     @property
     def heads(self) -> list[int]:
@@ -161,15 +165,26 @@ _SWEEP_DEFAULTS = dict(batch_size=32, lr=5e-3)
 
 
 def _train_one(model_config: ModelConfig, task: Any, base: TrainConfig, seed: int,
-               embedding: _GivenEmbedding | None) -> tuple[SweepRow, Transformer]:
+               embedding: _GivenEmbedding | None, snapshots: tuple[int, ...] = ()
+               ) -> tuple[SweepRow, Transformer, dict[int, dict[str, torch.Tensor]]]:
     """One run of a sweep: initial weights from the seed's own stream (the embedding given, if one is), then
-    :func:`mhalab.train.train`."""
+    :func:`mhalab.train.train`; the weights at each step of ``snapshots`` are copied on the way (a callback, which
+    leaves the training exactly as it is without one)."""
     with torch.random.fork_rng(devices=[]):  # seed the initialisation without touching the caller's RNG
         torch.manual_seed(stream_seed(seed, "init"))
         net = Transformer(model_config)
     if embedding is not None:
         net.fix_embedding(*embedding)
-    history = train(net, task, base, seed=seed)
+    kept: dict[int, dict[str, torch.Tensor]] = {}
+
+    def keep(step: int, model: Transformer) -> None:
+        if step in snapshots:
+            kept[step] = {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+    if snapshots:
+        history = train(net, task, base, seed=seed, callback=keep, callback_every=math.gcd(*snapshots))
+    else:
+        history = train(net, task, base, seed=seed)
     final = history.final
     row = SweepRow(
         heads=model_config.n_heads, d_head=net.blocks[0].attn.d_head, seed=seed, parameters=count_parameters(net),
@@ -177,25 +192,37 @@ def _train_one(model_config: ModelConfig, task: Any, base: TrainConfig, seed: in
         relations={k.removeprefix("accuracy/"): float(v) for k, v in final.items() if k.startswith("accuracy/")},
         seconds=history.elapsed, evals=tuple((step, dict(metrics)) for step, metrics in history.evals),
     )
-    return row, net
+    return row, net, kept
 
 
 def _train_in_worker(model_config: ModelConfig, task: Any, base: TrainConfig, seed: int,
-                     embedding: _GivenEmbedding | None, threads: int, keep: bool) -> tuple[SweepRow, bytes | None]:
-    """:func:`_train_one` in a worker process on ``threads`` threads; the weights come back as bytes."""
+                     embedding: _GivenEmbedding | None, threads: int, keep: bool,
+                     snapshots: tuple[int, ...] = ()) -> tuple[SweepRow, bytes | None]:
+    """:func:`_train_one` in a worker process on ``threads`` threads; the weights (the final ones if ``keep``, and
+    the snapshots) come back as bytes."""
     torch.set_num_threads(threads)  # before any operation: the parent's thread pool does not survive the fork
-    row, net = _train_one(model_config, task, base, seed, embedding)
-    if not keep:
+    row, net, kept = _train_one(model_config, task, base, seed, embedding, snapshots)
+    if not keep and not kept:
         return row, None
     buffer = io.BytesIO()
-    torch.save(net.state_dict(), buffer)
+    torch.save({"final": net.state_dict() if keep else None, "snapshots": kept}, buffer)
     return row, buffer.getvalue()
+
+
+def _as_model(config: ModelConfig, weights: dict[str, torch.Tensor], embedding: _GivenEmbedding | None) -> Transformer:
+    """A model of ``config`` holding ``weights``, in eval mode (a given embedding fixed again, as trained)."""
+    with torch.random.fork_rng(devices=[]):  # a model to load into: its draws are not the caller's
+        net = Transformer(config)
+    net.load_state_dict(weights)
+    if embedding is not None:
+        net.fix_embedding(*embedding)  # kept as trained: frozen, like a model trained here
+    return net.eval()
 
 
 def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: Sequence[int] = (0, 1, 2),
                 keep_models: bool = False, threads: int | None = 1, workers: int = 1, progress: bool = True,
                 embedding: _GivenEmbedding | None = None, config: TrainConfig | None = None,
-                **settings: Any) -> SweepResults:
+                snapshots: Sequence[int] = (), **settings: Any) -> SweepResults:
     """Train one :class:`~mhalab.models.Transformer` per (head count, seed): ``model`` with ``n_heads`` set to each
     of ``heads`` (``dataclasses.replace``), so the width, depth and everything else stay fixed.
 
@@ -210,6 +237,8 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
     fork), the runs stay one at a time;
     ``embedding``: ``(tokens, positions)`` (e.g. ``task.factored_code(d_model)``) given to every model and kept out
     of training (:meth:`~mhalab.models.Transformer.fix_embedding`);
+    ``snapshots``: steps (1 to ``steps``) at which every run's weights are also kept, as models in
+    ``results.snapshots[(heads, seed, step)]`` (eval mode): the same run seen part way, trained exactly as without;
     ``config``/``settings``: as for :func:`mhalab.train.train` (without config, ``batch_size=32``, ``lr=5e-3``);
     each run is silent and evaluated at the end, and every ``eval_every`` steps if given (``SweepRow.evals``:
     a held-out learning curve per run, read with ``results.by_heads(step=...)``).
@@ -236,9 +265,12 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
     if threads is not None:
         check_int("threads", threads, 1, why=" (or None)")
     check_int("workers", workers, 1)
+    snapshots = tuple(check_distinct_ints("snapshots", snapshots)) if snapshots not in ((), []) else ()
     # Fail on a bad setting now, not after the first few models have trained.
     defaults = _SWEEP_DEFAULTS if config is None else {}
     base = make_config(config, **{**defaults, **settings}, progress=False, checkpoint=None)
+    for step in snapshots:
+        check_int("each step of snapshots", step, 1, maximum=base.steps, why=f" (the runs train {base.steps} steps)")
     threads_before = torch.get_num_threads()
 
     from tqdm.auto import tqdm
@@ -252,36 +284,72 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
     parallel = min(workers, len(runs)) if on_cpu and forkable else 1
     rows: list[SweepRow] = []
     models: dict[tuple[int, int], Any] = {}
+    kept_snapshots: dict[tuple[int, int, int], Any] = {}
     bar = tqdm(total=len(runs), desc="sweep", unit="model", disable=not progress, dynamic_ncols=True)
     try:
         if threads is not None and on_cpu:
             torch.set_num_threads(threads)
         if parallel > 1:
+            # The optimizer's first use imports torch._dynamo (over a second of CPU): import it here once, so that
+            # every worker forked below inherits it instead of importing it again.
+            importlib.import_module("torch._dynamo")
+
             context = multiprocessing.get_context("fork")
             with ProcessPoolExecutor(max_workers=parallel, mp_context=context) as pool:
                 futures = [pool.submit(_train_in_worker, configs[h], task, base, seed, embedding, threads or 1,
-                                       keep_models)
+                                       keep_models, snapshots)
                            for h, seed in runs]
                 for (h, seed), future in zip(runs, futures):  # in the order of the runs, whichever ends first
                     row, weights = future.result()
                     rows.append(row)
-                    if keep_models:
-                        with torch.random.fork_rng(devices=[]):  # a model to load into: its draws are not the caller's
-                            net = Transformer(configs[h])
-                        net.load_state_dict(torch.load(io.BytesIO(weights), weights_only=True))
-                        if embedding is not None:
-                            net.fix_embedding(*embedding)  # kept as trained: frozen, like a model trained here
-                        models[(h, seed)] = net.eval()
+                    if weights is not None:
+                        weights = torch.load(io.BytesIO(weights), weights_only=True)
+                        if keep_models:
+                            models[(h, seed)] = _as_model(configs[h], weights["final"], embedding)
+                        for step, state in weights["snapshots"].items():
+                            kept_snapshots[(h, seed, step)] = _as_model(configs[h], state, embedding)
                     bar.update(1)
         else:
             for h, seed in runs:
                 bar.set_postfix(heads=h, seed=seed, refresh=True)
-                row, net = _train_one(configs[h], task, base, seed, embedding)
+                row, net, kept = _train_one(configs[h], task, base, seed, embedding, snapshots)
                 rows.append(row)
                 if keep_models:
                     models[(h, seed)] = net.eval()
+                for step, state in kept.items():
+                    kept_snapshots[(h, seed, step)] = _as_model(configs[h], state, embedding)
                 bar.update(1)
     finally:
         bar.close()
         torch.set_num_threads(threads_before)
-    return SweepResults(rows, d_model=model.d_model, steps=base.steps, task=repr(task), config=base, models=models)
+    return SweepResults(rows, d_model=model.d_model, steps=base.steps, task=repr(task), config=base, models=models,
+                        snapshots=kept_snapshots)
+
+
+@torch.no_grad()
+def held_out_change(before: Any, after: Any, task: Any, config: TrainConfig) -> tuple[float, float]:
+    """``(change, standard error)``: how much the held-out accuracy changed from model ``before`` to model
+    ``after`` (the same run at two steps, say), on the held-out sequences a sweep with ``config`` evaluates every
+    run on (:func:`mhalab.train.evaluate`'s), so the change is the difference of the two recorded accuracies.
+
+    Both models answer the same sequences, so what the change shares with them cancels: its standard error is the
+    spread of the change from one held-out sequence to the next (each sequence's share of its answers that
+    became right, minus the share that became wrong), over the square root of the number of sequences. The
+    sequences are independent draws; the answers within one are not, which is why the sequence is the unit."""
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be the sweep's TrainConfig (results.config), got {type(config).__name__}")
+    generator = torch.Generator().manual_seed(stream_seed(EVAL_SEED, "eval"))  # evaluate's held-out batches
+    changes = []
+    for _ in range(config.eval_batches):
+        batch = task.sample(config.eval_batch_size, generator=generator)
+        targets = batch.targets.reshape(*batch.inputs.shape, -1)  # [B, T, R]
+        valid = targets != IGNORE
+        per_sequence = []
+        for model in (before, after):
+            with eval_mode(model):
+                logits = batch_logits(model, batch)
+            correct = (logits.argmax(-1).reshape(targets.shape) == targets) & valid  # [B, T, R]
+            per_sequence.append(correct.flatten(1).sum(1) / valid.flatten(1).sum(1).clamp(min=1))  # [B]
+        changes.append(per_sequence[1] - per_sequence[0])
+    change = torch.cat(changes).double()  # [eval_batches * eval_batch_size]: one change per sequence
+    return float(change.mean()), float(change.std() / math.sqrt(len(change)))

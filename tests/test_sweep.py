@@ -249,3 +249,57 @@ def test_an_attention_only_sweep_with_the_code_given():
         trains = {name.split(".")[0] for name, p in model.named_parameters() if p.requires_grad}
         assert "embed" not in trains and "blocks" in trains
         assert not any("mlp" in name for name, _ in model.named_parameters())
+
+
+def test_snapshots_keep_each_run_part_way_and_train_as_without():
+    """snapshots= keeps every run's model at the steps asked for (here and in forked workers alike), without
+    changing the run: each snapshot scores what the run's own held-out evaluation at that step recorded."""
+    from mhalab.train import evaluate
+
+    task = TableLookup(n_tables=2, n_entries=3, n_keys=5, n_values=3, n_queries=4, shift=1)
+    settings = dict(model=ModelConfig.for_task(task, d_model=12, n_layers=1), heads=(1, 4), seeds=(0, 1), steps=4,
+                    eval_every=2, device="cpu", eval_batches=1, eval_batch_size=8, progress=False)
+    plain = sweep_heads(task, **settings)
+    assert plain.snapshots == {}
+    for workers in (1, 2):
+        results = sweep_heads(task, workers=workers, snapshots=(2,), keep_models=workers == 1, **settings)
+        assert [(r.loss, r.evals) for r in results.rows] == [(r.loss, r.evals) for r in plain.rows]
+        assert sorted(results.snapshots) == [(1, 0, 2), (1, 1, 2), (4, 0, 2), (4, 1, 2)]
+        assert (workers == 1) == bool(results.models)   # final models only where asked for
+        for (heads, seed, step), model in results.snapshots.items():
+            assert not model.training and model.config.n_heads == heads
+            recorded = dict(next(r for r in results.rows if (r.heads, r.seed) == (heads, seed)).evals)[step]
+            assert evaluate(model, task, batches=1, batch_size=8)["accuracy"] == recorded["accuracy"]
+    with pytest.raises(ValueError, match=r"each step of snapshots must be between 1 and 4 \(the runs train 4 steps\)"):
+        sweep_heads(task, snapshots=(5,), **settings)
+    with pytest.raises(ValueError, match="snapshots has repeats"):
+        sweep_heads(task, snapshots=(2, 2), **settings)
+
+
+def test_held_out_change_is_the_recorded_change_with_the_spread_between_sequences():
+    """held_out_change: the difference of the two recorded held-out accuracies, and its standard error from the
+    change of each held-out sequence, computed here one sequence at a time with the task's own metrics."""
+    from mhalab.sweep import held_out_change
+    from mhalab.tasks import Batch
+    from mhalab.train import EVAL_SEED, stream_seed
+
+    task = TableLookup(n_tables=2, n_entries=3, n_keys=5, n_values=3, n_queries=4, shift=1)
+    results = sweep_heads(task, model=ModelConfig.for_task(task, d_model=12, n_layers=1), heads=(2,), seeds=(0,),
+                          steps=30, lr=3e-2, eval_every=10, device="cpu", eval_batches=2, eval_batch_size=16,
+                          progress=False, keep_models=True, snapshots=(10,))
+    before, after = results.snapshots[2, 0, 10], results.models[2, 0]
+    change, error = held_out_change(before, after, task, results.config)
+    curve = dict(results.rows[0].evals)
+    assert change == pytest.approx(curve[30]["accuracy"] - curve[10]["accuracy"], abs=1e-6)
+    generator = torch.Generator().manual_seed(stream_seed(EVAL_SEED, "eval"))
+    batches = [task.sample(16, generator=generator) for _ in range(2)]
+    singles = [Batch(b.inputs[i:i + 1], b.targets[i:i + 1], {k: v[i:i + 1] for k, v in b.sources.items()})
+               for b in batches for i in range(16)]
+    with torch.no_grad():
+        per_sequence = torch.tensor([task.metrics(after(s.inputs), s)["accuracy"]
+                                     - task.metrics(before(s.inputs), s)["accuracy"] for s in singles])
+    assert change == pytest.approx(float(per_sequence.mean()), abs=1e-6)
+    assert error == pytest.approx(float(per_sequence.std() / 32 ** 0.5), rel=1e-5) and error > 0
+    assert held_out_change(after, after, task, results.config) == (0.0, 0.0)
+    with pytest.raises(TypeError, match="config must be the sweep's TrainConfig"):
+        held_out_change(before, after, task, None)
