@@ -1539,7 +1539,8 @@ MISBLAMED = {
     "09.2": [(_onset_moving_average, "measure the way from the first value"),
              (_onset_exponential, "measure the way from the first value")],
     "10.2": [(_copying_moduli_over_moduli, "not of the singular values")],
-    "11.1": [(answer, "check each seed on its own") for answer, _ in CORPUS["11.1"]["wrong"] if answer is not _hump_mean],
+    "11.1": [(answer, "check each seed on its own") for answer, _ in CORPUS["11.1"]["wrong"]
+             if answer is not _hump_mean],
     "12.1": [(_reachable_every_key, "one per head"), (_reachable_every_key_numpy, "one per head")],
 }
 
