@@ -10,7 +10,8 @@ test below shows they are.
 The grader draws its hidden inputs from a seed; here it is fixed, one per notebook (SEED + its number), so that a
 failure can be replayed (one seed: 08.3 draws its hidden models once per seed, which takes most of its time). A
 submission holds one entry of each of its notebook's exercises, so a notebook takes as many graded submissions as
-its exercise with the most entries. Slow: TIMES."""
+its exercise with the most entries: 180 submissions for the 383 entries. Slow: about 4 minutes of processor time
+in all here (the grader's and its kernels'), two thirds of it notebook 08's, whose 08.3 runs a 30-layer model."""
 
 from __future__ import annotations
 
