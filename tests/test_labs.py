@@ -17,7 +17,7 @@ import threading
 import labs_fixture  # noqa: F401  (registers notebook "99"'s exercises)
 import pytest
 import torch
-from labs_corpus import CORPUS
+from labs_corpus import CORPUS, MISBLAMED
 
 import mhalab
 import mhalab.head_roles  # (the test below calls it as mhalab.head_roles; no exercise module imports it now)
@@ -65,6 +65,18 @@ def test_wrong_answers_get_the_message_for_their_mistake(ex):
         status, message = ex.verdict(answer)
         assert status in (core.FAILED, core.ERROR), (i, status, message)
         assert expected in message, f"wrong answer {i} of {ex.key}: expected {expected!r} in {message!r}"
+
+
+@pytest.mark.parametrize("key", sorted(MISBLAMED))
+def test_no_wrong_answer_is_told_a_mistake_it_did_not_make(key):
+    """The messages issue 47 found blaming the wrong thing: each such answer is a wrong answer of the corpus (so its
+    own mistake is named, above) and its message does not say the other."""
+    ex = labs.exercise(*key.split("."))
+    wrong = [answer for answer, _ in CORPUS[key]["wrong"]]
+    for answer, unsaid in MISBLAMED[key]:
+        assert any(answer is a for a in wrong), f"{key}: {answer} is not among the corpus's wrong answers"
+        status, message = ex.verdict(answer)
+        assert status in (core.FAILED, core.ERROR) and unsaid not in message, (unsaid, message)
 
 
 @pytest.mark.parametrize("ex", EXERCISES, ids=IDS)

@@ -10,7 +10,7 @@ import copy
 import labs_fixture  # noqa: F401  (registers notebook "99")
 import pytest
 import torch
-from labs_corpus import CORPUS
+from labs_corpus import CORPUS, MISBLAMED, names_a_fixed_case
 
 import mhalab.labs as labs
 from mhalab.labs import core, ex08, ex09, ex10, ex11, ex12
@@ -97,20 +97,19 @@ def test_08_3_a_correct_answer_carries_a_tenth_of_the_tolerance_at_most_through_
 DRAWS = {"09.2": 20, "09.3": 20, "11.1": 20, "12.1": 20, "10.2": 20, "10.1": 5}
 
 
-def _names_a_fixed_case(expected: str) -> bool:
-    return expected.startswith("stage") or "[3, 3]" in expected
-
-
 @pytest.mark.parametrize("key", sorted(DRAWS))
 def test_on_fresh_grading_draws_right_answers_pass_and_wrong_ones_fail_naming_their_mistake(key):
     ex = labs.exercise(*key.split("."))
     for seed in range(1, DRAWS[key] + 1):
         for i, answer in enumerate(CORPUS[key]["right"]):
             assert ex.verdict(answer, seed=seed) == (core.PASSED, "correct."), (seed, i, ex.verdict(answer, seed=seed))
+        said = {}  # what each wrong answer was told
         for i, (answer, expected) in enumerate(CORPUS[key]["wrong"]):
-            status, message = ex.verdict(answer, seed=seed)
+            status, message = said[id(answer)] = ex.verdict(answer, seed=seed)
             assert status in (core.FAILED, core.ERROR), (seed, i, message)
-            assert _names_a_fixed_case(expected) or expected in message, (seed, i, expected, message)
+            assert names_a_fixed_case(expected) or expected in message, (seed, i, expected, message)
+        for answer, unsaid in MISBLAMED.get(key, []):
+            assert unsaid not in said[id(answer)][1], (seed, unsaid, said[id(answer)])
 
 
 @pytest.mark.slow
@@ -119,7 +118,10 @@ def test_08_3_on_fresh_grading_draws(seed):
     ex = labs.exercise("08", 3)
     for i, answer in enumerate(CORPUS["08.3"]["right"]):
         assert ex.verdict(answer, seed=seed) == (core.PASSED, "correct."), (i, ex.verdict(answer, seed=seed))
+    said = {}  # what each wrong answer was told
     for i, (answer, expected) in enumerate(CORPUS["08.3"]["wrong"]):
-        status, message = ex.verdict(answer, seed=seed)
+        status, message = said[id(answer)] = ex.verdict(answer, seed=seed)
         assert status in (core.FAILED, core.ERROR), (i, message)
-        assert _names_a_fixed_case(expected) or expected in message, (i, expected, message)
+        assert names_a_fixed_case(expected) or expected in message, (i, expected, message)
+    for answer, unsaid in MISBLAMED["08.3"]:
+        assert unsaid not in said[id(answer)][1], (unsaid, said[id(answer)])

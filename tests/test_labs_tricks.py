@@ -109,3 +109,36 @@ def test_patching_eigvals_in_an_earlier_cell_fools_the_learners_check_and_scores
     report = grade(path, source=source, timeout=120)
     assert {e.key: e.score for e in report.exercises} == {"10.1": 1, "10.2": 0, "10.3": 1}, report.format()
     assert report.exercises[1].status == "failed" and "exactly 1" in report.exercises[1].message
+
+
+# The same tricks on a course exercise whose checker draws its cases and names mistakes (10.2): each fools the
+# learner's check of a wrong answer (a constant score), and the grade gives 10.2 nothing and the honest 10.1 and 10.3
+# their points.
+SCORE = "def copying_score(W_E, W_V, W_O, W_U):\n"
+TRICKS_10 = {
+    "torch.isclose patched": "import torch\n_isclose = torch.isclose\n"
+                             "torch.isclose = lambda a, b, **kw: torch.ones_like(_isclose(a, b, **kw))\n"
+                             + CONSTANT_SCORE,
+    "q.checker replaced": "q2.checker = lambda answer, check: None\n" + CONSTANT_SCORE,
+    "the reference run in a thread": "import threading\n" + SCORE + "    out = []\n"
+                                     "    worker = threading.Thread(target=lambda: out.append(q2.reference(W_E, W_V, "
+                                     "W_O, W_U)))\n    worker.start()\n    worker.join()\n    return out[0]\n"
+                                     "q2.check(copying_score)",
+    "q.solution_text exec'd": "exec(q2.solution_text)\nq2.check(copying_score)",
+}
+
+
+@pytest.mark.parametrize("trick", list(TRICKS_10))
+def test_each_trick_on_a_course_exercise_scores_nothing_when_graded(trick, tmp_path):
+    honest = _notebook_10({})
+    tricked = _notebook_10({2: TRICKS_10[trick]})
+    live = _live([cell.source for cell in tricked.cells])
+    assert live == {"10.1": "passed", "10.2": "passed", "10.3": "passed"}, live  # fooled
+    source = tmp_path / "source" / "10_what_heads_compute.ipynb"
+    source.parent.mkdir()
+    nbformat.write(honest, source)
+    path = tmp_path / "10_submission.ipynb"
+    nbformat.write(tricked, path)
+    report = grade(path, source=source, timeout=120)
+    assert {e.key: e.score for e in report.exercises} == {"10.1": 1, "10.2": 0, "10.3": 1}, report.format()
+    assert report.exercises[1].status != "passed", report.format()
