@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Iterable
 from typing import Any
+
+#: Keywords renamed to the config's (TransformerLens's) vocabulary, accepted with a warning until notebooks move.
+RENAMED_KEYWORDS = {"n_kv_heads": "n_key_value_heads", "rope_base": "rotary_base"}
 
 
 def check_int(name: str, value: Any, minimum: int, *, maximum: int | None = None, why: str = "") -> int:
@@ -95,25 +99,39 @@ def check_head_count(d_model: int, n_heads: int) -> int:
     return d_model // n_heads
 
 
+def renamed_keywords(where: str, given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` (a call's extra keywords) under their new names: ``n_kv_heads`` and ``rope_base`` are the old
+    names of ``n_key_value_heads`` and ``rotary_base`` (a DeprecationWarning says so); anything else is a
+    TypeError naming ``where``."""
+    unknown = sorted(set(given) - set(RENAMED_KEYWORDS))
+    if unknown:
+        raise TypeError(f"{where} got unexpected keyword argument(s) {unknown}")
+    for old in given:
+        warnings.warn(f"{where}: {old}= is now {RENAMED_KEYWORDS[old]}= (the config's name, TransformerLens's)",
+                      DeprecationWarning, stacklevel=3)
+    return {RENAMED_KEYWORDS[old]: value for old, value in given.items()}
+
+
 def check_head_shape(
-    d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None
+    d_model: int, n_heads: int, *, n_key_value_heads: int | None = None, d_head: int | None = None
 ) -> tuple[int, int]:
-    """``(n_kv_heads, d_head)`` with defaults filled in: ``d_head = d_model / n_heads`` (then whole),
-    ``n_kv_heads = n_heads`` (it must divide n_heads: each K/V head serves a whole group of query heads)."""
+    """``(n_key_value_heads, d_head)`` with defaults filled in: ``d_head = d_model / n_heads`` (then whole),
+    ``n_key_value_heads = n_heads`` (it must divide n_heads: each K/V head serves a whole group of query heads)."""
     if d_head is None:
         d_head = check_head_count(d_model, n_heads)  # d_model / n_heads, or an error listing valid n_heads
     else:  # any head size: d_model need not be n_heads * d_head (T5, Gemma)
         check_int("d_model", d_model, 1)
         check_int("n_heads", n_heads, 1)
         check_int("d_head", d_head, 1)
-    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-    check_int("n_kv_heads", n_kv_heads, 1, maximum=n_heads, why=" (query heads share K/V heads, not the reverse)")
-    if n_heads % n_kv_heads != 0:
+    G = n_heads if n_key_value_heads is None else n_key_value_heads
+    check_int("n_key_value_heads", G, 1, maximum=n_heads, why=" (query heads share K/V heads, not the reverse)")
+    if n_heads % G != 0:
         raise ValueError(
-            f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}: each K/V head must serve the same "
-            f"number of query heads. Valid n_kv_heads for n_heads={n_heads}: {_short_list(valid_head_counts(n_heads))}"
+            f"n_heads={n_heads} is not a multiple of n_key_value_heads={G}: each K/V head must serve the same "
+            f"number of query heads. Valid n_key_value_heads for n_heads={n_heads}: "
+            f"{_short_list(valid_head_counts(n_heads))}"
         )
-    return n_kv_heads, d_head
+    return G, d_head
 
 
 def _short_list(values: list[int], limit: int = 24) -> str:

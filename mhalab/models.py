@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import circuits
 from .arguments import check_int
 from .blocks import Block, norm_layer
 from .config import ModelConfig
@@ -106,15 +107,16 @@ class _Embedding(nn.Module):
         super().__init__()
         self.n_ctx = config.n_ctx
         self.tokens = nn.Embedding(config.d_vocab, config.d_model)
-        self.learned = config.positions == "learned"
+        self.learned = config.positional_embedding_type == "standard"
         if self.learned:
             self.positions = nn.Embedding(config.n_ctx, config.d_model)
-        elif config.positions == "sinusoidal":
+        elif config.positional_embedding_type == "sinusoidal":
             # A buffer, not a parameter: it moves with .to(device) but is never trained
             # (and, not being persistent, is rebuilt rather than stored in checkpoints).
             table = sinusoidal_positions(config.n_ctx, config.d_model)  # [n_ctx, d_model]
             self.register_buffer("positions_table", table, persistent=False)
-        self.has_table = config.positions in ("learned", "sinusoidal")  # rotary acts inside attention; "none" has none
+        # rotary acts inside attention; "none" has no positions at all
+        self.has_table = config.positional_embedding_type in ("standard", "sinusoidal")
         self.token_types = nn.Embedding(config.n_token_types, config.d_model) if config.n_token_types else None
         self.ln = norm_layer(config) if config.post_embedding_ln else None
         self.dropout = config.dropout
@@ -170,11 +172,60 @@ def _check_config(config: Any) -> ModelConfig:
 
 
 # ---------------------------------------------------------------------------- models
-class Transformer(HookedRootModule):
+class _SharedNames:
+    """TransformerLens's names for what every model here has once: ``cfg`` and the embeddings, the unembedding."""
+
+    @property
+    def cfg(self) -> ModelConfig:
+        """The model's :class:`ModelConfig` by TransformerLens's name (the same object as ``config``)."""
+        return self.config
+
+    @property
+    def W_E(self) -> Tensor:
+        """``[d_vocab, d_model]``: the token embedding."""
+        return self.embed.tokens.weight.detach()
+
+    @property
+    def W_pos(self) -> Tensor:
+        """``[n_ctx, d_model]``: the position table added to the embeddings (learned, or the fixed sinusoids)."""
+        if not self.embed.has_table:
+            raise AttributeError(f"W_pos is the table of positions added to the embeddings; this model has none "
+                                 f"(positional_embedding_type={self.config.positional_embedding_type!r}: rotary acts "
+                                 f"on queries and keys inside each attention layer, 'none' has no positions)")
+        return (self.embed.positions.weight if self.embed.learned else self.embed.positions_table).detach()
+
+    @property
+    def W_U(self) -> Tensor:
+        """``[d_model, d_vocab]``: the unembedding, the final norm's scale folded in (centred over d_model after a
+        LayerNorm), as TransformerLens reads it; ``norm's normalisation(x) @ W_U + b_U`` are the logits."""
+        return circuits.unembedding_weights(self)[0]
+
+    @property
+    def b_U(self) -> Tensor:
+        """``[d_vocab]``: the unembedding's bias with the final norm's bias folded in (zeros where there is none)."""
+        W_U, b_U = circuits.unembedding_weights(self)
+        return torch.zeros(W_U.size(1), dtype=W_U.dtype, device=W_U.device) if b_U is None else b_U
+
+
+_RETURN_TYPES = ("logits", "loss", "both", None)
+
+
+def _check_return_type(return_type: Any, allowed: tuple = _RETURN_TYPES) -> None:
+    if return_type not in allowed:
+        raise ValueError(f"return_type must be one of {allowed} (TransformerLens's), got {return_type!r}")
+
+
+class Transformer(_SharedNames, HookedRootModule):
     """Encoder-only (``config.causal=False``) or decoder-only (``config.causal=True``) transformer: embedding
     and positions, ``n_layers`` blocks (:meth:`Block.from_config`), a final norm (pre-norm models only: a
     post-norm block ends in one) and an output head (the token embedding itself with ``tie_word_embeddings``).
-    The toy models, all-MiniLM-L6-v2 and SmolLM2 are each one :class:`ModelConfig` of it."""
+    The toy models, all-MiniLM-L6-v2 and SmolLM2 are each one :class:`ModelConfig` of it.
+
+    TransformerLens's attributes, with its shapes and as it reads the weights in compatibility mode (norms'
+    scales folded in; :mod:`mhalab.circuits` says how): ``cfg`` (the config), ``W_E [V, D]``, ``W_pos [n_ctx, D]``,
+    ``W_U [D, V]``, ``b_U [V]``, ``W_Q, W_O [N, H, ...]`` and ``W_K, W_V [N, G, D, d_head]`` (the K/V heads as
+    stored, TransformerLens 4's convention), ``QK``, ``OV`` (``FactoredMatrix [N, H, D, D]``, K/V heads repeated
+    per query head), ``all_composition_scores(mode)``, ``model(tokens, return_type=...)``."""
 
     #: How to make valid ``tokens``, said by the error for invalid ones.
     tokens_hint = "add a batch axis with .unsqueeze(0) for a single sequence"
@@ -190,11 +241,13 @@ class Transformer(HookedRootModule):
         self.head = _output_head(config)
 
     def forward(
-        self, tokens: Tensor, *, key_padding_mask: Tensor | None = None, kv_caches: list[KVCache] | None = None,
-        logits_to_keep: int = 0, stop_at_layer: int | None = None,
-    ) -> Tensor:
+        self, tokens: Tensor, *, return_type: str | None = "logits", key_padding_mask: Tensor | None = None,
+        kv_caches: list[KVCache] | None = None, logits_to_keep: int = 0, stop_at_layer: int | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor] | None:
         """Logits ``[B, T, V]`` (or ``[B, T, n_targets, V]``) for ``tokens [B, T]``.
 
+        ``return_type`` (TransformerLens's): "logits"; "loss", the mean next-token cross-entropy (a decoder with one
+        prediction per position, every position's logits); "both", ``(logits, loss)``; None, nothing.
         ``key_padding_mask [B, T]``: True = padding. ``kv_caches`` (causal models): one :class:`KVCache`
         per layer; ``tokens`` are then the *new* tokens, after the cached ones. ``logits_to_keep``: 0 for every
         position, else only the last that many (``[B, n, V]``; decoding needs only the last). ``stop_at_layer``
@@ -202,6 +255,12 @@ class Transformer(HookedRootModule):
         """
         check_token_ids(tokens, self.tokens_hint)
         check_int("logits_to_keep", logits_to_keep, 0)
+        _check_return_type(return_type)
+        if return_type in ("loss", "both") and (not self.config.causal or self.config.n_targets != 1
+                                                or logits_to_keep or kv_caches is not None):
+            raise ValueError("return_type='loss' is the next-token loss of a decoder (ModelConfig(causal=True), "
+                             "n_targets=1) over every position of one call: no logits_to_keep, no kv_caches; for a "
+                             "task's loss use task.loss(logits, batch)")
         if kv_caches is not None and not self.config.causal:
             raise ValueError("kv_caches are for decoder-only models (ModelConfig(causal=True)): "
                              "a bidirectional model must re-read the whole sequence")
@@ -216,7 +275,52 @@ class Transformer(HookedRootModule):
             return x
         if logits_to_keep:
             x = x[:, -logits_to_keep:]  # [B, n, D]
-        return _output_logits(self, x if self.ln_final is None else self.ln_final(x))
+        logits = _output_logits(self, x if self.ln_final is None else self.ln_final(x))
+        if return_type == "logits":
+            return logits
+        if return_type is None:
+            return None
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())  # predict token t + 1 at t
+        return loss if return_type == "loss" else (logits, loss)
+
+    # ---------------------------------------------------------------- TransformerLens's weights, every layer
+    def _stacked(self, name: str) -> Tensor:
+        return torch.stack([getattr(block.attn, name) for block in self.blocks])
+
+    @property
+    def W_Q(self) -> Tensor:
+        """``[n_layers, n_heads, d_model, d_head]``: every layer's ``blocks[l].attn.W_Q`` (folded)."""
+        return self._stacked("W_Q")
+
+    @property
+    def W_K(self) -> Tensor:
+        """``[n_layers, G, d_model, d_head]``: the K/V heads as stored (G = n_key_value_heads, or n_heads)."""
+        return self._stacked("W_K")
+
+    @property
+    def W_V(self) -> Tensor:
+        """``[n_layers, G, d_model, d_head]``: the K/V heads as stored (G = n_key_value_heads, or n_heads)."""
+        return self._stacked("W_V")
+
+    @property
+    def W_O(self) -> Tensor:
+        """``[n_layers, n_heads, d_head, d_model]``: every head's slice of W_O."""
+        return self._stacked("W_O")
+
+    @property
+    def QK(self) -> circuits.FactoredMatrix:
+        """Every head's ``W_Q W_Kᵀ`` ``[n_layers, n_heads, d_model, d_model]`` (:func:`mhalab.circuits.QK`)."""
+        return circuits.QK(self)
+
+    @property
+    def OV(self) -> circuits.FactoredMatrix:
+        """Every head's ``W_V W_O`` ``[n_layers, n_heads, d_model, d_model]`` (:func:`mhalab.circuits.OV`)."""
+        return circuits.OV(self)
+
+    def all_composition_scores(self, mode: str) -> Tensor:
+        """``[n_layers, n_heads, n_layers, n_heads]`` Q-, K- or V-composition scores
+        (:func:`mhalab.circuits.all_composition_scores`)."""
+        return circuits.all_composition_scores(self, mode)
 
     def new_kv_caches(self) -> list[KVCache]:
         """One empty :class:`KVCache` per layer (each holds ``n_key_value_heads`` heads)."""
@@ -241,7 +345,8 @@ class Transformer(HookedRootModule):
         if positions is not None:
             if not self.embed.learned:
                 raise ValueError(f"positions= sets a learned position table, but this model's positions are "
-                                 f"{config.positions!r}; build it with ModelConfig(positions='learned') or pass "
+                                 f"{config.positional_embedding_type!r}; build it with "
+                                 f"ModelConfig(positional_embedding_type='standard') or pass "
                                  f"tokens alone")
             _check_rows("positions", positions, 1, config.n_ctx, config.d_model, f"1 to n_ctx={config.n_ctx}")
         with torch.no_grad():
@@ -270,7 +375,7 @@ class Transformer(HookedRootModule):
             return generate_tokens(step, prompt, new_tokens, cached=use_cache, stop=stop)
 
 
-class EncoderDecoder(HookedRootModule):
+class EncoderDecoder(_SharedNames, HookedRootModule):
     """The original transformer's shape for sequence-to-sequence tasks (one vocabulary): the encoder reads
     ``src [B, S]``; the decoder reads ``tgt [B, T]`` causally and cross-attends to the encoder's output. Built
     from the same :class:`ModelConfig` as :class:`Transformer` (``n_layers`` in each of encoder and decoder;
@@ -318,10 +423,14 @@ class EncoderDecoder(HookedRootModule):
                       cross_kv_cache=cross_cache)
         return _output_logits(self, x if self.ln_final is None else self.ln_final(x))
 
-    def forward(self, src: Tensor, tgt: Tensor, *, src_padding_mask: Tensor | None = None) -> Tensor:
-        """Teacher-forced logits ``[B, T, V]`` for ``src [B, S]`` and the target shifted right ``tgt [B, T]``."""
+    def forward(self, src: Tensor, tgt: Tensor, *, return_type: str | None = "logits",
+                src_padding_mask: Tensor | None = None) -> Tensor | None:
+        """Teacher-forced logits ``[B, T, V]`` for ``src [B, S]`` and the target shifted right ``tgt [B, T]``
+        (``return_type=None``: nothing, as TransformerLens's; a task's loss is ``task.loss(logits, batch)``)."""
+        _check_return_type(return_type, ("logits", None))
         memory = self.encode(src, src_padding_mask=src_padding_mask)
-        return self.decode(tgt, memory, src_padding_mask=src_padding_mask)
+        logits = self.decode(tgt, memory, src_padding_mask=src_padding_mask)
+        return logits if return_type == "logits" else None
 
     def forward_batch(self, batch: Any) -> Tensor:
         """Logits for a batch with ``inputs`` (source) and ``decoder_inputs`` (target shifted right)."""
@@ -342,3 +451,20 @@ class EncoderDecoder(HookedRootModule):
             bos = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)  # [B, 1]
             step = lambda ids: self.decode(ids, memory, kv_caches=caches, cross_kv_caches=cross)  # noqa: E731
             return generate_tokens(step, bos, new_tokens)
+
+
+def _two_stacks(name: str) -> property:
+    """A property of :class:`EncoderDecoder` that refuses a one-stack name (``W_Q``, ``QK``, ``blocks``, ...)."""
+
+    def refuse(self: EncoderDecoder) -> None:
+        raise AttributeError(
+            f"an EncoderDecoder has two stacks, so no model.{name}: read a layer's weights from "
+            "model.encoder[i].attn.W_Q, model.decoder[i].attn.W_Q or model.decoder[i].cross_attn.W_Q (W_K, W_V, W_O "
+            "alike); QK, OV and composition scores live within one residual stream, and TransformerLens refuses them "
+            "across an encoder-decoder too")
+
+    return property(refuse)
+
+
+for _name in ("blocks", "W_Q", "W_K", "W_V", "W_O", "QK", "OV", "all_composition_scores"):
+    setattr(EncoderDecoder, _name, _two_stacks(_name))

@@ -223,8 +223,8 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
     seeds = check_distinct_ints("seeds", seeds)
     for key in [k for k in ("seed", "progress", "checkpoint") if k in settings]:
         raise ValueError(f"sweep_heads sets {key} itself (the seed comes from `seeds`); do not pass {key}=")
-    # a bad head count gets the standard message naming the valid ones
-    configs = {h: replace(model, n_heads=h) for h in heads}
+    # a bad head count gets the standard message naming the valid ones; d_head = d_model / h, derived anew
+    configs = {h: replace(model, n_heads=h, d_head=None) for h in heads}
     if embedding is not None:
         if not (isinstance(embedding, (tuple, list)) and len(embedding) == 2):
             raise TypeError(f"embedding must be two things, (tokens, positions), e.g. task.factored_code(d_model) "

@@ -239,7 +239,7 @@ class HeadExplorer:
         group = self.data.kv_group(head)
         if len(group) > 1:
             others = ", ".join(str(g) for g in group if g != head)
-            parts.append(f"K/V head {head // len(group)} of {self.data.n_kv_heads}, shared with heads {others}")
+            parts.append(f"K/V head {head // len(group)} of {self.data.n_key_value_heads}, shared with heads {others}")
         first = float(self.data.scores["first-token"][layer, head])
         parts.append(f"{first:.0%} of its attention on the first token (queries 1..{self.data.T - 1})")
         return "   |  ".join(parts)

@@ -59,7 +59,8 @@ class ModelView:
     @property
     def group_size(self) -> int:
         data = self.explorer.data  # without grouped-query attention, one group of all heads (no K/V labels)
-        return data.n_heads // data.n_kv_heads if data.n_kv_heads != data.n_heads else data.n_heads
+        G = data.n_key_value_heads
+        return data.n_heads // G if G != data.n_heads else data.n_heads
 
     def _fitting_pixels(self, width: int) -> int:
         """The largest thumbnail side in ``[SMALLEST, LARGEST]`` that fits ``width`` CSS pixels and :data:`TALLEST`."""
