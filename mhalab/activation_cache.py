@@ -122,6 +122,8 @@ class ActivationCache(Mapping):
         ``final_post`` if ``return_labels``, as TransformerLens's. ``apply_ln``: through the norm that reads
         layer ``layer``'s input (:meth:`apply_ln_to_stack`); at the end, each component normalised with its own
         statistics (the logit lens: ``cache.accumulated_resid(apply_ln=True) @ model.W_U + model.b_U``)."""
+        if self.model is not None:  # (a cache built by hand counts its layers from the names)
+            self._model_with_blocks("accumulated_resid")
         n_layers = self._n_layers()
         layer = n_layers if layer in (None, -1) else layer
         components, labels = [], []

@@ -354,17 +354,23 @@ def full_ov_circuit(model, layer: int, head: int) -> FactoredMatrix:
     return FactoredMatrix(w.W_E @ W_V, W_O @ _unembedding(w))
 
 
+def _orthonormal_sides(left: FactoredMatrix, right: FactoredMatrix) -> tuple[Tensor, Tensor]:
+    """``L [..., m1, r]`` and ``R [..., l, m2]`` with ``||left @ X @ right|| = ||L @ X @ R||`` for any X: the QR
+    factors ``A1 = Q1 R1`` and ``B2ᵀ = Q2 R2`` have orthonormal columns, so ``L = R1 B1``, ``R = A2 R2ᵀ``."""
+    R1 = torch.linalg.qr(left.A, mode="r")[1]  # [..., m1, m1] (Q1 is not needed, nor formed)
+    R2 = torch.linalg.qr(right.B.transpose(-2, -1), mode="r")[1]  # [..., m2, m2]
+    return R1 @ left.B, right.A @ R2.transpose(-2, -1)
+
+
 def composition_scores(left: FactoredMatrix, right: FactoredMatrix) -> Tensor:
     """Elhage et al.'s ``||left @ right||_F / (||left||_F ||right||_F)``, over broadcast leading axes.
 
-    ``left = A1 B1``, ``right = A2 B2``: ``||A1 C B2||² = sum((A1ᵀA1) * (C B2B2ᵀ Cᵀ))`` with ``C = B1 A2``, so
-    only inner-width matrices are formed."""
+    ``left = A1 B1``, ``right = A2 B2``: with ``A1 = Q1 R1`` and ``B2ᵀ = Q2 R2`` (QR), ``||A1 B1 A2 B2||`` is
+    ``||(R1 B1)(A2 R2ᵀ)||``, an m1 x m2 matrix, so no D x D matrix is formed."""
     if left.rdim != right.ldim:
         raise ValueError(f"left [{left.ldim} x {left.rdim}] and right [{right.ldim} x {right.rdim}] do not chain")
-    C = left.B @ right.A  # [..., m1, m2]
-    gram_left, gram_right = left.A.transpose(-2, -1) @ left.A, right.B @ right.B.transpose(-2, -1)
-    product = (gram_left * (C @ gram_right @ C.transpose(-2, -1))).sum((-2, -1)).clamp(min=0).sqrt()
-    return product / (left.norm() * right.norm())
+    L, R = _orthonormal_sides(left, right)  # [..., m1, D], [..., D, m2]
+    return (L @ R).norm(dim=(-2, -1)) / (L.norm(dim=(-2, -1)) * R.norm(dim=(-2, -1)))
 
 
 _MODES = {"Q": lambda qk, ov: qk, "K": lambda qk, ov: qk.T, "V": lambda qk, ov: ov}
@@ -379,12 +385,12 @@ def all_composition_scores(model, mode: str) -> Tensor:
     weights = _attention_weights(model)
     w = HeadWeights(*weights, None, None, None, None, None, weights[1].size(1))  # the attention's weights alone
     N, H = w.W_Q.shape[:2]
-    ov, right = OV(w), _MODES[mode](QK(w), OV(w))
+    L, R = _orthonormal_sides(OV(w), _MODES[mode](QK(w), OV(w)))  # [N, H, m, D], [N, H, D, m]
+    L_norm, R_norm = L.norm(dim=(-2, -1)), R.norm(dim=(-2, -1))  # [N, H]
     scores = torch.zeros(N, H, N, H, dtype=w.W_Q.dtype)
-    for l in range(N - 1):  # one source layer at a time: [H, 1, 1] x [1, later layers, H]
-        later = right[l + 1:]
-        left = FactoredMatrix(ov.A[l][:, None, None], ov.B[l][:, None, None])
-        scores[l, :, l + 1:] = composition_scores(left, FactoredMatrix(later.A[None], later.B[None]))
+    for l in range(N - 1):  # one source layer at a time, into every later one: one matrix product
+        product = torch.einsum("hmd,lkdn->hlkmn", L[l], R[l + 1:])  # [H, later, H, m, m]
+        scores[l, :, l + 1:] = product.norm(dim=(-2, -1)) / (L_norm[l][:, None, None] * R_norm[l + 1:])
     return scores
 
 
