@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .hook_names import describe, get_act_name, hook_aliases
+from .hook_names import get_act_name, grouped_names, hook_aliases
 
 __all__ = ["ActivationCache"]
 
@@ -78,7 +78,7 @@ class ActivationCache(Mapping):
                   if n.endswith(f".{suffix}") and (layer is None or f".{layer.group(1)}." in n)]
         hint = f"; the {suffix} points at that layer are {', '.join(nearby)} (read them by full name)" if nearby else ""
         raise KeyError(f"{key!r} means {name!r}, which this cache of {self._model_name} does not hold{hint}. "
-                       f"It holds {len(self.cache_dict)}: {describe(self.cache_dict)}")
+                       f"It holds {len(self.cache_dict)}: {grouped_names(self.cache_dict)}")
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.cache_dict)
@@ -93,7 +93,7 @@ class ActivationCache(Mapping):
             return False
 
     def __repr__(self) -> str:
-        return f"ActivationCache({len(self)} activations of {self._model_name}: {describe(self.cache_dict)})"
+        return f"ActivationCache({len(self)} activations of {self._model_name}: {grouped_names(self.cache_dict)})"
 
     def to(self, device: str | torch.device) -> ActivationCache:
         """Move every activation to ``device`` (in place); returns the cache."""

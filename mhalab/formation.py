@@ -17,7 +17,6 @@ from torch import Tensor, nn
 
 from .arguments import check_int
 from .head_roles import induction_score, previous_token_score, stack_attention
-from .hooks import run_with_cache
 from .models import eval_mode
 from .tasks import IGNORE
 from .train import EVAL_SEED, stream_seed
@@ -69,7 +68,7 @@ class FormationRecorder:
         device = next(model.parameters()).device
         tokens = self.batch.inputs.to(device)
         with eval_mode(model):
-            logits, cache = run_with_cache(model, tokens, names_filter=lambda n: n.endswith("attn.hook_pattern"))
+            logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("attn.hook_pattern"))
         attention = stack_attention(cache).float().cpu()  # [N, B, H, T, T]
         targets = self.batch.targets
         nll = F.cross_entropy(logits.float().cpu().flatten(0, 1), targets.flatten(), ignore_index=IGNORE,

@@ -23,8 +23,8 @@ from .config import ModelConfig
 from .device import synchronize
 
 __all__ = [
-    "AttentionCount", "count_attention", "batched_attention", "looped_attention", "head_weights", "separate_heads",
-    "batched_heads", "looped_heads", "PARTS", "HeadTiming", "time_interleaved", "time_heads",
+    "AttentionCount", "count_attention", "batched_attention", "looped_attention", "random_attention_layer",
+    "separate_heads", "batched_heads", "looped_heads", "PARTS", "HeadTiming", "time_interleaved", "time_heads",
 ]
 
 
@@ -90,7 +90,7 @@ def looped_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return torch.cat(heads, dim=1)  # H x [B, 1, T, d_head] -> [B, H, T, d_head]
 
 
-def head_weights(d_model: int, n_heads: int, *, device: torch.device | str = "cpu",
+def random_attention_layer(d_model: int, n_heads: int, *, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, generator: torch.Generator | None = None) -> MultiHeadAttention:
     """A bias-free ``n_heads``-head :class:`MultiHeadAttention` of width ``d_model``, its weights drawn from
     ``generator``."""
@@ -196,7 +196,7 @@ def time_heads(heads=(1, 8, 32, 64), *, part: str = "attention", d_model: int = 
             versions[h] = (partial(batched_attention, *qkv), partial(looped_attention, *qkv))
         else:
             x = torch.randn(batch, seq_len, d_model, generator=g).to(device, dtype)  # [B, T, D]
-            layer = head_weights(d_model, h, device=device, dtype=dtype, generator=g)
+            layer = random_attention_layer(d_model, h, device=device, dtype=dtype, generator=g)
             versions[h] = (partial(batched_heads, x, layer), partial(looped_heads, x, layer, separate_heads(layer)))
 
     previous_threads = torch.get_num_threads()

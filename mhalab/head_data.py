@@ -18,7 +18,7 @@ from torch import nn
 
 from .ablation import AblationTable, ablate_each_head
 from .head_roles import FRACTION_SCORES, NO_ROLE, fraction_keys, head_scores, role_of, stack_attention
-from .hooks import attention_modules, run_with_cache
+from .hooks import attention_modules
 from .models import eval_mode
 
 __all__ = ["HeadData", "head_data", "AttentionLayers", "SPECIAL_LABELS", "hide_keys"]
@@ -142,7 +142,7 @@ def head_data(model: nn.Module, batch: Any, task: Any = None, *, examples: int =
     layers = layers or AttentionLayers(model)
     device = next(model.parameters()).device
     with eval_mode(model), _one_thread():
-        _, cache = run_with_cache(model, tokens.to(device), names_filter=layers.patterns)
+        _, cache = model.run_with_cache(tokens.to(device), names_filter=layers.patterns)
     attention = stack_attention(cache)  # [N, B, H, T, S]
     B, T, S = attention.shape[1], attention.shape[3], attention.shape[4]
     E = max(1, min(int(examples), B))

@@ -105,7 +105,7 @@ def hook_aliases(model: nn.Module) -> dict[str, str]:
     return aliases
 
 
-def describe(names: Iterable[str]) -> str:
+def grouped_names(names: Iterable[str]) -> str:
     """Names grouped by template (``blocks.{i}.attn.hook_q (i = 0..29)``), so a long list stays readable."""
     groups: dict[str, list[int]] = {}
     for name in names:

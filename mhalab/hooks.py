@@ -93,7 +93,7 @@ from torch import Tensor, nn
 
 from .activation_cache import ActivationCache, _slice_pos
 from .attention import MultiHeadAttention
-from .hook_names import GlobFilter, describe, get_act_name, glob_filter, hook_aliases
+from .hook_names import GlobFilter, get_act_name, glob_filter, grouped_names, hook_aliases
 from .hook_points import HookFn, HookPoint, name_hook_points
 
 __all__ = [
@@ -133,7 +133,7 @@ def _select(model: nn.Module, names: NamesFilter, available: list[str]) -> list[
         for pattern in names.patterns:
             if not any(GlobFilter((pattern,))(n) for n in available):
                 raise KeyError(f"no hook point of {type(model).__name__} matches {pattern!r}; "
-                               f"it has {len(available)}: {describe(available)}")
+                               f"it has {len(available)}: {grouped_names(available)}")
     if callable(names) and not isinstance(names, str):
         return [n for n in available if names(n)]
     if isinstance(names, str) or not isinstance(names, Iterable):
@@ -150,7 +150,7 @@ def _select(model: nn.Module, names: NamesFilter, available: list[str]) -> list[
             aliases = hook_aliases(model) if aliases is None else aliases
             if name not in aliases:
                 raise KeyError(f"{type(model).__name__} has no hook point {name!r}; it has {len(available)}: "
-                               f"{describe(available)}")
+                               f"{grouped_names(available)}")
             name = aliases[name]
         if name.endswith("hook_result"):
             _check_result_is_on(model, name)
