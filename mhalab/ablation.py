@@ -20,14 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .arguments import check_index
+from .arguments import validate_index
 from .hooks import HookedRootModule, ablate_heads, attention_modules, gate_heads, hooks_attached
 from .models import batch_logits, eval_mode
 from .plotting import plot_pruning_curve
 from .tasks import IGNORE
 
 __all__ = [
-    "model_shape", "check_heads", "evaluate_batch", "ablate", "AblationTable", "ablate_each_head",
+    "model_shape", "validate_heads", "evaluate_batch", "ablate", "AblationTable", "ablate_each_head",
     "per_example_loss", "head_importance", "PruningCurve", "pruning_curve",
 ]
 
@@ -56,7 +56,7 @@ def model_shape(model: nn.Module) -> tuple[int, int]:
     return len(layers), counts.pop()
 
 
-def check_heads(model: nn.Module, heads: Iterable[Head] | Head) -> list[Head]:
+def validate_heads(model: nn.Module, heads: Iterable[Head] | Head) -> list[Head]:
     """``(layer, head)`` pairs (or one pair) checked against the model, sorted and de-duplicated."""
     layers = list(attention_modules(model).values())
     if isinstance(heads, tuple) and len(heads) == 2 and all(isinstance(i, (int, np.integer)) for i in heads):
@@ -65,8 +65,8 @@ def check_heads(model: nn.Module, heads: Iterable[Head] | Head) -> list[Head]:
     for pair in heads:
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
             raise TypeError(f"each head must be a (layer, head) pair of ints, got {pair!r}")
-        layer = check_index("layer", pair[0], len(layers), valid="the model has layers")
-        head = check_index("head", pair[1], layers[layer].n_heads, valid=f"layer {layer} has heads")
+        layer = validate_index("layer", pair[0], len(layers), valid="the model has layers")
+        head = validate_index("head", pair[1], layers[layer].n_heads, valid=f"layer {layer} has heads")
         checked.add((layer, head))
     return sorted(checked)
 
@@ -89,7 +89,7 @@ def ablate(model: nn.Module, heads: Iterable[Head] | Head, *, method: str = "zer
     """
     if method not in ("zero", "mean"):
         raise ValueError(f"method must be 'zero' or 'mean', got {method!r}")
-    heads = check_heads(model, heads)
+    heads = validate_heads(model, heads)
     points = _z_points(model)
     means: dict[str, Tensor] = {}
     if method == "mean":

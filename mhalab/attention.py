@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .arguments import check_head_shape, check_index, renamed_keywords
+from .arguments import renamed_keywords, validate_head_shape, validate_index
 from .device import sdpa_shares_kv_heads, sdpa_zeroes_blind_rows
 from .hook_points import HookPoint
 from .kv_cache import KVCache
-from .masks import check_forbidden_mask, combine_forbidden_masks
+from .masks import combine_forbidden_masks, validate_forbidden_mask
 from .positions import apply_rotary
 
 __all__ = [
@@ -137,7 +137,7 @@ class MultiHeadAttention(nn.Module):
         given = {"n_key_value_heads": n_key_value_heads, "rotary_base": rotary_base}
         given.update(renamed_keywords("MultiHeadAttention", renamed))  # n_kv_heads=, rope_base= (old names)
         n_key_value_heads, rotary_base = given["n_key_value_heads"], given["rotary_base"]
-        G, d_head = check_head_shape(d_model, n_heads, n_key_value_heads=n_key_value_heads, d_head=d_head)
+        G, d_head = validate_head_shape(d_model, n_heads, n_key_value_heads=n_key_value_heads, d_head=d_head)
         if rotary_base is not None:
             if isinstance(rotary_base, bool) or not isinstance(rotary_base, (int, float)) or rotary_base <= 1:
                 raise ValueError(f"rotary_base must be a number above 1 (e.g. 10000), or None for no rotary "
@@ -227,7 +227,7 @@ class MultiHeadAttention(nn.Module):
 
     def head_projections(self, i: int) -> HeadProjections:
         """Views of W_Q, W_K, W_V (``[d_model, d_head]``) and W_O (``[d_head, d_model]``) for head ``i``."""
-        check_index("head index", i, self.n_heads, valid="this module has heads")
+        validate_index("head index", i, self.n_heads, valid="this module has heads")
         H, G, dk, D = self.n_heads, self.n_key_value_heads, self.d_head, self.d_model
         g = i // (H // G)  # the K/V head this query head reads
         blocks = (i, H + g, H + G + g)  # its rows of qkv_proj: Q head i, then K and V head g
@@ -276,7 +276,7 @@ class MultiHeadAttention(nn.Module):
         Returns ``(out [B, L, D] (or [L, B, D]), weights or None)``.
         """
         query, key, value, self_attention = self._batch_first(query, key, value)  # each [B, T, D]
-        self._check_inputs(query, key, value)
+        self._validate_inputs(query, key, value)
         B, L, _ = query.shape
         past, reuse_memory = self._cache_state(kv_cache, query, key, self_attention=self_attention, is_causal=is_causal)
         S = past + key.size(1)  # every key the queries will see
@@ -285,7 +285,7 @@ class MultiHeadAttention(nn.Module):
         # blocks). Otherwise all masks become one float tensor added to the scores, built before anything is cached.
         fused_causal = is_causal and not explicit and attn_mask is None and key_padding_mask is None and L == S
         for name, m in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
-            check_forbidden_mask(m, name, L, S, self_attention=self_attention)
+            validate_forbidden_mask(m, name, L, S, self_attention=self_attention)
         mask = None if fused_causal else combine_forbidden_masks(
             B, self.n_heads, L, S, key_padding_mask, attn_mask, is_causal, query.dtype, query.device
         )  # None, or float [B or 1, H or 1, L, S] added to the scores
@@ -406,7 +406,7 @@ class MultiHeadAttention(nn.Module):
         heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, **gqa)
         return heads if blind is None else heads.masked_fill(blind, 0.0)  # ... and zeros, as the explicit path gives
 
-    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+    def _validate_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

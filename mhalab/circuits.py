@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .arguments import check_index, check_int
+from .arguments import validate_index, validate_int
 
 __all__ = [
     "FactoredMatrix", "LayerWeights", "layer_weights", "HeadWeights", "head_weights", "unembedding_weights", "QK",
@@ -262,7 +262,7 @@ def _transformer_weights(model: nn.Module, fold: bool) -> HeadWeights:
     return HeadWeights(W_Q, W_K, W_V, W_O, W_E, W_pos, W_U, b_U, model.ln_final, G)
 
 
-def _check_transformer(model: nn.Module) -> None:
+def _validate_transformer(model: nn.Module) -> None:
     from .models import Transformer
 
     if not isinstance(model, Transformer):
@@ -274,7 +274,7 @@ def head_weights(model: nn.Module, *, fold_ln: bool = True) -> HeadWeights:
     """The weights every circuit here is read from (see :class:`HeadWeights`), for any mhalab ``Transformer``:
     the toy models, SmolLM2 and MiniLM (each a ``Transformer`` of one ``ModelConfig``); ``fold_ln=False``: as
     stored (no norm folded in, nothing centred)."""
-    _check_transformer(model)
+    _validate_transformer(model)
     return _transformer_weights(model, fold_ln)
 
 
@@ -282,7 +282,7 @@ def _attention_weights(model) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Every layer's folded ``W_Q, W_K, W_V, W_O`` from a :class:`HeadWeights` or a model (no W_U formed)."""
     if isinstance(model, HeadWeights):
         return model.W_Q, model.W_K, model.W_V, model.W_O
-    _check_transformer(model)
+    _validate_transformer(model)
     return tuple(torch.stack(t) for t in zip(*(layer_weights(block.attn) for block in model.blocks)))
 
 
@@ -292,8 +292,8 @@ def _weights(model) -> HeadWeights:
 
 def _head(w: HeadWeights, layer: int, head: int) -> tuple[int, int]:
     N, H = w.W_Q.shape[:2]
-    return (check_index("layer", layer, N, valid=f"the model has {N} layers,"),
-            check_index("head", head, H, valid=f"each layer has {H} heads,"))
+    return (validate_index("layer", layer, N, valid=f"the model has {N} layers,"),
+            validate_index("head", head, H, valid=f"each layer has {H} heads,"))
 
 
 def _per_query_head(W: Tensor, H: int) -> Tensor:
@@ -397,9 +397,9 @@ def all_composition_scores(model, mode: str) -> Tensor:
 def composition_baseline(d_model: int, d_head: int, n: int = 256, *, seed: int = 0) -> Tensor:
     """``[n]`` composition scores of random products of Gaussian matrices of a head's shapes (``[D, d] [d, D]``,
     rank d), the baseline Elhage et al. compare with; their mean square is close to 1 / d_model."""
-    check_int("d_head", d_head, 1, maximum=check_int("d_model", d_model, 1))
+    validate_int("d_head", d_head, 1, maximum=validate_int("d_model", d_model, 1))
     g = torch.Generator().manual_seed(seed)
-    A1, A2 = (torch.randn(check_int("n", n, 1), d_model, d_head, generator=g, dtype=torch.float64) for _ in "12")
+    A1, A2 = (torch.randn(validate_int("n", n, 1), d_model, d_head, generator=g, dtype=torch.float64) for _ in "12")
     B1, B2 = (torch.randn(n, d_head, d_model, generator=g, dtype=torch.float64) for _ in "12")
     return composition_scores(FactoredMatrix(A1, B1), FactoredMatrix(A2, B2))
 

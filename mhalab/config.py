@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .arguments import check_head_shape, check_int
+from .arguments import validate_head_shape, validate_int
 
 __all__ = ["ModelConfig", "POSITIONAL_EMBEDDING_TYPES", "ACT_FNS", "NORMALIZATION_TYPES"]
 
@@ -27,7 +27,7 @@ ACT_FNS = ("gelu", "gelu_new", "relu", "silu")
 NORMALIZATION_TYPES = ("LN", "RMS", None)
 
 
-def _check_number(name: str, value: Any, *, above: float, example: str) -> None:
+def _validate_number(name: str, value: Any, *, above: float, example: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > above:
         raise ValueError(f"{name} must be a number above {above:g} (e.g. {example}), got {value!r}")
 
@@ -69,16 +69,16 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("d_vocab", "n_layers", "n_ctx", "n_targets"):
-            check_int(name, getattr(self, name), 1)
+            validate_int(name, getattr(self, name), 1)
         # The same messages MultiHeadAttention would give, but before any module is built. n_key_value_heads stays
         # None without grouped-query attention, as in TransformerLens.
-        _, d_head = check_head_shape(self.d_model, self.n_heads, n_key_value_heads=self.n_key_value_heads,
+        _, d_head = validate_head_shape(self.d_model, self.n_heads, n_key_value_heads=self.n_key_value_heads,
                                      d_head=self.d_head)
-        check_int("n_token_types", self.n_token_types, 0)
+        validate_int("n_token_types", self.n_token_types, 0)
         object.__setattr__(self, "d_head", d_head)  # frozen: the one place fields are filled in
         if self.d_mlp is None:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
-        check_int("d_mlp", self.d_mlp, 1)
+        validate_int("d_mlp", self.d_mlp, 1)
         dropout = self.dropout
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
@@ -94,8 +94,8 @@ class ModelConfig:
         for name in flags:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        _check_number("eps", self.eps, above=0, example="1e-5, or BERT's 1e-12")
-        _check_number("rotary_base", self.rotary_base, above=1, example="10000")
+        _validate_number("eps", self.eps, above=0, example="1e-5, or BERT's 1e-12")
+        _validate_number("rotary_base", self.rotary_base, above=1, example="10000")
         if self.positional_embedding_type == "rotary" and d_head % 2:
             raise ValueError(f"positional_embedding_type='rotary' rotates pairs of features, so the head width must "
                              f"be even, got d_head={d_head}; choose an even d_head (or n_heads with an even "

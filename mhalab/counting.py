@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from .arguments import check_head_shape, check_int, renamed_keywords
+from .arguments import renamed_keywords, validate_head_shape, validate_int
 from .attention import MultiHeadAttention
 from .kv_cache import KVCache
 
@@ -52,7 +52,7 @@ def attention_parameters(
     Defaults give 4 d_model² whatever h is; ``bias=True`` adds each projection's output width.
     """
     n_key_value_heads = renamed_keywords("attention_parameters", renamed).get("n_key_value_heads", n_key_value_heads)
-    g, d_head = check_head_shape(d_model, n_heads, n_key_value_heads=n_key_value_heads, d_head=d_head)
+    g, d_head = validate_head_shape(d_model, n_heads, n_key_value_heads=n_key_value_heads, d_head=d_head)
     per_head = d_model * d_head + (d_head if bias else 0)  # one head's slice of one projection
     q = n_heads * per_head  # = d_model**2 (+ d_model) when h * d_head = d_model
     k = v = g * per_head  # only the K/V heads: fewer with grouped-query attention
@@ -74,8 +74,8 @@ def kv_cache_per_token(
     """Keys and values cached per token: ``2 * n_key_value_heads * d_head * n_layers`` (``2 * d_model * n_layers``
     by default)."""
     n_key_value_heads = renamed_keywords("kv_cache_per_token", renamed).get("n_key_value_heads", n_key_value_heads)
-    g, d_head = check_head_shape(d_model, n_heads, n_key_value_heads=n_key_value_heads, d_head=d_head)
-    check_int("n_layers", n_layers, 1)
+    g, d_head = validate_head_shape(d_model, n_heads, n_key_value_heads=n_key_value_heads, d_head=d_head)
+    validate_int("n_layers", n_layers, 1)
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32 or torch.bfloat16, got {dtype!r}")
     elements = 2 * g * d_head * n_layers
@@ -115,7 +115,7 @@ def cost_table(d_model: int = 512, heads=(1, 8, 32, 64), *, bias: bool = False, 
         raise TypeError(f"heads must be a sequence of head counts such as (1, 8, 32, 64), got {heads!r}")
     if len(heads) == 0:
         raise ValueError("heads is empty: give at least one head count, e.g. heads=(1, 8, 32, 64)")
-    check_int("decode_tokens", decode_tokens, 1)
+    validate_int("decode_tokens", decode_tokens, 1)
     rows = []
     generator = torch.Generator().manual_seed(0)
     for h in heads:

@@ -153,7 +153,7 @@ def _select(model: nn.Module, names: NamesFilter, available: list[str]) -> list[
                                f"{grouped_names(available)}")
             name = aliases[name]
         if name.endswith("hook_result"):
-            _check_result_is_on(model, name)
+            _validate_result_is_on(model, name)
         if name not in chosen:
             chosen.append(name)
     return chosen
@@ -164,7 +164,7 @@ def _result_is_on(model: nn.Module, name: str) -> bool:
     return getattr(model.get_submodule(name.rpartition(".")[0]) if "." in name else model, "use_attn_result", True)
 
 
-def _check_result_is_on(model: nn.Module, name: str) -> None:
+def _validate_result_is_on(model: nn.Module, name: str) -> None:
     """Refuse to attach to ``hook_result`` where it will not fire: it is computed only with ``use_attn_result``."""
     if not _result_is_on(model, name):
         raise ValueError(f"{name} fires only when each head's output after W_O is computed on its own, "

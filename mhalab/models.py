@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import circuits
-from .arguments import check_int
+from .arguments import validate_int
 from .blocks import Block, norm_layer
 from .config import ModelConfig
 from .hook_points import HookPoint
@@ -29,7 +29,8 @@ from .kv_cache import KVCache, layer_caches
 from .positions import sinusoidal_positions
 
 __all__ = [
-    "ModelConfig", "Transformer", "EncoderDecoder", "eval_mode", "batch_logits", "check_token_ids", "generate_tokens",
+    "ModelConfig", "Transformer", "EncoderDecoder", "eval_mode", "batch_logits", "validate_token_ids",
+    "generate_tokens",
 ]
 
 # ---------------------------------------------------------------------------- running
@@ -54,7 +55,7 @@ def batch_logits(model: nn.Module, batch: Any) -> Tensor:
     return forward_batch(batch) if forward_batch is not None else model(batch.inputs)
 
 
-def check_token_ids(tokens: Any, hint: str = "add a batch axis with .unsqueeze(0) for a single sequence"):
+def validate_token_ids(tokens: Any, hint: str = "add a batch axis with .unsqueeze(0) for a single sequence"):
     """Raise unless ``tokens`` is a ``[batch, seq]`` tensor of integer ids; ``hint`` says how to make one."""
     if not isinstance(tokens, Tensor) or tokens.dim() != 2:
         shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
@@ -78,8 +79,8 @@ def generate_tokens(
     ``stop``: token ids that end a row (an end-of-turn token); a row that has emitted one repeats it, and
     decoding ends as soon as every row has, so the result can be shorter: ``[B, T0 + n]``, ``n <= new_tokens``.
     """
-    check_int("new_tokens", new_tokens, 0)
-    stop = [check_int("a stop token id", t, 0) for t in ([stop] if isinstance(stop, int) else stop)]
+    validate_int("new_tokens", new_tokens, 0)
+    stop = [validate_int("a stop token id", t, 0) for t in ([stop] if isinstance(stop, int) else stop)]
     stop_ids = torch.tensor(stop, dtype=prompt.dtype, device=prompt.device) if stop else None  # [S]
     done = torch.zeros(prompt.size(0), 1, dtype=torch.bool, device=prompt.device)  # [B, 1]: row has stopped
     tokens = step_input = prompt
@@ -122,7 +123,7 @@ class _Embedding(nn.Module):
         self.dropout = config.dropout
 
     def forward(self, tokens: Tensor, offset: int, hook_embed: HookPoint, hook_pos_embed: HookPoint | None) -> Tensor:
-        T = tokens.size(1)  # (the model has checked tokens with check_token_ids)
+        T = tokens.size(1)  # (the model has checked tokens with validate_token_ids)
         if offset + T > self.n_ctx:
             raise ValueError(f"sequence of length {offset + T} is longer than n_ctx={self.n_ctx}; "
                              f"build the model with ModelConfig(n_ctx>={offset + T})")
@@ -152,7 +153,7 @@ def _output_logits(model: nn.Module, x: Tensor) -> Tensor:
     return logits
 
 
-def _check_rows(name: str, rows: Any, low: int, high: int, width: int, rows_text: str) -> None:
+def _validate_rows(name: str, rows: Any, low: int, high: int, width: int, rows_text: str) -> None:
     """Raise unless ``rows`` is a finite float tensor ``[n, width]`` with ``low <= n <= high`` (``rows_text``
     says so in the message, e.g. "d_vocab=13")."""
     shape = getattr(rows, "shape", None)
@@ -164,7 +165,7 @@ def _check_rows(name: str, rows: Any, low: int, high: int, width: int, rows_text
                          + ("" if not rows.is_floating_point() else " with inf or nan"))
 
 
-def _check_config(config: Any) -> ModelConfig:
+def _validate_config(config: Any) -> ModelConfig:
     if not isinstance(config, ModelConfig):
         raise TypeError(f"expected a mhalab.models.ModelConfig, got {type(config).__name__}; "
                         "build one with ModelConfig(d_vocab=..., d_model=..., n_heads=...)")
@@ -210,7 +211,7 @@ class _SharedNames:
 _RETURN_TYPES = ("logits", "loss", "both", None)
 
 
-def _check_return_type(return_type: Any, allowed: tuple = _RETURN_TYPES) -> None:
+def _validate_return_type(return_type: Any, allowed: tuple = _RETURN_TYPES) -> None:
     if return_type not in allowed:
         raise ValueError(f"return_type must be one of {allowed} (TransformerLens's), got {return_type!r}")
 
@@ -232,7 +233,7 @@ class Transformer(_SharedNames, HookedRootModule):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.config = _check_config(config)
+        self.config = _validate_config(config)
         self.embed = _Embedding(config)
         self.hook_embed = HookPoint()  # token embeddings [B, T, D]
         self.hook_pos_embed = HookPoint() if self.embed.has_table else None  # position rows [B, T, D]
@@ -253,9 +254,9 @@ class Transformer(_SharedNames, HookedRootModule):
         position, else only the last that many (``[B, n, V]``; decoding needs only the last). ``stop_at_layer``
         (TransformerLens's): run only that many blocks and return the residual stream ``[B, T, D]`` there.
         """
-        check_token_ids(tokens, self.tokens_hint)
-        check_int("logits_to_keep", logits_to_keep, 0)
-        _check_return_type(return_type)
+        validate_token_ids(tokens, self.tokens_hint)
+        validate_int("logits_to_keep", logits_to_keep, 0)
+        _validate_return_type(return_type)
         if return_type in ("loss", "both") and (not self.config.causal or self.config.n_targets != 1
                                                 or logits_to_keep or kv_caches is not None):
             raise ValueError("return_type='loss' is the next-token loss of a decoder (ModelConfig(causal=True), "
@@ -266,7 +267,7 @@ class Transformer(_SharedNames, HookedRootModule):
                              "a bidirectional model must re-read the whole sequence")
         past, caches = layer_caches(kv_caches, len(self.blocks))
         blocks, n = self.blocks, len(self.blocks)
-        if stop_at_layer is not None and check_int("stop_at_layer", stop_at_layer, -n, maximum=n) != n:
+        if stop_at_layer is not None and validate_int("stop_at_layer", stop_at_layer, -n, maximum=n) != n:
             blocks = blocks[:stop_at_layer]
         x = self.embed(tokens, past, self.hook_embed, self.hook_pos_embed)  # [B, T, D]
         for block, cache in zip(blocks, caches):
@@ -341,14 +342,14 @@ class Transformer(_SharedNames, HookedRootModule):
             if value != plain:
                 raise ValueError(f"fix_embedding gives the token and position rows, but this model's embedding also "
                                  f"has {field}={value!r}, which would still train; build it with {field}={plain!r}")
-        _check_rows("tokens", tokens, config.d_vocab, config.d_vocab, config.d_model, f"d_vocab={config.d_vocab}")
+        _validate_rows("tokens", tokens, config.d_vocab, config.d_vocab, config.d_model, f"d_vocab={config.d_vocab}")
         if positions is not None:
             if not self.embed.learned:
                 raise ValueError(f"positions= sets a learned position table, but this model's positions are "
                                  f"{config.positional_embedding_type!r}; build it with "
                                  f"ModelConfig(positional_embedding_type='standard') or pass "
                                  f"tokens alone")
-            _check_rows("positions", positions, 1, config.n_ctx, config.d_model, f"1 to n_ctx={config.n_ctx}")
+            _validate_rows("positions", positions, 1, config.n_ctx, config.d_model, f"1 to n_ctx={config.n_ctx}")
         with torch.no_grad():
             self.embed.tokens.weight.copy_(tokens)
             self.embed.tokens.weight.requires_grad_(False)
@@ -367,7 +368,7 @@ class Transformer(_SharedNames, HookedRootModule):
             raise ValueError("generate needs a decoder-only model: ModelConfig(causal=True)")
         if self.config.n_targets != 1:
             raise ValueError("generate needs one prediction per position (n_targets=1)")
-        check_token_ids(prompt, self.tokens_hint)
+        validate_token_ids(prompt, self.tokens_hint)
         with eval_mode(self):
             caches = self.new_kv_caches() if use_cache else None
             step = lambda ids: self(ids, kv_caches=caches, logits_to_keep=1)  # noqa: E731 - [B, 1, V]: the next token's
@@ -383,7 +384,7 @@ class EncoderDecoder(_SharedNames, HookedRootModule):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.config = _check_config(config)
+        self.config = _validate_config(config)
         self.embed = _Embedding(config)  # one vocabulary, one table: shared by source and target
         self.hook_embed = HookPoint()  # the source's token embeddings [B, S, D]
         self.hook_pos_embed = HookPoint() if self.embed.has_table else None  # [B, S, D]
@@ -397,7 +398,7 @@ class EncoderDecoder(_SharedNames, HookedRootModule):
 
     def encode(self, src: Tensor, *, src_padding_mask: Tensor | None = None) -> Tensor:
         """``src [B, S]`` -> memory ``[B, S, D]``."""
-        check_token_ids(src)
+        validate_token_ids(src)
         x = self.embed(src, 0, self.hook_embed, self.hook_pos_embed)  # [B, S, D]
         for block in self.encoder:
             x = block(x, causal=False, key_padding_mask=src_padding_mask)
@@ -414,7 +415,7 @@ class EncoderDecoder(_SharedNames, HookedRootModule):
         first call and reuses those keys and values on every later one (the memory does not change while
         decoding; pass fresh caches for a new memory).
         """
-        check_token_ids(tgt)
+        validate_token_ids(tgt)
         past, caches = layer_caches(kv_caches, len(self.decoder))
         _, cross_caches = layer_caches(cross_kv_caches, len(self.decoder))
         x = self.embed(tgt, past, self.hook_decoder_embed, self.hook_decoder_pos_embed)  # [B, T, D]
@@ -427,7 +428,7 @@ class EncoderDecoder(_SharedNames, HookedRootModule):
                 src_padding_mask: Tensor | None = None) -> Tensor | None:
         """Teacher-forced logits ``[B, T, V]`` for ``src [B, S]`` and the target shifted right ``tgt [B, T]``
         (``return_type=None``: nothing, as TransformerLens's; a task's loss is ``task.loss(logits, batch)``)."""
-        _check_return_type(return_type, ("logits", None))
+        _validate_return_type(return_type, ("logits", None))
         memory = self.encode(src, src_padding_mask=src_padding_mask)
         logits = self.decode(tgt, memory, src_padding_mask=src_padding_mask)
         return logits if return_type == "logits" else None

@@ -11,7 +11,7 @@ import nbformat
 import torch
 
 from mhalab.labs.calls import Check
-from mhalab.labs.checks import expect_equal
+from mhalab.labs.judging import expect_equal
 from mhalab.labs.core import Exercise, register
 
 

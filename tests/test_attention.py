@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from mhalab.arguments import check_head_count, valid_head_counts
+from mhalab.arguments import valid_head_counts, validate_head_count
 from mhalab.attention import HeadProjections, MultiHeadAttention, scaled_dot_product_attention
 from mhalab.counting import count_parameters
 from mhalab.kv_cache import KVCache
@@ -107,7 +107,7 @@ def test_causal_masks_are_bottom_right_aligned():
 def test_valid_head_counts():
     assert valid_head_counts(12) == [1, 2, 3, 4, 6, 12]
     assert valid_head_counts(512)[-4:] == [64, 128, 256, 512]
-    assert check_head_count(512, 8) == 64
+    assert validate_head_count(512, 8) == 64
 
 
 # ------------------------------------------------- equivalence with torch
@@ -559,7 +559,7 @@ def test_every_valid_head_count(d_model, bias, data):
 @given(d_model=st.integers(2, 200), n_heads=st.integers(1, 200))
 def test_every_invalid_head_count_is_refused(d_model, n_heads):
     if d_model % n_heads == 0:
-        assert check_head_count(d_model, n_heads) == d_model // n_heads
+        assert validate_head_count(d_model, n_heads) == d_model // n_heads
         return
     with pytest.raises(ValueError) as info:
         MultiHeadAttention(d_model, n_heads)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mhalab.arguments import check_head_count
+from mhalab.arguments import validate_head_count
 from mhalab.hooks import ablate_heads, attention_modules
 from mhalab.models import EncoderDecoder, ModelConfig, Transformer, eval_mode
 from mhalab.positions import sinusoidal_positions
@@ -342,7 +342,7 @@ def test_bad_head_count_fails_in_the_config_with_the_attentions_message():
     with pytest.raises(ValueError) as ours:
         ModelConfig(d_vocab=10, d_model=64, n_heads=5)
     with pytest.raises(ValueError) as attention:
-        check_head_count(64, 5)
+        validate_head_count(64, 5)
     assert str(ours.value) == str(attention.value)
     assert "Valid head counts for d_model=64: 1, 2, 4, 8, 16, 32, 64" in str(ours.value)
 

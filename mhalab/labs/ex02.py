@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from .calls import Check
-from .checks import as_float64, expect_shape, first_match
+from .judging import as_float64, expect_shape, first_match
 from .core import Exercise, register
 from .verdicts import Wrong
 

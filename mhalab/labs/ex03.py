@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .calls import Check
-from .checks import expect_whole, judge, name_miss
+from .judging import expect_whole, judge, name_miss
 from .core import Exercise, register
 from .verdicts import Wrong
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .calls import Check
-from .checks import as_float64, expect_shape, judge, previous_token_mistakes
+from .judging import as_float64, expect_shape, judge, previous_token_mistakes
 from .core import Exercise, register
 from .verdicts import Wrong
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .calls import Check
-from .checks import consistent_mistake, expect_whole, judge, unseparated
+from .judging import consistent_mistake, expect_whole, judge, unseparated
 from .core import Exercise, register
 from .verdicts import AnswerRaised, Wrong
 

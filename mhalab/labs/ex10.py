@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from .calls import Check
-from .checks import ATOL, RTOL, describe, expect_whole, judge, name_miss
+from .judging import ATOL, RTOL, describe, expect_whole, judge, name_miss
 from .core import Exercise, register
 from .verdicts import Wrong
 

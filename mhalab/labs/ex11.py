@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from .calls import Check
-from .checks import consistent_mistake, unseparated
+from .judging import consistent_mistake, unseparated
 from .core import Exercise, register
 from .verdicts import AnswerRaised, Wrong
 

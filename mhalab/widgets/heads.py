@@ -21,7 +21,7 @@ import numpy as np
 from torch import nn
 
 from ..ablation import AblationTable
-from ..arguments import check_index
+from ..arguments import validate_index
 from ..head_data import AttentionLayers, HeadData, head_data
 from ..head_roles import NO_ROLE
 from ..plotting import DPI, fit_tick_labels, relation_style, short_label
@@ -181,7 +181,7 @@ class HeadExplorer:
             self.hide_special = bool(hide_special)
         for name, value in (("layer", layer), ("head", head), ("example", example)):
             if value is not None:
-                setattr(self, name, check_index(name, value, self.sizes[name]))
+                setattr(self, name, validate_index(name, value, self.sizes[name]))
         if highlight is not None:
             options = self.highlight_options
             if highlight not in options:
