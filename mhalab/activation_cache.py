@@ -23,11 +23,11 @@ __all__ = ["ActivationCache"]
 @dataclasses.dataclass(eq=False, repr=False)  # a record of its fields: it travels to a grading kernel as configs do
 class ActivationCache(Mapping):
     """Activations by full name, read as ``cache["blocks.0.attn.hook_pattern"]``, ``cache["pattern", 0]`` (short
-    name and layer, :func:`~mhalab.hook_names.get_act_name`; a negative layer counts from the last), a
-    TransformerLens 3 alias (``cache["blocks.0.hook_in"]``) or ``cache["hook_embed"]``. Activations are detached.
+    name and layer, :func:`~mhalab.hook_names.get_act_name`; a negative layer counts from the last), a name of
+    TransformerLens's bridge (``cache["blocks.0.hook_in"]``) or ``cache["hook_embed"]``. Activations are detached.
 
     ``cache_dict`` is the plain ``{name: tensor}`` dict; ``model`` the model it came from (None for a cache built
-    by hand: then the layers are counted from the names and TransformerLens 3 aliases are not read).
+    by hand: then the layers are counted from the names and the bridge's names are not read).
     """
 
     cache_dict: dict[str, Tensor]

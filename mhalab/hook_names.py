@@ -1,6 +1,6 @@
-"""Hook-point names: short names to full ones (:func:`get_act_name`), TransformerLens 3's ``hook_in``/``hook_out``
-names to mhalab's (:func:`hook_aliases`), globs as an explicit extension (:func:`glob_filter`). The table of
-names and axes is in :mod:`mhalab.hooks`.
+"""Hook-point names: short names to full ones (:func:`get_act_name`), the ``hook_in``/``hook_out`` names of
+TransformerLens's bridge (3 and 4) to mhalab's (:func:`hook_aliases`), globs as an explicit extension
+(:func:`glob_filter`). The table of names and axes is in :mod:`mhalab.hooks`.
 """
 
 from __future__ import annotations
@@ -76,14 +76,15 @@ def get_act_name(name: str, layer: int | None = None, layer_type: str | None = N
 
 
 def hook_aliases(model: nn.Module) -> dict[str, str]:
-    """TransformerLens 3's names for the points of ``model`` that map one to one: ``{alias: mhalab name}``.
+    """The names TransformerLens's bridge (3 and 4) gives the points of ``model`` that map one to one:
+    ``{alias: mhalab name}``.
 
     ``embed.hook_out`` (= ``hook_embed``), ``pos_embed.hook_out``, and per block ``b``: ``b.hook_in``
     (``hook_resid_pre``), ``b.attn.hook_out`` (``hook_attn_out``), ``b.mlp.hook_out`` (``hook_mlp_out``),
     ``b.cross_attn.hook_out``; pre-norm blocks also ``b.hook_out`` (``hook_resid_post``) and, without
     cross-attention, ``b.ln2.hook_in`` (``hook_resid_mid``); per attention ``a``: ``a.q.hook_out``,
     ``a.k.hook_out``, ``a.v.hook_out`` (``hook_q/k/v``) and ``a.o.hook_in`` (``hook_z``). A post-norm block's
-    ``hook_out`` is after its norm in TransformerLens 3, mhalab's ``hook_resid_post`` before it: no alias.
+    ``hook_out`` is after its norm in the bridge, mhalab's ``hook_resid_post`` before it: no alias.
     """
     points = name_hook_points(model)
     aliases = {f"{short}.hook_out": f"hook_{short}" for short in ("embed", "pos_embed") if f"hook_{short}" in points}

@@ -122,7 +122,7 @@ def attention_modules(model: nn.Module) -> dict[str, MultiHeadAttention]:
 
 
 def _select(model: nn.Module, names: NamesFilter, available: list[str]) -> list[str]:
-    """The hook-point names ``names`` picks: None = all; an exact name (or TransformerLens 3 alias); a list of
+    """The hook-point names ``names`` picks: None = all; an exact name (or the bridge's name for it); a list of
     them; a predicate. A name no point has, or a glob_filter pattern that picks none, raises KeyError."""
     if names is None or (callable(names) and not isinstance(names, str)):
         # hook_result where it does not fire is left out, as TransformerLens's caches leave it out

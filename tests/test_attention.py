@@ -848,8 +848,10 @@ def test_the_old_keyword_names_still_work_with_a_warning():
     the old ones are kept, with a DeprecationWarning, until the notebooks move."""
     from mhalab.counting import attention_parameters, kv_cache_per_token
 
-    with pytest.warns(DeprecationWarning, match="n_kv_heads= is now n_key_value_heads="):
+    with pytest.warns(DeprecationWarning) as warned:
         old = MultiHeadAttention(D, H, n_kv_heads=2, rope_base=100.0)
+    assert [str(w.message).split(": ", 1)[1].split(" (")[0] for w in warned] == [
+        "n_kv_heads= is now n_key_value_heads=", "rope_base= is now rotary_base="]
     new = MultiHeadAttention(D, H, n_key_value_heads=2, rotary_base=100.0)
     assert (old.n_key_value_heads, old.rotary_base) == (new.n_key_value_heads, new.rotary_base) == (2, 100.0)
     with pytest.warns(DeprecationWarning, match="rope_base= is now rotary_base="):

@@ -215,7 +215,8 @@ def _torch_spec(which: str) -> list[str]:
     else:
         variable, default = "MHALAB_TORCH_FLOOR", floor_pins(["torch"])[0]
     index = os.environ.get("MHALAB_TORCH_INDEX")  # e.g. PyTorch's CPU index, where it is reachable
-    return [*shlex.split(os.environ.get(variable, default)), *(["--index-url", index] if index else [])]
+    spec = shlex.split(os.environ.get(variable, default))
+    return [*spec, *(["--index-url", index] if index and "--index-url" not in spec else [])]
 
 
 def build(which: str, path: Path) -> Path:
