@@ -1404,8 +1404,9 @@ CORPUS = {
             (_qk_made_up_group, "query head j reads K/V head j // (H // G)"),
             (_qk_made_up_group, "stage 2 of 4 (grouped-query: 4 query heads share 2 K/V heads)"),
             (lambda m, l, h: (lambda a, d: (lambda W: (W, int(torch.linalg.matrix_rank(W))))(
-                a.qkv_proj.weight[h * d:(h + 1) * d].T @ a.qkv_proj.weight[(a.n_heads + h // a.n_key_value_heads) * d:
-                                                                           (a.n_heads + h // a.n_key_value_heads + 1) * d]))(
+                a.qkv_proj.weight[h * d:(h + 1) * d].T
+                @ a.qkv_proj.weight[(a.n_heads + h // a.n_key_value_heads) * d:
+                                    (a.n_heads + h // a.n_key_value_heads + 1) * d]))(
                 m.blocks[l].attn, m.blocks[l].attn.d_head), "query head j reads K/V head j // (H // G)"),
             (_qk_made_up_group, "query head j reads K/V head j // (H // G), here 0"),
             (_qk_svd_loose, "your tolerance is looser than the rounding"),

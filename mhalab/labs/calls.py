@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from ..models import ModelConfig, Transformer
-from .judging import expect_close
 from .invoke import describe, invoke, where
+from .judging import expect_close
 from .plain import round_trip
 from .verdicts import AnswerRaised, Wrong
 

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from ..config import ModelConfig
 from ..pretrained.smollm2 import SMOLLM2_135M
 from .calls import Check
-from .judging import ATOL, RTOL, as_float64, expect_shape, expect_whole, judge, name_miss, pattern_cache
 from .core import Exercise, register
+from .judging import ATOL, RTOL, as_float64, expect_shape, expect_whole, judge, name_miss, pattern_cache
 from .verdicts import AnswerRaised, Wrong
 
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 import torch
 
 from .calls import Check
-from .judging import ATOL, RTOL, describe, expect_whole, judge, name_miss
 from .core import Exercise, register
+from .judging import ATOL, RTOL, describe, expect_whole, judge, name_miss
 from .verdicts import Wrong
 
 
