@@ -20,14 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .arguments import check_index
-from .hooks import ablate_heads, attention_modules, gate_heads, hooks_attached
+from .arguments import validate_index
+from .hooks import HookedRootModule, ablate_heads, attention_modules, gate_heads, hooks_attached
 from .models import batch_logits, eval_mode
 from .plotting import plot_pruning_curve
 from .tasks import IGNORE
 
 __all__ = [
-    "model_shape", "check_heads", "evaluate_batch", "ablate", "AblationTable", "ablate_each_head",
+    "model_shape", "validate_heads", "evaluate_batch", "ablate", "AblationTable", "ablate_each_head",
     "per_example_loss", "head_importance", "PruningCurve", "pruning_curve",
 ]
 
@@ -41,6 +41,12 @@ def _z_points(model: nn.Module) -> list[str]:
     return [f"{name}.hook_z" if name else "hook_z" for name in attention_modules(model)]
 
 
+def _hooked(model: nn.Module, hooks: list) -> contextlib.AbstractContextManager:
+    """``model.hooks(fwd_hooks=hooks)``, as the notebooks call it; a lone attention layer has no such method (it is
+    not a model), so it gets the function the method calls."""
+    return model.hooks(fwd_hooks=hooks) if isinstance(model, HookedRootModule) else hooks_attached(model, hooks)
+
+
 def model_shape(model: nn.Module) -> tuple[int, int]:
     """``(n_layers, n_heads)``; every layer must have the same number of heads."""
     layers = attention_modules(model).values()
@@ -50,7 +56,7 @@ def model_shape(model: nn.Module) -> tuple[int, int]:
     return len(layers), counts.pop()
 
 
-def check_heads(model: nn.Module, heads: Iterable[Head] | Head) -> list[Head]:
+def validate_heads(model: nn.Module, heads: Iterable[Head] | Head) -> list[Head]:
     """``(layer, head)`` pairs (or one pair) checked against the model, sorted and de-duplicated."""
     layers = list(attention_modules(model).values())
     if isinstance(heads, tuple) and len(heads) == 2 and all(isinstance(i, (int, np.integer)) for i in heads):
@@ -59,8 +65,8 @@ def check_heads(model: nn.Module, heads: Iterable[Head] | Head) -> list[Head]:
     for pair in heads:
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
             raise TypeError(f"each head must be a (layer, head) pair of ints, got {pair!r}")
-        layer = check_index("layer", pair[0], len(layers), valid="the model has layers")
-        head = check_index("head", pair[1], layers[layer].n_heads, valid=f"layer {layer} has heads")
+        layer = validate_index("layer", pair[0], len(layers), valid="the model has layers")
+        head = validate_index("head", pair[1], layers[layer].n_heads, valid=f"layer {layer} has heads")
         checked.add((layer, head))
     return sorted(checked)
 
@@ -83,7 +89,7 @@ def ablate(model: nn.Module, heads: Iterable[Head] | Head, *, method: str = "zer
     """
     if method not in ("zero", "mean"):
         raise ValueError(f"method must be 'zero' or 'mean', got {method!r}")
-    heads = check_heads(model, heads)
+    heads = validate_heads(model, heads)
     points = _z_points(model)
     means: dict[str, Tensor] = {}
     if method == "mean":
@@ -94,11 +100,11 @@ def ablate(model: nn.Module, heads: Iterable[Head] | Head, *, method: str = "zer
         def mean_over_batch(z: Tensor, hook) -> None:  # z: [B, T, H, dk]
             means[hook.name] = z.detach().float().mean(dim=0)  # [T, H, dk]
 
-        with torch.no_grad(), eval_mode(model), hooks_attached(model, [(points, mean_over_batch)]):
+        with torch.no_grad(), eval_mode(model), _hooked(model, [(points, mean_over_batch)]):
             batch_logits(model, reference)
     hooks = [(point, ablate_heads([h for l, h in heads if l == layer], means.get(point)))
              for layer, point in enumerate(points) if any(l == layer for l, _ in heads)]
-    with hooks_attached(model, hooks):
+    with _hooked(model, hooks):
         yield model
 
 
@@ -123,7 +129,7 @@ def ablate_each_head(model: nn.Module, task: Any, batch: Any) -> AblationTable:
     baseline = evaluate_batch(model, task, batch)
     table = {name: torch.zeros(N, H) for name in baseline}
     for layer, head in np.ndindex(N, H):
-        with hooks_attached(model, [(points[layer], ablate_heads([head]))]):
+        with _hooked(model, [(points[layer], ablate_heads([head]))]):
             for name, value in evaluate_batch(model, task, batch).items():
                 table[name][layer, head] = value
     return AblationTable(baseline, table)
@@ -164,7 +170,7 @@ def head_importance(model: nn.Module, batches: Any, *, normalize: bool = True,
             # Gates per example, so the gradient of the summed loss is every example's own gradient.
             xi = torch.ones(B, N, H, device=param.device, dtype=param.dtype, requires_grad=True)  # [B, N, H]
             gates = xi * keep.to(param.dtype)  # [B, N, H]: removed heads stay at 0
-            with hooks_attached(model, [(point, gate_heads(gates[:, i])) for i, point in enumerate(points)]):
+            with _hooked(model, [(point, gate_heads(gates[:, i])) for i, point in enumerate(points)]):
                 logits = batch_logits(model, batch)
             losses = per_example_loss(logits, batch.targets)  # [B]
             (grad,) = torch.autograd.grad(losses.sum(), xi)  # [B, N, H]: dL(x_b)/d xi for each example b

@@ -1,5 +1,9 @@
-"""The activations of one run, by hook-point name: what ``model.run_with_cache`` returns (TransformerLens's
-``ActivationCache``: ``cache["pattern", 0]``, ``stack_activation``, ``accumulated_resid``)."""
+"""The activations of one run, by hook-point name: what ``model.run_with_cache`` returns, TransformerLens's
+``ActivationCache`` with its reads (``cache["pattern", 0]``, ``stack_activation``) and its decompositions of the
+residual stream (``accumulated_resid``, ``decompose_resid``, ``stack_head_results``, ``compute_head_results``,
+``apply_ln_to_stack``, ``logit_attrs``), with its arguments and shapes. The decompositions read the model's
+weights as TransformerLens does in compatibility mode (:mod:`mhalab.circuits`: W_U with the final norm's scale
+folded in), so a norm applied to a stack is its normalisation alone, without weight or bias."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .hook_names import describe, get_act_name, hook_aliases
+from .hook_names import get_act_name, grouped_names, hook_aliases
 
 __all__ = ["ActivationCache"]
 
@@ -19,11 +23,11 @@ __all__ = ["ActivationCache"]
 @dataclasses.dataclass(eq=False, repr=False)  # a record of its fields: it travels to a grading kernel as configs do
 class ActivationCache(Mapping):
     """Activations by full name, read as ``cache["blocks.0.attn.hook_pattern"]``, ``cache["pattern", 0]`` (short
-    name and layer, :func:`~mhalab.hook_names.get_act_name`; a negative layer counts from the last), a
-    TransformerLens 3 alias (``cache["blocks.0.hook_in"]``) or ``cache["hook_embed"]``. Activations are detached.
+    name and layer, :func:`~mhalab.hook_names.get_act_name`; a negative layer counts from the last), a name of
+    TransformerLens's bridge (``cache["blocks.0.hook_in"]``) or ``cache["hook_embed"]``. Activations are detached.
 
     ``cache_dict`` is the plain ``{name: tensor}`` dict; ``model`` the model it came from (None for a cache built
-    by hand: then the layers are counted from the names and TransformerLens 3 aliases are not read).
+    by hand: then the layers are counted from the names and the bridge's names are not read).
     """
 
     cache_dict: dict[str, Tensor]
@@ -74,7 +78,7 @@ class ActivationCache(Mapping):
                   if n.endswith(f".{suffix}") and (layer is None or f".{layer.group(1)}." in n)]
         hint = f"; the {suffix} points at that layer are {', '.join(nearby)} (read them by full name)" if nearby else ""
         raise KeyError(f"{key!r} means {name!r}, which this cache of {self._model_name} does not hold{hint}. "
-                       f"It holds {len(self.cache_dict)}: {describe(self.cache_dict)}")
+                       f"It holds {len(self.cache_dict)}: {grouped_names(self.cache_dict)}")
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.cache_dict)
@@ -89,7 +93,7 @@ class ActivationCache(Mapping):
             return False
 
     def __repr__(self) -> str:
-        return f"ActivationCache({len(self)} activations of {self._model_name}: {describe(self.cache_dict)})"
+        return f"ActivationCache({len(self)} activations of {self._model_name}: {grouped_names(self.cache_dict)})"
 
     def to(self, device: str | torch.device) -> ActivationCache:
         """Move every activation to ``device`` (in place); returns the cache."""
@@ -115,10 +119,11 @@ class ActivationCache(Mapping):
                           pos_slice: Any = None, mlp_input: bool = False, return_labels: bool = False) -> Any:
         """The residual stream before each layer up to ``layer`` (None or -1: through the last block's
         ``resid_post``), stacked ``[components, B, pos, D]``, with labels ``0_pre``, (``0_mid``), ...,
-        ``final_post`` if ``return_labels``, as TransformerLens's. ``apply_ln`` is not available here."""
-        if apply_ln:
-            raise NotImplementedError("apply_ln: mhalab's cache does not re-apply the final norm; "
-                                      "pass apply_ln=False and apply model.ln_final yourself")
+        ``final_post`` if ``return_labels``, as TransformerLens's. ``apply_ln``: through the norm that reads
+        layer ``layer``'s input (:meth:`apply_ln_to_stack`); at the end, each component normalised with its own
+        statistics (the logit lens: ``cache.accumulated_resid(apply_ln=True) @ model.W_U + model.b_U``)."""
+        if self.model is not None:  # (a cache built by hand counts its layers from the names)
+            self._model_with_blocks("accumulated_resid")
         n_layers = self._n_layers()
         layer = n_layers if layer in (None, -1) else layer
         components, labels = [], []
@@ -135,7 +140,156 @@ class ActivationCache(Mapping):
         if pos_slice is not None:
             components = [_slice_pos(c, pos_slice, -2) for c in components]
         stacked = torch.stack(components)
+        if apply_ln:
+            stacked = self.apply_ln_to_stack(stacked, layer, mlp_input=mlp_input, pos_slice=pos_slice,
+                                             has_batch_dim=self.has_batch_dim, recompute_ln=layer == n_layers)
         return (stacked, labels) if return_labels else stacked
+
+    # ------------------------------------------------------------------ the residual stream, decomposed
+    def _model_with_blocks(self, what: str) -> nn.Module:
+        """The model, which must be a :class:`~mhalab.models.Transformer` (``blocks.{i}``) for ``what``."""
+        if self.model is None or not hasattr(self.model, "blocks"):
+            held = "a cache built by hand" if self.model is None else f"a cache of {self._model_name}"
+            raise ValueError(f"cache.{what} reads the model's blocks.{{i}} and weights, as TransformerLens's does; "
+                             f"this is {held}. Run a mhalab Transformer with model.run_with_cache(tokens)"
+                             + ("" if self.model is None else "; an EncoderDecoder's points are read by full name "
+                                "(encoder.{i}..., decoder.{i}...)"))
+        return self.model
+
+    def decompose_resid(self, layer: int | None = None, mlp_input: bool = False, mode: str = "all",
+                        apply_ln: bool = False, pos_slice: Any = None, incl_embeds: bool = True,
+                        return_labels: bool = False) -> Any:
+        """The residual stream entering layer ``layer`` (None or -1: after the last block) as a stack of what wrote
+        it ``[components, B, pos, D]``: ``embed``, ``pos_embed`` (if cached), then each layer's ``attn_out`` and
+        ``mlp_out`` (``mode``: "all", "attn" or "mlp"); with ``mlp_input`` also layer ``layer``'s attention.
+        Labels as TransformerLens's (``embed``, ``0_attn_out``, ``0_mlp_out``, ...). Biases are in the outputs."""
+        model = self._model_with_blocks("decompose_resid")
+        if mode not in ("all", "attn", "mlp"):
+            raise ValueError(f"mode must be 'all', 'attn' or 'mlp', got {mode!r}")
+        layer = self._n_layers() if layer in (None, -1) else layer
+        incl_attn, incl_mlp = mode != "mlp", mode != "attn" and not model.config.attn_only
+        components, labels = [], []
+        if incl_embeds:
+            for name, label in (("hook_embed", "embed"), ("hook_pos_embed", "pos_embed")):
+                if name in self.cache_dict:
+                    components.append(self[name])
+                    labels.append(label)
+        for i in range(layer):
+            for wanted, short in ((incl_attn, "attn_out"), (incl_mlp, "mlp_out")):
+                if wanted:
+                    components.append(self[short, i])
+                    labels.append(f"{i}_{short}")
+        if mlp_input and incl_attn:
+            components.append(self["attn_out", layer])
+            labels.append(f"{layer}_attn_out")
+        if pos_slice is not None:
+            components = [_slice_pos(c, pos_slice, -2) for c in components]
+        stacked = torch.stack(components)
+        if apply_ln:
+            stacked = self.apply_ln_to_stack(stacked, layer, mlp_input=mlp_input, pos_slice=pos_slice)
+        return (stacked, labels) if return_labels else stacked
+
+    def compute_head_results(self) -> None:
+        """Put each head's output ``blocks.{i}.attn.hook_result`` ``[B, pos, H, D]`` (``z_h @ W_O^h``, no bias) into
+        the cache, computed from the cached ``hook_z`` (what ``use_attn_result`` would have cached), as
+        TransformerLens's; results already there are kept."""
+        model = self._model_with_blocks("compute_head_results")
+        for i in range(self._n_layers()):
+            name = f"blocks.{i}.attn.hook_result"
+            if name not in self.cache_dict:
+                z = self["z", i]  # [B, pos, H, d]
+                W_O = model.blocks[i].attn.W_O.to(device=z.device, dtype=z.dtype)  # [H, d, D]
+                self.cache_dict[name] = torch.einsum("...hd,hdm->...hm", z, W_O)  # [B, pos, H, D]
+
+    def stack_head_results(self, layer: int = -1, return_labels: bool = False, incl_remainder: bool = False,
+                           pos_slice: Any = None, apply_ln: bool = False) -> Any:
+        """Every head's output in the layers before ``layer`` (-1 or None: all), ``[layer * H, B, pos, D]``, heads
+        in order (labels ``L0H0``, ``L0H1``, ...); ``incl_remainder`` adds the rest of that layer's input stream
+        (labelled ``remainder``); ``apply_ln`` puts the stack through that input's norm (:meth:`apply_ln_to_stack`).
+        Computed from ``hook_z`` where ``hook_result`` was not cached (:meth:`compute_head_results`)."""
+        model = self._model_with_blocks("stack_head_results")
+        layer = self._n_layers() if layer in (None, -1) else layer
+        self.compute_head_results()
+        H = model.blocks[0].attn.n_heads
+        parts = [self["result", i] for i in range(layer)]  # each [B, pos, H, D]
+        if pos_slice is not None:
+            parts = [_slice_pos(p, pos_slice, -3) for p in parts]
+        labels = [f"L{i}H{h}" for i in range(layer) for h in range(H)]
+        if parts:
+            stacked = torch.cat(parts, dim=-2).movedim(-2, 0)  # [..., layer H, D] -> [layer H, ..., D]
+        else:  # no layer below: an empty stack of the embeddings' shape
+            reference = self["hook_embed"] if pos_slice is None else _slice_pos(self["hook_embed"], pos_slice, -2)
+            stacked = reference.new_zeros(0, *reference.shape)
+        if incl_remainder:
+            resid = self["resid_post", layer - 1] if layer > 0 else self["resid_pre", 0]
+            resid = resid if pos_slice is None else _slice_pos(resid, pos_slice, -2)
+            stacked = torch.cat([stacked, (resid - stacked.sum(0))[None]])
+            labels.append("remainder")
+        if apply_ln:
+            stacked = self.apply_ln_to_stack(stacked, layer, pos_slice=pos_slice)
+        return (stacked, labels) if return_labels else stacked
+
+    def apply_ln_to_stack(self, residual_stack: Tensor, layer: int | None = None, mlp_input: bool = False,
+                          pos_slice: Any = None, batch_slice: Any = None, has_batch_dim: bool = True,
+                          recompute_ln: bool = False) -> Tensor:
+        """``residual_stack [components, B, pos, D]`` (pieces of the stream entering layer ``layer``; None or -1:
+        the final norm) through that norm as the whole stream went through it: a LayerNorm's pieces are each
+        centred, then every piece is divided by the scale the norm computed on the whole stream (its cached
+        ``hook_scale``: ``blocks.{layer}.ln1`` (``ln2`` with ``mlp_input``) or ``ln_final``). The norm's weight and
+        bias are left out: they are in the folded weights (``model.W_U``, ``model.W_Q``, ...). ``recompute_ln``
+        (final norm only): each piece normalised with its own statistics instead (the logit lens). ``pos_slice``,
+        ``batch_slice``: the slices the stack was taken with (applied to the scale), as TransformerLens's."""
+        model = self._model_with_blocks("apply_ln_to_stack")
+        config, n_layers = model.config, self._n_layers()
+        layer = n_layers if layer in (None, -1) else layer
+        if has_batch_dim and batch_slice is not None:
+            residual_stack = _slice_pos(residual_stack, batch_slice, 1)
+        if config.normalization_type is None:
+            return residual_stack  # no norms: nothing to apply, as in TransformerLens
+        if config.post_norm:
+            raise ValueError(f"{self._model_name} is post-norm (BERT's layout: a norm after each residual sum), so no "
+                             "norm reads a layer's input stream or a final one; there is no norm to apply to a stack")
+        centre = config.normalization_type == "LN"
+        if recompute_ln and layer == n_layers:  # each piece with its own statistics, the norm's weights folded away
+            x = residual_stack - residual_stack.mean(-1, keepdim=True) if centre else residual_stack
+            return x / (x.pow(2).mean(-1, keepdim=True) + config.eps).sqrt()
+        if centre:
+            residual_stack = residual_stack - residual_stack.mean(-1, keepdim=True)
+        key = "ln_final.hook_scale" if layer == n_layers else f"blocks.{layer}.ln{2 if mlp_input else 1}.hook_scale"
+        if key not in self.cache_dict:
+            raise KeyError(f"apply_ln reads the scale {key!r} the norm computed in the run; this cache does not "
+                           f"hold it: run model.run_with_cache with names_filter including {key!r} (or all points)")
+        scale = self.cache_dict[key]  # [B, pos, 1]
+        scale = scale if pos_slice is None else _slice_pos(scale, pos_slice, -2)
+        if has_batch_dim and batch_slice is not None and self.has_batch_dim:
+            scale = _slice_pos(scale, batch_slice, 0)
+        return residual_stack / scale
+
+    def logit_attrs(self, residual_stack: Tensor, tokens: Any, incorrect_tokens: Any = None, pos_slice: Any = None,
+                    batch_slice: Any = None, has_batch_dim: bool = True) -> Tensor:
+        """How much each piece of ``residual_stack [components, B, pos, D]`` adds to the logit of ``tokens`` (an id,
+        ``[B]``, ``[pos]`` or ``[B, pos]``), minus that of ``incorrect_tokens`` if given: each piece through the
+        final norm's scale (:meth:`apply_ln_to_stack`), dotted with ``model.W_U``'s columns. ``[components, B,
+        pos]``, as TransformerLens's."""
+        model = self._model_with_blocks("logit_attrs")
+        for name, given in (("tokens", tokens), ("incorrect_tokens", incorrect_tokens)):
+            if isinstance(given, str):
+                raise TypeError(f"{name}: give token ids (an int or a tensor); mhalab's models take ids, not text "
+                                "(SmolLM2's tokenizer: model.tokenizer.encode(text, start=False))")
+        W_U = model.W_U  # [D, V], the final norm's scale folded in
+        directions = W_U.T[torch.as_tensor(tokens, device=W_U.device)]  # [..., D]
+        if incorrect_tokens is not None:
+            wrong = torch.as_tensor(incorrect_tokens, device=W_U.device)
+            if wrong.shape != torch.as_tensor(tokens).shape:
+                raise ValueError(f"tokens and incorrect_tokens must have the same shape, got "
+                                 f"{tuple(torch.as_tensor(tokens).shape)} and {tuple(wrong.shape)}")
+            directions = directions - W_U.T[wrong]
+        scaled = self.apply_ln_to_stack(residual_stack, -1, pos_slice=pos_slice, batch_slice=batch_slice,
+                                        has_batch_dim=has_batch_dim)
+        if (has_batch_dim and scaled.dim() == 4 and directions.dim() == 2
+                and directions.size(0) == scaled.size(1)):  # one token per example: the same at every position
+            directions = directions[:, None]  # [B, D] -> [B, 1, D]
+        return (scaled * directions.to(scaled.dtype)).sum(-1)
 
 
 def _slice_pos(act: Tensor, pos_slice: Any, dim: int) -> Tensor:

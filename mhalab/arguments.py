@@ -1,14 +1,18 @@
-"""Argument checks shared by the modules, so every bad value gets the same clear message."""
+"""Argument validation shared by the modules (``validate_*``), so every bad value gets the same clear message."""
 
 from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
+#: Keywords renamed to the config's (TransformerLens's) vocabulary, accepted with a warning until notebooks move.
+RENAMED_KEYWORDS = {"n_kv_heads": "n_key_value_heads", "rope_base": "rotary_base"}
 
-def check_int(name: str, value: Any, minimum: int, *, maximum: int | None = None, why: str = "") -> int:
+
+def validate_int(name: str, value: Any, minimum: int, *, maximum: int | None = None, why: str = "") -> int:
     """``value`` if it is an int (not a bool) in ``[minimum, maximum]``; else raise, naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
@@ -18,7 +22,7 @@ def check_int(name: str, value: Any, minimum: int, *, maximum: int | None = None
     return value
 
 
-def check_float(name: str, value: Any, *, positive: bool = False, high: float | None = None) -> float:
+def validate_float(name: str, value: Any, *, positive: bool = False, high: float | None = None) -> float:
     """``value`` if it is a finite number (int or float, not a bool) >= 0 (> 0 if ``positive``, <= ``high``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError(f"{name} must be a finite number, got {value!r}")
@@ -28,7 +32,7 @@ def check_float(name: str, value: Any, *, positive: bool = False, high: float | 
     return value
 
 
-def check_distinct_ints(name: str, values: int | Iterable[int]) -> list[int]:
+def validate_distinct_ints(name: str, values: int | Iterable[int]) -> list[int]:
     """``values`` (one int, or several without repeats) as a non-empty list; else raise, naming ``name``."""
     values = [values] if isinstance(values, int) else list(values)
     if not values:
@@ -41,7 +45,7 @@ def check_distinct_ints(name: str, values: int | Iterable[int]) -> list[int]:
     return values
 
 
-def check_task(task: Any) -> None:
+def validate_task(task: Any) -> None:
     """Raise unless ``task`` has what :class:`mhalab.tasks.Task` promises (what training draws on)."""
     missing = [a for a in ("sample", "loss", "metrics", "vocab_size", "seq_len") if not hasattr(task, a)]
     if missing:
@@ -49,7 +53,7 @@ def check_task(task: Any) -> None:
                         f"{type(task).__name__} lacks {missing}")
 
 
-def check_model_fits_task(model: Any, task: Any) -> None:
+def validate_model_fits_task(model: Any, task: Any) -> None:
     """Catch a model built for another task before any training happens."""
     cfg = getattr(model, "config", None)
     if cfg is None or not hasattr(cfg, "d_vocab"):
@@ -66,7 +70,7 @@ def check_model_fits_task(model: Any, task: Any) -> None:
                          + "; ".join(problems) + ". Build it with ModelConfig.for_task(task, d_model=..., n_heads=...)")
 
 
-def check_index(name: str, value: Any, limit: int, *, valid: str = "choose") -> int:
+def validate_index(name: str, value: Any, limit: int, *, valid: str = "choose") -> int:
     """``value`` as an int if it is a whole number (Python or numpy) in ``0 .. limit - 1``; else raise
     ``IndexError("{name} {value} is out of range: {valid} 0..{limit - 1}")``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -81,11 +85,11 @@ def valid_head_counts(d_model: int) -> list[int]:
     return [h for h in range(1, d_model + 1) if d_model % h == 0]
 
 
-def check_head_count(d_model: int, n_heads: int) -> int:
+def validate_head_count(d_model: int, n_heads: int) -> int:
     """Validate ``(d_model, n_heads)`` and return d_k, or raise a ValueError/TypeError that says the fix."""
-    check_int("d_model", d_model, 1)
+    validate_int("d_model", d_model, 1)
     valid = _short_list(valid_head_counts(d_model))
-    if check_int("n_heads", n_heads, -math.inf) < 1:  # type checked here; the message below lists valid counts
+    if validate_int("n_heads", n_heads, -math.inf) < 1:  # type checked here; the message below lists valid counts
         raise ValueError(f"n_heads must be at least 1, got n_heads={n_heads}; "
                          f"valid head counts for d_model={d_model}: {valid}")
     if d_model % n_heads != 0:
@@ -95,25 +99,46 @@ def check_head_count(d_model: int, n_heads: int) -> int:
     return d_model // n_heads
 
 
-def check_head_shape(
-    d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None
+def renamed_keywords(where: str, given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` (a call's extra keywords) under their new names: ``n_kv_heads`` and ``rope_base`` are the old
+    names of ``n_key_value_heads`` and ``rotary_base`` (a DeprecationWarning says so); anything else is a
+    TypeError naming ``where``."""
+    unknown = sorted(set(given) - set(RENAMED_KEYWORDS))
+    if unknown:
+        raise TypeError(f"{where} got unexpected keyword argument(s) {unknown}")
+    for old in given:
+        warnings.warn(f"{where}: {old}= is now {RENAMED_KEYWORDS[old]}= (the config's name, TransformerLens's)",
+                      DeprecationWarning, stacklevel=3)
+    return {RENAMED_KEYWORDS[old]: value for old, value in given.items()}
+
+
+def check_head_count(d_model: int, n_heads: int) -> int:
+    """Deprecated name of :func:`validate_head_count`, kept until notebooks 02 and 04 move: "check" now means
+    checking an answer or a claim only (``q.check``, the notebooks' check cells)."""
+    warnings.warn("check_head_count is now validate_head_count (mhalab.arguments)", DeprecationWarning, stacklevel=2)
+    return validate_head_count(d_model, n_heads)
+
+
+def validate_head_shape(
+    d_model: int, n_heads: int, *, n_key_value_heads: int | None = None, d_head: int | None = None
 ) -> tuple[int, int]:
-    """``(n_kv_heads, d_head)`` with defaults filled in: ``d_head = d_model / n_heads`` (then whole),
-    ``n_kv_heads = n_heads`` (it must divide n_heads: each K/V head serves a whole group of query heads)."""
+    """``(n_key_value_heads, d_head)`` with defaults filled in: ``d_head = d_model / n_heads`` (then whole),
+    ``n_key_value_heads = n_heads`` (it must divide n_heads: each K/V head serves a whole group of query heads)."""
     if d_head is None:
-        d_head = check_head_count(d_model, n_heads)  # d_model / n_heads, or an error listing valid n_heads
+        d_head = validate_head_count(d_model, n_heads)  # d_model / n_heads, or an error listing valid n_heads
     else:  # any head size: d_model need not be n_heads * d_head (T5, Gemma)
-        check_int("d_model", d_model, 1)
-        check_int("n_heads", n_heads, 1)
-        check_int("d_head", d_head, 1)
-    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-    check_int("n_kv_heads", n_kv_heads, 1, maximum=n_heads, why=" (query heads share K/V heads, not the reverse)")
-    if n_heads % n_kv_heads != 0:
+        validate_int("d_model", d_model, 1)
+        validate_int("n_heads", n_heads, 1)
+        validate_int("d_head", d_head, 1)
+    G = n_heads if n_key_value_heads is None else n_key_value_heads
+    validate_int("n_key_value_heads", G, 1, maximum=n_heads, why=" (query heads share K/V heads, not the reverse)")
+    if n_heads % G != 0:
         raise ValueError(
-            f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}: each K/V head must serve the same "
-            f"number of query heads. Valid n_kv_heads for n_heads={n_heads}: {_short_list(valid_head_counts(n_heads))}"
+            f"n_heads={n_heads} is not a multiple of n_key_value_heads={G}: each K/V head must serve the same "
+            f"number of query heads. Valid n_key_value_heads for n_heads={n_heads}: "
+            f"{_short_list(valid_head_counts(n_heads))}"
         )
-    return n_kv_heads, d_head
+    return G, d_head
 
 
 def _short_list(values: list[int], limit: int = 24) -> str:

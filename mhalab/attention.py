@@ -1,7 +1,7 @@
 """Scaled dot-product attention and multi-head attention, written to be read.
 
 Shapes: B batch, L query length, S key/value length, D d_model, H query heads (n_heads),
-G key/value heads (n_kv_heads; G = H unless grouped-query), dk head size (``d_head``; the paper's d_k).
+G key/value heads (n_key_value_heads; G = H unless grouped-query), dk head size (``d_head``; the paper's d_k).
 
 The two PyTorch mask conventions both appear, on purpose: :func:`scaled_dot_product_attention`
 follows ``F.scaled_dot_product_attention`` (bool True = **may** attend); :class:`MultiHeadAttention`
@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .arguments import check_head_shape, check_index
+from .arguments import renamed_keywords, validate_head_shape, validate_index
 from .device import sdpa_shares_kv_heads, sdpa_zeroes_blind_rows
 from .hook_points import HookPoint
 from .kv_cache import KVCache
-from .masks import check_forbidden_mask, combine_forbidden_masks
+from .masks import combine_forbidden_masks, validate_forbidden_mask
 from .positions import apply_rotary
 
 __all__ = [
@@ -107,29 +107,41 @@ class MultiHeadAttention(nn.Module):
     dropout. The constructor takes torch's first four arguments in their order (``d_model`` = ``embed_dim``,
     ``n_heads`` = ``num_heads``, ``dropout``, ``bias``) and its ``device=``/``dtype=``; unlike torch's,
     ``batch_first`` defaults to True (``[B, T, D]``), and ``from_torch`` copies torch's flag.
-    Off by default: ``n_kv_heads`` (grouped-query attention, Ainslie et al. 2023;
+    Off by default: ``n_key_value_heads`` (grouped-query attention, Ainslie et al. 2023;
     1 = multi-query, Shazeer 2019; query head j reads K/V head ``j // (H // G)``), ``d_head`` (head size
-    other than D / H) and ``rope_base`` (rotary positions on queries and keys).
+    other than D / H) and ``rotary_base`` (rotary positions on queries and keys); the names are
+    :class:`~mhalab.config.ModelConfig`'s, which are TransformerLens's.
 
     ``qkv_proj`` holds W_Q, W_K, W_V stacked by rows (``D -> (H + 2G) dk``, each head's rows
     contiguous); ``out_proj`` is W_O. ``forward`` runs the fused ``F.scaled_dot_product_attention``
     unless the scores or weights are wanted (``need_weights``, or a hook on ``hook_attn_scores`` or
     ``hook_pattern``); then the explicit math. Hook points (axes in :mod:`mhalab.hooks`): ``hook_q``,
-    ``hook_k``, ``hook_v`` (before rotary), ``hook_rot_q``, ``hook_rot_k`` (after; only with ``rope_base``),
-    ``hook_attn_scores``, ``hook_pattern``, ``hook_z``.
+    ``hook_k``, ``hook_v`` (before rotary), ``hook_rot_q``, ``hook_rot_k`` (after; only with ``rotary_base``),
+    ``hook_attn_scores``, ``hook_pattern``, ``hook_z``, and ``hook_result`` (each head's output after W_O), which
+    fires only with ``use_attn_result`` (TransformerLens's switch: it costs ``[B, L, H, D]``).
+
+    ``W_Q`` ``[H, D, dk]``, ``W_K``, ``W_V`` ``[G, D, dk]`` and ``W_O`` ``[H, dk, D]`` are TransformerLens's
+    per-head matrices (``x @ W_Q[h]`` is head h's query), as it reads them after folding: inside a pre-norm block
+    the norm before the layer has its scale folded in (and, a LayerNorm, the rows centred; see
+    :func:`mhalab.circuits.layer_weights`); a module on its own, or in a post-norm block, gives its weights as they
+    are. :meth:`head_projections` gives one head's slices as stored.
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, *, n_kv_heads: int | None = None,
-        d_head: int | None = None, rope_base: float | None = None, batch_first: bool = True,
-        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+        self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, *,
+        n_key_value_heads: int | None = None, d_head: int | None = None, rotary_base: float | None = None,
+        batch_first: bool = True, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+        **renamed,
     ) -> None:
         super().__init__()
-        n_kv_heads, d_head = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
-        if rope_base is not None:
-            if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)) or rope_base <= 1:
-                raise ValueError(f"rope_base must be a number above 1 (e.g. 10000), or None for no rotary embedding, "
-                                 f"got {rope_base!r}")
+        given = {"n_key_value_heads": n_key_value_heads, "rotary_base": rotary_base}
+        given.update(renamed_keywords("MultiHeadAttention", renamed))  # n_kv_heads=, rope_base= (old names)
+        n_key_value_heads, rotary_base = given["n_key_value_heads"], given["rotary_base"]
+        G, d_head = validate_head_shape(d_model, n_heads, n_key_value_heads=n_key_value_heads, d_head=d_head)
+        if rotary_base is not None:
+            if isinstance(rotary_base, bool) or not isinstance(rotary_base, (int, float)) or rotary_base <= 1:
+                raise ValueError(f"rotary_base must be a number above 1 (e.g. 10000), or None for no rotary "
+                                 f"embedding, got {rotary_base!r}")
             if d_head % 2:
                 raise ValueError(f"rotary embedding rotates pairs of features, so d_head must be even, "
                                  f"got d_head={d_head}")
@@ -138,20 +150,23 @@ class MultiHeadAttention(nn.Module):
         if not isinstance(batch_first, bool):
             raise TypeError(f"batch_first must be True ([batch, seq, d_model]) or False ([seq, batch, d_model]), "
                             f"got {batch_first!r}")
-        self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, d_head
-        self.dropout, self.rope_base, self.batch_first = dropout, rope_base, batch_first
+        self.d_model, self.n_heads, self.n_key_value_heads, self.d_head = d_model, n_heads, G, d_head
+        self.dropout, self.rotary_base, self.batch_first = dropout, rotary_base, batch_first
         made = {"device": device, "dtype": dtype}  # where and in which dtype the weights are made, as torch's
-        self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head, bias=bias, **made)
+        self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * G) * d_head, bias=bias, **made)
         self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias, **made)
         self.hook_q = HookPoint()  # queries [B, L, H, dk] (before rotary)
         self.hook_k = HookPoint()  # keys [B, S_new, G, dk]: the K/V heads as stored; only the new ones with a cache
         self.hook_v = HookPoint()  # values [B, S_new, G, dk]
-        if rope_base is not None:
+        if rotary_base is not None:
             self.hook_rot_q = HookPoint()  # queries after rotary [B, L, H, dk]
             self.hook_rot_k = HookPoint()  # keys after rotary [B, S_new, G, dk]
         self.hook_attn_scores = HookPoint()  # Q Kᵀ / sqrt(dk) + mask, before the softmax [B, H, L, S]
         self.hook_pattern = HookPoint()  # attention weights [B, H, L, S] (before dropout)
         self.hook_z = HookPoint()  # each head's output before W_O [B, L, H, dk]
+        self.hook_result = HookPoint()  # each head's output after W_O [B, L, H, D]; only with use_attn_result
+        self.use_attn_result = False  # TransformerLens's flag (ModelConfig(use_attn_result=True) sets it)
+        self._input_norm: tuple[nn.Module, ...] = ()  # the norm this layer reads through (a tuple: not a submodule)
         # Same initialisation as torch.nn.MultiheadAttention, so the two train alike.
         nn.init.xavier_uniform_(self.qkv_proj.weight)
         if bias:
@@ -165,19 +180,55 @@ class MultiHeadAttention(nn.Module):
     @property
     def is_standard(self) -> bool:
         """True for the paper's multi-head attention (what ``torch.nn.MultiheadAttention`` can hold)."""
-        return self.n_kv_heads == self.n_heads and self.d_head * self.n_heads == self.d_model and self.rope_base is None
+        return (self.n_key_value_heads == self.n_heads and self.d_head * self.n_heads == self.d_model
+                and self.rotary_base is None)
 
     def extra_repr(self) -> str:
-        extra = "" if self.n_kv_heads == self.n_heads else f", n_kv_heads={self.n_kv_heads}"
-        extra += "" if self.rope_base is None else f", rope_base={self.rope_base:g}"
+        extra = "" if self.n_key_value_heads == self.n_heads else f", n_key_value_heads={self.n_key_value_heads}"
+        extra += "" if self.rotary_base is None else f", rotary_base={self.rotary_base:g}"
         extra += "" if self.batch_first else ", batch_first=False"
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, d_head={self.d_head}{extra}, bias={self.bias}, "
                 f"dropout={self.dropout}")
 
+    def reads_through(self, norm: nn.Module) -> None:
+        """Say that this layer's input is ``norm``'s output (its :class:`~mhalab.blocks.Block` does), so that
+        ``W_Q``, ``W_K``, ``W_V`` fold it in as TransformerLens does."""
+        self._input_norm = (norm,)
+
+    @property
+    def input_norm(self) -> nn.Module | None:
+        """The norm this layer reads through (:meth:`reads_through`), or None."""
+        return self._input_norm[0] if self._input_norm else None
+
+    @property
+    def W_Q(self) -> Tensor:
+        """``[H, D, dk]``: each query head's W_Q, folded (see the class)."""
+        return self._folded().W_Q
+
+    @property
+    def W_K(self) -> Tensor:
+        """``[G, D, dk]``: each K/V head's W_K, as stored with grouped-query attention (TransformerLens 4), folded."""
+        return self._folded().W_K
+
+    @property
+    def W_V(self) -> Tensor:
+        """``[G, D, dk]``: each K/V head's W_V, as stored with grouped-query attention (TransformerLens 4), folded."""
+        return self._folded().W_V
+
+    @property
+    def W_O(self) -> Tensor:
+        """``[H, dk, D]``: each head's slice of W_O."""
+        return self._folded().W_O
+
+    def _folded(self):
+        from .circuits import layer_weights  # (circuits reads this module's weights: imported when first asked)
+
+        return layer_weights(self)
+
     def head_projections(self, i: int) -> HeadProjections:
         """Views of W_Q, W_K, W_V (``[d_model, d_head]``) and W_O (``[d_head, d_model]``) for head ``i``."""
-        check_index("head index", i, self.n_heads, valid="this module has heads")
-        H, G, dk, D = self.n_heads, self.n_kv_heads, self.d_head, self.d_model
+        validate_index("head index", i, self.n_heads, valid="this module has heads")
+        H, G, dk, D = self.n_heads, self.n_key_value_heads, self.d_head, self.d_model
         g = i // (H // G)  # the K/V head this query head reads
         blocks = (i, H + g, H + G + g)  # its rows of qkv_proj: Q head i, then K and V head g
         w = self.qkv_proj.weight.view(H + 2 * G, dk, D)  # [(H + 2G) dk, D] -> a [dk, D] block per head
@@ -225,7 +276,7 @@ class MultiHeadAttention(nn.Module):
         Returns ``(out [B, L, D] (or [L, B, D]), weights or None)``.
         """
         query, key, value, self_attention = self._batch_first(query, key, value)  # each [B, T, D]
-        self._check_inputs(query, key, value)
+        self._validate_inputs(query, key, value)
         B, L, _ = query.shape
         past, reuse_memory = self._cache_state(kv_cache, query, key, self_attention=self_attention, is_causal=is_causal)
         S = past + key.size(1)  # every key the queries will see
@@ -234,7 +285,7 @@ class MultiHeadAttention(nn.Module):
         # blocks). Otherwise all masks become one float tensor added to the scores, built before anything is cached.
         fused_causal = is_causal and not explicit and attn_mask is None and key_padding_mask is None and L == S
         for name, m in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
-            check_forbidden_mask(m, name, L, S, self_attention=self_attention)
+            validate_forbidden_mask(m, name, L, S, self_attention=self_attention)
         mask = None if fused_causal else combine_forbidden_masks(
             B, self.n_heads, L, S, key_padding_mask, attn_mask, is_causal, query.dtype, query.device
         )  # None, or float [B or 1, H or 1, L, S] added to the scores
@@ -244,10 +295,10 @@ class MultiHeadAttention(nn.Module):
         if not reuse_memory:
             k = self.split_heads(k, self.hook_k)  # [B, S_new, G dk] -> [B, G, S_new, dk]
             v = self.split_heads(v, self.hook_v)  # [B, S_new, G dk] -> [B, G, S_new, dk]
-        if self.rope_base is not None:  # positions turn queries and keys, after hook_q / hook_k
-            q = self._hooked(self.hook_rot_q, apply_rotary(q, past, self.rope_base))  # [B, H, L, dk]
+        if self.rotary_base is not None:  # positions turn queries and keys, after hook_q / hook_k
+            q = self._hooked(self.hook_rot_q, apply_rotary(q, past, self.rotary_base))  # [B, H, L, dk]
             if not reuse_memory:
-                k = self._hooked(self.hook_rot_k, apply_rotary(k, past, self.rope_base))  # [B, G, S_new, dk]
+                k = self._hooked(self.hook_rot_k, apply_rotary(k, past, self.rotary_base))  # [B, G, S_new, dk]
         if reuse_memory:
             k, v = kv_cache.k, kv_cache.v  # [B, G, S, dk]: the memory's keys/values, projected on the first call
         elif kv_cache is not None:
@@ -255,12 +306,23 @@ class MultiHeadAttention(nn.Module):
 
         heads, weights = self._attend(q, k, v, mask, explicit=explicit, is_causal=fused_causal)  # [B, H, L, dk]
         # [B, H, L, dk] -> [B, L, H dk] (hook_z sees each head's output, and may replace it) -> W_O -> [B, L, D]
-        out = self.out_proj(self.merge_heads(heads, self.hook_z))
+        z = self.merge_heads(heads, self.hook_z)
+        out = self._per_head_results(z) if self.use_attn_result else self.out_proj(z)
         if not self.batch_first:
             out = out.transpose(0, 1)  # [B, L, D] -> [L, B, D]
         if not need_weights:
             return out, None
         return out, weights.mean(dim=1) if average_attn_weights else weights  # [B, L, S] or [B, H, L, S]
+
+    def _per_head_results(self, z: Tensor) -> Tensor:
+        """``z [B, L, H dk]`` -> ``[B, L, D]`` through each head's own result ``z_h @ W_O^h`` ``[B, L, H, D]``
+        (``hook_result``), summed, plus the bias: W_O applied head by head."""
+        B, L, _ = z.shape
+        H, dk, D = self.n_heads, self.d_head, self.d_model
+        W_O = self.out_proj.weight.view(D, H, dk)  # [D, H dk] -> [D, H, dk]
+        result = self.hook_result(torch.einsum("blhd,mhd->blhm", z.view(B, L, H, dk), W_O))  # [B, L, H, D]
+        out = result.sum(2)  # [B, L, D]
+        return out if self.out_proj.bias is None else out + self.out_proj.bias
 
     @staticmethod
     def _hooked(hook: HookPoint, x: Tensor) -> Tensor:
@@ -307,7 +369,8 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """``q [B, L, H dk]``, ``k, v [B, S, G dk]`` (None unless ``keys``): one matmul for self-attention,
         three slices of the same weight for cross-attention."""
-        sizes = (self.n_heads * self.d_head, self.n_kv_heads * self.d_head, self.n_kv_heads * self.d_head)
+        G = self.n_key_value_heads
+        sizes = (self.n_heads * self.d_head, G * self.d_head, G * self.d_head)
         if self_attention:
             return self.qkv_proj(query).split(sizes, dim=-1)  # [B, L, (H + 2G) dk] -> three slices
         w_q, w_k, w_v = self.qkv_proj.weight.split(sizes, dim=0)
@@ -343,7 +406,7 @@ class MultiHeadAttention(nn.Module):
         heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, **gqa)
         return heads if blind is None else heads.masked_fill(blind, 0.0)  # ... and zeros, as the explicit path gives
 
-    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+    def _validate_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -389,7 +452,7 @@ class MultiHeadAttention(nn.Module):
         """A ``torch.nn.MultiheadAttention`` with the same weights and ``batch_first`` (paper's attention only)."""
         if not self.is_standard:
             raise ValueError(f"torch.nn.MultiheadAttention cannot hold this module ({self.extra_repr()}): it needs "
-                             "n_kv_heads == n_heads, d_head == d_model / n_heads and rope_base=None")
+                             "n_key_value_heads == n_heads, d_head == d_model / n_heads and rotary_base=None")
         w = self.qkv_proj.weight
         m = nn.MultiheadAttention(
             self.d_model, self.n_heads, dropout=self.dropout, bias=self.bias, batch_first=self.batch_first,

@@ -1,10 +1,12 @@
-"""The parts every model here is built from: one :class:`Block` (pre- or post-norm, LayerNorm or :class:`RMSNorm`,
-:class:`MLP`, :class:`GatedMLP` or none, optional cross-attention), each made from a :class:`ModelConfig` by
-:meth:`Block.from_config`. Shapes: B batch, T length, S source length, D d_model.
+"""The parts every model here is built from: one :class:`Block` (pre- or post-norm, :class:`LayerNorm`,
+:class:`RMSNorm` or none, :class:`MLP`, :class:`GatedMLP` or none, optional cross-attention), each made from a
+:class:`ModelConfig` by :meth:`Block.from_config`, with TransformerLens's names for its parts (``ln1``, ``attn``,
+``ln2``, ``mlp``) and their hook points. Shapes: B batch, T length, S source length, D d_model, F d_mlp.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from functools import partial
 
@@ -17,7 +19,7 @@ from .config import ModelConfig
 from .hook_points import HookPoint
 from .kv_cache import KVCache
 
-__all__ = ["activation", "MLP", "GatedMLP", "RMSNorm", "norm_layer", "attention_layer", "Block"]
+__all__ = ["activation", "MLP", "GatedMLP", "LayerNorm", "RMSNorm", "norm_layer", "attention_layer", "Block"]
 
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -33,75 +35,125 @@ def activation(act_fn: str) -> Callable[[Tensor], Tensor]:
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward network: ``[B, T, D] -> [B, T, d_mlp] -> [B, T, D]``, GELU unless ``act_fn``."""
+    """Position-wise feed-forward network: ``[B, T, D] -> [B, T, F] -> [B, T, D]``, GELU unless ``act_fn``. Hook
+    points as TransformerLens's: ``hook_pre`` (``fc_in``'s output) and ``hook_post`` (after the activation),
+    both ``[B, T, F]``."""
 
     def __init__(self, d_model: int, d_mlp: int, dropout: float = 0.0, act_fn: str = "gelu") -> None:
         super().__init__()
         self.act = activation(act_fn)
         self.fc_in = nn.Linear(d_model, d_mlp)
+        self.hook_pre = HookPoint()  # [B, T, F]
+        self.hook_post = HookPoint()  # [B, T, F]
         self.fc_out = nn.Linear(d_mlp, d_model)
         self.dropout = dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.dropout(self.fc_out(self.act(self.fc_in(x))), self.dropout, self.training)
+        post = self.hook_post(self.act(self.hook_pre(self.fc_in(x))))  # [B, T, F]
+        return F.dropout(self.fc_out(post), self.dropout, self.training)
 
 
 class GatedMLP(nn.Module):
     """Gated feed-forward network, SwiGLU with ``act_fn="silu"`` (Shazeer 2020; Llama): ``down(act(gate(x)) * up(x))``,
-    no biases, ``[B, T, D] -> [B, T, d_mlp] -> [B, T, D]``."""
+    no biases, ``[B, T, D] -> [B, T, F] -> [B, T, D]``. Hook points as TransformerLens's gated MLP: ``hook_pre``
+    (``gate(x)``, before the activation), ``hook_pre_linear`` (``up(x)``), ``hook_post`` (their product after the
+    activation), each ``[B, T, F]``."""
 
     def __init__(self, d_model: int, d_mlp: int, act_fn: str = "silu") -> None:
         super().__init__()
         self.act = activation(act_fn)
         self.gate = nn.Linear(d_model, d_mlp, bias=False)
         self.up = nn.Linear(d_model, d_mlp, bias=False)
+        self.hook_pre = HookPoint()  # [B, T, F]
+        self.hook_pre_linear = HookPoint()  # [B, T, F]
+        self.hook_post = HookPoint()  # [B, T, F]
         self.down = nn.Linear(d_mlp, d_model, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down(self.act(self.gate(x)) * self.up(x))
+        post = self.act(self.hook_pre(self.gate(x))) * self.hook_pre_linear(self.up(x))  # [B, T, F]
+        return self.down(self.hook_post(post))
+
+
+def _norm_hooked(norm: nn.Module) -> bool:
+    return norm.hook_scale.is_hooked or norm.hook_normalized.is_hooked
+
+
+class LayerNorm(nn.LayerNorm):
+    """torch's ``nn.LayerNorm`` with TransformerLens's hook points: ``hook_scale`` ``[..., 1]`` (what the centred
+    input is divided by, ``sqrt(var + eps)``) and ``hook_normalized`` ``[..., D]`` (before the weight and bias).
+    Unhooked it is torch's fused kernel; hooked, the same steps written out (equal up to float rounding)."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5) -> None:
+        super().__init__(d_model, eps=eps)
+        self.hook_scale = HookPoint()  # [..., 1]
+        self.hook_normalized = HookPoint()  # [..., D]
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not _norm_hooked(self):
+            return super().forward(x)
+        x = x - x.mean(-1, keepdim=True)
+        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())  # [..., 1]
+        return self.hook_normalized(x / scale) * self.weight + self.bias
 
 
 class RMSNorm(nn.Module):
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis (no centring, no bias), in float32 or wider."""
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis (no centring, no bias), in float32 or wider; hook
+    points ``hook_scale`` ``[..., 1]`` (``sqrt(mean(x^2) + eps)``) and ``hook_normalized`` ``[..., D]`` (before
+    the weight), as TransformerLens's (hooked, a division replaces the reciprocal square root: float rounding)."""
 
     def __init__(self, d_model: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d_model))
+        self.hook_scale = HookPoint()  # [..., 1]
+        self.hook_normalized = HookPoint()  # [..., D]
 
     def forward(self, x: Tensor) -> Tensor:
         x32 = x.to(torch.promote_types(x.dtype, torch.float32))  # half precision in float32; float64 stays
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if _norm_hooked(self):
+            normed = self.hook_normalized(x32 / self.hook_scale((x32.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()))
+        else:
+            normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
 
 
 def norm_layer(config: ModelConfig) -> nn.Module:
-    """The norm ``config.normalization_type`` names: ``nn.LayerNorm`` ("LN") or :class:`RMSNorm` ("RMS")."""
+    """The norm ``config.normalization_type`` names: :class:`LayerNorm` ("LN"), :class:`RMSNorm` ("RMS"), or
+    ``nn.Identity`` (None: no norm, as TransformerLens builds it)."""
     if config.normalization_type == "RMS":
         return RMSNorm(config.d_model, config.eps)
-    return nn.LayerNorm(config.d_model, eps=config.eps)
+    if config.normalization_type is None:
+        return nn.Identity()
+    return LayerNorm(config.d_model, eps=config.eps)
 
 
 def attention_layer(config: ModelConfig, *, rotary: bool | None = None) -> MultiHeadAttention:
-    """A :class:`MultiHeadAttention` of ``config``'s shape (rotary if ``positions="rotary"``, or as ``rotary`` says)."""
-    rotary = config.positions == "rotary" if rotary is None else rotary
-    return MultiHeadAttention(
-        config.d_model, config.n_heads, n_kv_heads=config.n_key_value_heads, d_head=config.d_head, bias=config.bias,
-        dropout=config.dropout, rope_base=config.rotary_base if rotary else None,
+    """A :class:`MultiHeadAttention` of ``config``'s shape (rotary if ``positional_embedding_type="rotary"``, or as
+    ``rotary`` says)."""
+    rotary = config.positional_embedding_type == "rotary" if rotary is None else rotary
+    attn = MultiHeadAttention(
+        config.d_model, config.n_heads, n_key_value_heads=config.n_key_value_heads, d_head=config.d_head,
+        bias=config.bias, dropout=config.dropout, rotary_base=config.rotary_base if rotary else None,
     )
+    attn.use_attn_result = config.use_attn_result
+    return attn
 
 
 class Block(nn.Module):
     """One transformer block, as every model here builds it: self-attention, optionally cross-attention to
     an encoder's output, optionally an MLP, each on a residual branch.
 
-    Pre-norm (GPT-2, Llama; the toy models): ``x + attn(norm(x))``, then ``x + mlp(norm(x))``, stable without
-    warm-up. Post-norm (the 2017 paper, BERT): ``norm(x + attn(x))``, then ``norm(x + mlp(x))``. ``norm`` makes
-    the norm layers (``nn.LayerNorm``, :class:`RMSNorm`), ``mlp`` is :class:`MLP`, :class:`GatedMLP` or None
-    (attention-only). Hook points (axes in :mod:`mhalab.hooks`): ``hook_resid_pre``, ``hook_attn_out``,
-    ``hook_resid_mid`` (when a sublayer follows the attention), ``hook_cross_attn_out`` and
-    ``hook_resid_mid_cross`` (decoder blocks; the latter before an MLP), ``hook_mlp_out``, ``hook_resid_post``.
-    In a post-norm block the residual points are the sums before the norm, as in TransformerLens's BERT.
+    Pre-norm (GPT-2, Llama; the toy models): ``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``, stable without
+    warm-up. Post-norm (the 2017 paper, BERT): ``ln1(x + attn(x))``, then ``ln2(x + mlp(x))``. ``norm`` makes
+    the norm layers (:class:`LayerNorm`, :class:`RMSNorm`, ``nn.Identity``), ``mlp`` is :class:`MLP`,
+    :class:`GatedMLP` or None (attention-only). The norms are numbered in the order they run, as TransformerLens
+    numbers them: ``ln1`` (attention), ``ln2`` (the MLP's; in a decoder block the cross-attention's), ``ln3`` (a
+    decoder block's MLP), where those sublayers exist (:meth:`norm_before` names each). Hook points (axes in
+    :mod:`mhalab.hooks`): ``hook_resid_pre``, ``hook_attn_out``, ``hook_resid_mid`` (when a sublayer follows the
+    attention), ``hook_cross_attn_out`` and ``hook_resid_mid_cross`` (decoder blocks; the latter before an MLP),
+    ``hook_mlp_out``, ``hook_resid_post``; the norms' ``hook_scale``, ``hook_normalized`` and the MLP's
+    ``hook_pre``, ``hook_post``. In a post-norm block the residual points are the sums before the norm, as in
+    TransformerLens's BERT.
     """
 
     def __init__(
@@ -113,19 +165,21 @@ class Block(nn.Module):
         self.has_cross, self.has_mlp = cross_attn is not None, mlp is not None
         # Registered in the order they run, so hook_points(model) lists them so.
         self.hook_resid_pre = HookPoint()  # [B, T, D]
-        self.ln_attn = norm()
+        self.ln1 = norm()
         self.attn = attn
+        if not post_norm:  # what attn.W_Q, W_K, W_V fold in (a post-norm block's norm comes after the attention)
+            attn.reads_through(self.ln1)
         self.hook_attn_out = HookPoint()  # [B, T, D]: what the attention adds to the stream
         if self.has_cross or self.has_mlp:
             self.hook_resid_mid = HookPoint()  # [B, T, D]
         if self.has_cross:
-            self.ln_cross = norm()
+            self.ln2 = norm()
             self.cross_attn = cross_attn
             self.hook_cross_attn_out = HookPoint()  # [B, T, D]
             if self.has_mlp:
                 self.hook_resid_mid_cross = HookPoint()  # [B, T, D]
         if self.has_mlp:
-            self.ln_mlp = norm()
+            setattr(self, "ln3" if self.has_cross else "ln2", norm())  # the third norm of a decoder block
             self.mlp = mlp
             self.hook_mlp_out = HookPoint()  # [B, T, D]
         self.hook_resid_post = HookPoint()  # [B, T, D]
@@ -148,6 +202,29 @@ class Block(nn.Module):
         return cls(attn, mlp, lambda: norm_layer(config), cross_attn=cross_attn, post_norm=config.post_norm,
                    dropout=config.dropout)
 
+    def norm_before(self, sublayer: str) -> nn.Module:
+        """The norm of ``sublayer`` ("attn", "cross_attn" or "mlp"): ``ln1``, ``ln2`` or ``ln3``, numbered in the
+        order they run (pre-norm: it reads the sublayer's input; post-norm: the sum after it)."""
+        names = {"attn": "ln1", "cross_attn": "ln2" if self.has_cross else None,
+                 "mlp": ("ln3" if self.has_cross else "ln2") if self.has_mlp else None}
+        if names.get(sublayer) is None:
+            raise ValueError(f"this block has no {sublayer!r}; its sublayers are "
+                             f"{[name for name, norm in names.items() if norm is not None]}")
+        return getattr(self, names[sublayer])
+
+    @property
+    def ln_attn(self) -> nn.Module:
+        """Deprecated: the attention's norm is ``ln1``, as TransformerLens names it."""
+        warnings.warn("block.ln_attn is now block.ln1 (TransformerLens's name)", DeprecationWarning, stacklevel=2)
+        return self.ln1
+
+    @property
+    def ln_mlp(self) -> nn.Module:
+        """Deprecated: the MLP's norm is ``ln2`` (``ln3`` in a decoder block), as TransformerLens names it."""
+        warnings.warn("block.ln_mlp is now block.ln2 (ln3 in a decoder block; TransformerLens's names)",
+                      DeprecationWarning, stacklevel=2)
+        return self.norm_before("mlp")
+
     def _add(self, x: Tensor, added: Tensor, norm: nn.Module, out_hook: HookPoint, resid_hook: HookPoint) -> Tensor:
         """The end of one residual branch: ``x + added``, then the norm if post-norm."""
         x = resid_hook(x + out_hook(F.dropout(added, self.dropout, self.training)))
@@ -162,17 +239,18 @@ class Block(nn.Module):
         post = self.post_norm
         resid = iter(self._resid_points)  # the residual points after each branch, in order
         x = self.hook_resid_pre(x)
-        attended, _ = self.attn(x if post else self.ln_attn(x), is_causal=causal, key_padding_mask=key_padding_mask,
+        attended, _ = self.attn(x if post else self.ln1(x), is_causal=causal, key_padding_mask=key_padding_mask,
                                 kv_cache=kv_cache, need_weights=False)
-        x = self._add(x, attended, self.ln_attn, self.hook_attn_out, next(resid))
+        x = self._add(x, attended, self.ln1, self.hook_attn_out, next(resid))
         if self.has_cross:
             if memory is None:
                 raise ValueError("a decoder block (with cross-attention) needs memory=, the encoder's output [B, S, D]")
             # Queries come from the decoder, keys and values from the encoder's output.
-            attended, _ = self.cross_attn(x if post else self.ln_cross(x), memory, memory,
+            attended, _ = self.cross_attn(x if post else self.ln2(x), memory, memory,
                                           key_padding_mask=memory_padding_mask, kv_cache=cross_kv_cache,
                                           need_weights=False)
-            x = self._add(x, attended, self.ln_cross, self.hook_cross_attn_out, next(resid))
+            x = self._add(x, attended, self.ln2, self.hook_cross_attn_out, next(resid))
         if self.has_mlp:
-            x = self._add(x, self.mlp(x if post else self.ln_mlp(x)), self.ln_mlp, self.hook_mlp_out, next(resid))
+            norm = self.ln3 if self.has_cross else self.ln2
+            x = self._add(x, self.mlp(x if post else norm(x)), norm, self.hook_mlp_out, next(resid))
         return x

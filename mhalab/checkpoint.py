@@ -17,7 +17,9 @@ import torch
 
 __all__ = ["FORMAT", "save_checkpoint", "load_checkpoint", "snapshot", "restore", "capture_rng", "restore_rng"]
 
-FORMAT = "mhalab-checkpoint-v2"  # v2: train_config as asked for (v1 stored derived values as train_args)
+# v2: train_config as asked for (v1 stored derived values as train_args); v3: the config in TransformerLens's
+# vocabulary (positional_embedding_type, d_head filled in) and the norms named ln1, ln2 (ln3), as its blocks name them
+FORMAT = "mhalab-checkpoint-v3"
 
 
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:

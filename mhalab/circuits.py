@@ -6,33 +6,44 @@ eigenvalues come from d_head x d_head matrices and no D x D (or V x V) matrix is
 TransformerLens: a residual ``x [D]`` gives the query ``x @ W_Q``; the attention score of query ``x`` on key ``y`` is
 ``x @ W_QK @ yᵀ``, and what a head writes for the token it reads is ``y @ W_OV``.
 
-Weights are read through one adapter per model kind (:func:`head_weights`); with ``fold_ln`` the scale of the
-norm before the attention is folded into W_Q, W_K, W_V and that of the final norm into W_U, as TransformerLens
-does when loading a model (the norms' centring and biases are left out). Grouped-query models: query head j reads
-K/V head ``j // (H // G)``, so W_K and W_V are listed once per query head. Shapes: N layers, H query heads,
-D d_model, d d_head, V vocabulary, P positions, B batch, T tokens.
+The weights are read as TransformerLens reads them after ``fold_ln`` (:func:`layer_weights`,
+:func:`head_weights`): the scale of the norm before each attention layer is folded into its W_Q, W_K, W_V and that
+of the final norm into W_U, and, where the norm is a LayerNorm, those reading weights are centred (each column's
+mean over the D rows taken out), because a LayerNorm's output has no component along the all-ones direction, so
+that component of a reading weight never acts; RMSNorm's output has one, so its weights are not centred. (The
+norms' biases go into the biases; TransformerLens's further ``center_writing_weights`` and ``center_unembed`` are
+not applied.) These are the functions the models' ``model.QK``, ``model.OV``, ``model.W_Q``, ...,
+``model.all_composition_scores`` call. Grouped-query models: ``W_K`` and ``W_V`` hold the G K/V heads as stored
+(TransformerLens 4's convention); query head h reads K/V head ``h // (H // G)``, and ``QK``, ``OV`` and the
+composition scores repeat them per query head. Shapes: N layers, H query heads, G K/V heads, D d_model, d d_head,
+V vocabulary, P positions, B batch, T tokens.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from .arguments import check_index, check_int
+from .arguments import validate_index, validate_int
 
 __all__ = [
-    "FactoredMatrix", "HeadWeights", "head_weights", "QK", "OV", "full_qk_circuit", "positional_qk_circuit",
-    "full_ov_circuit", "composition_scores", "all_composition_scores", "composition_baseline", "copying_score",
-    "head_results", "apply_ln_to_stack", "direct_logit_attribution", "accumulated_resid", "logit_lens",
+    "FactoredMatrix", "LayerWeights", "layer_weights", "HeadWeights", "head_weights", "unembedding_weights", "QK",
+    "OV", "full_qk_circuit",
+    "positional_qk_circuit", "full_ov_circuit", "composition_scores", "all_composition_scores",
+    "composition_baseline", "copying_score", "direct_logit_attribution", "logit_lens",
 ]
 
 
 # ---------------------------------------------------------------------------- factored matrices
 class FactoredMatrix:
     """The matrix ``A @ B`` kept as its factors: ``A [..., l, m]``, ``B [..., m, r]`` (m the inner width, e.g.
-    d_head). ``AB`` forms the product ``[..., l, r]``; everything else works through m x m matrices."""
+    d_head). ``AB`` forms the product ``[..., l, r]``; everything else works through m x m matrices. The calls are
+    TransformerLens's: ``AB``, ``BA``, ``T``, ``@``, ``* scalar``, ``[layer, head]``, ``svd()``, ``U``, ``S``,
+    ``V`` (``Vh``, its deprecated name there too), ``norm()``, ``eigenvalues``, ``collapse_l()``,
+    ``collapse_r()``, ``make_even()``; ``rank()`` is mhalab's."""
 
     def __init__(self, A: Tensor, B: Tensor) -> None:
         if A.dim() < 2 or B.dim() < 2 or A.size(-1) != B.size(-2):
@@ -42,6 +53,7 @@ class FactoredMatrix:
         self.A, self.B = A.expand(*lead, *A.shape[-2:]), B.expand(*lead, *B.shape[-2:])
         self.ldim, self.mdim, self.rdim = A.size(-2), A.size(-1), B.size(-1)
         self.shape = torch.Size((*lead, self.ldim, self.rdim))
+        self._svd: tuple[Tensor, Tensor, Tensor] | None = None  # computed once, when first asked for
 
     @property
     def ndim(self) -> int:
@@ -71,6 +83,15 @@ class FactoredMatrix:
     def __rmatmul__(self, other: Tensor) -> FactoredMatrix:
         return FactoredMatrix(other @ self.A, self.B)
 
+    def __mul__(self, scalar: float | Tensor) -> FactoredMatrix:
+        """The matrix times a number (a float, or a tensor of one element): A is scaled, B kept."""
+        if isinstance(scalar, Tensor) and scalar.numel() != 1:
+            raise ValueError(f"a FactoredMatrix multiplies by a scalar, got a tensor of shape {tuple(scalar.shape)}; "
+                             "for a matrix product use @")
+        return FactoredMatrix(self.A * scalar, self.B)
+
+    __rmul__ = __mul__
+
     def __getitem__(self, index) -> FactoredMatrix:
         """Index the leading axes only (``QK(model)[layer, head]``)."""
         index = index if isinstance(index, tuple) else (index,)
@@ -80,21 +101,58 @@ class FactoredMatrix:
         return FactoredMatrix(self.A[index], self.B[index])
 
     def svd(self) -> tuple[Tensor, Tensor, Tensor]:
-        """``(U [..., l, k], S [..., k], Vh [..., r, k])`` with ``AB = U diag(S) Vhᵀ`` (TransformerLens's
-        convention: Vh holds the right singular vectors as columns), k = min(l, m, r), from QR factors of A and
+        """``(U [..., l, k], S [..., k], V [..., r, k])`` with ``AB = U diag(S) Vᵀ`` (TransformerLens's
+        convention: V holds the right singular vectors as columns), k = min(l, m, r), from QR factors of A and
         Bᵀ and an m x m SVD."""
-        if self.mdim > min(self.ldim, self.rdim):  # the factors are no narrower than the product: use it
-            U, S, Vt = torch.linalg.svd(self.AB, full_matrices=False)
-            return U, S, Vt.transpose(-2, -1)
-        Qa, Ra = torch.linalg.qr(self.A)  # [.., l, m], [.., m, m]
-        Qb, Rb = torch.linalg.qr(self.B.transpose(-2, -1))  # [.., r, m], [.., m, m]
-        Um, S, Vmt = torch.linalg.svd(Ra @ Rb.transpose(-2, -1))  # AB = Qa (Ra Rbᵀ) Qbᵀ
-        return Qa @ Um, S, Qb @ Vmt.transpose(-2, -1)
+        if self._svd is None:
+            if self.mdim > min(self.ldim, self.rdim):  # the factors are no narrower than the product: use it
+                U, S, Vt = torch.linalg.svd(self.AB, full_matrices=False)
+                self._svd = U, S, Vt.transpose(-2, -1)
+            else:
+                Qa, Ra = torch.linalg.qr(self.A)  # [.., l, m], [.., m, m]
+                Qb, Rb = torch.linalg.qr(self.B.transpose(-2, -1))  # [.., r, m], [.., m, m]
+                Um, S, Vmt = torch.linalg.svd(Ra @ Rb.transpose(-2, -1))  # AB = Qa (Ra Rbᵀ) Qbᵀ
+                self._svd = Qa @ Um, S, Qb @ Vmt.transpose(-2, -1)
+        return self._svd
+
+    @property
+    def U(self) -> Tensor:
+        """Left singular vectors ``[..., l, k]``, as columns."""
+        return self.svd()[0]
 
     @property
     def S(self) -> Tensor:
         """Singular values ``[..., k]``, largest first."""
         return self.svd()[1]
+
+    @property
+    def V(self) -> Tensor:
+        """Right singular vectors ``[..., r, k]``, as columns: ``AB = U diag(S) Vᵀ``."""
+        return self.svd()[2]
+
+    @property
+    def Vh(self) -> Tensor:
+        """Deprecated, as in TransformerLens 4 (where it always returned V): use ``V``."""
+        warnings.warn("FactoredMatrix.Vh returns V, the right singular vectors as columns (as in TransformerLens, "
+                      "which deprecates the name too): use .V", DeprecationWarning, stacklevel=2)
+        return self.V
+
+    def collapse_l(self) -> Tensor:
+        """``diag(S) Vᵀ [..., k, r]``: the matrix with its left orthogonal factor U taken off."""
+        U, S, V = self.svd()
+        return S[..., :, None] * V.transpose(-2, -1)
+
+    def collapse_r(self) -> Tensor:
+        """``U diag(S) [..., l, k]``: the matrix with its right orthogonal factor Vᵀ taken off."""
+        U, S, V = self.svd()
+        return U * S[..., None, :]
+
+    def make_even(self) -> FactoredMatrix:
+        """The same matrix factored as ``(U sqrt(S)) (sqrt(S) Vᵀ)``: each factor carries half of every singular
+        value, with orthogonal columns (rows)."""
+        U, S, V = self.svd()
+        root = S.sqrt()
+        return FactoredMatrix(U * root[..., None, :], root[..., :, None] * V.transpose(-2, -1))
 
     def rank(self, rtol: float | None = None) -> Tensor:
         """Numerical rank ``[...]`` (int): singular values above ``rtol`` times the largest (default as
@@ -119,10 +177,41 @@ class FactoredMatrix:
 
 
 # ---------------------------------------------------------------------------- weights, per model kind
+class LayerWeights(NamedTuple):
+    """One attention layer's per-head matrices: ``W_Q [H, D, d]``, ``W_K, W_V [G, D, d]``, ``W_O [H, d, D]``."""
+
+    W_Q: Tensor
+    W_K: Tensor
+    W_V: Tensor
+    W_O: Tensor
+
+
+def _fold(norm: nn.Module | None, W: Tensor) -> Tensor:
+    """``W [..., D, n]`` read through ``norm``: its scale folded in (``diag(w) W``) and, a LayerNorm's, the D rows
+    centred (``W - mean over D``), as TransformerLens's ``fold_ln``; no norm (or ``nn.Identity``): ``W``."""
+    weight = getattr(norm, "weight", None)
+    if weight is None:
+        return W
+    W = W * weight.detach()[:, None]  # [..., D, n] * [D, 1]
+    return W - W.mean(-2, keepdim=True) if isinstance(norm, nn.LayerNorm) else W
+
+
+def layer_weights(attn: nn.Module, *, fold_ln: bool = True) -> LayerWeights:
+    """The per-head matrices of the :class:`~mhalab.attention.MultiHeadAttention` ``attn`` (detached), with the
+    norm it reads through folded in (``fold_ln``; see the module's docstring), or as stored."""
+    H, G, d, D = attn.n_heads, attn.n_key_value_heads, attn.d_head, attn.d_model
+    rows = attn.qkv_proj.weight.detach().view(H + 2 * G, d, D)  # [(H + 2G) d, D] -> a [d, D] block per head
+    W_Q, W_K, W_V = rows.transpose(-2, -1).split([H, G, G])  # [n, D, d] each: x @ W is the head's q, k or v
+    W_O = attn.out_proj.weight.detach().view(D, H, d).permute(1, 2, 0)  # [D, H d] -> [D, H, d] -> [H, d, D]
+    norm = attn.input_norm if fold_ln else None
+    return LayerWeights(_fold(norm, W_Q), _fold(norm, W_K), _fold(norm, W_V), W_O)
+
+
 class HeadWeights(NamedTuple):
-    """Every head's weights, listed per query head: ``W_Q, W_K, W_V [N, H, D, d]``, ``W_O [N, H, d, D]``;
-    ``W_E [V, D]``; ``W_pos [P, D]`` or None (no position table); ``W_U [D, V]``, ``b_U [V]`` or None (no
-    unembedding); ``final_norm``: the module the last residual goes through before W_U (None: none)."""
+    """Every layer's weights: ``W_Q [N, H, D, d]``, ``W_K, W_V [N, G, D, d]`` (the K/V heads as stored),
+    ``W_O [N, H, d, D]``; ``W_E [V, D]``; ``W_pos [P, D]`` or None (no position table); ``W_U [D, V]``, ``b_U [V]``
+    or None (no unembedding, or no bias); ``final_norm``: the module the last residual goes through before W_U
+    (None: none); ``n_key_value_heads`` (G)."""
 
     W_Q: Tensor
     W_K: Tensor
@@ -133,21 +222,24 @@ class HeadWeights(NamedTuple):
     W_U: Tensor | None
     b_U: Tensor | None
     final_norm: nn.Module | None
-    n_kv_heads: int
+    n_key_value_heads: int
 
 
-def _stack_heads(blocks, fold: bool) -> tuple[Tensor, ...]:
-    """W_Q, W_K, W_V [N, H, D, d] and W_O [N, H, d, D] from each block's ``attn.head_projections``."""
-    per_layer = []
-    for block in blocks:
-        attn = block.attn
-        heads = [attn.head_projections(i) for i in range(attn.n_heads)]
-        W_Q, W_K, W_V, W_O = (torch.stack([getattr(p, n) for p in heads]) for n in ("W_Q", "W_K", "W_V", "W_O"))
-        if fold:  # x -> norm(x) * w: x @ (diag(w) W) for each of W_Q, W_K, W_V
-            w = block.ln_attn.weight[:, None]  # [D, 1]
-            W_Q, W_K, W_V = W_Q * w, W_K * w, W_V * w
-        per_layer.append((W_Q, W_K, W_V, W_O))
-    return tuple(torch.stack(t).detach() for t in zip(*per_layer))
+def unembedding_weights(model: nn.Module, *, fold_ln: bool = True) -> tuple[Tensor, Tensor | None]:
+    """``W_U [D, V]`` and ``b_U [V]`` (or None) of a pre-norm ``Transformer``, with the final norm folded in
+    (``fold_ln``): ``norm(x) @ W_U + b_U`` = ``normalized(x) @ (diag(w) W_U) + (b_norm @ W_U + b_U)``, then W_U
+    centred over D for a LayerNorm."""
+    if model.config.post_norm:
+        raise ValueError(_NO_UNEMBEDDING)
+    fold = fold_ln
+    W_E = model.embed.tokens.weight.detach()
+    W_U = W_E.T if model.head is None else model.head.weight.detach().T  # [D, V]; tied: W_U = W_Eᵀ
+    b_U = None if model.head is None or model.head.bias is None else model.head.bias.detach()
+    norm = model.ln_final
+    bias = getattr(norm, "bias", None)
+    if fold and bias is not None:
+        b_U = bias.detach() @ W_U + (0.0 if b_U is None else b_U)  # [D] @ [D, V] -> [V]
+    return (_fold(norm, W_U) if fold else W_U), b_U
 
 
 def _transformer_weights(model: nn.Module, fold: bool) -> HeadWeights:
@@ -158,28 +250,40 @@ def _transformer_weights(model: nn.Module, fold: bool) -> HeadWeights:
     embed = model.embed
     table = embed.positions.weight if embed.learned else getattr(embed, "positions_table", None)
     W_E = embed.tokens.weight.detach()  # [V, D]
+    layers = [layer_weights(block.attn, fold_ln=fold) for block in model.blocks]
+    W_Q, W_K, W_V, W_O = (torch.stack(t) for t in zip(*layers))  # each [N, ...]
+    G = cfg.n_key_value_heads or cfg.n_heads
+    W_pos = None if table is None else table.detach()
     if cfg.post_norm:
-        # Post-norm (MiniLM: a norm after each sublayer): nothing to fold into W_Q, W_K, W_V, and the model's
-        # output is its last residual, with no unembedding trained (the checkpoint has no MLM head).
-        return HeadWeights(*_stack_heads(model.blocks, False), W_E, None if table is None else table.detach(),
-                           None, None, None, cfg.n_key_value_heads or cfg.n_heads)
-    W_U = W_E.T if model.head is None else model.head.weight.detach().T  # [D, V]; tied: W_U = W_Eᵀ
-    b_U = None if model.head is None or model.head.bias is None else model.head.bias.detach()
-    if fold:
-        W_U = W_U * model.ln_final.weight.detach()[:, None]  # [D, V] * [D, 1]
-    return HeadWeights(*_stack_heads(model.blocks, fold), W_E, None if table is None else table.detach(), W_U, b_U,
-                       model.ln_final, cfg.n_key_value_heads or cfg.n_heads)
+        # Post-norm (MiniLM: a norm after each sublayer): the model's output is its last residual, with no
+        # unembedding trained (the checkpoint has no MLM head).
+        return HeadWeights(W_Q, W_K, W_V, W_O, W_E, W_pos, None, None, None, G)
+    W_U, b_U = unembedding_weights(model, fold_ln=fold)
+    return HeadWeights(W_Q, W_K, W_V, W_O, W_E, W_pos, W_U, b_U, model.ln_final, G)
 
 
-def head_weights(model: nn.Module, *, fold_ln: bool = True) -> HeadWeights:
-    """The weights every circuit here is read from (see :class:`HeadWeights`), for any mhalab ``Transformer``:
-    the toy models, SmolLM2 and MiniLM (each a ``Transformer`` of one ``ModelConfig``)."""
+def _validate_transformer(model: nn.Module) -> None:
     from .models import Transformer
 
     if not isinstance(model, Transformer):
         raise TypeError(f"circuits reads a mhalab Transformer (the toy models, SmolLM2, MiniLM), "
                         f"got {type(model).__name__}")
+
+
+def head_weights(model: nn.Module, *, fold_ln: bool = True) -> HeadWeights:
+    """The weights every circuit here is read from (see :class:`HeadWeights`), for any mhalab ``Transformer``:
+    the toy models, SmolLM2 and MiniLM (each a ``Transformer`` of one ``ModelConfig``); ``fold_ln=False``: as
+    stored (no norm folded in, nothing centred)."""
+    _validate_transformer(model)
     return _transformer_weights(model, fold_ln)
+
+
+def _attention_weights(model) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Every layer's folded ``W_Q, W_K, W_V, W_O`` from a :class:`HeadWeights` or a model (no W_U formed)."""
+    if isinstance(model, HeadWeights):
+        return model.W_Q, model.W_K, model.W_V, model.W_O
+    _validate_transformer(model)
+    return tuple(torch.stack(t) for t in zip(*(layer_weights(block.attn) for block in model.blocks)))
 
 
 def _weights(model) -> HeadWeights:
@@ -188,64 +292,85 @@ def _weights(model) -> HeadWeights:
 
 def _head(w: HeadWeights, layer: int, head: int) -> tuple[int, int]:
     N, H = w.W_Q.shape[:2]
-    return (check_index("layer", layer, N, valid=f"the model has {N} layers,"),
-            check_index("head", head, H, valid=f"each layer has {H} heads,"))
+    return (validate_index("layer", layer, N, valid=f"the model has {N} layers,"),
+            validate_index("head", head, H, valid=f"each layer has {H} heads,"))
+
+
+def _per_query_head(W: Tensor, H: int) -> Tensor:
+    """K/V weights ``[N, G, ...]`` listed per query head ``[N, H, ...]``: query head h reads K/V head h // (H // G)."""
+    return W.repeat_interleave(H // W.size(1), dim=1)
+
+
+_NO_UNEMBEDDING = ("this model has no unembedding (W_U): it outputs vectors, not next-token logits, so circuits "
+                   "through W_U (full OV circuit, direct logit attribution, logit lens) do not exist for it")
 
 
 def _unembedding(w: HeadWeights) -> Tensor:
     if w.W_U is None:
-        raise ValueError("this model has no unembedding (W_U): it outputs vectors, not next-token logits, so circuits "
-                         "through W_U (full OV circuit, direct logit attribution, logit lens) do not exist for it")
+        raise ValueError(_NO_UNEMBEDDING)
     return w.W_U
 
 
 # ---------------------------------------------------------------------------- circuits
 def QK(model) -> FactoredMatrix:
     """Every head's ``W_QK = W_Q W_Kᵀ``: ``[N, H, D, D]`` (TransformerLens's ``model.QK``)."""
-    w = _weights(model)
-    return FactoredMatrix(w.W_Q, w.W_K.transpose(-2, -1))
+    W_Q, W_K, _, _ = _attention_weights(model)
+    return FactoredMatrix(W_Q, _per_query_head(W_K, W_Q.size(1)).transpose(-2, -1))
 
 
 def OV(model) -> FactoredMatrix:
     """Every head's ``W_OV = W_V W_O``: ``[N, H, D, D]`` (TransformerLens's ``model.OV``)."""
-    w = _weights(model)
-    return FactoredMatrix(w.W_V, w.W_O)
+    _, _, W_V, W_O = _attention_weights(model)
+    return FactoredMatrix(_per_query_head(W_V, W_O.size(1)), W_O)
+
+
+def _qkv(w: HeadWeights, layer: int, head: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Head ``(layer, head)``'s ``W_Q, W_K, W_V [D, d]`` (its K/V head's) and ``W_O [d, D]``."""
+    l, h = _head(w, layer, head)
+    g = h // (w.W_Q.size(1) // w.n_key_value_heads)  # the K/V head it reads
+    return w.W_Q[l, h], w.W_K[l, g], w.W_V[l, g], w.W_O[l, h]
 
 
 def full_qk_circuit(model, layer: int, head: int) -> FactoredMatrix:
     """``W_E W_QK W_Eᵀ [V, V]``: the score a query token gives a key token, from the token embeddings alone."""
     w = _weights(model)
-    l, h = _head(w, layer, head)
-    return FactoredMatrix(w.W_E @ w.W_Q[l, h], (w.W_E @ w.W_K[l, h]).T)
+    W_Q, W_K, _, _ = _qkv(w, layer, head)
+    return FactoredMatrix(w.W_E @ W_Q, (w.W_E @ W_K).T)
 
 
 def positional_qk_circuit(model, layer: int, head: int) -> FactoredMatrix:
     """``W_pos W_QK W_posᵀ [P, P]``: the score query position i gives key position j, from the position table."""
     w = _weights(model)
-    l, h = _head(w, layer, head)
+    W_Q, W_K, _, _ = _qkv(w, layer, head)
     if w.W_pos is None:
         raise ValueError("this model has no position table (rotary or no positions), so no positional QK circuit")
-    return FactoredMatrix(w.W_pos @ w.W_Q[l, h], (w.W_pos @ w.W_K[l, h]).T)
+    return FactoredMatrix(w.W_pos @ W_Q, (w.W_pos @ W_K).T)
 
 
 def full_ov_circuit(model, layer: int, head: int) -> FactoredMatrix:
     """``W_E W_OV W_U [V, V]``: row t says which logits the head raises when it attends to token t."""
     w = _weights(model)
-    l, h = _head(w, layer, head)
-    return FactoredMatrix(w.W_E @ w.W_V[l, h], w.W_O[l, h] @ _unembedding(w))
+    _, _, W_V, W_O = _qkv(w, layer, head)
+    return FactoredMatrix(w.W_E @ W_V, W_O @ _unembedding(w))
+
+
+def _orthonormal_sides(left: FactoredMatrix, right: FactoredMatrix) -> tuple[Tensor, Tensor]:
+    """``L [..., m1, r]`` and ``R [..., l, m2]`` with ``||left @ X @ right|| = ||L @ X @ R||`` for any X: the QR
+    factors ``A1 = Q1 R1`` and ``B2ᵀ = Q2 R2`` have orthonormal columns, so ``L = R1 B1``, ``R = A2 R2ᵀ``."""
+    R1 = torch.linalg.qr(left.A, mode="r")[1]  # [..., m1, m1] (Q1 is not needed, nor formed)
+    R2 = torch.linalg.qr(right.B.transpose(-2, -1), mode="r")[1]  # [..., m2, m2]
+    return R1 @ left.B, right.A @ R2.transpose(-2, -1)
 
 
 def composition_scores(left: FactoredMatrix, right: FactoredMatrix) -> Tensor:
     """Elhage et al.'s ``||left @ right||_F / (||left||_F ||right||_F)``, over broadcast leading axes.
 
-    ``left = A1 B1``, ``right = A2 B2``: ``||A1 C B2||² = sum((A1ᵀA1) * (C B2B2ᵀ Cᵀ))`` with ``C = B1 A2``, so
-    only inner-width matrices are formed."""
+    ``left = A1 B1``, ``right = A2 B2``: with ``A1 = Q1 R1`` and ``B2ᵀ = Q2 R2`` (QR), ``||A1 B1 A2 B2||`` is
+    ``||(R1 B1)(A2 R2ᵀ)||``, an m1 x m2 matrix, so no D x D matrix is formed."""
     if left.rdim != right.ldim:
         raise ValueError(f"left [{left.ldim} x {left.rdim}] and right [{right.ldim} x {right.rdim}] do not chain")
-    C = left.B @ right.A  # [..., m1, m2]
-    gram_left, gram_right = left.A.transpose(-2, -1) @ left.A, right.B @ right.B.transpose(-2, -1)
-    product = (gram_left * (C @ gram_right @ C.transpose(-2, -1))).sum((-2, -1)).clamp(min=0).sqrt()
-    return product / (left.norm() * right.norm())
+    L, R = _orthonormal_sides(left, right)  # [..., m1, D], [..., D, m2]
+    return (L @ R).norm(dim=(-2, -1)) / (L.norm(dim=(-2, -1)) * R.norm(dim=(-2, -1)))
 
 
 _MODES = {"Q": lambda qk, ov: qk, "K": lambda qk, ov: qk.T, "V": lambda qk, ov: ov}
@@ -257,23 +382,24 @@ def all_composition_scores(model, mode: str) -> Tensor:
     if mode not in _MODES:
         raise ValueError(f"mode must be 'Q', 'K' or 'V' (which input of the later head reads the earlier one's "
                          f"output), got {mode!r}")
-    w = _weights(model)
+    weights = _attention_weights(model)
+    w = HeadWeights(*weights, None, None, None, None, None, weights[1].size(1))  # the attention's weights alone
     N, H = w.W_Q.shape[:2]
-    ov, right = OV(w), _MODES[mode](QK(w), OV(w))
+    L, R = _orthonormal_sides(OV(w), _MODES[mode](QK(w), OV(w)))  # [N, H, m, D], [N, H, D, m]
+    L_norm, R_norm = L.norm(dim=(-2, -1)), R.norm(dim=(-2, -1))  # [N, H]
     scores = torch.zeros(N, H, N, H, dtype=w.W_Q.dtype)
-    for l in range(N - 1):  # one source layer at a time: [H, 1, 1] x [1, later layers, H]
-        later = right[l + 1:]
-        left = FactoredMatrix(ov.A[l][:, None, None], ov.B[l][:, None, None])
-        scores[l, :, l + 1:] = composition_scores(left, FactoredMatrix(later.A[None], later.B[None]))
+    for l in range(N - 1):  # one source layer at a time, into every later one: one matrix product
+        product = torch.einsum("hmd,lkdn->hlkmn", L[l], R[l + 1:])  # [H, later, H, m, m]
+        scores[l, :, l + 1:] = product.norm(dim=(-2, -1)) / (L_norm[l][:, None, None] * R_norm[l + 1:])
     return scores
 
 
 def composition_baseline(d_model: int, d_head: int, n: int = 256, *, seed: int = 0) -> Tensor:
     """``[n]`` composition scores of random products of Gaussian matrices of a head's shapes (``[D, d] [d, D]``,
     rank d), the baseline Elhage et al. compare with; their mean square is close to 1 / d_model."""
-    check_int("d_head", d_head, 1, maximum=check_int("d_model", d_model, 1))
+    validate_int("d_head", d_head, 1, maximum=validate_int("d_model", d_model, 1))
     g = torch.Generator().manual_seed(seed)
-    A1, A2 = (torch.randn(check_int("n", n, 1), d_model, d_head, generator=g, dtype=torch.float64) for _ in "12")
+    A1, A2 = (torch.randn(validate_int("n", n, 1), d_model, d_head, generator=g, dtype=torch.float64) for _ in "12")
     B1, B2 = (torch.randn(n, d_head, d_model, generator=g, dtype=torch.float64) for _ in "12")
     return composition_scores(FactoredMatrix(A1, B1), FactoredMatrix(A2, B2))
 
@@ -286,67 +412,29 @@ def copying_score(circuit: FactoredMatrix) -> Tensor:
 
 
 # ---------------------------------------------------------------------------- on activations
-def _final_residual_and_heads(model, tokens: Tensor) -> tuple[Tensor, Tensor, int]:
-    N = len(model.blocks)
-    names = [f"blocks.{i}.attn.hook_z" for i in range(N)] + [f"blocks.{N - 1}.hook_resid_post"]
-    _, cache = model.run_with_cache(tokens, names_filter=names)
-    return cache[names[-1]], torch.stack([cache[n] for n in names[:-1]]), N  # [B, T, D], [N, B, T, H, d]
-
-
-def head_results(model, tokens: Tensor) -> Tensor:
-    """``[N, B, T, H, D]``: what each head writes into the residual stream (``z_h @ W_O^h``, no bias), from
-    ``hook_z`` (TransformerLens's ``hook_result``)."""
-    w = _weights(model)
-    _, z, _ = _final_residual_and_heads(model, tokens)
-    return torch.einsum("nbthd,nhdD->nbthD", z, w.W_O.to(z.dtype))
-
-
-def _norm_scale(norm: nn.Module, x: Tensor) -> Tensor:
-    """``[..., 1]``: what ``norm`` divides ``x [..., D]`` by (LayerNorm after centring, RMSNorm without)."""
-    if isinstance(norm, nn.LayerNorm):
-        x = x - x.mean(-1, keepdim=True)
-    return (x.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
-
-
-def apply_ln_to_stack(model, stack: Tensor, final_residual: Tensor) -> Tensor:
-    """``stack [..., B, T, D]`` of components of ``final_residual [B, T, D]``, each divided by the final norm's
-    scale on that residual (LayerNorm: each centred first), as TransformerLens's ``cache.apply_ln_to_stack``; the
-    norm's weight is in W_U (``fold_ln``)."""
-    norm = _weights(model).final_norm
-    if norm is None:
-        raise ValueError("this model has no final norm before an unembedding")
-    if isinstance(norm, nn.LayerNorm):
-        stack = stack - stack.mean(-1, keepdim=True)
-    return stack / _norm_scale(norm, final_residual)
-
-
 def direct_logit_attribution(model, tokens: Tensor, right: Tensor, wrong: Tensor | None = None) -> Tensor:
     """``[N, H, B, T]``: each head's direct effect on the logit of ``right`` minus that of ``wrong`` (ids
-    ``[B, T]``, or ints) at every position, through the final norm's scale; without ``wrong``, on the logit
-    of ``right`` minus the mean logit."""
-    w = _weights(model)
-    W_U = _unembedding(w)
-    final, z, _ = _final_residual_and_heads(model, tokens)
-    results = torch.einsum("nbthd,nhdD->nhbtD", z, w.W_O.to(z.dtype))  # [N, H, B, T, D]
-    B, T = tokens.shape
+    ``[B, T]``, or ints) at every position, through the final norm's scale: ``cache.stack_head_results(
+    apply_ln=True)`` against W_U's columns; without ``wrong``, on the logit of ``right`` minus the mean logit."""
+    W_U = _unembedding(_weights(model))
+    N, B, T = len(model.blocks), *tokens.shape
+    wanted = lambda name: name.endswith("attn.hook_z") or name == "ln_final.hook_scale"  # noqa: E731
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=wanted)
+    stack = cache.stack_head_results(apply_ln=True)  # [N H, B, T, D]
     right = torch.as_tensor(right).expand(B, T)
     direction = W_U.T[right] - (W_U.T[torch.as_tensor(wrong).expand(B, T)] if wrong is not None else W_U.mean(1))
-    return (apply_ln_to_stack(w, results, final) * direction).sum(-1)  # [N, H, B, T]
-
-
-def accumulated_resid(model, tokens: Tensor) -> Tensor:
-    """``[N + 1, B, T, D]``: the residual stream entering each block, then after the last one."""
-    N = len(model.blocks)
-    names = [f"blocks.{i}.hook_resid_pre" for i in range(N)] + [f"blocks.{N - 1}.hook_resid_post"]
-    _, cache = model.run_with_cache(tokens, names_filter=names)
-    return torch.stack([cache[n] for n in names])
+    return (stack * direction).sum(-1).unflatten(0, (N, -1))  # [N H, B, T] -> [N, H, B, T]
 
 
 def logit_lens(model, tokens: Tensor) -> Tensor:
-    """``[N + 1, B, T, V]``: the residual at every layer (:func:`accumulated_resid`) through the final norm
-    and the unembedding, as if the model ended there (nostalgebraist 2020); the last row is the model's logits."""
-    w = head_weights(model, fold_ln=False)
+    """``[N + 1, B, T, V]``: the residual entering every block, then after the last one, through the final norm
+    and the unembedding, as if the model ended there (nostalgebraist 2020): ``cache.accumulated_resid(apply_ln=True)
+    @ model.W_U + model.b_U``; the last row is the model's logits."""
+    w = _weights(model)
     W_U = _unembedding(w)
+    wanted = lambda name: name.endswith(("hook_resid_pre", "hook_resid_post"))  # noqa: E731
     with torch.no_grad():
-        logits = w.final_norm(accumulated_resid(model, tokens)) @ W_U
+        _, cache = model.run_with_cache(tokens, names_filter=wanted)
+        logits = cache.accumulated_resid(apply_ln=True) @ W_U  # [N + 1, B, T, D] @ [D, V]
     return logits if w.b_U is None else logits + w.b_U

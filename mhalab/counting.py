@@ -1,15 +1,15 @@
 """The arithmetic of multi-head attention: parameters (4 d_model² for any h) and KV cache (2 d_model per
-token per layer) against the head count; ``n_kv_heads`` (grouped-query) and ``d_head`` break both on purpose.
+token per layer) against the head count; ``n_key_value_heads`` (grouped-query) and ``d_head`` break both on purpose.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-from .arguments import check_head_shape, check_int
+from .arguments import renamed_keywords, validate_head_shape, validate_int
 from .attention import MultiHeadAttention
 from .kv_cache import KVCache
 
@@ -44,13 +44,15 @@ class AttentionParameters(NamedTuple):
 
 
 def attention_parameters(
-    d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None, bias: bool = False
+    d_model: int, n_heads: int, *, n_key_value_heads: int | None = None, d_head: int | None = None,
+    bias: bool = False, **renamed: Any,
 ) -> AttentionParameters:
     """h query heads and g K/V heads of ``d_model x d_head`` each, plus ``(h d_head) x d_model`` for W_O.
 
     Defaults give 4 d_model² whatever h is; ``bias=True`` adds each projection's output width.
     """
-    g, d_head = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
+    n_key_value_heads = renamed_keywords("attention_parameters", renamed).get("n_key_value_heads", n_key_value_heads)
+    g, d_head = validate_head_shape(d_model, n_heads, n_key_value_heads=n_key_value_heads, d_head=d_head)
     per_head = d_model * d_head + (d_head if bias else 0)  # one head's slice of one projection
     q = n_heads * per_head  # = d_model**2 (+ d_model) when h * d_head = d_model
     k = v = g * per_head  # only the K/V heads: fewer with grouped-query attention
@@ -66,13 +68,14 @@ class KVCacheSize(NamedTuple):
 
 
 def kv_cache_per_token(
-    d_model: int, n_heads: int, *, n_kv_heads: int | None = None, d_head: int | None = None, n_layers: int = 1,
-    dtype: torch.dtype | None = None,
+    d_model: int, n_heads: int, *, n_key_value_heads: int | None = None, d_head: int | None = None,
+    n_layers: int = 1, dtype: torch.dtype | None = None, **renamed: Any,
 ) -> KVCacheSize:
-    """Keys and values cached per token: ``2 * n_kv_heads * d_head * n_layers`` (``2 * d_model * n_layers`` by
-    default)."""
-    g, d_head = check_head_shape(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
-    check_int("n_layers", n_layers, 1)
+    """Keys and values cached per token: ``2 * n_key_value_heads * d_head * n_layers`` (``2 * d_model * n_layers``
+    by default)."""
+    n_key_value_heads = renamed_keywords("kv_cache_per_token", renamed).get("n_key_value_heads", n_key_value_heads)
+    g, d_head = validate_head_shape(d_model, n_heads, n_key_value_heads=n_key_value_heads, d_head=d_head)
+    validate_int("n_layers", n_layers, 1)
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32 or torch.bfloat16, got {dtype!r}")
     elements = 2 * g * d_head * n_layers
@@ -112,7 +115,7 @@ def cost_table(d_model: int = 512, heads=(1, 8, 32, 64), *, bias: bool = False, 
         raise TypeError(f"heads must be a sequence of head counts such as (1, 8, 32, 64), got {heads!r}")
     if len(heads) == 0:
         raise ValueError("heads is empty: give at least one head count, e.g. heads=(1, 8, 32, 64)")
-    check_int("decode_tokens", decode_tokens, 1)
+    validate_int("decode_tokens", decode_tokens, 1)
     rows = []
     generator = torch.Generator().manual_seed(0)
     for h in heads:

@@ -42,7 +42,7 @@ def mechanism_shapes(module, x: Tensor) -> dict[str, tuple[int, ...]]:
         raise TypeError(f"mechanism_shapes expects a mhalab.MultiHeadAttention, got {type(module).__name__}")
     # The hook points are submodules too (a hook on "hook_pattern" makes the pattern computed).
     (out, _), seen = _run_recording(module, ["qkv_proj", "hook_pattern", "hook_z", "out_proj"], x)
-    H, G, dk = module.n_heads, module.n_kv_heads, module.d_head
+    H, G, dk = module.n_heads, module.n_key_value_heads, module.d_head
     q, k, v = seen["qkv_proj"][1].split((H * dk, G * dk, G * dk), dim=-1)  # [B, T, H dk], 2 x [B, T, G dk]
     shapes = {"x": x, "Q": q, "K": k, "V": v}
     shapes.update({f"{name} heads": module.split_heads(t) for name, t in (("Q", q), ("K", k), ("V", v))})
@@ -155,7 +155,8 @@ def plot_block(model, tokens: Tensor):
         ax.text(x, y_stream, "+", ha="center", va="center", fontsize=11, zorder=6)
 
     _box(ax, 1.3, y_branch, "token embedding", shapes["embed.tokens"], width=2.5, colour="#eeeeee")
-    _box(ax, 1.3, y_stream - 0.9, f"{model.config.positions} positions", shapes["embed.positions"],
+    kind = model.config.positional_embedding_type
+    _box(ax, 1.3, y_stream - 0.9, f"{'learned' if kind == 'standard' else kind} positions", shapes["embed.positions"],
          width=2.5, colour="#eeeeee")
     plus(start)
     _arrow(ax, (1.3, y_branch - 0.5), (start - 0.15, y_stream + 0.17))

@@ -15,9 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .arguments import check_int
+from .arguments import validate_int
 from .head_roles import induction_score, previous_token_score, stack_attention
-from .hooks import run_with_cache
 from .models import eval_mode
 from .tasks import IGNORE
 from .train import EVAL_SEED, stream_seed
@@ -50,10 +49,10 @@ class FormationRecorder:
             raise TypeError(f"FormationRecorder needs a task whose batches mark the repeated targets "
                             f"(sources['induction']), such as mhalab.tasks.RepeatedSegments; got {task!r}")
         self.task = task
-        self.every = check_int("every", every, 1)
-        check_int("batch_size", batch_size, 1)
+        self.every = validate_int("every", every, 1)
+        validate_int("batch_size", batch_size, 1)
         window = max(1, task.seq_len // 6) if icl_window is None else icl_window
-        self.icl_window = check_int("icl_window", window, 1, maximum=(task.seq_len - 1) // 2,
+        self.icl_window = validate_int("icl_window", window, 1, maximum=(task.seq_len - 1) // 2,
                                     why=f" (two windows must fit in the {task.seq_len - 1} targets)")
         generator = torch.Generator().manual_seed(stream_seed(seed, "formation"))
         self.batch = task.sample(batch_size, generator=generator)  # on the CPU; moved to the model's device
@@ -69,7 +68,7 @@ class FormationRecorder:
         device = next(model.parameters()).device
         tokens = self.batch.inputs.to(device)
         with eval_mode(model):
-            logits, cache = run_with_cache(model, tokens, names_filter=lambda n: n.endswith("attn.hook_pattern"))
+            logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("attn.hook_pattern"))
         attention = stack_attention(cache).float().cpu()  # [N, B, H, T, T]
         targets = self.batch.targets
         nll = F.cross_entropy(logits.float().cpu().flatten(0, 1), targets.flatten(), ignore_index=IGNORE,
@@ -88,7 +87,7 @@ class FormationRecorder:
         self._patterns.append(attention[:, 0].clone())  # [N, H, T, T]: the fixed example
 
     # ------------------------------------------------------------------ reading
-    def _check_recorded(self) -> None:
+    def _validate_recorded(self) -> None:
         if not self.steps:
             raise ValueError("nothing recorded yet: pass the recorder to train(model, task, callback=recorder, ...)")
 
@@ -96,20 +95,20 @@ class FormationRecorder:
         """``[K]``: one of :data:`LOSSES` at every recorded step."""
         if name not in LOSSES:
             raise KeyError(f"no loss {name!r}; the recorder keeps {LOSSES}")
-        self._check_recorded()
+        self._validate_recorded()
         return torch.tensor(self._losses[name])
 
     def score(self, name: str) -> Tensor:
         """``[K, N, H]``: one of :data:`SCORES` for every head at every recorded step."""
         if name not in SCORES:
             raise KeyError(f"no score {name!r}; the recorder keeps {SCORES}")
-        self._check_recorded()
+        self._validate_recorded()
         return torch.stack(self._scores[name])
 
     @property
     def patterns(self) -> Tensor:
         """``[K, N, H, T, T]``: every head's attention on the fixed example at every recorded step."""
-        self._check_recorded()
+        self._validate_recorded()
         return torch.stack(self._patterns)
 
     def best_head(self, name: str = "induction", *, layers: Sequence[int] | None = None) -> tuple[int, int]:

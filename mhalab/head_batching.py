@@ -17,14 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .arguments import check_head_count, check_int
+from .arguments import validate_head_count, validate_int
 from .attention import MultiHeadAttention
 from .config import ModelConfig
 from .device import synchronize
 
 __all__ = [
-    "AttentionCount", "count_attention", "batched_attention", "looped_attention", "head_weights", "separate_heads",
-    "batched_heads", "looped_heads", "PARTS", "HeadTiming", "time_interleaved", "time_heads",
+    "AttentionCount", "count_attention", "batched_attention", "looped_attention", "random_attention_layer",
+    "separate_heads", "batched_heads", "looped_heads", "PARTS", "HeadTiming", "time_interleaved", "time_heads",
 ]
 
 
@@ -90,11 +90,11 @@ def looped_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return torch.cat(heads, dim=1)  # H x [B, 1, T, d_head] -> [B, H, T, d_head]
 
 
-def head_weights(d_model: int, n_heads: int, *, device: torch.device | str = "cpu",
+def random_attention_layer(d_model: int, n_heads: int, *, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, generator: torch.Generator | None = None) -> MultiHeadAttention:
     """A bias-free ``n_heads``-head :class:`MultiHeadAttention` of width ``d_model``, its weights drawn from
     ``generator``."""
-    check_head_count(d_model, n_heads)
+    validate_head_count(d_model, n_heads)
     layer = MultiHeadAttention(d_model, n_heads, bias=False, device=device, dtype=dtype).requires_grad_(False)
     for weight in (layer.qkv_proj.weight, layer.out_proj.weight):  # W_QKV [3 D, D] (rows: Q, K, V), then W_O [D, D]
         weight.copy_(torch.randn(weight.shape, generator=generator) * d_model**-0.5)  # keeps activations at unit scale
@@ -182,7 +182,7 @@ def time_heads(heads=(1, 8, 32, 64), *, part: str = "attention", d_model: int = 
     if part not in PARTS:
         raise ValueError(f"part must be one of {PARTS}, got {part!r}")
     for name, value in (("repeats", repeats), ("inner", inner), ("batch", batch), ("seq_len", seq_len)):
-        check_int(name, value, 1)
+        validate_int(name, value, 1)
     if not heads:
         raise ValueError("heads must name at least one head count, e.g. (1, 8, 32, 64)")
     device = torch.device(device)
@@ -190,13 +190,13 @@ def time_heads(heads=(1, 8, 32, 64), *, part: str = "attention", d_model: int = 
     g = torch.Generator().manual_seed(0)
     versions = {}  # {h: (batched, looped)}: two functions computing the same tensor
     for h in heads:
-        d_head = check_head_count(d_model, h)
+        d_head = validate_head_count(d_model, h)
         if part == "attention":  # 3 x [B, H, T, d_head], as the projections would hand them over
             qkv = [torch.randn(batch, h, seq_len, d_head, generator=g).to(device, dtype) for _ in range(3)]
             versions[h] = (partial(batched_attention, *qkv), partial(looped_attention, *qkv))
         else:
             x = torch.randn(batch, seq_len, d_model, generator=g).to(device, dtype)  # [B, T, D]
-            layer = head_weights(d_model, h, device=device, dtype=dtype, generator=g)
+            layer = random_attention_layer(d_model, h, device=device, dtype=dtype, generator=g)
             versions[h] = (partial(batched_heads, x, layer), partial(looped_heads, x, layer, separate_heads(layer)))
 
     previous_threads = torch.get_num_threads()

@@ -18,7 +18,7 @@ from torch import nn
 
 from .ablation import AblationTable, ablate_each_head
 from .head_roles import FRACTION_SCORES, NO_ROLE, fraction_keys, head_scores, role_of, stack_attention
-from .hooks import attention_modules, run_with_cache
+from .hooks import attention_modules
 from .models import eval_mode
 
 __all__ = ["HeadData", "head_data", "AttentionLayers", "SPECIAL_LABELS", "hide_keys"]
@@ -56,7 +56,7 @@ class AttentionLayers:
     def __init__(self, model: nn.Module) -> None:
         layers = attention_modules(model)
         self.patterns = [f"{name}.hook_pattern" if name else "hook_pattern" for name in layers]  # one per layer
-        self.n_kv_heads = next(iter(layers.values())).n_kv_heads
+        self.n_key_value_heads = next(iter(layers.values())).n_key_value_heads
 
 
 @dataclass
@@ -64,7 +64,7 @@ class HeadData:
     """Every head of a model on one input: ``attention [N, E, H, T, S]`` (the first E examples), ``scores``
     ``{name: [N, H]}`` over the whole batch, ``labels`` (E token lists), ``keys`` ``{highlight: [E, T]}`` (the
     key each query should look at, -1 for none), ``relations`` (the task's), ``ablation`` (or None),
-    ``n_kv_heads`` and the ``text`` it came from (None for a task batch)."""
+    ``n_key_value_heads`` and the ``text`` it came from (None for a task batch)."""
 
     attention: np.ndarray
     scores: dict[str, np.ndarray]
@@ -72,7 +72,7 @@ class HeadData:
     keys: dict[str, np.ndarray]
     relations: list[str]
     ablation: AblationTable | None
-    n_kv_heads: int
+    n_key_value_heads: int
     text: str | None = None
     threshold: float = THRESHOLD
 
@@ -100,9 +100,9 @@ class HeadData:
 
     def kv_group(self, head: int) -> list[int]:
         """The query heads that share ``head``'s K/V head (grouped-query attention); ``[head]`` without it."""
-        if self.n_kv_heads == self.n_heads:
+        if self.n_key_value_heads == self.n_heads:
             return [head]
-        size = self.n_heads // self.n_kv_heads
+        size = self.n_heads // self.n_key_value_heads
         return list(range(head // size * size, (head // size + 1) * size))
 
     def role_name(self, layer: int, head: int) -> str:
@@ -142,7 +142,7 @@ def head_data(model: nn.Module, batch: Any, task: Any = None, *, examples: int =
     layers = layers or AttentionLayers(model)
     device = next(model.parameters()).device
     with eval_mode(model), _one_thread():
-        _, cache = run_with_cache(model, tokens.to(device), names_filter=layers.patterns)
+        _, cache = model.run_with_cache(tokens.to(device), names_filter=layers.patterns)
     attention = stack_attention(cache)  # [N, B, H, T, S]
     B, T, S = attention.shape[1], attention.shape[3], attention.shape[4]
     E = max(1, min(int(examples), B))
@@ -158,5 +158,5 @@ def head_data(model: nn.Module, batch: Any, task: Any = None, *, examples: int =
     return HeadData(
         attention=attention[:, :E].float().cpu().numpy(), scores={n: s.cpu().numpy() for n, s in scores.items()},
         labels=[list(label(tokens[e].cpu())) for e in range(E)], keys=keys, relations=relations, ablation=ablation,
-        n_kv_heads=layers.n_kv_heads, text=text,
+        n_key_value_heads=layers.n_key_value_heads, text=text,
     )

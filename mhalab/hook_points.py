@@ -33,7 +33,7 @@ class LensHandle:
     context_level: int | None = None
 
 
-def _check_hook_fn(fn: Any, where: str | None) -> None:
+def _validate_hook_fn(fn: Any, where: str | None) -> None:
     """Refuse a hook that cannot be called as ``fn(activation, hook=point)``, before any model runs."""
     if not callable(fn):
         raise TypeError(f"a hook must be a function fn(activation, hook), got {type(fn).__name__}")
@@ -91,7 +91,7 @@ class HookPoint(nn.Module):
                  level: int | None = None, prepend: bool = False) -> RemovableHandle:
         """Attach ``hook(activation, hook=self)`` (``dir="fwd"``) or ``hook(gradient, hook=self)`` (``"bwd"``, the
         gradient of this activation, during ``backward()``); returns a handle whose ``remove()`` takes it off."""
-        _check_hook_fn(hook, self.name)
+        _validate_hook_fn(hook, self.name)
         if dir not in ("fwd", "bwd"):
             raise ValueError(f"dir must be 'fwd' or 'bwd', got {dir!r}")
         alive = [True]

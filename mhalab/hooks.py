@@ -4,33 +4,50 @@ TransformerLens's names and calls, as methods of every model (:class:`HookedRoot
 Every activation that can be read has a :class:`~mhalab.hook_points.HookPoint`, named by its place, in every
 model of the course (the toy ``Transformer`` and ``EncoderDecoder``, MiniLM, SmolLM2: all built from
 :class:`mhalab.models.Block`). The axes, documented here once (B batch, pos / query_pos positions, key_pos key
-positions, H query heads, G K/V heads, d_head head size, D d_model); the last column is TransformerLens 3's
-canonical name, which mhalab accepts as an alias wherever a name is taken (:func:`hook_aliases`)::
+positions, H query heads, G K/V heads, d_head head size, D d_model, F d_mlp); the last column is the name
+TransformerLens's bridge (3 and 4) gives the same activation, which mhalab accepts as an alias wherever a name is
+taken (:func:`hook_aliases`)::
 
     hook_embed                       token embeddings                 [B, pos, D]            embed.hook_out
     hook_pos_embed                   position-table rows (if a table) [B, pos, D]            pos_embed.hook_out
     blocks.{i}.hook_resid_pre        residual stream into block i     [B, pos, D]            blocks.{i}.hook_in
-    blocks.{i}.hook_attn_out         attention's output (after W_O)   [B, pos, D]            blocks.{i}.attn.hook_out
-    blocks.{i}.hook_resid_mid        ... plus the attention           [B, pos, D]            blocks.{i}.ln2.hook_in (*)
-    blocks.{i}.hook_mlp_out          the MLP's output                 [B, pos, D]            blocks.{i}.mlp.hook_out
-    blocks.{i}.hook_resid_post       ... plus the MLP: block's output [B, pos, D]            blocks.{i}.hook_out (*)
+    blocks.{i}.ln1.hook_scale        the norm's divisor sqrt(var+eps) [B, pos, 1]            (same)
+    blocks.{i}.ln1.hook_normalized   the norm's output, before weight [B, pos, D]            (same)
     blocks.{i}.attn.hook_q           queries (before rotary)          [B, pos, H, d_head]    blocks.{i}.attn.q.hook_out
     blocks.{i}.attn.hook_k, hook_v   keys, values (before rotary)     [B, pos, G, d_head]    attn.k.hook_out, v.hook_out
-    blocks.{i}.attn.hook_rot_q, _k   after rotary (rotary models)     as hook_q, hook_k      (same)
-    blocks.{i}.attn.hook_attn_scores Q Kᵀ/√d_head + mask, pre-softmax  [B, H, query_pos, key_pos] (same)
+    blocks.{i}.attn.hook_rot_q, _k   after rotary (rotary models)     as hook_q, hook_k      (HookedTransformer's)
+    blocks.{i}.attn.hook_attn_scores Q Kᵀ/√d_head + mask, pre-softmax  [B, H, query_pos, key_pos] (same) (**)
     blocks.{i}.attn.hook_pattern     attention weights (pre-dropout)  [B, H, query_pos, key_pos] (same)
     blocks.{i}.attn.hook_z           each head's output before W_O    [B, pos, H, d_head]    blocks.{i}.attn.o.hook_in
+    blocks.{i}.attn.hook_result      each head's output after W_O     [B, pos, H, D]         (same) (***)
+    blocks.{i}.hook_attn_out         attention's output (after W_O)   [B, pos, D]            blocks.{i}.attn.hook_out
+    blocks.{i}.hook_resid_mid        ... plus the attention           [B, pos, D]            blocks.{i}.ln2.hook_in (*)
+    blocks.{i}.ln2.hook_scale, ...   the MLP's norm, as ln1's         [B, pos, 1], [B, pos, D] (same)
+    blocks.{i}.mlp.hook_pre          fc_in(x) (gated: gate(x))        [B, pos, F]            (same)
+    blocks.{i}.mlp.hook_pre_linear   a gated MLP's up(x)              [B, pos, F]            (same)
+    blocks.{i}.mlp.hook_post         after the activation (gated:     [B, pos, F]            (same)
+                                     act(gate(x)) * up(x))
+    blocks.{i}.hook_mlp_out          the MLP's output                 [B, pos, D]            blocks.{i}.mlp.hook_out
+    blocks.{i}.hook_resid_post       ... plus the MLP: block's output [B, pos, D]            blocks.{i}.hook_out (*)
+    ln_final.hook_scale, ...         the final norm, as ln1's         [B, pos, 1], [B, pos, D] (same)
 
-(*) Pre-norm blocks only: in a post-norm block TransformerLens 3's ``hook_out`` is after the norm, mhalab's
-``hook_resid_post`` before it, so there is no one-to-one alias. TransformerLens 2's names (the first column) are
-mhalab's; TransformerLens 3 keeps them as aliases of its own. Points TransformerLens has and mhalab does not
-(``hook_result``, the MLP's ``hook_pre``/``hook_post``, the norms' ``hook_scale``) are refused by name.
+(*) Pre-norm blocks only: in a post-norm block the bridge's ``hook_out`` is after the norm, mhalab's
+``hook_resid_post`` before it, so there is no one-to-one alias. HookedTransformer's names (the first column) are
+mhalab's; the bridge keeps them as aliases of its own. The norms are a block's ``ln1``, ``ln2`` (and a decoder
+block's ``ln3``), numbered in the order they run (:class:`~mhalab.blocks.Block`); with
+``normalization_type=None`` there are none. (**) HookedTransformer documents ``hook_attn_scores`` as the scores
+before the softmax, and mhalab fires that; TransformerLens 4.3's bridge fires it with the weights after the
+softmax (equal to its ``hook_pattern``), while its own ``hook_q`` and ``hook_k`` multiplied out give mhalab's.
+(***) Only with ``use_attn_result`` (``model.set_use_attn_result(True)`` or ``ModelConfig(use_attn_result=True)``,
+as TransformerLens: it costs H times ``hook_attn_out``'s memory); asked for by name without it, it is refused with
+what to do, and ``cache.stack_head_results()`` computes the same from ``hook_z``. Points TransformerLens has and
+mhalab does not (a SoLU MLP's ``hook_mid``, ``use_split_qkv_input``'s inputs) are refused by name.
 
 An attention-only block (``ModelConfig(attn_only=True)``) has no ``hook_resid_mid`` and no ``hook_mlp_out``;
 in a pre-norm block ``resid_mid = resid_pre + attn_out`` and ``resid_post = resid_mid + mlp_out`` exactly. In a
 post-norm block (MiniLM, BERT) the residual points are those sums *before* the norm that follows them, as in
 TransformerLens's BERT, so the next block's ``hook_resid_pre`` is the normed ``hook_resid_post``. Models without
-a position table (rotary SmolLM2, ``positions="rotary"`` or ``"none"``) have no ``hook_pos_embed``.
+a position table (rotary SmolLM2, ``positional_embedding_type="rotary"`` or ``"none"``) have no ``hook_pos_embed``.
 
 With grouped-query attention ``hook_k``/``hook_v`` hold only the G K/V heads, as stored (query head j reads
 K/V head ``j // (H // G)``). With a KV cache, ``hook_q/k/v`` hold the new positions only; the scores and
@@ -66,6 +83,7 @@ until then), and ``run_with_cache(incl_bwd=True)`` caches ``name + "_grad"`` for
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
@@ -75,7 +93,7 @@ from torch import Tensor, nn
 
 from .activation_cache import ActivationCache, _slice_pos
 from .attention import MultiHeadAttention
-from .hook_names import GlobFilter, describe, get_act_name, glob_filter, hook_aliases
+from .hook_names import GlobFilter, get_act_name, glob_filter, grouped_names, hook_aliases
 from .hook_points import HookFn, HookPoint, name_hook_points
 
 __all__ = [
@@ -104,15 +122,18 @@ def attention_modules(model: nn.Module) -> dict[str, MultiHeadAttention]:
 
 
 def _select(model: nn.Module, names: NamesFilter, available: list[str]) -> list[str]:
-    """The hook-point names ``names`` picks: None = all; an exact name (or TransformerLens 3 alias); a list of
+    """The hook-point names ``names`` picks: None = all; an exact name (or the bridge's name for it); a list of
     them; a predicate. A name no point has, or a glob_filter pattern that picks none, raises KeyError."""
+    if names is None or (callable(names) and not isinstance(names, str)):
+        # hook_result where it does not fire is left out, as TransformerLens's caches leave it out
+        available = [n for n in available if not (n.endswith("hook_result") and not _result_is_on(model, n))]
     if names is None:
         return available
     if isinstance(names, GlobFilter):
         for pattern in names.patterns:
             if not any(GlobFilter((pattern,))(n) for n in available):
                 raise KeyError(f"no hook point of {type(model).__name__} matches {pattern!r}; "
-                               f"it has {len(available)}: {describe(available)}")
+                               f"it has {len(available)}: {grouped_names(available)}")
     if callable(names) and not isinstance(names, str):
         return [n for n in available if names(n)]
     if isinstance(names, str) or not isinstance(names, Iterable):
@@ -129,11 +150,27 @@ def _select(model: nn.Module, names: NamesFilter, available: list[str]) -> list[
             aliases = hook_aliases(model) if aliases is None else aliases
             if name not in aliases:
                 raise KeyError(f"{type(model).__name__} has no hook point {name!r}; it has {len(available)}: "
-                               f"{describe(available)}")
+                               f"{grouped_names(available)}")
             name = aliases[name]
+        if name.endswith("hook_result"):
+            _validate_result_is_on(model, name)
         if name not in chosen:
             chosen.append(name)
     return chosen
+
+
+def _result_is_on(model: nn.Module, name: str) -> bool:
+    """Whether the ``hook_result`` point ``name`` fires: only with its layer's ``use_attn_result``."""
+    return getattr(model.get_submodule(name.rpartition(".")[0]) if "." in name else model, "use_attn_result", True)
+
+
+def _validate_result_is_on(model: nn.Module, name: str) -> None:
+    """Refuse to attach to ``hook_result`` where it will not fire: it is computed only with ``use_attn_result``."""
+    if not _result_is_on(model, name):
+        raise ValueError(f"{name} fires only when each head's output after W_O is computed on its own, "
+                         "[batch, pos, head, d_model] per layer: switch it on with model.set_use_attn_result(True) "
+                         "(TransformerLens's switch; or ModelConfig(use_attn_result=True)), or read it after a run "
+                         "from hook_z with cache.stack_head_results() or cache.compute_head_results()")
 
 
 def _add_hooks(model: nn.Module, points: dict[str, HookPoint], pairs: HookList, dir: str, level: int | None,
@@ -231,10 +268,30 @@ class HookedRootModule(nn.Module):
     TransformerLens's keywords; ``model.hook_dict`` is every point by name (see the module's table).
     """
 
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            found = getattr(type(self), name, None)
+            if isinstance(found, property):  # a property that raised AttributeError: let its own message through
+                found.fget(self)
+            raise
+
     @property
     def hook_dict(self) -> dict[str, HookPoint]:
         """Every hook point by full name, in order."""
         return hook_points(self)
+
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """TransformerLens's switch: with True every attention layer computes each head's output after W_O on its
+        own and fires ``hook_result`` ``[B, pos, H, D]`` (memory H times attn_out's); the config says so too."""
+        if not isinstance(use_attn_result, bool):
+            raise TypeError(f"use_attn_result must be True or False, got {use_attn_result!r}")
+        for attn in attention_modules(self).values():
+            attn.use_attn_result = use_attn_result
+        config = getattr(self, "config", None)
+        if dataclasses.is_dataclass(config) and hasattr(config, "use_attn_result"):
+            self.config = dataclasses.replace(config, use_attn_result=use_attn_result)
 
     def hook_points(self) -> list[HookPoint]:
         """Every hook point, in order."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .arguments import check_int
+from .arguments import validate_int
 
 __all__ = ["KVCache", "layer_caches"]
 
@@ -19,7 +19,7 @@ class KVCache:
 
     def __init__(self, max_len: int | None = None) -> None:
         if max_len is not None:
-            check_int("max_len", max_len, 1)
+            validate_int("max_len", max_len, 1)
         self.max_len = max_len
         self._k: Tensor | None = None  # [B, G, capacity, d_head]
         self._v: Tensor | None = None

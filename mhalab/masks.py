@@ -4,7 +4,7 @@
   **may attend** (:func:`causal_allowed_mask`).
 - ``torch.nn.MultiheadAttention`` and :class:`mhalab.MultiHeadAttention` (``attn_mask``, ``key_padding_mask``):
   bool True = **forbidden** (:func:`causal_forbidden_mask`, :func:`forbidden_as_additive`,
-  :func:`combine_forbidden_masks`). :func:`check_forbidden_mask` refuses a mask that is plainly the other one.
+  :func:`combine_forbidden_masks`). :func:`validate_forbidden_mask` refuses a mask that is plainly the other one.
 
 Float masks are added to the scores in both.
 """
@@ -16,7 +16,7 @@ from torch import Tensor
 
 __all__ = [
     "causal_allowed_mask", "causal_forbidden_mask", "forbidden_as_additive", "combine_forbidden_masks",
-    "check_forbidden_mask",
+    "validate_forbidden_mask",
 ]
 
 _CONVENTIONS = (
@@ -65,7 +65,7 @@ def forbidden_as_additive(mask: Tensor, name: str, dtype: torch.dtype, device: t
     )
 
 
-def check_forbidden_mask(mask: Tensor, name: str, L: int, S: int, *, self_attention: bool) -> None:
+def validate_forbidden_mask(mask: Tensor, name: str, L: int, S: int, *, self_attention: bool) -> None:
     """Refuse a bool ``attn_mask [..., L, S]`` or ``key_padding_mask [B, S]`` that is plainly True = may attend.
 
     Plainly: it forbids some query every key (a whole row), or, in self-attention, every query its own

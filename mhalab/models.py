@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .arguments import check_int
+from . import circuits
+from .arguments import validate_int
 from .blocks import Block, norm_layer
 from .config import ModelConfig
 from .hook_points import HookPoint
@@ -28,7 +29,8 @@ from .kv_cache import KVCache, layer_caches
 from .positions import sinusoidal_positions
 
 __all__ = [
-    "ModelConfig", "Transformer", "EncoderDecoder", "eval_mode", "batch_logits", "check_token_ids", "generate_tokens",
+    "ModelConfig", "Transformer", "EncoderDecoder", "eval_mode", "batch_logits", "validate_token_ids",
+    "generate_tokens",
 ]
 
 # ---------------------------------------------------------------------------- running
@@ -53,7 +55,7 @@ def batch_logits(model: nn.Module, batch: Any) -> Tensor:
     return forward_batch(batch) if forward_batch is not None else model(batch.inputs)
 
 
-def check_token_ids(tokens: Any, hint: str = "add a batch axis with .unsqueeze(0) for a single sequence"):
+def validate_token_ids(tokens: Any, hint: str = "add a batch axis with .unsqueeze(0) for a single sequence"):
     """Raise unless ``tokens`` is a ``[batch, seq]`` tensor of integer ids; ``hint`` says how to make one."""
     if not isinstance(tokens, Tensor) or tokens.dim() != 2:
         shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
@@ -77,8 +79,8 @@ def generate_tokens(
     ``stop``: token ids that end a row (an end-of-turn token); a row that has emitted one repeats it, and
     decoding ends as soon as every row has, so the result can be shorter: ``[B, T0 + n]``, ``n <= new_tokens``.
     """
-    check_int("new_tokens", new_tokens, 0)
-    stop = [check_int("a stop token id", t, 0) for t in ([stop] if isinstance(stop, int) else stop)]
+    validate_int("new_tokens", new_tokens, 0)
+    stop = [validate_int("a stop token id", t, 0) for t in ([stop] if isinstance(stop, int) else stop)]
     stop_ids = torch.tensor(stop, dtype=prompt.dtype, device=prompt.device) if stop else None  # [S]
     done = torch.zeros(prompt.size(0), 1, dtype=torch.bool, device=prompt.device)  # [B, 1]: row has stopped
     tokens = step_input = prompt
@@ -106,21 +108,22 @@ class _Embedding(nn.Module):
         super().__init__()
         self.n_ctx = config.n_ctx
         self.tokens = nn.Embedding(config.d_vocab, config.d_model)
-        self.learned = config.positions == "learned"
+        self.learned = config.positional_embedding_type == "standard"
         if self.learned:
             self.positions = nn.Embedding(config.n_ctx, config.d_model)
-        elif config.positions == "sinusoidal":
+        elif config.positional_embedding_type == "sinusoidal":
             # A buffer, not a parameter: it moves with .to(device) but is never trained
             # (and, not being persistent, is rebuilt rather than stored in checkpoints).
             table = sinusoidal_positions(config.n_ctx, config.d_model)  # [n_ctx, d_model]
             self.register_buffer("positions_table", table, persistent=False)
-        self.has_table = config.positions in ("learned", "sinusoidal")  # rotary acts inside attention; "none" has none
+        # rotary acts inside attention; "none" has no positions at all
+        self.has_table = config.positional_embedding_type in ("standard", "sinusoidal")
         self.token_types = nn.Embedding(config.n_token_types, config.d_model) if config.n_token_types else None
         self.ln = norm_layer(config) if config.post_embedding_ln else None
         self.dropout = config.dropout
 
     def forward(self, tokens: Tensor, offset: int, hook_embed: HookPoint, hook_pos_embed: HookPoint | None) -> Tensor:
-        T = tokens.size(1)  # (the model has checked tokens with check_token_ids)
+        T = tokens.size(1)  # (the model has checked tokens with validate_token_ids)
         if offset + T > self.n_ctx:
             raise ValueError(f"sequence of length {offset + T} is longer than n_ctx={self.n_ctx}; "
                              f"build the model with ModelConfig(n_ctx>={offset + T})")
@@ -150,7 +153,7 @@ def _output_logits(model: nn.Module, x: Tensor) -> Tensor:
     return logits
 
 
-def _check_rows(name: str, rows: Any, low: int, high: int, width: int, rows_text: str) -> None:
+def _validate_rows(name: str, rows: Any, low: int, high: int, width: int, rows_text: str) -> None:
     """Raise unless ``rows`` is a finite float tensor ``[n, width]`` with ``low <= n <= high`` (``rows_text``
     says so in the message, e.g. "d_vocab=13")."""
     shape = getattr(rows, "shape", None)
@@ -162,7 +165,7 @@ def _check_rows(name: str, rows: Any, low: int, high: int, width: int, rows_text
                          + ("" if not rows.is_floating_point() else " with inf or nan"))
 
 
-def _check_config(config: Any) -> ModelConfig:
+def _validate_config(config: Any) -> ModelConfig:
     if not isinstance(config, ModelConfig):
         raise TypeError(f"expected a mhalab.models.ModelConfig, got {type(config).__name__}; "
                         "build one with ModelConfig(d_vocab=..., d_model=..., n_heads=...)")
@@ -170,18 +173,67 @@ def _check_config(config: Any) -> ModelConfig:
 
 
 # ---------------------------------------------------------------------------- models
-class Transformer(HookedRootModule):
+class _SharedNames:
+    """TransformerLens's names for what every model here has once: ``cfg`` and the embeddings, the unembedding."""
+
+    @property
+    def cfg(self) -> ModelConfig:
+        """The model's :class:`ModelConfig` by TransformerLens's name (the same object as ``config``)."""
+        return self.config
+
+    @property
+    def W_E(self) -> Tensor:
+        """``[d_vocab, d_model]``: the token embedding."""
+        return self.embed.tokens.weight.detach()
+
+    @property
+    def W_pos(self) -> Tensor:
+        """``[n_ctx, d_model]``: the position table added to the embeddings (learned, or the fixed sinusoids)."""
+        if not self.embed.has_table:
+            raise AttributeError(f"W_pos is the table of positions added to the embeddings; this model has none "
+                                 f"(positional_embedding_type={self.config.positional_embedding_type!r}: rotary acts "
+                                 f"on queries and keys inside each attention layer, 'none' has no positions)")
+        return (self.embed.positions.weight if self.embed.learned else self.embed.positions_table).detach()
+
+    @property
+    def W_U(self) -> Tensor:
+        """``[d_model, d_vocab]``: the unembedding, the final norm's scale folded in (centred over d_model after a
+        LayerNorm), as TransformerLens reads it; ``norm's normalisation(x) @ W_U + b_U`` are the logits."""
+        return circuits.unembedding_weights(self)[0]
+
+    @property
+    def b_U(self) -> Tensor:
+        """``[d_vocab]``: the unembedding's bias with the final norm's bias folded in (zeros where there is none)."""
+        W_U, b_U = circuits.unembedding_weights(self)
+        return torch.zeros(W_U.size(1), dtype=W_U.dtype, device=W_U.device) if b_U is None else b_U
+
+
+_RETURN_TYPES = ("logits", "loss", "both", None)
+
+
+def _validate_return_type(return_type: Any, allowed: tuple = _RETURN_TYPES) -> None:
+    if return_type not in allowed:
+        raise ValueError(f"return_type must be one of {allowed} (TransformerLens's), got {return_type!r}")
+
+
+class Transformer(_SharedNames, HookedRootModule):
     """Encoder-only (``config.causal=False``) or decoder-only (``config.causal=True``) transformer: embedding
     and positions, ``n_layers`` blocks (:meth:`Block.from_config`), a final norm (pre-norm models only: a
     post-norm block ends in one) and an output head (the token embedding itself with ``tie_word_embeddings``).
-    The toy models, all-MiniLM-L6-v2 and SmolLM2 are each one :class:`ModelConfig` of it."""
+    The toy models, all-MiniLM-L6-v2 and SmolLM2 are each one :class:`ModelConfig` of it.
+
+    TransformerLens's attributes, with its shapes and as it reads the weights in compatibility mode (norms'
+    scales folded in; :mod:`mhalab.circuits` says how): ``cfg`` (the config), ``W_E [V, D]``, ``W_pos [n_ctx, D]``,
+    ``W_U [D, V]``, ``b_U [V]``, ``W_Q, W_O [N, H, ...]`` and ``W_K, W_V [N, G, D, d_head]`` (the K/V heads as
+    stored, TransformerLens 4's convention), ``QK``, ``OV`` (``FactoredMatrix [N, H, D, D]``, K/V heads repeated
+    per query head), ``all_composition_scores(mode)``, ``model(tokens, return_type=...)``."""
 
     #: How to make valid ``tokens``, said by the error for invalid ones.
     tokens_hint = "add a batch axis with .unsqueeze(0) for a single sequence"
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.config = _check_config(config)
+        self.config = _validate_config(config)
         self.embed = _Embedding(config)
         self.hook_embed = HookPoint()  # token embeddings [B, T, D]
         self.hook_pos_embed = HookPoint() if self.embed.has_table else None  # position rows [B, T, D]
@@ -190,24 +242,32 @@ class Transformer(HookedRootModule):
         self.head = _output_head(config)
 
     def forward(
-        self, tokens: Tensor, *, key_padding_mask: Tensor | None = None, kv_caches: list[KVCache] | None = None,
-        logits_to_keep: int = 0, stop_at_layer: int | None = None,
-    ) -> Tensor:
+        self, tokens: Tensor, *, return_type: str | None = "logits", key_padding_mask: Tensor | None = None,
+        kv_caches: list[KVCache] | None = None, logits_to_keep: int = 0, stop_at_layer: int | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor] | None:
         """Logits ``[B, T, V]`` (or ``[B, T, n_targets, V]``) for ``tokens [B, T]``.
 
+        ``return_type`` (TransformerLens's): "logits"; "loss", the mean next-token cross-entropy (a decoder with one
+        prediction per position, every position's logits); "both", ``(logits, loss)``; None, nothing.
         ``key_padding_mask [B, T]``: True = padding. ``kv_caches`` (causal models): one :class:`KVCache`
         per layer; ``tokens`` are then the *new* tokens, after the cached ones. ``logits_to_keep``: 0 for every
         position, else only the last that many (``[B, n, V]``; decoding needs only the last). ``stop_at_layer``
         (TransformerLens's): run only that many blocks and return the residual stream ``[B, T, D]`` there.
         """
-        check_token_ids(tokens, self.tokens_hint)
-        check_int("logits_to_keep", logits_to_keep, 0)
+        validate_token_ids(tokens, self.tokens_hint)
+        validate_int("logits_to_keep", logits_to_keep, 0)
+        _validate_return_type(return_type)
+        if return_type in ("loss", "both") and (not self.config.causal or self.config.n_targets != 1
+                                                or logits_to_keep or kv_caches is not None):
+            raise ValueError("return_type='loss' is the next-token loss of a decoder (ModelConfig(causal=True), "
+                             "n_targets=1) over every position of one call: no logits_to_keep, no kv_caches; for a "
+                             "task's loss use task.loss(logits, batch)")
         if kv_caches is not None and not self.config.causal:
             raise ValueError("kv_caches are for decoder-only models (ModelConfig(causal=True)): "
                              "a bidirectional model must re-read the whole sequence")
         past, caches = layer_caches(kv_caches, len(self.blocks))
         blocks, n = self.blocks, len(self.blocks)
-        if stop_at_layer is not None and check_int("stop_at_layer", stop_at_layer, -n, maximum=n) != n:
+        if stop_at_layer is not None and validate_int("stop_at_layer", stop_at_layer, -n, maximum=n) != n:
             blocks = blocks[:stop_at_layer]
         x = self.embed(tokens, past, self.hook_embed, self.hook_pos_embed)  # [B, T, D]
         for block, cache in zip(blocks, caches):
@@ -216,7 +276,52 @@ class Transformer(HookedRootModule):
             return x
         if logits_to_keep:
             x = x[:, -logits_to_keep:]  # [B, n, D]
-        return _output_logits(self, x if self.ln_final is None else self.ln_final(x))
+        logits = _output_logits(self, x if self.ln_final is None else self.ln_final(x))
+        if return_type == "logits":
+            return logits
+        if return_type is None:
+            return None
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())  # predict token t + 1 at t
+        return loss if return_type == "loss" else (logits, loss)
+
+    # ---------------------------------------------------------------- TransformerLens's weights, every layer
+    def _stacked(self, name: str) -> Tensor:
+        return torch.stack([getattr(block.attn, name) for block in self.blocks])
+
+    @property
+    def W_Q(self) -> Tensor:
+        """``[n_layers, n_heads, d_model, d_head]``: every layer's ``blocks[l].attn.W_Q`` (folded)."""
+        return self._stacked("W_Q")
+
+    @property
+    def W_K(self) -> Tensor:
+        """``[n_layers, G, d_model, d_head]``: the K/V heads as stored (G = n_key_value_heads, or n_heads)."""
+        return self._stacked("W_K")
+
+    @property
+    def W_V(self) -> Tensor:
+        """``[n_layers, G, d_model, d_head]``: the K/V heads as stored (G = n_key_value_heads, or n_heads)."""
+        return self._stacked("W_V")
+
+    @property
+    def W_O(self) -> Tensor:
+        """``[n_layers, n_heads, d_head, d_model]``: every head's slice of W_O."""
+        return self._stacked("W_O")
+
+    @property
+    def QK(self) -> circuits.FactoredMatrix:
+        """Every head's ``W_Q W_Kᵀ`` ``[n_layers, n_heads, d_model, d_model]`` (:func:`mhalab.circuits.QK`)."""
+        return circuits.QK(self)
+
+    @property
+    def OV(self) -> circuits.FactoredMatrix:
+        """Every head's ``W_V W_O`` ``[n_layers, n_heads, d_model, d_model]`` (:func:`mhalab.circuits.OV`)."""
+        return circuits.OV(self)
+
+    def all_composition_scores(self, mode: str) -> Tensor:
+        """``[n_layers, n_heads, n_layers, n_heads]`` Q-, K- or V-composition scores
+        (:func:`mhalab.circuits.all_composition_scores`)."""
+        return circuits.all_composition_scores(self, mode)
 
     def new_kv_caches(self) -> list[KVCache]:
         """One empty :class:`KVCache` per layer (each holds ``n_key_value_heads`` heads)."""
@@ -237,13 +342,14 @@ class Transformer(HookedRootModule):
             if value != plain:
                 raise ValueError(f"fix_embedding gives the token and position rows, but this model's embedding also "
                                  f"has {field}={value!r}, which would still train; build it with {field}={plain!r}")
-        _check_rows("tokens", tokens, config.d_vocab, config.d_vocab, config.d_model, f"d_vocab={config.d_vocab}")
+        _validate_rows("tokens", tokens, config.d_vocab, config.d_vocab, config.d_model, f"d_vocab={config.d_vocab}")
         if positions is not None:
             if not self.embed.learned:
                 raise ValueError(f"positions= sets a learned position table, but this model's positions are "
-                                 f"{config.positions!r}; build it with ModelConfig(positions='learned') or pass "
+                                 f"{config.positional_embedding_type!r}; build it with "
+                                 f"ModelConfig(positional_embedding_type='standard') or pass "
                                  f"tokens alone")
-            _check_rows("positions", positions, 1, config.n_ctx, config.d_model, f"1 to n_ctx={config.n_ctx}")
+            _validate_rows("positions", positions, 1, config.n_ctx, config.d_model, f"1 to n_ctx={config.n_ctx}")
         with torch.no_grad():
             self.embed.tokens.weight.copy_(tokens)
             self.embed.tokens.weight.requires_grad_(False)
@@ -262,7 +368,7 @@ class Transformer(HookedRootModule):
             raise ValueError("generate needs a decoder-only model: ModelConfig(causal=True)")
         if self.config.n_targets != 1:
             raise ValueError("generate needs one prediction per position (n_targets=1)")
-        check_token_ids(prompt, self.tokens_hint)
+        validate_token_ids(prompt, self.tokens_hint)
         with eval_mode(self):
             caches = self.new_kv_caches() if use_cache else None
             step = lambda ids: self(ids, kv_caches=caches, logits_to_keep=1)  # noqa: E731 - [B, 1, V]: the next token's
@@ -270,7 +376,7 @@ class Transformer(HookedRootModule):
             return generate_tokens(step, prompt, new_tokens, cached=use_cache, stop=stop)
 
 
-class EncoderDecoder(HookedRootModule):
+class EncoderDecoder(_SharedNames, HookedRootModule):
     """The original transformer's shape for sequence-to-sequence tasks (one vocabulary): the encoder reads
     ``src [B, S]``; the decoder reads ``tgt [B, T]`` causally and cross-attends to the encoder's output. Built
     from the same :class:`ModelConfig` as :class:`Transformer` (``n_layers`` in each of encoder and decoder;
@@ -278,7 +384,7 @@ class EncoderDecoder(HookedRootModule):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.config = _check_config(config)
+        self.config = _validate_config(config)
         self.embed = _Embedding(config)  # one vocabulary, one table: shared by source and target
         self.hook_embed = HookPoint()  # the source's token embeddings [B, S, D]
         self.hook_pos_embed = HookPoint() if self.embed.has_table else None  # [B, S, D]
@@ -292,7 +398,7 @@ class EncoderDecoder(HookedRootModule):
 
     def encode(self, src: Tensor, *, src_padding_mask: Tensor | None = None) -> Tensor:
         """``src [B, S]`` -> memory ``[B, S, D]``."""
-        check_token_ids(src)
+        validate_token_ids(src)
         x = self.embed(src, 0, self.hook_embed, self.hook_pos_embed)  # [B, S, D]
         for block in self.encoder:
             x = block(x, causal=False, key_padding_mask=src_padding_mask)
@@ -309,7 +415,7 @@ class EncoderDecoder(HookedRootModule):
         first call and reuses those keys and values on every later one (the memory does not change while
         decoding; pass fresh caches for a new memory).
         """
-        check_token_ids(tgt)
+        validate_token_ids(tgt)
         past, caches = layer_caches(kv_caches, len(self.decoder))
         _, cross_caches = layer_caches(cross_kv_caches, len(self.decoder))
         x = self.embed(tgt, past, self.hook_decoder_embed, self.hook_decoder_pos_embed)  # [B, T, D]
@@ -318,10 +424,14 @@ class EncoderDecoder(HookedRootModule):
                       cross_kv_cache=cross_cache)
         return _output_logits(self, x if self.ln_final is None else self.ln_final(x))
 
-    def forward(self, src: Tensor, tgt: Tensor, *, src_padding_mask: Tensor | None = None) -> Tensor:
-        """Teacher-forced logits ``[B, T, V]`` for ``src [B, S]`` and the target shifted right ``tgt [B, T]``."""
+    def forward(self, src: Tensor, tgt: Tensor, *, return_type: str | None = "logits",
+                src_padding_mask: Tensor | None = None) -> Tensor | None:
+        """Teacher-forced logits ``[B, T, V]`` for ``src [B, S]`` and the target shifted right ``tgt [B, T]``
+        (``return_type=None``: nothing, as TransformerLens's; a task's loss is ``task.loss(logits, batch)``)."""
+        _validate_return_type(return_type, ("logits", None))
         memory = self.encode(src, src_padding_mask=src_padding_mask)
-        return self.decode(tgt, memory, src_padding_mask=src_padding_mask)
+        logits = self.decode(tgt, memory, src_padding_mask=src_padding_mask)
+        return logits if return_type == "logits" else None
 
     def forward_batch(self, batch: Any) -> Tensor:
         """Logits for a batch with ``inputs`` (source) and ``decoder_inputs`` (target shifted right)."""
@@ -342,3 +452,20 @@ class EncoderDecoder(HookedRootModule):
             bos = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)  # [B, 1]
             step = lambda ids: self.decode(ids, memory, kv_caches=caches, cross_kv_caches=cross)  # noqa: E731
             return generate_tokens(step, bos, new_tokens)
+
+
+def _two_stacks(name: str) -> property:
+    """A property of :class:`EncoderDecoder` that refuses a one-stack name (``W_Q``, ``QK``, ``blocks``, ...)."""
+
+    def refuse(self: EncoderDecoder) -> None:
+        raise AttributeError(
+            f"an EncoderDecoder has two stacks, so no model.{name}: read a layer's weights from "
+            "model.encoder[i].attn.W_Q, model.decoder[i].attn.W_Q or model.decoder[i].cross_attn.W_Q (W_K, W_V, W_O "
+            "alike); QK, OV and composition scores live within one residual stream, and TransformerLens refuses them "
+            "across an encoder-decoder too")
+
+    return property(refuse)
+
+
+for _name in ("blocks", "W_Q", "W_K", "W_V", "W_O", "QK", "OV", "all_composition_scores"):
+    setattr(EncoderDecoder, _name, _two_stacks(_name))

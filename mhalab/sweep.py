@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .arguments import check_distinct_ints, check_int, check_model_fits_task
+from .arguments import validate_distinct_ints, validate_int, validate_model_fits_task
 from .counting import count_parameters
 from .device import pick_device
 from .models import ModelConfig, Transformer, batch_logits, eval_mode
@@ -247,13 +247,13 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
         raise TypeError(f"model must be a ModelConfig (the head count is swept, every other field kept), got "
                         f"{type(model).__name__}: sweep_heads(task, model=ModelConfig.for_task(task, d_model=64, "
                         f"n_layers=1), heads=[1, 2, 4])")
-    check_model_fits_task(SimpleNamespace(config=model), task)
-    heads = check_distinct_ints("heads", heads)
-    seeds = check_distinct_ints("seeds", seeds)
+    validate_model_fits_task(SimpleNamespace(config=model), task)
+    heads = validate_distinct_ints("heads", heads)
+    seeds = validate_distinct_ints("seeds", seeds)
     for key in [k for k in ("seed", "progress", "checkpoint") if k in settings]:
         raise ValueError(f"sweep_heads sets {key} itself (the seed comes from `seeds`); do not pass {key}=")
-    # a bad head count gets the standard message naming the valid ones
-    configs = {h: replace(model, n_heads=h) for h in heads}
+    # a bad head count gets the standard message naming the valid ones; d_head = d_model / h, derived anew
+    configs = {h: replace(model, n_heads=h, d_head=None) for h in heads}
     if embedding is not None:
         if not (isinstance(embedding, (tuple, list)) and len(embedding) == 2):
             raise TypeError(f"embedding must be two things, (tokens, positions), e.g. task.factored_code(d_model) "
@@ -263,14 +263,14 @@ def sweep_heads(task: Any, *, model: ModelConfig, heads: Sequence[int], seeds: S
         with torch.random.fork_rng(devices=[]):  # building a model draws numbers: not from the caller's stream
             Transformer(model).fix_embedding(*embedding)  # a bad embedding fails now, not in a worker
     if threads is not None:
-        check_int("threads", threads, 1, why=" (or None)")
-    check_int("workers", workers, 1)
-    snapshots = tuple(check_distinct_ints("snapshots", snapshots)) if snapshots not in ((), []) else ()
+        validate_int("threads", threads, 1, why=" (or None)")
+    validate_int("workers", workers, 1)
+    snapshots = tuple(validate_distinct_ints("snapshots", snapshots)) if snapshots not in ((), []) else ()
     # Fail on a bad setting now, not after the first few models have trained.
     defaults = _SWEEP_DEFAULTS if config is None else {}
     base = make_config(config, **{**defaults, **settings}, progress=False, checkpoint=None)
     for step in snapshots:
-        check_int("each step of snapshots", step, 1, maximum=base.steps, why=f" (the runs train {base.steps} steps)")
+        validate_int("each step of snapshots", step, 1, maximum=base.steps, why=f" (the runs train {base.steps} steps)")
     threads_before = torch.get_num_threads()
 
     from tqdm.auto import tqdm

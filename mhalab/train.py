@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .arguments import check_int, check_model_fits_task, check_task
+from .arguments import validate_int, validate_model_fits_task, validate_task
 from .checkpoint import load_checkpoint, restore, save_checkpoint, snapshot
 from .device import autocast, foreach_supported, moved_to, pick_device, resolve_precision
 from .models import batch_logits, eval_mode
@@ -102,10 +102,10 @@ def evaluate(model: nn.Module, task: Any, *, batches: int = 8, batch_size: int =
     """The task's metrics averaged over ``batches`` held-out batches, the same ones every call (drawn from
     ``stream_seed(seed, "eval")``, a stream training never uses), in eval mode; ``device=None`` uses the model's
     device."""
-    check_task(task)
-    check_int("batches", batches, 1)
-    check_int("batch_size", batch_size, 1)
-    check_int("seed", seed, 0)
+    validate_task(task)
+    validate_int("batches", batches, 1)
+    validate_int("batch_size", batch_size, 1)
+    validate_int("seed", seed, 0)
     device = next(model.parameters(), torch.empty(0)).device if device is None else pick_device(device)
     _, dtype = resolve_precision(precision, device)
     generator = torch.Generator().manual_seed(stream_seed(seed, "eval"))  # on the CPU: the same batches everywhere
@@ -142,8 +142,8 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, *,
     cfg = make_config(config, **settings)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    check_task(task)
-    check_model_fits_task(model, task)
+    validate_task(task)
+    validate_model_fits_task(model, task)
     device = pick_device(cfg.device)
     precision, amp_dtype = resolve_precision(cfg.precision, device)
     path = None if cfg.checkpoint is None else Path(cfg.checkpoint)
@@ -152,7 +152,7 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, *,
         raise TypeError(f"callback must be a function callback(step, model), got {type(callback).__name__}")
     if callback_every is None:
         callback_every = getattr(callback, "every", None) or max(1, cfg.steps // 10)
-    check_int("callback_every", callback_every, 1)
+    validate_int("callback_every", callback_every, 1)
 
     with moved_to(model, device):  # trained on `device`, handed back where it was (a notebook's tensors live there)
         decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]  # matrices and embeddings
@@ -178,7 +178,7 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None, *,
             generator.manual_seed(stream_seed(cfg.seed, "data"))  # the training batches
             if path is not None and path.exists():
                 state = load_checkpoint(path)
-                _check_resume(state, cfg, run, path)
+                _validate_resume(state, cfg, run, path)
                 history, start = History(**state["history"]), int(state["step"])
                 data, rest = restore(state, parts, generator, device, path=path)
                 if not (data and rest):
@@ -302,7 +302,7 @@ def _record_losses(history: History, pending: list[Tensor], step: int, cfg: Trai
     history.train_loss.extend(values)
 
 
-def _check_resume(state: dict[str, Any], cfg: TrainConfig, run: dict[str, str], path: Path) -> None:
+def _validate_resume(state: dict[str, Any], cfg: TrainConfig, run: dict[str, str], path: Path) -> None:
     """Refuse a checkpoint of another run; only ``steps`` may change (and then the schedule stretches)."""
     if state["step"] > cfg.steps:
         raise ValueError(f"checkpoint {str(path)!r} is already at step {state['step']}, beyond steps={cfg.steps}; "

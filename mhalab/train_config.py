@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .arguments import check_float, check_int
+from .arguments import validate_float, validate_int
 from .device import pick_device, resolve_precision
 
 __all__ = ["TrainConfig", "make_config", "stream_seed"]
@@ -44,17 +44,17 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name, low in (("steps", 1), ("batch_size", 1), ("seed", 0), ("eval_batches", 1), ("eval_batch_size", 1)):
-            check_int(name, getattr(self, name), low)
+            validate_int(name, getattr(self, name), low)
         for name, low in (("warmup_steps", 0), ("eval_every", 1), ("checkpoint_every", 1)):  # these may be None
             if getattr(self, name) is not None:
-                check_int(name, getattr(self, name), low)
+                validate_int(name, getattr(self, name), low)
         if self.warmup_steps is not None and self.warmup_steps > self.steps:
             raise ValueError(f"warmup_steps={self.warmup_steps} is longer than the whole run (steps={self.steps})")
-        check_float("lr", self.lr, positive=True)
-        check_float("weight_decay", self.weight_decay)
-        check_float("final_lr_fraction", self.final_lr_fraction, high=1.0)
+        validate_float("lr", self.lr, positive=True)
+        validate_float("weight_decay", self.weight_decay)
+        validate_float("final_lr_fraction", self.final_lr_fraction, high=1.0)
         if self.grad_clip is not None:
-            check_float("grad_clip", self.grad_clip, positive=True)
+            validate_float("grad_clip", self.grad_clip, positive=True)
         if isinstance(self.device, torch.device):
             object.__setattr__(self, "device", str(self.device))
         resolve_precision(self.precision, pick_device(self.device))  # a bad device or precision fails now
@@ -88,7 +88,7 @@ def stream_seed(seed: int, purpose: str) -> int:
     ``torch.manual_seed(s)`` and ``torch.Generator().manual_seed(s)`` produce the same numbers, so seeding
     every stream with ``seed`` itself would give the batches, the dropout masks and the initial weights the
     same bits. Each stream gets a hash of ``(seed, purpose)`` instead: distinct, and the same on every run."""
-    check_int("seed", seed, 0)
+    validate_int("seed", seed, 0)
     digest = hashlib.sha256(f"mhalab {purpose} stream, seed {seed}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1  # 63 bits: a valid seed for every torch generator
 

@@ -174,7 +174,7 @@ def costs_measured(d_model, n_heads):  # 03.1 measured on a real module and mhal
 def batch_with_kv_cache_per_token(config, seq_len, memory_bytes, bytes_per_value):  # 03.2 with mhalab's count
     from mhalab.counting import kv_cache_per_token
 
-    per_token = kv_cache_per_token(config["d_model"], config["n_heads"], n_kv_heads=config["n_kv_heads"],
+    per_token = kv_cache_per_token(config["d_model"], config["n_heads"], n_key_value_heads=config["n_kv_heads"],
                                    d_head=config["d_head"], n_layers=config["n_layers"]).elements
     return memory_bytes // (per_token * seq_len * bytes_per_value)
 
@@ -378,7 +378,7 @@ def gqa_with_mhalab_attention_pooled(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads)
     from mhalab import MultiHeadAttention
 
     B, T, D = x.shape
-    m = MultiHeadAttention(D, n_heads, n_kv_heads=n_kv_heads, bias=False)
+    m = MultiHeadAttention(D, n_heads, n_key_value_heads=n_kv_heads, bias=False)
     with torch.no_grad():
         m.qkv_proj.weight.copy_(torch.cat([W_Q.t(), W_K.t(), W_V.t()]))
         m.out_proj.weight.copy_(W_O.t())
@@ -541,7 +541,7 @@ def kv_bytes_by_mhalab(config, bytes_per_value):  # mhalab's counter: fair, the 
     from mhalab.counting import kv_cache_per_token
 
     c = config
-    return kv_cache_per_token(c.d_model, c.n_heads, n_kv_heads=c.n_key_value_heads, d_head=c.d_head,
+    return kv_cache_per_token(c.d_model, c.n_heads, n_key_value_heads=c.n_key_value_heads, d_head=c.d_head,
                               n_layers=c.n_layers).elements * bytes_per_value
 
 
@@ -826,7 +826,7 @@ def _circuit_reading(induction, previous, *, read="last", layers=None, p_read="l
 # ------------------------------------------------------------------------------------ 10
 def qk_circuit_by_slicing(model, layer, head):  # qkv_proj sliced by hand, the K/V head found from the group size
     attn = model.blocks[layer].attn
-    H, G, d = attn.n_heads, attn.n_kv_heads, attn.d_head
+    H, G, d = attn.n_heads, attn.n_key_value_heads, attn.d_head
     g = head // (H // G)
     W_Q = attn.qkv_proj.weight[head * d:(head + 1) * d].T
     W_K = attn.qkv_proj.weight[(H + g) * d:(H + g + 1) * d].T
@@ -862,7 +862,7 @@ def _qk_svd_loose(m, l, i, rtol=1e-5):  # the rank from the singular values, wit
 
 def _qk_made_up_group(model, layer, head):  # query head j paired with K/V head j % G (a map made up)
     attn = model.blocks[layer].attn
-    H, G, d = attn.n_heads, attn.n_kv_heads, attn.d_head
+    H, G, d = attn.n_heads, attn.n_key_value_heads, attn.d_head
     w = attn.qkv_proj.weight.detach()
     W_Q, W_K = w[head * d:(head + 1) * d].T, w[(H + head % G) * d:(H + head % G + 1) * d].T
     return W_Q @ W_K.T, int(torch.linalg.matrix_rank(W_Q @ W_K.T))
@@ -1427,8 +1427,9 @@ CORPUS = {
             (_qk_made_up_group, "query head j reads K/V head j // (H // G)"),
             (_qk_made_up_group, "stage 2 of 4 (grouped-query: 4 query heads share 2 K/V heads)"),
             (lambda m, l, h: (lambda a, d: (lambda W: (W, int(torch.linalg.matrix_rank(W))))(
-                a.qkv_proj.weight[h * d:(h + 1) * d].T @ a.qkv_proj.weight[(a.n_heads + h // a.n_kv_heads) * d:
-                                                                           (a.n_heads + h // a.n_kv_heads + 1) * d]))(
+                a.qkv_proj.weight[h * d:(h + 1) * d].T
+                @ a.qkv_proj.weight[(a.n_heads + h // a.n_key_value_heads) * d:
+                                    (a.n_heads + h // a.n_key_value_heads + 1) * d]))(
                 m.blocks[l].attn, m.blocks[l].attn.d_head), "query head j reads K/V head j // (H // G)"),
             (_qk_made_up_group, "query head j reads K/V head j // (H // G), here 0"),
             (_qk_svd_loose, "your tolerance is looser than the rounding"),

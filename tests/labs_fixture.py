@@ -11,8 +11,8 @@ import nbformat
 import torch
 
 from mhalab.labs.calls import Check
-from mhalab.labs.checks import expect_equal
 from mhalab.labs.core import Exercise, register
+from mhalab.labs.judging import expect_equal
 
 
 def _double(x):

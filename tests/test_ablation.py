@@ -17,14 +17,14 @@ def no_hooks(model):
 # ------------------------------------------------------------------------------ ablation
 def test_bad_heads_get_clear_errors(model):
     with pytest.raises(IndexError, match=r"layer 2 is out of range: the model has layers 0..1"):
-        A.check_heads(model, [(2, 0)])
+        A.validate_heads(model, [(2, 0)])
     with pytest.raises(IndexError, match=r"head 4 is out of range: layer 1 has heads 0..3"):
-        A.check_heads(model, (1, 4))
+        A.validate_heads(model, (1, 4))
     with pytest.raises(TypeError, match="must be an int"):
-        A.check_heads(model, [(0, 1.0)])
+        A.validate_heads(model, [(0, 1.0)])
     with pytest.raises(TypeError, match=r"\(layer, head\) pair"):
-        A.check_heads(model, [3])
-    assert A.check_heads(model, [(1, 2), (0, 3), (1, 2)]) == [(0, 3), (1, 2)]
+        A.validate_heads(model, [3])
+    assert A.validate_heads(model, [(1, 2), (0, 3), (1, 2)]) == [(0, 3), (1, 2)]
     with pytest.raises(ValueError, match="method must be"):
         with A.ablate(model, [(0, 0)], method="random"):
             pass

@@ -30,15 +30,16 @@ def test_accumulated_resid_as_transformerlens(run):
     assert torch.equal(resid[-1], cache["resid_post", -1])
     resid, labels = cache.accumulated_resid(layer=1, incl_mid=True, pos_slice=-1, return_labels=True)
     assert labels == ["0_pre", "0_mid", "1_pre"] and resid.shape == (3, 2, 16)
-    with pytest.raises(NotImplementedError, match="apply_ln"):
-        cache.accumulated_resid(apply_ln=True)
+    normed = cache.accumulated_resid(apply_ln=True)  # each component through the final norm's normalisation
+    assert torch.allclose(normed.mean(-1), torch.zeros(()), atol=1e-6)
+    assert torch.allclose(normed.pow(2).mean(-1), torch.ones(()), atol=1e-3)
 
 
 def test_a_short_name_mhalab_lacks_is_a_key_error_that_says_so(run):
     _, cache = run
-    with pytest.raises(KeyError, match="no hook point 'result'"):
-        cache["result", 0]
-    assert ("result", 0) not in cache and ("pattern", 0) in cache
+    with pytest.raises(KeyError, match="no hook point 'mid'"):
+        cache["mid", 0]
+    assert ("mid", 0) not in cache and ("result", 0) not in cache and ("pattern", 0) in cache
 
 
 def test_to_and_remove_batch_dim(run):

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from mhalab.arguments import check_head_count, valid_head_counts
+from mhalab.arguments import valid_head_counts, validate_head_count
 from mhalab.attention import HeadProjections, MultiHeadAttention, scaled_dot_product_attention
 from mhalab.counting import count_parameters
 from mhalab.kv_cache import KVCache
@@ -107,7 +107,7 @@ def test_causal_masks_are_bottom_right_aligned():
 def test_valid_head_counts():
     assert valid_head_counts(12) == [1, 2, 3, 4, 6, 12]
     assert valid_head_counts(512)[-4:] == [64, 128, 256, 512]
-    assert check_head_count(512, 8) == 64
+    assert validate_head_count(512, 8) == 64
 
 
 # ------------------------------------------------- equivalence with torch
@@ -559,7 +559,7 @@ def test_every_valid_head_count(d_model, bias, data):
 @given(d_model=st.integers(2, 200), n_heads=st.integers(1, 200))
 def test_every_invalid_head_count_is_refused(d_model, n_heads):
     if d_model % n_heads == 0:
-        assert check_head_count(d_model, n_heads) == d_model // n_heads
+        assert validate_head_count(d_model, n_heads) == d_model // n_heads
         return
     with pytest.raises(ValueError) as info:
         MultiHeadAttention(d_model, n_heads)
@@ -728,8 +728,8 @@ class TestReducedPrecisionOnGPU:
 # ------------------------------------------ grouped-query, head size, rotary
 def expanded_to_full_heads(gqa: MultiHeadAttention) -> MultiHeadAttention:
     """The multi-head module whose K/V heads are gqa's repeated: each query head gets its own copy."""
-    H, G, dk, D_ = gqa.n_heads, gqa.n_kv_heads, gqa.d_head, gqa.d_model
-    full = MultiHeadAttention(D_, H, d_head=dk, bias=gqa.bias, rope_base=gqa.rope_base)
+    H, G, dk, D_ = gqa.n_heads, gqa.n_key_value_heads, gqa.d_head, gqa.d_model
+    full = MultiHeadAttention(D_, H, d_head=dk, bias=gqa.bias, rotary_base=gqa.rotary_base)
     w_q, w_k, w_v = gqa.qkv_proj.weight.split((H * dk, G * dk, G * dk))
     repeat = lambda w: w.view(G, dk, -1).repeat_interleave(H // G, dim=0).reshape(H * dk, -1)  # noqa: E731
     with torch.no_grad():
@@ -750,12 +750,12 @@ def randomised(module: MultiHeadAttention) -> MultiHeadAttention:
 
 
 class TestGroupedQueryAttention:
-    @pytest.mark.parametrize("n_kv_heads", [1, 2, 4])
+    @pytest.mark.parametrize("n_key_value_heads", [1, 2, 4])
     @pytest.mark.parametrize("need_weights", [False, True])
     @pytest.mark.parametrize("is_causal", [False, True])
-    def test_equals_multi_head_with_repeated_kv_heads(self, n_kv_heads, need_weights, is_causal):
+    def test_equals_multi_head_with_repeated_kv_heads(self, n_key_value_heads, need_weights, is_causal):
         torch.manual_seed(0)
-        gqa = randomised(MultiHeadAttention(D, H, n_kv_heads=n_kv_heads))
+        gqa = randomised(MultiHeadAttention(D, H, n_key_value_heads=n_key_value_heads))
         full = expanded_to_full_heads(gqa)
         x = rand(B, L, D)
         ours, w1 = gqa(x, is_causal=is_causal, need_weights=need_weights, average_attn_weights=False)
@@ -764,36 +764,37 @@ class TestGroupedQueryAttention:
         if need_weights:
             assert_close(w1, w2, what="weights")
 
-    def test_n_kv_heads_equal_to_n_heads_is_the_standard_module_bit_for_bit(self):
+    def test_n_key_value_heads_equal_to_n_heads_is_the_standard_module_bit_for_bit(self):
         torch.manual_seed(0)
         a = MultiHeadAttention(D, H)
         torch.manual_seed(0)
-        b = MultiHeadAttention(D, H, n_kv_heads=H)
+        b = MultiHeadAttention(D, H, n_key_value_heads=H)
         x = rand(B, L, D)
         assert torch.equal(a(x)[0], b(x)[0]) and b.is_standard
 
     def test_parameters_and_cache_shrink_with_the_kv_heads(self):
-        gqa = MultiHeadAttention(D, H, n_kv_heads=1, bias=False)
+        gqa = MultiHeadAttention(D, H, n_key_value_heads=1, bias=False)
         assert count_parameters(gqa) == 2 * D * D + 2 * D * (D // H)  # W_Q and W_O full, one K and one V head
         cache = KVCache()
         gqa(rand(1, 3, D), kv_cache=cache, is_causal=True)
         assert cache.k.shape == (1, 1, 3, D // H) and cache.values_per_token == 2 * (D // H)
 
     def test_head_projections_read_the_shared_kv_head(self):
-        gqa = MultiHeadAttention(D, H, n_kv_heads=2)
+        gqa = MultiHeadAttention(D, H, n_key_value_heads=2)
         assert torch.equal(gqa.head_projections(0).W_K, gqa.head_projections(1).W_K)
         assert not torch.equal(gqa.head_projections(1).W_K, gqa.head_projections(2).W_K)
         assert torch.equal(gqa.head_projections(3).W_V, gqa.head_projections(2).W_V)
 
     def test_bad_groupings(self):
-        with pytest.raises(ValueError, match="not a multiple of n_kv_heads=3.*Valid n_kv_heads for n_heads=4: 1, 2, 4"):
-            MultiHeadAttention(D, H, n_kv_heads=3)
-        with pytest.raises(ValueError, match="n_kv_heads must be between 1 and 4"):
-            MultiHeadAttention(D, H, n_kv_heads=8)
+        grouping = "not a multiple of n_key_value_heads=3.*Valid n_key_value_heads for n_heads=4: 1, 2, 4"
+        with pytest.raises(ValueError, match=grouping):
+            MultiHeadAttention(D, H, n_key_value_heads=3)
+        with pytest.raises(ValueError, match="n_key_value_heads must be between 1 and 4"):
+            MultiHeadAttention(D, H, n_key_value_heads=8)
 
     def test_torch_cannot_hold_it(self):
-        with pytest.raises(ValueError, match="n_kv_heads == n_heads"):
-            MultiHeadAttention(D, H, n_kv_heads=2).to_torch()
+        with pytest.raises(ValueError, match="n_key_value_heads == n_heads"):
+            MultiHeadAttention(D, H, n_key_value_heads=2).to_torch()
 
 
 class TestHeadSize:
@@ -835,15 +836,36 @@ class TestRotary:
 
     def test_odd_head_size_is_refused(self):
         with pytest.raises(ValueError, match="d_head must be even"):
-            MultiHeadAttention(9, 3, rope_base=10000.0)
+            MultiHeadAttention(9, 3, rotary_base=10000.0)
 
     def test_bad_base(self):
-        with pytest.raises(ValueError, match="rope_base must be a number above 1"):
-            MultiHeadAttention(D, H, rope_base=0.5)
+        with pytest.raises(ValueError, match="rotary_base must be a number above 1"):
+            MultiHeadAttention(D, H, rotary_base=0.5)
 
 
-@pytest.mark.parametrize("options", [{"n_kv_heads": 2}, {"rope_base": 10000.0},
-                                     {"n_kv_heads": 1, "rope_base": 100.0, "d_head": 6}])
+def test_the_old_keyword_names_still_work_with_a_warning():
+    """n_kv_heads= and rope_base= are the config's n_key_value_heads= and rotary_base= (TransformerLens's names);
+    the old ones are kept, with a DeprecationWarning, until the notebooks move."""
+    from mhalab.counting import attention_parameters, kv_cache_per_token
+
+    with pytest.warns(DeprecationWarning) as warned:
+        old = MultiHeadAttention(D, H, n_kv_heads=2, rope_base=100.0)
+    assert [str(w.message).split(": ", 1)[1].split(" (")[0] for w in warned] == [
+        "n_kv_heads= is now n_key_value_heads=", "rope_base= is now rotary_base="]
+    new = MultiHeadAttention(D, H, n_key_value_heads=2, rotary_base=100.0)
+    assert (old.n_key_value_heads, old.rotary_base) == (new.n_key_value_heads, new.rotary_base) == (2, 100.0)
+    with pytest.warns(DeprecationWarning, match="rope_base= is now rotary_base="):
+        MultiHeadAttention(D, H, rope_base=100.0)
+    with pytest.warns(DeprecationWarning):
+        assert attention_parameters(D, H, n_kv_heads=2) == attention_parameters(D, H, n_key_value_heads=2)
+    with pytest.warns(DeprecationWarning):
+        assert kv_cache_per_token(D, H, n_kv_heads=1) == kv_cache_per_token(D, H, n_key_value_heads=1)
+    with pytest.raises(TypeError, match=r"MultiHeadAttention got unexpected keyword argument\(s\) \['heads'\]"):
+        MultiHeadAttention(D, H, heads=2)
+
+
+@pytest.mark.parametrize("options", [{"n_key_value_heads": 2}, {"rotary_base": 10000.0},
+                                     {"n_key_value_heads": 1, "rotary_base": 100.0, "d_head": 6}])
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_cache_decoding_equals_the_full_causal_forward(options, need_weights):
     """Prompt of 3 tokens at once, then one token at a time: positions continue from the cache."""
@@ -855,7 +877,7 @@ def test_cache_decoding_equals_the_full_causal_forward(options, need_weights):
     parts = [m(x[:, :3], kv_cache=cache, is_causal=True, need_weights=need_weights)[0]]
     parts += [m(x[:, t : t + 1], kv_cache=cache, need_weights=need_weights)[0] for t in range(3, 7)]
     assert_close(torch.cat(parts, dim=1), full)
-    assert cache.k.shape == (2, m.n_kv_heads, 7, m.d_head)
+    assert cache.k.shape == (2, m.n_key_value_heads, 7, m.d_head)
 
 
 # ----------------------------------------------------------- edge cases, errors

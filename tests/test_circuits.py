@@ -1,4 +1,6 @@
-"""mhalab.circuits against direct D x D (and V x V) computations in float64, on small random models and SmolLM2."""
+"""mhalab.circuits against direct D x D (and V x V) computations in float64, on small random models and SmolLM2:
+the weights folded as TransformerLens folds them (a norm's scale into the weights that read it; after a LayerNorm,
+those weights centred over d_model)."""
 
 import pytest
 import torch
@@ -17,18 +19,30 @@ def _toy(**overrides):
     return model.eval()
 
 
+def _fold(norm, W):
+    """``W [D, n]`` read through ``norm``: its scale folded in; centred over D after a LayerNorm."""
+    W = norm.weight.double()[:, None] * W
+    return W - W.mean(0) if isinstance(norm, torch.nn.LayerNorm) else W
+
+
 def _direct(model):
     """Every head's W_Q, W_K, W_V, W_O as [N, H, ...] float64, sliced from qkv_proj by hand, norms folded."""
     rows = []
     for block in model.blocks:
-        a, w = block.attn, block.ln_attn.weight.double()[:, None]
-        H, G, d = a.n_heads, a.n_kv_heads, a.d_head
+        a, norm = block.attn, block.ln1
+        H, G, d = a.n_heads, a.n_key_value_heads, a.d_head
         q, k, v = a.qkv_proj.weight.double().split([H * d, G * d, G * d])
         o = a.out_proj.weight.double()
         kv = [slice((h // (H // G)) * d, (h // (H // G) + 1) * d) for h in range(H)]  # the K/V head h reads
-        rows.append([(w * q[h * d:(h + 1) * d].T, w * k[kv[h]].T, w * v[kv[h]].T, o[:, h * d:(h + 1) * d].T)
-                     for h in range(H)])
+        rows.append([(_fold(norm, q[h * d:(h + 1) * d].T), _fold(norm, k[kv[h]].T), _fold(norm, v[kv[h]].T),
+                      o[:, h * d:(h + 1) * d].T) for h in range(H)])
     return [[tuple(t.detach() for t in head) for head in layer] for layer in rows]
+
+
+def _unembedding(model):
+    """W_U [D, V] folded, and b_U [V] with the final LayerNorm's bias folded in, float64."""
+    W_U = model.head.weight.double().T
+    return _fold(model.ln_final, W_U).detach(), (model.ln_final.bias.double() @ W_U + model.head.bias).detach()
 
 
 @pytest.mark.parametrize("kv", [None, 2])
@@ -36,6 +50,9 @@ def test_qk_ov_and_their_spectra_match_the_full_matrices(kv):
     model = _toy(n_key_value_heads=kv)
     qk, ov = C.QK(model), C.OV(model)
     assert qk.shape == ov.shape == (3, 4, 16, 16)
+    assert model.W_K.shape == model.W_V.shape == (3, kv or 4, 16, 4)  # the K/V heads as stored
+    assert model.W_Q.shape == (3, 4, 16, 4) and model.W_O.shape == (3, 4, 4, 16)
+    assert torch.equal(model.QK.AB, qk.AB) and torch.equal(model.blocks[1].attn.W_Q, model.W_Q[1])
     for l, layer in enumerate(_direct(model)):
         for h, (W_Q, W_K, W_V, W_O) in enumerate(layer):
             for fm, full in ((qk[l, h], W_Q @ W_K.T), (ov[l, h], W_V @ W_O)):
@@ -43,8 +60,14 @@ def test_qk_ov_and_their_spectra_match_the_full_matrices(kv):
                 assert torch.allclose(fm.norm(), full.norm(), atol=1e-12)
                 assert torch.allclose(fm.S, torch.linalg.svdvals(full)[:4], atol=1e-10)
                 assert int(fm.rank()) == int(torch.linalg.matrix_rank(full)) == 4
-                U, S, Vh = fm.svd()
-                assert torch.allclose(U @ torch.diag(S) @ Vh.T, full, atol=1e-10)
+                U, S, V = fm.svd()
+                assert torch.allclose(U @ torch.diag(S) @ V.T, full, atol=1e-10)
+                assert torch.equal(fm.U, U) and torch.equal(fm.V, V)
+                assert torch.allclose(fm.U.T @ fm.collapse_r(), torch.diag(S), atol=1e-10)
+                assert torch.allclose(fm.U @ fm.collapse_l(), full, atol=1e-10)
+                even = fm.make_even()
+                assert torch.allclose(even.AB, full, atol=1e-10) and torch.allclose(even.A.norm(), even.B.norm())
+                assert torch.allclose((2 * fm).AB, 2 * full) and torch.allclose((fm * torch.tensor(3.0)).AB, 3 * full)
                 eig = torch.linalg.eigvals(full)
                 top = eig[eig.abs().argsort(descending=True)[:4]]
                 mine = fm.eigenvalues
@@ -77,11 +100,29 @@ def test_random_baseline_is_one_over_root_d_model():
     assert abs(float(scores.pow(2).mean()) * 64 - 1) < 0.05  # E[score²] = 1 / d_model for Gaussian factors
 
 
+def test_a_layernorms_folded_weights_are_centred_and_rmsnorms_are_not():
+    ln, rms = _toy(), _toy(normalization_type="RMS")
+    for W in (ln.W_Q, ln.W_K, ln.W_V, ln.W_U):
+        assert W.mean(-2).abs().max() < 1e-12  # no component along the all-ones direction a LayerNorm never outputs
+    assert rms.W_Q.mean(-2).abs().max() > 1e-3
+    raw = C.head_weights(ln, fold_ln=False)
+    scale = ln.blocks[0].ln1.weight.detach()[:, None]
+    assert torch.allclose(ln.W_Q[0], raw.W_Q[0] * scale - (raw.W_Q[0] * scale).mean(-2, keepdim=True))
+    assert torch.allclose(rms.W_Q[0], C.head_weights(rms, fold_ln=False).W_Q[0] * rms.blocks[0].ln1.weight[:, None])
+    assert torch.equal(C.head_weights(_toy(normalization_type=None)).W_Q,  # no norm: nothing to fold
+                       C.head_weights(_toy(normalization_type=None), fold_ln=False).W_Q)
+    # what folding keeps: the logits, through the norm's normalisation alone
+    tokens = torch.randint(0, 13, (2, 10))
+    _, cache = ln.run_with_cache(tokens)
+    resid = cache.accumulated_resid(apply_ln=True)[-1]
+    assert torch.allclose(resid @ ln.W_U + ln.b_U, ln(tokens), atol=1e-12)
+
+
 def test_full_circuits_and_copying_score():
-    model = _toy(positions="learned")
+    model = _toy(positional_embedding_type="standard")
     W_Q, W_K, W_V, W_O = _direct(model)[2][1]
     W_E, W_pos = model.embed.tokens.weight.double().detach(), model.embed.positions.weight.double().detach()
-    W_U = (model.head.weight.T * model.ln_final.weight[:, None]).double().detach()
+    W_U = _unembedding(model)[0]
     assert torch.allclose(C.full_qk_circuit(model, 2, 1).AB, W_E @ W_Q @ W_K.T @ W_E.T, atol=1e-10)
     assert torch.allclose(C.positional_qk_circuit(model, 2, 1).AB, W_pos @ W_Q @ W_K.T @ W_pos.T, atol=1e-10)
     full = W_E @ W_V @ W_O @ W_U
@@ -99,17 +140,19 @@ def test_direct_logit_attribution_adds_up_to_the_logit_difference():
     right, wrong = torch.randint(0, 13, (2, 10)), 4
     dla = C.direct_logit_attribution(model, tokens, right, wrong)  # [N, H, B, T]
     assert dla.shape == (3, 4, 2, 10)
-    # The rest of the final residual: embeddings and the attention biases; then the final LayerNorm's bias and b_U.
-    logits, cache = model.run_with_cache(tokens, names_filter=["blocks.2.hook_resid_post"])
-    final = cache["blocks.2.hook_resid_post"]
+    # The rest of the final residual: embeddings and the attention biases; then b_U, the final LayerNorm's bias in it.
+    logits, cache = model.run_with_cache(tokens)
     emb = model.embed.tokens(tokens) + model.embed.positions.weight[:10]
-    rest = emb + sum(b.attn.out_proj.bias for b in model.blocks)
-    W_U = model.head.weight.T * model.ln_final.weight[:, None]
+    rest = (emb + sum(b.attn.out_proj.bias for b in model.blocks)).detach()
+    W_U, b_U = _unembedding(model)
     direction = W_U.T[right] - W_U.T[wrong]
-    rest_dla = (C.apply_ln_to_stack(model, rest, final) * direction).sum(-1)
-    constant = (model.ln_final.bias @ model.head.weight.T + model.head.bias)
+    rest_dla = (cache.apply_ln_to_stack(rest[None])[0] * direction).sum(-1)
     expected = logits.gather(-1, right[..., None])[..., 0] - logits[..., wrong]
-    assert torch.allclose(dla.sum((0, 1)) + rest_dla + constant[right] - constant[wrong], expected, atol=1e-9)
+    assert torch.allclose(dla.sum((0, 1)) + rest_dla + b_U[right] - b_U[wrong], expected, atol=1e-9)
+    # the same through the cache's own calls, TransformerLens's: every head's result, and the rest
+    stack = torch.cat([cache.stack_head_results(), rest[None]])
+    attributed = cache.logit_attrs(stack, right, torch.full_like(right, wrong)).sum(0)
+    assert torch.allclose(attributed + b_U[right] - b_U[wrong], expected, atol=1e-9)
 
 
 def test_logit_lens_ends_at_the_models_logits():
@@ -131,7 +174,7 @@ def test_bad_input_gets_clear_errors():
     with pytest.raises(ValueError, match="mode must be 'Q', 'K' or 'V'"):
         C.all_composition_scores(model, "O")
     with pytest.raises(ValueError, match="no position table"):
-        C.positional_qk_circuit(_toy(positions="rotary"), 0, 0)
+        C.positional_qk_circuit(_toy(positional_embedding_type="rotary"), 0, 0)
     with pytest.raises(TypeError, match="circuits reads a mhalab Transformer"):
         C.QK(torch.nn.Linear(3, 3))
     with pytest.raises(ValueError, match="the same m"):
@@ -148,11 +191,11 @@ def test_minilm_has_no_unembedding(minilm):
 
 def test_smollm2_grouped_query_heads(smollm2):
     w = C.head_weights(smollm2)
-    assert w.W_K.shape == (30, 9, 576, 64) and w.n_kv_heads == 3
+    assert w.W_K.shape == (30, 3, 576, 64) and w.W_Q.shape == (30, 9, 576, 64) and w.n_key_value_heads == 3
     qk, ov = C.QK(w), C.OV(w)
     for layer in (0, 17):
         a = smollm2.blocks[layer].attn
-        scale = smollm2.blocks[layer].ln_attn.weight.double()[:, None]
+        scale = smollm2.blocks[layer].ln1.weight.double()[:, None]  # RMSNorm: folded, not centred
         q, k, v = a.qkv_proj.weight.double().split([9 * 64, 3 * 64, 3 * 64])
         for h in (0, 4, 8):
             g = h // 3  # the K/V head query head h reads
@@ -165,11 +208,12 @@ def test_smollm2_grouped_query_heads(smollm2):
                 assert torch.allclose(fm.S, torch.linalg.svdvals(full)[:64], rtol=1e-6, atol=1e-9)
     # K-composition of L16H0 into L17H4 (which reads K/V head 1), against the full product
     left = C.FactoredMatrix(w.W_V[16, 0].double(), w.W_O[16, 0].double())
-    right = C.FactoredMatrix(w.W_K[17, 4].double(), w.W_Q[17, 4].double().T)
+    right = C.FactoredMatrix(w.W_K[17, 4 // 3].double(), w.W_Q[17, 4].double().T)
     full = left.AB @ right.AB
     expected = full.norm() / (left.AB.norm() * right.AB.norm())
     assert torch.allclose(C.composition_scores(left, right), expected, rtol=1e-9)
-    assert torch.equal(w.W_K[17, 3], w.W_K[17, 5]) and not torch.equal(w.W_K[17, 2], w.W_K[17, 3])  # shared K/V head
+    assert torch.allclose(smollm2.all_composition_scores("K")[16, 0, 17, 4].double(), expected, rtol=1e-4)
+    assert torch.equal(qk.B[17, 3], qk.B[17, 5]) and not torch.equal(qk.B[17, 2], qk.B[17, 3])  # shared K/V head
     tokens = torch.tensor([[0, 504, 3458, 282, 4649]])
     lens = C.logit_lens(smollm2, tokens)
     assert torch.allclose(lens[-1], smollm2(tokens), atol=1e-4)

@@ -144,31 +144,33 @@ class TestBadInput:
 
 
 @pytest.mark.parametrize(
-    "d_model, n_heads, n_kv_heads, d_head",
+    "d_model, n_heads, n_key_value_heads, d_head",
     [(64, 8, 2, None), (64, 8, 1, None), (64, 8, None, 16), (30, 6, 3, 8), (576, 9, 3, 64)],
 )
 @pytest.mark.parametrize("bias", [False, True])
-def test_formulas_match_real_modules_for_grouped_query_and_any_head_size(d_model, n_heads, n_kv_heads, d_head, bias):
+def test_formulas_match_real_modules_for_grouped_query_and_any_head_size(d_model, n_heads, n_key_value_heads, d_head,
+                                                                         bias):
     import torch
 
     from mhalab.attention import MultiHeadAttention
     from mhalab.counting import attention_parameters, count_parameters, kv_cache_per_token
     from mhalab.kv_cache import KVCache
 
-    module = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head, bias=bias)
-    formula = attention_parameters(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head, bias=bias)
+    module = MultiHeadAttention(d_model, n_heads, n_key_value_heads=n_key_value_heads, d_head=d_head, bias=bias)
+    formula = attention_parameters(d_model, n_heads, n_key_value_heads=n_key_value_heads, d_head=d_head, bias=bias)
     assert count_parameters(module) == formula.total
     cache = KVCache()
     module(torch.randn(1, 2, d_model), kv_cache=cache, is_causal=True)
-    assert cache.values_per_token == kv_cache_per_token(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head).elements
-    g = n_kv_heads or n_heads
+    formula = kv_cache_per_token(d_model, n_heads, n_key_value_heads=n_key_value_heads, d_head=d_head)
+    assert cache.values_per_token == formula.elements
+    g = n_key_value_heads or n_heads
     d_k = d_head or d_model // n_heads
-    per_token = kv_cache_per_token(d_model, n_heads, n_kv_heads=n_kv_heads, d_head=d_head, n_layers=30)
+    per_token = kv_cache_per_token(d_model, n_heads, n_key_value_heads=n_key_value_heads, d_head=d_head, n_layers=30)
     assert per_token.elements == 2 * g * d_k * 30
 
 
 def test_grouped_query_counting_refuses_bad_groups():
     from mhalab.counting import attention_parameters
 
-    with pytest.raises(ValueError, match="not a multiple of n_kv_heads=4"):
-        attention_parameters(576, 9, n_kv_heads=4)
+    with pytest.raises(ValueError, match="not a multiple of n_key_value_heads=4"):
+        attention_parameters(576, 9, n_key_value_heads=4)

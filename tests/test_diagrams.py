@@ -24,11 +24,11 @@ def _texts(fig):
     return [t.get_text() for ax in fig.axes for t in ax.texts]
 
 
-@pytest.mark.parametrize("n_kv_heads", [None, 2])
-def test_mechanism_shapes_are_read_off_a_forward(n_kv_heads):
-    m = MultiHeadAttention(16, 4, n_kv_heads=n_kv_heads, d_head=6)
+@pytest.mark.parametrize("n_key_value_heads", [None, 2])
+def test_mechanism_shapes_are_read_off_a_forward(n_key_value_heads):
+    m = MultiHeadAttention(16, 4, n_key_value_heads=n_key_value_heads, d_head=6)
     shapes = mechanism_shapes(m, torch.randn(2, 5, 16))
-    G = n_kv_heads or 4
+    G = n_key_value_heads or 4
     assert shapes == {
         "x": (2, 5, 16), "Q": (2, 5, 24), "K": (2, 5, G * 6), "V": (2, 5, G * 6),
         "Q heads": (2, 4, 5, 6), "K heads": (2, G, 5, 6), "V heads": (2, G, 5, 6),
@@ -38,7 +38,7 @@ def test_mechanism_shapes_are_read_off_a_forward(n_kv_heads):
     fig = plot_mechanism(shapes)
     texts = _texts(fig)
     assert "[2, 4, 5, 5]" in texts and f"[2, {G}, 5, 6]" in texts and "[2, 5, 24]" in texts
-    assert any(("sharing G = 2" in t) == (n_kv_heads == 2) for t in texts if t.startswith("per head"))
+    assert any(("sharing G = 2" in t) == (n_key_value_heads == 2) for t in texts if t.startswith("per head"))
     with pytest.raises(ValueError, match="lacks"):
         plot_mechanism({"x": (1, 2, 3)})
     with pytest.raises(TypeError, match="MultiHeadAttention"):

@@ -36,7 +36,7 @@ def test_the_learners_wheel_has_no_grading_code(tmp_path):
     shutil.copytree(ROOT / "mhalab", project / "mhalab", ignore=shutil.ignore_patterns("__pycache__"))
     names = _wheel(project, tmp_path / "wheels")
     labs = {Path(n).name for n in names if n.startswith("mhalab/labs/")}
-    assert "core.py" in labs and "checks.py" in labs and "ex01.py" in labs  # the exercises stay
+    assert "core.py" in labs and "judging.py" in labs and "ex01.py" in labs  # the exercises stay
     assert not labs & GRADING, sorted(labs & GRADING)
     assert not [n for n in names if "grader" in n]
 

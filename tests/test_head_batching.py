@@ -11,9 +11,9 @@ from mhalab.head_batching import (
     batched_attention,
     batched_heads,
     count_attention,
-    head_weights,
     looped_attention,
     looped_heads,
+    random_attention_layer,
     time_heads,
     time_interleaved,
 )
@@ -59,14 +59,14 @@ def test_batched_and_looped_compute_the_same(h):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, h, 5, 32 // h, generator=g) for _ in range(3))
     torch.testing.assert_close(batched_attention(q, k, v), looped_attention(q, k, v))
-    w = head_weights(32, h, generator=g)
+    w = random_attention_layer(32, h, generator=g)
     x = torch.randn(2, 5, 32, generator=g)
     torch.testing.assert_close(batched_heads(x, w), looped_heads(x, w), atol=1e-5, rtol=1e-5)
 
 
 def test_batched_heads_matches_multi_head_attention_module():
     g = torch.Generator().manual_seed(1)
-    layer = head_weights(32, 4, generator=g)
+    layer = random_attention_layer(32, 4, generator=g)
     assert isinstance(layer, MultiHeadAttention) and not layer.bias
     x = torch.randn(2, 6, 32, generator=g)
     torch.testing.assert_close(batched_heads(x, layer), layer(x)[0], atol=1e-5, rtol=1e-5)

@@ -16,16 +16,26 @@ def test_get_act_name_follows_transformerlens_for_the_names_mhalab_has():
     assert get_act_name("attn", 1) == "blocks.1.attn.hook_pattern" and get_act_name("k6a") == "blocks.6.attn.hook_k"
     assert get_act_name("q", 0, "attn") == "blocks.0.attn.hook_q"
     assert get_act_name("blocks.0.hook_in") == "blocks.0.hook_in"  # a full name comes back as it is
-    toy = Transformer(ModelConfig(d_vocab=5, d_model=8, n_heads=2, n_layers=1, positions="rotary"))
+    # TransformerLens's own examples (its get_act_name docstring)
+    assert get_act_name("k", 6, "a") == "blocks.6.attn.hook_k" and get_act_name("pre", 2) == "blocks.2.mlp.hook_pre"
+    assert get_act_name("normalized", 27, "ln2") == "blocks.27.ln2.hook_normalized"
+    assert get_act_name("scale4ln1") == "blocks.4.ln1.hook_scale" and get_act_name("pre5") == "blocks.5.mlp.hook_pre"
+    assert get_act_name("scale") == "ln_final.hook_scale" and get_act_name("result", 1) == "blocks.1.attn.hook_result"
+    toy = Transformer(ModelConfig(d_vocab=5, d_model=8, n_heads=2, n_layers=1, positional_embedding_type="rotary"))
     names = set(toy.hook_dict)
     for short in SHORT_NAMES:  # every short name the toy model has resolves to one of its points
-        full = get_act_name(short) if short.endswith("embed") else get_act_name(short, 0)
+        if short.endswith("embed"):
+            full = get_act_name(short)
+        else:
+            full = get_act_name(short, 0, "ln1" if short in ("scale", "normalized") else None)
         assert full in names or short in ("pos_embed", "decoder_embed", "decoder_pos_embed", "cross_attn_out",
-                                          "resid_mid_cross"), short
+                                          "resid_mid_cross", "pre_linear"), short
+    with pytest.raises(ValueError, match=r"give the norm as layer_type, e.g. get_act_name\('scale', 0, 'ln1'\)"):
+        get_act_name("scale", 0)
 
 
-@pytest.mark.parametrize("name, said", [("result", "W_O"), ("pre", "hook_mlp_out"), ("post", "hook_mlp_out"),
-                                        ("scale", "norms"), ("mlp_in", "hook_resid_mid")])
+@pytest.mark.parametrize("name, said", [("mid", "SoLU"), ("q_input", "use_split_qkv_input"),
+                                        ("mlp_in", "hook_resid_mid")])
 def test_get_act_name_refuses_points_mhalab_lacks_and_says_what_exists(name, said):
     with pytest.raises(ValueError, match=rf"no hook point '{name}'.*{said}.*Short names are: embed, pos_embed"):
         get_act_name(name, 0)

@@ -53,7 +53,7 @@ ATTN_POINTS = ["hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern",
 
 def test_names_follow_the_model(model):
     points = hook_points(model)
-    assert list(points) == [f"blocks.{i}.attn.{p}" for i in range(2) for p in ATTN_POINTS]
+    assert list(points) == [f"blocks.{i}.attn.{p}" for i in range(2) for p in [*ATTN_POINTS, "hook_result"]]
     assert all(point.name == name for name, point in points.items())  # each point knows its full name
     assert points["blocks.1.attn.hook_q"].layer() == 1
     assert list(attention_modules(model)) == ["blocks.0.attn", "blocks.1.attn"]
@@ -157,7 +157,7 @@ def count_fused_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("options", [{}, {"n_kv_heads": 2, "rope_base": 100.0}])
+@pytest.mark.parametrize("options", [{}, {"n_key_value_heads": 2, "rotary_base": 100.0}])
 def test_the_fused_path_runs_unless_scores_or_pattern_are_wanted(model, monkeypatch, options):
     """No hook, or hooks on q/k/v/z only: the fused kernel. A hook on the scores or pattern: the explicit maths."""
     torch.manual_seed(0)
@@ -178,7 +178,7 @@ def test_the_fused_path_runs_unless_scores_or_pattern_are_wanted(model, monkeypa
 
 def test_gqa_pattern_has_one_map_per_query_head():
     torch.manual_seed(0)
-    model = TwoLayers(n_kv_heads=2, rope_base=10000.0).eval()
+    model = TwoLayers(n_key_value_heads=2, rotary_base=10000.0).eval()
     _, cache = model.run_with_cache(torch.randn(1, 6, D), is_causal=True)
     assert cache["blocks.0.attn.hook_pattern"].shape == (1, H, 6, 6)
     assert cache["blocks.0.attn.hook_z"].shape == (1, 6, H, D // H)
@@ -261,16 +261,16 @@ def shapes_of(module, *args, **kwargs):
 
 @pytest.mark.parametrize("options, G, dk", [
     ({}, H, D // H),  # the paper's multi-head attention
-    ({"n_kv_heads": 2}, 2, D // H),  # grouped-query: hook_k/hook_v carry only the K/V heads
-    ({"n_kv_heads": 1, "d_head": 6}, 1, 6),  # multi-query, d_head != d_model / n_heads
-    ({"rope_base": 100.0, "n_kv_heads": 2}, 2, D // H),  # rotary: hook_rot_q/hook_rot_k too
+    ({"n_key_value_heads": 2}, 2, D // H),  # grouped-query: hook_k/hook_v carry only the K/V heads
+    ({"n_key_value_heads": 1, "d_head": 6}, 1, 6),  # multi-query, d_head != d_model / n_heads
+    ({"rotary_base": 100.0, "n_key_value_heads": 2}, 2, D // H),  # rotary: hook_rot_q/hook_rot_k too
 ])
 def test_each_attention_point_has_its_documented_shape(options, G, dk):
     B, L = 2, 5
     attn = MultiHeadAttention(D, H, **options).eval()
     expected = {"hook_q": (B, L, H, dk), "hook_k": (B, L, G, dk), "hook_v": (B, L, G, dk),
                 "hook_attn_scores": (B, H, L, L), "hook_pattern": (B, H, L, L), "hook_z": (B, L, H, dk)}
-    if "rope_base" in options:
+    if "rotary_base" in options:
         expected.update(hook_rot_q=(B, L, H, dk), hook_rot_k=(B, L, G, dk))
     got = shapes_of(attn, torch.randn(B, L, D), is_causal=True, need_weights=False)
     assert got == {name: expected[name] for name in got} and set(got) == set(expected)
@@ -278,7 +278,7 @@ def test_each_attention_point_has_its_documented_shape(options, G, dk):
 
 def test_cross_attention_points_have_key_positions_of_the_memory():
     B, L, S = 2, 3, 7
-    attn = MultiHeadAttention(D, H, n_kv_heads=2).eval()
+    attn = MultiHeadAttention(D, H, n_key_value_heads=2).eval()
     memory = torch.randn(B, S, D)
     got = shapes_of(attn, torch.randn(B, L, D), memory, memory, need_weights=False)
     assert got == {"hook_q": (B, L, H, 4), "hook_k": (B, S, 2, 4), "hook_v": (B, S, 2, 4),
@@ -286,7 +286,7 @@ def test_cross_attention_points_have_key_positions_of_the_memory():
 
 
 def test_with_a_kv_cache_qkv_are_the_new_positions_and_the_pattern_covers_every_key():
-    attn = MultiHeadAttention(D, H, n_kv_heads=2, rope_base=100.0).eval()
+    attn = MultiHeadAttention(D, H, n_key_value_heads=2, rotary_base=100.0).eval()
     cache, x = KVCache(), torch.randn(1, 6, D)
     attn(x[:, :4], kv_cache=cache, is_causal=True, need_weights=False)
     got = shapes_of(attn, x[:, 4:5], kv_cache=cache, need_weights=False)
@@ -301,7 +301,7 @@ def test_points_hold_what_their_names_say():
     from mhalab.positions import apply_rotary
 
     torch.manual_seed(0)
-    attn = MultiHeadAttention(D, H, n_kv_heads=2, rope_base=100.0).eval()
+    attn = MultiHeadAttention(D, H, n_key_value_heads=2, rotary_base=100.0).eval()
     x = torch.randn(2, 5, D)
     (out, _), cache = run_with_cache(attn, x, is_causal=True, need_weights=False)
     q, k, v = attn.qkv_proj(x).split((H * 4, 2 * 4, 2 * 4), dim=-1)
@@ -405,7 +405,7 @@ def test_patching_z_copies_the_clean_heads_and_only_them(toy):
 
 
 def test_patch_heads_on_a_pattern_tensor_and_its_errors():
-    attn = MultiHeadAttention(D, H, n_kv_heads=2).eval()
+    attn = MultiHeadAttention(D, H, n_key_value_heads=2).eval()
     x, y = torch.randn(1, 4, D), torch.randn(1, 4, D)
     _, clean = run_with_cache(attn, x, names_filter=["hook_pattern", "hook_k"])
     with hooks_attached(attn, [("hook_pattern", patch_heads(clean["hook_pattern"], [1]))]):
@@ -424,33 +424,48 @@ def test_patch_heads_on_a_pattern_tensor_and_its_errors():
 
 
 # ------------------------------------------------------------------ every model's points
-def _expected_points(stacks, *, tables, attn):
+NORM_POINTS = ["hook_scale", "hook_normalized"]
+
+
+def _expected_points(stacks, *, tables, attn, mlp=("hook_pre", "hook_post"), finals=("ln_final",), result=False):
     """The documented names: ``tables`` the embedding points; ``stacks`` (prefix, n_layers, kind) with kind
-    "mlp", "attn_only" or "cross"; ``attn`` the points of one attention layer."""
+    "mlp", "attn_only" or "cross"; ``attn`` the points of one attention layer, ``mlp`` those of one MLP;
+    ``finals`` the norms after the stacks (``ln_encoder`` after the first of two). Norms are numbered as they run.
+    ``result``: with each attention layer's ``hook_result`` (a point of every layer, cached only when it fires)."""
     names = list(tables)
-    for prefix, n_layers, kind in stacks:
+    cross = [*ATTN_POINTS, *(["hook_result"] if result else [])]
+    attn = [*attn, *(["hook_result"] if result else [])]
+    for (prefix, n_layers, kind), final in zip(stacks, finals):
         for i in range(n_layers):
             block = f"{prefix}.{i}"
-            names += [f"{block}.hook_resid_pre", *(f"{block}.attn.{p}" for p in attn), f"{block}.hook_attn_out"]
+            names += [f"{block}.hook_resid_pre", *(f"{block}.ln1.{p}" for p in NORM_POINTS),
+                      *(f"{block}.attn.{p}" for p in attn), f"{block}.hook_attn_out"]
             if kind == "cross":
-                names += [f"{block}.hook_resid_mid", *(f"{block}.cross_attn.{p}" for p in ATTN_POINTS),
+                names += [f"{block}.hook_resid_mid", *(f"{block}.ln2.{p}" for p in NORM_POINTS),
+                          *(f"{block}.cross_attn.{p}" for p in cross),
                           f"{block}.hook_cross_attn_out", f"{block}.hook_resid_mid_cross"]
             elif kind == "mlp":
                 names.append(f"{block}.hook_resid_mid")
             if kind != "attn_only":
-                names.append(f"{block}.hook_mlp_out")
+                norm = "ln3" if kind == "cross" else "ln2"
+                names += [*(f"{block}.{norm}.{p}" for p in NORM_POINTS), *(f"{block}.mlp.{p}" for p in mlp),
+                          f"{block}.hook_mlp_out"]
             names.append(f"{block}.hook_resid_post")
+        if final is not None:
+            names += [f"{final}.{p}" for p in NORM_POINTS]
     return names
 
 
-def _check_shapes(cache, *, B, D, H, G, dk, lengths):
+def _check_shapes(cache, *, B, D, H, G, dk, lengths, F=None):
     """Every point's shape as hooks.py documents it; ``lengths(name)`` gives (query positions, key positions)."""
     for name, act in cache.items():
         point = name.rsplit(".", 1)[-1]
         T, S = lengths(name)
         want = {"hook_q": (B, T, H, dk), "hook_rot_q": (B, T, H, dk), "hook_z": (B, T, H, dk),
                 "hook_k": (B, S, G, dk), "hook_rot_k": (B, S, G, dk), "hook_v": (B, S, G, dk),
-                "hook_attn_scores": (B, H, T, S), "hook_pattern": (B, H, T, S)}.get(point, (B, T, D))
+                "hook_attn_scores": (B, H, T, S), "hook_pattern": (B, H, T, S), "hook_result": (B, T, H, D),
+                "hook_scale": (B, T, 1), "hook_pre": (B, T, F), "hook_pre_linear": (B, T, F),
+                "hook_post": (B, T, F)}.get(point, (B, T, D))
         assert tuple(act.shape) == want, (name, tuple(act.shape), want)
 
 
@@ -467,21 +482,22 @@ def _check_residual_sums(cache, prefix, n_layers, *, post_norm=False):
                 assert torch.equal(cache[f"{prefix}.{i + 1}.hook_resid_pre"], c("hook_resid_post"))
 
 
-@pytest.mark.parametrize("options", [{}, dict(attn_only=True, n_key_value_heads=2, d_head=6, positions="rotary")])
+@pytest.mark.parametrize("options", [{}, dict(attn_only=True, n_key_value_heads=2, d_head=6,
+                                                positional_embedding_type="rotary")])
 def test_every_point_of_the_toy_transformer(options):
     from mhalab.models import ModelConfig, Transformer
 
     torch.manual_seed(0)
     cfg = ModelConfig(d_vocab=11, d_model=D, n_heads=H, n_layers=2, causal=True, **options)
     model = Transformer(cfg).eval()
-    rotary = cfg.positions == "rotary"
+    rotary = cfg.positional_embedding_type == "rotary"
     attn = ["hook_q", "hook_k", "hook_v", *(("hook_rot_q", "hook_rot_k") if rotary else ()), *ATTN_POINTS[3:]]
     kind = "attn_only" if cfg.attn_only else "mlp"
-    assert list(hook_points(model)) == _expected_points([("blocks", 2, kind)], attn=attn,
-                                                        tables=["hook_embed"] + ([] if rotary else ["hook_pos_embed"]))
+    tables = ["hook_embed"] + ([] if rotary else ["hook_pos_embed"])
+    assert list(hook_points(model)) == _expected_points([("blocks", 2, kind)], attn=attn, tables=tables, result=True)
     _, cache = model.run_with_cache(torch.randint(0, 11, (3, 7)))
-    assert list(cache) == list(hook_points(model))
-    _check_shapes(cache, B=3, D=D, H=H, G=cfg.n_key_value_heads or H, dk=cfg.d_head or D // H,
+    assert list(cache) == _expected_points([("blocks", 2, kind)], attn=attn, tables=tables)  # no hook_result: off
+    _check_shapes(cache, B=3, D=D, H=H, G=cfg.n_key_value_heads or H, dk=cfg.d_head, F=cfg.d_mlp,
                   lengths=lambda name: (7, 7))
     if not cfg.attn_only:
         _check_residual_sums(cache, "blocks", 2)
@@ -493,19 +509,21 @@ def test_every_point_of_the_encoder_decoder():
 
     torch.manual_seed(0)
     model = EncoderDecoder(ModelConfig(d_vocab=11, d_model=D, n_heads=H, n_layers=2)).eval()
-    assert list(hook_points(model)) == _expected_points(
-        [("encoder", 2, "mlp"), ("decoder", 2, "cross")], attn=ATTN_POINTS,
-        tables=["hook_embed", "hook_pos_embed", "hook_decoder_embed", "hook_decoder_pos_embed"])
+    stacks = [("encoder", 2, "mlp"), ("decoder", 2, "cross")]
+    tables = ["hook_embed", "hook_pos_embed", "hook_decoder_embed", "hook_decoder_pos_embed"]
+    finals = ("ln_encoder", "ln_final")
+    assert list(hook_points(model)) == _expected_points(stacks, attn=ATTN_POINTS, finals=finals, tables=tables,
+                                                        result=True)
     S, T = 7, 5
     _, cache = model.run_with_cache(torch.randint(0, 11, (3, S)), torch.randint(0, 11, (3, T)))
-    assert list(cache) == list(hook_points(model))
+    assert list(cache) == _expected_points(stacks, attn=ATTN_POINTS, finals=finals, tables=tables)
 
     def lengths(name):
-        if name.startswith("encoder") or name in ("hook_embed", "hook_pos_embed"):
+        if name.startswith(("encoder", "ln_encoder")) or name in ("hook_embed", "hook_pos_embed"):
             return S, S
         return T, (S if ".cross_attn." in name else T)
 
-    _check_shapes(cache, B=3, D=D, H=H, G=H, dk=D // H, lengths=lengths)
+    _check_shapes(cache, B=3, D=D, H=H, G=H, dk=D // H, F=4 * D, lengths=lengths)
     _check_residual_sums(cache, "encoder", 2)
     for i in range(2):  # the decoder's two middle points: after its self-attention and after cross-attention
         c = lambda p: cache[f"decoder.{i}.{p}"]  # noqa: E731
@@ -519,10 +537,11 @@ def test_every_point_of_minilm(minilm):
     batch = minilm.tokenizer(["The cat sat on the mat.", "Heads attend."])
     B, T = batch.tokens.shape
     _, cache = minilm.run_with_cache(batch.tokens, batch.padding)
-    assert list(cache) == _expected_points([("blocks", cfg.n_layers, "mlp")], attn=ATTN_POINTS,
-                                           tables=["hook_embed", "hook_pos_embed"])
+    assert list(cache) == [*(f"embed.ln.{p}" for p in NORM_POINTS), *_expected_points(
+        [("blocks", cfg.n_layers, "mlp")], attn=ATTN_POINTS, tables=["hook_embed", "hook_pos_embed"], finals=[None])]
     dk = cfg.d_model // cfg.n_heads
-    _check_shapes(cache, B=B, D=cfg.d_model, H=cfg.n_heads, G=cfg.n_heads, dk=dk, lengths=lambda name: (T, T))
+    _check_shapes(cache, B=B, D=cfg.d_model, H=cfg.n_heads, G=cfg.n_heads, dk=dk, F=cfg.d_mlp,
+                  lengths=lambda name: (T, T))
     _check_residual_sums(cache, "blocks", cfg.n_layers, post_norm=True)
     assert (cache["pattern", 0][1][..., batch.padding[1]] == 0).all()  # padding keys get no weight
 
@@ -532,8 +551,9 @@ def test_every_point_of_smollm2(smollm2):
     tokens = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])
     _, cache = smollm2.run_with_cache(tokens)
     attn = ["hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", *ATTN_POINTS[3:]]
-    assert list(cache) == _expected_points([("blocks", cfg.n_layers, "mlp")], attn=attn, tables=["hook_embed"])
-    _check_shapes(cache, B=2, D=cfg.d_model, H=cfg.n_heads, G=cfg.n_key_value_heads, dk=cfg.d_head,
+    assert list(cache) == _expected_points([("blocks", cfg.n_layers, "mlp")], attn=attn, tables=["hook_embed"],
+                                           mlp=("hook_pre", "hook_pre_linear", "hook_post"))
+    _check_shapes(cache, B=2, D=cfg.d_model, H=cfg.n_heads, G=cfg.n_key_value_heads, dk=cfg.d_head, F=cfg.d_mlp,
                   lengths=lambda name: (5, 5))
     assert cache["k", 0].size(2) == 3  # the K/V heads as stored, not repeated for the 9 query heads
     _check_residual_sums(cache, "blocks", cfg.n_layers)

@@ -23,7 +23,7 @@ import mhalab
 import mhalab.head_roles  # (the test below calls it as mhalab.head_roles; no exercise module imports it now)
 import mhalab.labs as labs
 from mhalab.labs import core
-from mhalab.labs.checks import expect_close, expect_equal, expect_shape, expect_whole
+from mhalab.labs.judging import expect_close, expect_equal, expect_shape, expect_whole
 
 EXERCISES = [ex for nb in labs.available_notebooks() for ex in labs.load(nb)]
 IDS = [ex.key for ex in EXERCISES]

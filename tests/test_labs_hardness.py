@@ -14,7 +14,7 @@ from labs_corpus import CORPUS, MISBLAMED, names_a_fixed_case
 
 import mhalab.labs as labs
 from mhalab.labs import core, ex08, ex09, ex10, ex11, ex12
-from mhalab.labs.checks import unseparated
+from mhalab.labs.judging import unseparated
 
 # exercise: (its cases for a check, the right answers, the mistakes of each case, equality)
 SEPARATING = {

@@ -79,8 +79,8 @@ def test_the_modules_of_mhalab_labs_import_one_another_without_a_circle():
 
 
 def test_an_import_inside_a_function_makes_a_circle_too():
-    source = "from .verdicts import Wrong\n\ndef f():\n    from .core import Exercise\n    from . import checks\n"
-    assert _imports(source) == {"mhalab.labs.verdicts", "mhalab.labs.core", "mhalab.labs.checks"}
+    source = "from .verdicts import Wrong\n\ndef f():\n    from .core import Exercise\n    from . import judging\n"
+    assert _imports(source) == {"mhalab.labs.verdicts", "mhalab.labs.core", "mhalab.labs.judging"}
     graph = {f"mhalab.labs.{p.stem}": _imports(p.read_text()) for p in LABS.glob("*.py") if p.stem != "__init__"}
     assert _cycle({**graph, "mhalab.labs.verdicts": _imports(source)}) is not None
 
@@ -119,7 +119,7 @@ def test_the_grading_kernels_code_is_the_package_less_its_exercises_and_the_grad
         original = package / name[len("pkg/mhalab/"):]
         assert original.is_file() and filecmp.cmp(root / name, original, shallow=False), name
     exercises = {p.name for p in (package / "labs").glob("*.py")} - set(kernel.KERNEL_LABS) - {"__init__.py"}
-    assert {"core.py", "calls.py", "checks.py", "ex01.py"} <= exercises  # what stays out
+    assert {"core.py", "calls.py", "judging.py", "ex01.py"} <= exercises  # what stays out
     assert not any(f"pkg/mhalab/labs/{n}" in found for n in exercises)
 
 

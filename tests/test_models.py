@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mhalab.arguments import check_head_count
+from mhalab.arguments import validate_head_count
 from mhalab.hooks import ablate_heads, attention_modules
 from mhalab.models import EncoderDecoder, ModelConfig, Transformer, eval_mode
 from mhalab.positions import sinusoidal_positions
@@ -28,9 +28,9 @@ def tokens(batch=B, length=T, seed=0):
 
 # ------------------------------------------------------------------ shapes
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("positions", ["standard", "sinusoidal"])
 def test_logit_shapes(causal, positions):
-    model = Transformer(small(causal=causal, positions=positions))
+    model = Transformer(small(causal=causal, positional_embedding_type=positions))
     assert model(tokens()).shape == (B, T, V)
 
 
@@ -105,15 +105,15 @@ def test_fix_embedding_refuses_a_model_whose_embedding_has_more_that_would_train
 
 
 def test_fix_embedding_needs_a_table_for_positions_and_an_output_matrix_of_its_own():
-    with pytest.raises(ValueError, match="positions are 'rotary'.*positions='learned'"):
-        Transformer(small(positions="rotary")).fix_embedding(torch.zeros(V, 16), torch.zeros(4, 16))
-    Transformer(small(positions="rotary")).fix_embedding(torch.zeros(V, 16))  # tokens alone: fine
+    with pytest.raises(ValueError, match="positions are 'rotary'.*positional_embedding_type='standard'"):
+        Transformer(small(positional_embedding_type="rotary")).fix_embedding(torch.zeros(V, 16), torch.zeros(4, 16))
+    Transformer(small(positional_embedding_type="rotary")).fix_embedding(torch.zeros(V, 16))  # tokens alone: fine
     with pytest.raises(ValueError, match="tie_word_embeddings=False"):
         Transformer(small(tie_word_embeddings=True)).fix_embedding(torch.zeros(V, 16))
 
 
 def test_sinusoidal_positions_are_not_trained_or_saved():
-    model = Transformer(small(positions="sinusoidal"))
+    model = Transformer(small(positional_embedding_type="sinusoidal"))
     assert not any("position" in name for name, _ in model.named_parameters())
     assert not any("position" in name for name in model.state_dict())
 
@@ -342,7 +342,7 @@ def test_bad_head_count_fails_in_the_config_with_the_attentions_message():
     with pytest.raises(ValueError) as ours:
         ModelConfig(d_vocab=10, d_model=64, n_heads=5)
     with pytest.raises(ValueError) as attention:
-        check_head_count(64, 5)
+        validate_head_count(64, 5)
     assert str(ours.value) == str(attention.value)
     assert "Valid head counts for d_model=64: 1, 2, 4, 8, 16, 32, 64" in str(ours.value)
 
@@ -356,16 +356,18 @@ def test_bad_head_count_fails_in_the_config_with_the_attentions_message():
         (dict(n_layers=2.0), TypeError, "n_layers must be an int"),
         (dict(d_mlp=0), ValueError, "d_mlp must be at least 1"),
         (dict(dropout=1.0), ValueError, r"dropout must be a number in \[0, 1\)"),
-        (dict(positions="rope"), ValueError, r"positions must be one of \('learned', 'sinusoidal', 'rotary', 'none'\)"),
+        (dict(positional_embedding_type="rope"), ValueError,
+         r"positional_embedding_type must be one of \('standard', 'sinusoidal', 'rotary', 'none'\)"),
+        (dict(positional_embedding_type="learned"), ValueError, "'standard' is a learned table"),
         (dict(n_key_value_heads=3), ValueError,
          "n_heads=4 is not a multiple of n_key_value_heads=3.*Valid n_key_value_heads for n_heads=4: 1, 2, 4"),
         (dict(n_key_value_heads=8), ValueError, "n_key_value_heads must be between 1 and 4"),
         (dict(d_head=0), ValueError, "d_head must be at least 1"),
-        (dict(positions="rotary", d_head=5), ValueError, "head width must be even, got d_head=5"),
-        (dict(positions="rotary", rotary_base=1), ValueError, "rotary_base must be a number above 1"),
+        (dict(positional_embedding_type="rotary", d_head=5), ValueError, "head width must be even, got d_head=5"),
+        (dict(positional_embedding_type="rotary", rotary_base=1), ValueError, "rotary_base must be a number above 1"),
         (dict(act_fn="swish"), ValueError,
          r"act_fn must be one of \('gelu', 'gelu_new', 'relu', 'silu'\), got 'swish'"),
-        (dict(normalization_type="LNPre"), ValueError, r"normalization_type must be one of \('LN', 'RMS'\)"),
+        (dict(normalization_type="LNPre"), ValueError, r"normalization_type must be one of \('LN', 'RMS', None\)"),
         (dict(eps=0), ValueError, "eps must be a number above 0"),
         (dict(eps="1e-5"), ValueError, "eps must be a number above 0"),
         (dict(post_norm="yes"), TypeError, "post_norm must be True or False"),
@@ -390,15 +392,18 @@ def test_config_is_checked_after_construction_too():
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.n_heads = 3
     with pytest.raises(ValueError, match="not divisible by n_heads=3"):
-        dataclasses.replace(cfg, n_heads=3)
-    # d_head and n_key_value_heads stay None unless given, so a new head count gets its own head width
-    assert Transformer(dataclasses.replace(cfg, n_heads=8)).blocks[0].attn.d_head == 2
+        dataclasses.replace(cfg, n_heads=3, d_head=None)
+    # d_head is filled in (TransformerLens's meaning: always the head width), so a new head count gets its own head
+    # width when d_head=None says so; n_key_value_heads stays None (one K/V head per query head)
+    assert cfg.d_head == 4 and cfg.n_key_value_heads is None
+    assert Transformer(dataclasses.replace(cfg, n_heads=8, d_head=None)).blocks[0].attn.d_head == 2
+    assert dataclasses.replace(cfg, n_heads=8).d_head == 4  # given: kept
 
 
 def test_config_defaults_and_round_trip():
     cfg = ModelConfig(d_vocab=10, d_model=32, n_heads=8)
     attn = Transformer(cfg).blocks[0].attn
-    assert cfg.d_mlp == 128 and (attn.d_head, attn.n_kv_heads, attn.rope_base) == (4, 8, None)
+    assert cfg.d_mlp == 128 and (attn.d_head, attn.n_key_value_heads, attn.rotary_base) == (4, 8, None)
     assert ModelConfig(**cfg.to_dict()) == cfg
     assert all(v is None or isinstance(v, (int, float, str, bool)) for v in cfg.to_dict().values())
 
@@ -447,15 +452,16 @@ VARIANTS = {
     "attn_only": dict(attn_only=True),
     "grouped_query": dict(n_key_value_heads=2),
     "multi_query_wide_heads": dict(n_key_value_heads=1, d_head=8),
-    "rotary": dict(positions="rotary"),
-    "no_positions": dict(positions="none"),
-    "all_at_once": dict(attn_only=True, n_key_value_heads=2, d_head=6, positions="rotary"),
+    "rotary": dict(positional_embedding_type="rotary"),
+    "no_positions": dict(positional_embedding_type="none"),
+    "all_at_once": dict(attn_only=True, n_key_value_heads=2, d_head=6, positional_embedding_type="rotary"),
     "relu": dict(act_fn="relu"),
     "gelu_new": dict(act_fn="gelu_new"),
     # SmolLM2's choices (mhalab.pretrained.SMOLLM2_135M) and all-MiniLM-L6-v2's (MINILM_L6), at toy sizes
-    "llama_like": dict(normalization_type="RMS", gated_mlp=True, act_fn="silu", positions="rotary",
+    "llama_like": dict(normalization_type="RMS", gated_mlp=True, act_fn="silu", positional_embedding_type="rotary",
                        tie_word_embeddings=True, bias=False, n_key_value_heads=2),
     "bert_like": dict(post_norm=True, post_embedding_ln=True, eps=1e-12, n_token_types=2, tie_word_embeddings=True),
+    "no_norms": dict(normalization_type=None),  # TransformerLens's None: no norm anywhere
 }
 
 
@@ -468,13 +474,13 @@ def test_each_config_option_reaches_the_attention_and_the_blocks(name):
     dk = cfg.d_head or D // H
     for block in model.blocks:
         attn = block.attn
-        assert (attn.n_heads, attn.n_kv_heads, attn.d_head) == (H, G, dk)
+        assert (attn.n_heads, attn.n_key_value_heads, attn.d_head) == (H, G, dk)
         assert attn.qkv_proj.weight.shape == ((H + 2 * G) * dk, D) and attn.out_proj.weight.shape == (D, H * dk)
-        assert attn.rope_base == (cfg.rotary_base if cfg.positions == "rotary" else None)
+        assert attn.rotary_base == (cfg.rotary_base if cfg.positional_embedding_type == "rotary" else None)
         assert hasattr(block, "mlp") != cfg.attn_only
     names = {n for n, _ in model.named_parameters()}
     assert any(".mlp." in n for n in names) != cfg.attn_only
-    assert ("embed.positions.weight" in names) == (cfg.positions == "learned")
+    assert ("embed.positions.weight" in names) == (cfg.positional_embedding_type == "standard")
     assert model(tokens()).shape == (B, T, V)
 
 
@@ -510,7 +516,7 @@ def test_without_positions_a_bidirectional_model_cannot_tell_order_but_a_rotary_
     x = tokens()
     perm = torch.randperm(T, generator=torch.Generator().manual_seed(1))
     for positions, order_blind in (("none", True), ("rotary", False)):
-        model = Transformer(small(positions=positions)).eval()
+        model = Transformer(small(positional_embedding_type=positions)).eval()
         with torch.no_grad():
             permuted_then_run, run_then_permuted = model(x[:, perm]), model(x)[:, perm]
         assert torch.allclose(permuted_then_run, run_then_permuted, atol=1e-5) == order_blind, positions
@@ -522,7 +528,7 @@ def test_encoder_decoder_takes_each_config_option(name):
     model = EncoderDecoder(cfg)
     src, tgt = tokens(length=7), tokens(length=5, seed=1)
     assert model(src, tgt).shape == (B, 5, V)
-    assert all(block.cross_attn.rope_base is None for block in model.decoder)  # no rotation across two sequences
+    assert all(block.cross_attn.rotary_base is None for block in model.decoder)  # no rotation across two sequences
     assert model.generate(src, 3, bos_id=0).shape == (B, 4)
 
 
@@ -531,7 +537,7 @@ def test_the_norm_mlp_and_tying_fields_build_what_they_say():
 
     llama = Transformer(small(causal=True, **VARIANTS["llama_like"])).eval()
     block = llama.blocks[0]
-    assert isinstance(block.ln_attn, RMSNorm) and isinstance(llama.ln_final, RMSNorm) and not block.post_norm
+    assert isinstance(block.ln1, RMSNorm) and isinstance(llama.ln_final, RMSNorm) and not block.post_norm
     assert isinstance(block.mlp, GatedMLP) and block.attn.qkv_proj.bias is None and llama.head is None
     x = tokens()
     with torch.no_grad():  # tied: the logits are the final norm's output times the token embedding
@@ -540,7 +546,7 @@ def test_the_norm_mlp_and_tying_fields_build_what_they_say():
         torch.testing.assert_close(llama(x, logits_to_keep=2), llama(x)[:, -2:])
     bert = Transformer(small(**VARIANTS["bert_like"]))
     assert bert.ln_final is None and bert.blocks[0].post_norm and isinstance(bert.blocks[0].mlp, MLP)
-    assert bert.embed.ln.eps == bert.blocks[0].ln_mlp.eps == 1e-12 and bert.embed.token_types.num_embeddings == 2
+    assert bert.embed.ln.eps == bert.blocks[0].ln2.eps == 1e-12 and bert.embed.token_types.num_embeddings == 2
     untied, tied = (sum(p.numel() for p in Transformer(small(tie_word_embeddings=t)).parameters())
                     for t in (False, True))
     assert untied - tied == 16 * V + V  # the head's weight [V, D] and bias [V]

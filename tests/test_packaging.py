@@ -133,12 +133,13 @@ class TestPyprojectIsTheOneSourceOfFloors:
 
     def test_ci_tests_the_declared_floors_and_the_newest_torch(self):
         """.ci/run runs the unit tests at the floors tools/floors.py reads from pyproject.toml (every runtime
-        and reader floor, torch's included) and with the newest torch pip gives, before the README's command."""
+        and reader floor, torch's included) and with the newest torch pip gives, then the TransformerLens
+        comparison with the tl extra, before the README's command."""
         from floors import declared_floors, floor_pins
 
         lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
         runs = [line for line in lines if line.startswith("python3 tools/floors.py test ")]
-        assert [line.split()[3] for line in runs] == ["newest", "floor"], runs
+        assert [line.split()[3] for line in runs] == ["newest", "floor", "tl"], runs
         floors = declared_floors()
         assert {"torch", "numpy", "matplotlib", "ipywidgets", "tqdm", "pillow",
                 "safetensors", "tokenizers", "gguf", "huggingface-hub"} == set(floors)

@@ -205,7 +205,7 @@ def test_smollm2_rotary_convention_matters(smollm2):
     llama.cpp's permutation) leaves the text plausible but multiplies the perplexity."""
     ids = smollm2.tokenizer(paragraph())
     attn = smollm2.blocks[0].attn
-    H, G, dh = attn.n_heads, attn.n_kv_heads, attn.d_head
+    H, G, dh = attn.n_heads, attn.n_key_value_heads, attn.d_head
     half_split = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])  # adjacent pairs -> halves
     rows = torch.cat([h * dh + half_split for h in range(H + G)])  # every Q and K head
     saved = [block.attn.qkv_proj.weight[: (H + G) * dh].clone() for block in smollm2.blocks]

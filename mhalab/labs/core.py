@@ -11,7 +11,7 @@ traceback goes to the ``mhalab.labs`` logger. With ``MHALAB_LABS_STRICT=1`` a fa
 ``AssertionError`` (the tests use it so that nbval fails on it).
 
 Modules: :mod:`.verdicts` (statuses, :class:`Wrong`) and :mod:`.invoke` (calling an answer) import nothing of
-this package; :mod:`.plain` (what an answer returned, as plain data) imports :mod:`.invoke`; :mod:`.checks` (the
+this package; :mod:`.plain` (what an answer returned, as plain data) imports :mod:`.invoke`; :mod:`.judging` (the
 tolerance policy) imports those; :mod:`.calls` (:class:`Check` and its runners) imports those; this module imports
 :mod:`.calls`; the exercise modules import all of them. No module imports one that imports it.
 """

@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from .calls import Check
-from .checks import as_float64, expect_shape, first_match
 from .core import Exercise, register
+from .judging import as_float64, expect_shape, first_match
 from .verdicts import Wrong
 
 

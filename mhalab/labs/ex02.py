@@ -6,8 +6,8 @@ import torch
 from torch import Tensor
 
 from .calls import Check
-from .checks import as_float64, expect_shape, first_match
 from .core import Exercise, register
+from .judging import as_float64, expect_shape, first_match
 from .verdicts import Wrong
 
 # Hidden cases: (batch, tokens, d_model, n_heads). None of them is the notebook's example.

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from .calls import Check
-from .checks import expect_whole, judge, name_miss
 from .core import Exercise, register
+from .judging import expect_whole, judge, name_miss
 from .verdicts import Wrong
 
 # ------------------------------------------------------------------------------------ exercise 1

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from .calls import Check
-from .checks import as_float64, describe, expect_shape, expect_whole
 from .core import Exercise, register
+from .judging import as_float64, describe, expect_shape, expect_whole
 from .verdicts import Wrong
 
 # ------------------------------------------------------------------------------------ exercise 1

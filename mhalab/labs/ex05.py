@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from .calls import Check
-from .checks import as_float64, expect_shape, judge, previous_token_mistakes
 from .core import Exercise, register
+from .judging import as_float64, expect_shape, judge, previous_token_mistakes
 from .verdicts import Wrong
 
 #: What exercise 1's prompt forbids (the course's own ablation); everything else of mhalab may run.

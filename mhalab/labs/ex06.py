@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from .calls import Check
-from .checks import expect_equal, expect_whole, name_miss
 from .core import Exercise, register
+from .judging import expect_equal, expect_whole, name_miss
 from .verdicts import Wrong
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from .calls import Check
-from .checks import as_float64, expect_shape, judge, pattern_cache, previous_token_mistakes
 from .core import Exercise, register
+from .judging import as_float64, expect_shape, judge, pattern_cache, previous_token_mistakes
 from .verdicts import Wrong
 
 

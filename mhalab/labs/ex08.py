@@ -25,16 +25,16 @@ import torch.nn.functional as F
 from ..config import ModelConfig
 from ..pretrained.smollm2 import SMOLLM2_135M
 from .calls import Check
-from .checks import ATOL, RTOL, as_float64, expect_shape, expect_whole, judge, name_miss, pattern_cache
 from .core import Exercise, register
+from .judging import ATOL, RTOL, as_float64, expect_shape, expect_whole, judge, name_miss, pattern_cache
 from .verdicts import AnswerRaised, Wrong
 
 
 # ------------------------------------------------------------------------------------ exercise 1
-def _config(d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, d_head: int) -> ModelConfig:
+def _config(d_model: int, n_layers: int, n_heads: int, n_key_value_heads: int, d_head: int) -> ModelConfig:
     # The notebook model's config (model.config) with the sizes the KV cache depends on (and some it does not).
-    return replace(SMOLLM2_135M, d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_key_value_heads=n_kv_heads,
-                   d_head=d_head)
+    return replace(SMOLLM2_135M, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                   n_key_value_heads=n_key_value_heads, d_head=d_head)
 
 
 _CONFIGS = [
@@ -192,9 +192,9 @@ _FORBID = ("mhalab.hooks.ablate_heads", "mhalab.hooks.gate_heads", "mhalab.ablat
 _MODELS = [(dict(d_vocab=17, d_model=24, n_heads=6, n_key_value_heads=2, n_layers=2, n_ctx=32, causal=True), 3, 2, 6,
             3.0, 1.0),
            (dict(d_vocab=23, d_model=24, n_heads=6, n_key_value_heads=3, n_layers=30, n_ctx=32, causal=True,
-                 positions="rotary"), 4, 1, 8, 1.5, 3.0)]
+                 positional_embedding_type="rotary"), 4, 1, 8, 1.5, 3.0)]
 
-#: How far a correct float32 answer may be from the reference: the tolerance policy's (checks.RTOL, checks.ATOL),
+#: How far a correct float32 answer may be from the reference: the tolerance policy's (judging.RTOL, judging.ATOL),
 #: provided the rounding a correct answer may carry is a tenth of it at most. That rounding is measured on every
 #: hidden case (:func:`_rounding`): the loss in float32 along both paths a forward pass can take, against the loss
 #: in float64; a case that carries more is redrawn (grading), and tests/test_labs_hardness.py checks the fixed ones.

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from .calls import Check
-from .checks import consistent_mistake, expect_whole, judge, unseparated
 from .core import Exercise, register
+from .judging import consistent_mistake, expect_whole, judge, unseparated
 from .verdicts import AnswerRaised, Wrong
 
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 import torch
 
 from .calls import Check
-from .checks import ATOL, RTOL, describe, expect_whole, judge, name_miss
 from .core import Exercise, register
+from .judging import ATOL, RTOL, describe, expect_whole, judge, name_miss
 from .verdicts import Wrong
 
 
@@ -35,7 +35,7 @@ def _near_degenerate(model, layer: int, head: int, generator: torch.Generator) -
     it. The head's K/V head is shared by its group (and every head when there is one K/V head): their W_QK lose key
     directions 1 and 2 too."""
     attn = model.blocks[layer].attn
-    H, G, d, D = attn.n_heads, attn.n_kv_heads, attn.d_head, attn.d_model
+    H, G, d, D = attn.n_heads, attn.n_key_value_heads, attn.d_head, attn.d_model
     u, _ = torch.linalg.qr(torch.randn(D, d, generator=generator, dtype=torch.float64))
     v, _ = torch.linalg.qr(torch.randn(D, d, generator=generator, dtype=torch.float64))
     tiny = 3 * D * torch.finfo(torch.float32).eps * 1.5  # x the largest singular value, a_4 b_4
@@ -106,7 +106,7 @@ def _rank_mistakes(attn, head: int, W_QK: torch.Tensor) -> list[tuple[int, str]]
 def _check_qk(qk_circuit, check: Check) -> None:
     for stage, model, layer, heads in _qk_cases(check):
         attn = model.blocks[layer].attn
-        H, G, d = attn.n_heads, attn.n_kv_heads, attn.d_head
+        H, G, d = attn.n_heads, attn.n_key_value_heads, attn.d_head
         for head in heads:
             label = (f"{stage}, qk_circuit(a model with {H} heads, {G} K/V heads, d_model {attn.d_model}, d_head {d}, "
                      f"layer={layer}, head={head})")

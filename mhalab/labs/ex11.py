@@ -7,8 +7,8 @@ import numpy as np
 import torch
 
 from .calls import Check
-from .checks import consistent_mistake, unseparated
 from .core import Exercise, register
+from .judging import consistent_mistake, unseparated
 from .verdicts import AnswerRaised, Wrong
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from .calls import Check
-from .checks import _as_tensor, consistent_mistake, describe, expect_shape, unseparated
 from .core import Exercise, register
+from .judging import _as_tensor, consistent_mistake, describe, expect_shape, unseparated
 from .verdicts import AnswerRaised, Wrong
 
 

@@ -27,7 +27,8 @@ __all__ = ["MINILM_L6", "MAX_TOKENS", "MiniLM", "Encoding", "MiniLMTokenizer", "
 #: so the output matrix is left tied (no weights of its own: the checkpoint has no MLM head).
 MINILM_L6 = ModelConfig(
     d_vocab=30522, d_model=384, n_heads=12, n_layers=6, d_mlp=1536, n_ctx=512, act_fn="gelu", normalization_type="LN",
-    eps=1e-12, post_norm=True, post_embedding_ln=True, n_token_types=2, positions="learned", tie_word_embeddings=True,
+    eps=1e-12, post_norm=True, post_embedding_ln=True, n_token_types=2, positional_embedding_type="standard",
+    tie_word_embeddings=True,
 )
 MAX_TOKENS = 256  # sentence-transformers truncates here (max_seq_length in sentence_bert_config.json)
 
@@ -77,9 +78,15 @@ class MiniLM(Transformer):
         super().__init__(config)
         self.tokenizer: MiniLMTokenizer | None = None  # set by load_minilm
 
-    def forward(self, tokens: Tensor, padding: Tensor | None = None) -> Tensor:
-        """Last-layer token vectors ``[B, T, D]`` for ids ``tokens`` ``[B, T]`` (``padding`` True = pad)."""
-        return super().forward(tokens, key_padding_mask=padding, stop_at_layer=self.config.n_layers)
+    def forward(self, tokens: Tensor, padding: Tensor | None = None, *, return_type: str | None = "vectors") -> Tensor:
+        """Last-layer token vectors ``[B, T, D]`` for ids ``tokens`` ``[B, T]`` (``padding`` True = pad);
+        ``return_type=None`` returns None (TransformerLens's), "logits" and "loss" are refused: no unembedding."""
+        if return_type not in ("vectors", None):
+            raise ValueError(f"return_type={return_type!r}: MiniLM outputs token vectors [batch, pos, d_model], not "
+                             "logits (its checkpoint has no unembedding, so no loss either): call model(tokens, "
+                             "padding)")
+        out = super().forward(tokens, key_padding_mask=padding, stop_at_layer=self.config.n_layers)
+        return None if return_type is None else out
 
     def encode(self, sentences: str | Sequence[str] | Encoding) -> Tensor:
         """Unit-length sentence embeddings ``[B, D]``: mean over real tokens, then L2 normalisation
@@ -104,8 +111,8 @@ def _bert_weights(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Te
         "embed.ln.weight": state["embeddings.LayerNorm.weight"],
         "embed.ln.bias": state["embeddings.LayerNorm.bias"],
     }
-    renamed = {"attn.out_proj": "attention.output.dense", "ln_attn": "attention.output.LayerNorm",
-               "mlp.fc_in": "intermediate.dense", "mlp.fc_out": "output.dense", "ln_mlp": "output.LayerNorm"}
+    renamed = {"attn.out_proj": "attention.output.dense", "ln1": "attention.output.LayerNorm",
+               "mlp.fc_in": "intermediate.dense", "mlp.fc_out": "output.dense", "ln2": "output.LayerNorm"}
     for i in range(config.n_layers):
         src, dst = f"encoder.layer.{i}.", f"blocks.{i}."
         for kind in ("weight", "bias"):

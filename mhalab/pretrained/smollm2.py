@@ -33,8 +33,8 @@ DOCUMENT_SEPARATOR = "<|endoftext|>"
 #: at SmolLM2-135M's sizes (:func:`load_smollm2` builds it with the sizes its GGUF file states: the same).
 SMOLLM2_135M = ModelConfig(
     d_vocab=49152, d_model=576, n_heads=9, n_layers=30, d_head=64, n_key_value_heads=3, d_mlp=1536, n_ctx=8192,
-    act_fn="silu", gated_mlp=True, normalization_type="RMS", eps=9.999999747378752e-06, positions="rotary",
-    rotary_base=100000.0, tie_word_embeddings=True, bias=False, causal=True,
+    act_fn="silu", gated_mlp=True, normalization_type="RMS", eps=9.999999747378752e-06,
+    positional_embedding_type="rotary", rotary_base=100000.0, tie_word_embeddings=True, bias=False, causal=True,
 )  # eps: 1e-5 as the file's float32 holds it
 
 
@@ -137,7 +137,7 @@ def _llama_weights(contents: GGUFContents, config: ModelConfig) -> dict[str, Ten
     """The GGUF tensors under this module's names (W_Q, W_K, W_V rows stacked into qkv_proj)."""
     t = {name: torch.from_numpy(array) for name, array in contents.tensors.items()}
     ours = {"embed.tokens.weight": t["token_embd.weight"], "ln_final.weight": t["output_norm.weight"]}
-    renamed = {"ln_attn": "attn_norm", "attn.out_proj": "attn_output", "ln_mlp": "ffn_norm",
+    renamed = {"ln1": "attn_norm", "attn.out_proj": "attn_output", "ln2": "ffn_norm",
                "mlp.gate": "ffn_gate", "mlp.up": "ffn_up", "mlp.down": "ffn_down"}
     for i in range(config.n_layers):
         src, dst = f"blk.{i}.", f"blocks.{i}."

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..arguments import check_int
+from ..arguments import validate_int
 
 IGNORE = -100  # target value meaning "nothing to predict here" (cross_entropy's ignore_index)
 
@@ -45,7 +45,7 @@ class Task:
 
     def sample(self, batch_size: int, *, generator: torch.Generator, device: torch.device | str | None = None) -> Batch:
         """``batch_size`` sequences drawn with ``generator``, which must live on ``device`` (no host copy)."""
-        check_int("batch_size", batch_size, 1)
+        validate_int("batch_size", batch_size, 1)
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, e.g. torch.Generator(device=device).manual_seed(0), "
                             f"got {type(generator).__name__}")
@@ -58,7 +58,7 @@ class Task:
     def _generate(self, batch_size: int, generator: torch.Generator, device: torch.device) -> Batch:
         raise NotImplementedError
 
-    def _check_logits(self, logits: Tensor, batch: Batch) -> None:
+    def _validate_logits(self, logits: Tensor, batch: Batch) -> None:
         B, T = batch.inputs.shape
         want = (B, T, self.vocab_size) if self.n_targets == 1 else (B, T, self.n_targets, self.vocab_size)
         if tuple(logits.shape) != want:
@@ -71,14 +71,14 @@ class Task:
 
     def loss(self, logits: Tensor, batch: Batch) -> Tensor:
         """Scalar: mean cross-entropy over all positions (and relations) that have a target."""
-        self._check_logits(logits, batch)
+        self._validate_logits(logits, batch)
         flat = logits.reshape(-1, self.vocab_size).float()  # [B*T*R, V]
         return F.cross_entropy(flat, batch.targets.reshape(-1), ignore_index=IGNORE)  # targets [B*T*R]
 
     @torch.no_grad()
     def metrics(self, logits: Tensor, batch: Batch) -> dict[str, float]:
         """``{"loss", "accuracy", "accuracy/<relation>"...}``; accuracies are over positions with a target."""
-        self._check_logits(logits, batch)
+        self._validate_logits(logits, batch)
         targets = batch.targets.reshape(*batch.inputs.shape, self.n_targets)  # [B, T, R]
         valid = targets != IGNORE
         correct = (logits.argmax(-1).reshape(targets.shape) == targets) & valid  # [B, T, R]

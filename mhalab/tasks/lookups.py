@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..arguments import check_int
+from ..arguments import validate_int
 from .base import IGNORE, Batch, Task
 
 
@@ -29,8 +29,8 @@ class KeyValueRecall(Task):
 
     def __init__(self, n_pairs: int = 8, *, n_keys: int = 16, n_values: int | None = None, n_queries: int = 4,
                  causal: bool = True, slots: bool = False) -> None:
-        self.n_pairs = check_int("n_pairs", n_pairs, 1)
-        self.n_keys = check_int("n_keys", n_keys, n_pairs,
+        self.n_pairs = validate_int("n_pairs", n_pairs, 1)
+        self.n_keys = validate_int("n_keys", n_keys, n_pairs,
                                 why=f" (the {n_pairs} keys in one sequence are distinct, so n_keys >= n_pairs)")
         if not isinstance(slots, bool):
             raise TypeError(f"slots must be True or False, got {slots!r}")
@@ -39,8 +39,8 @@ class KeyValueRecall(Task):
                              f"got n_values={n_values} (leave it out)")
         self.slots = slots
         values = n_pairs if slots else 16 if n_values is None else n_values
-        self.n_values = check_int("n_values", values, 1 if slots else 2)
-        self.n_queries = check_int("n_queries", n_queries, 1)
+        self.n_values = validate_int("n_values", values, 1 if slots else 2)
+        self.n_queries = validate_int("n_queries", n_queries, 1)
         self.causal = bool(causal)
         self.vocab_size = self.n_keys + self.n_values
         self.seq_len = (1 if slots else 2) * n_pairs + n_queries
@@ -90,13 +90,13 @@ class TableLookup(Task):
 
     def __init__(self, n_tables: int = 4, n_entries: int = 4, *, n_keys: int = 64, n_values: int = 8,
                  n_queries: int = 4, shift: int = 0) -> None:
-        self.n_tables = check_int("n_tables", n_tables, 1)
-        self.n_entries = check_int("n_entries", n_entries, 1)
-        self.n_keys = check_int("n_keys", n_keys, n_entries,
+        self.n_tables = validate_int("n_tables", n_tables, 1)
+        self.n_entries = validate_int("n_entries", n_entries, 1)
+        self.n_keys = validate_int("n_keys", n_keys, n_entries,
                                 why=f" (the {n_entries} keys of a table are distinct, so n_keys >= n_entries)")
-        self.n_values = check_int("n_values", n_values, 2)
-        self.n_queries = check_int("n_queries", n_queries, 1)
-        self.shift = check_int("shift", shift, 0, why=" (table r holds the keys moved by r * shift; 0 = unmoved)")
+        self.n_values = validate_int("n_values", n_values, 2)
+        self.n_queries = validate_int("n_queries", n_queries, 1)
+        self.shift = validate_int("shift", shift, 0, why=" (table r holds the keys moved by r * shift; 0 = unmoved)")
         self.n_targets = n_tables
         self.relations = tuple(f"table{r}" for r in range(n_tables))
         self.vocab_size = n_keys * n_values + n_keys
@@ -157,7 +157,7 @@ class TableLookup(Task):
         query positions."""
         K, V, D, P = self.n_keys, self.n_values, self.n_tables, self.n_entries
         k = keys.shape[1]
-        check_int("d_model", d_model, k + V + D + int(query_flag), why=why)
+        validate_int("d_model", d_model, k + V + D + int(query_flag), why=why)
         tokens = torch.zeros(self.vocab_size, d_model)
         entry = torch.arange(K * V)  # entry token = key * V + value
         tokens[entry, :k] = keys[entry // V]

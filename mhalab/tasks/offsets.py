@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..arguments import check_distinct_ints, check_int
+from ..arguments import validate_distinct_ints, validate_int
 from .base import IGNORE, Batch, Task, _letter
 
 
@@ -23,9 +23,9 @@ class MultiRelationTask(Task):
 
     def __init__(self, offsets: tuple[int, ...] = (-2, -1, 1, 2), *, vocab_size: int = 16, seq_len: int = 16,
                  causal: bool = False) -> None:
-        self.vocab_size = check_int("vocab_size", vocab_size, 2)
-        self.seq_len = check_int("seq_len", seq_len, 2)
-        offsets = tuple(check_distinct_ints("offsets", offsets))  # one relation each
+        self.vocab_size = validate_int("vocab_size", vocab_size, 2)
+        self.seq_len = validate_int("seq_len", seq_len, 2)
+        offsets = tuple(validate_distinct_ints("offsets", offsets))  # one relation each
         for o in offsets:
             if o == 0:
                 raise ValueError("offset 0 is the query's own token, which needs no attention; use non-zero offsets")

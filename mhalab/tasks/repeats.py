@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..arguments import check_int
+from ..arguments import validate_int
 from .base import IGNORE, Batch, Task
 
 
@@ -28,14 +28,14 @@ class RepeatedSegments(Task):
 
     def __init__(self, vocab_size: int = 64, seq_len: int = 48, *, n_segments: int = 2,
                  segment_lengths: tuple[int, int] = (6, 12)) -> None:
-        self.vocab_size = check_int("vocab_size", vocab_size, 2)
-        self.seq_len = check_int("seq_len", seq_len, 4)
-        self.n_segments = check_int("n_segments", n_segments, 1)
+        self.vocab_size = validate_int("vocab_size", vocab_size, 2)
+        self.seq_len = validate_int("seq_len", seq_len, 4)
+        self.n_segments = validate_int("n_segments", n_segments, 1)
         if not (isinstance(segment_lengths, (tuple, list)) and len(segment_lengths) == 2):
             raise TypeError(f"segment_lengths must be (shortest, longest), e.g. (6, 12), got {segment_lengths!r}")
-        low = check_int("the shortest segment length", segment_lengths[0], 2,
+        low = validate_int("the shortest segment length", segment_lengths[0], 2,
                         why=" (a segment of one token repeated predicts nothing)")
-        high = check_int("the longest segment length", segment_lengths[1], low, why=f" (the shortest is {low})")
+        high = validate_int("the longest segment length", segment_lengths[1], low, why=f" (the shortest is {low})")
         if 2 * n_segments * high > seq_len:
             raise ValueError(f"{n_segments} segments of up to {high} tokens, each written twice, need "
                              f"{2 * n_segments * high} positions but seq_len={seq_len}: use seq_len >= "

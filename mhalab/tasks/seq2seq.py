@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..arguments import check_int
+from ..arguments import validate_int
 from .base import Batch, Task, _letter
 
 
@@ -34,8 +34,8 @@ class Seq2SeqTask(Task):
         if mode not in self.MODES:
             raise ValueError(f"mode must be one of {tuple(self.MODES)}, got {mode!r}")
         self.mode = self.name = mode
-        self.n_symbols = check_int("n_symbols", n_symbols, 2)
-        self.seq_len = check_int("seq_len", seq_len, 2)
+        self.n_symbols = validate_int("n_symbols", n_symbols, 2)
+        self.seq_len = validate_int("seq_len", seq_len, 2)
         self.bos_id = n_symbols
         self.vocab_size = n_symbols + 1
         self.target_relation = self.MODES[mode]

@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from ..arguments import check_index
+from ..arguments import validate_index
 from ..head_data import HeadData, head_data
 from ..head_roles import NO_ROLE
 from ..plotting import figure, relation_style
@@ -32,8 +32,8 @@ def head_grid(model: nn.Module | HeadExplorer | HeadData, batch: Any = None, lay
             raise ValueError("head_grid needs the batch to compute attention on: head_grid(model, batch, layer)")
         data = head_data(model, batch, task, examples=example + 1, ablation=False)
     H = data.n_heads
-    layer = check_index("layer", layer, data.n_layers)
-    example = check_index("example", example, data.n_examples)
+    layer = validate_index("layer", layer, data.n_layers)
+    example = validate_index("example", example, data.n_examples)
     columns = columns or min(H, 8)
     rows = -(-H // columns)
     fig, axes = figure(columns, rows, width=size, height=size + 0.45 + 0.4 / rows)  # two title lines, the suptitle

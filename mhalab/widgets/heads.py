@@ -21,7 +21,7 @@ import numpy as np
 from torch import nn
 
 from ..ablation import AblationTable
-from ..arguments import check_index
+from ..arguments import validate_index
 from ..head_data import AttentionLayers, HeadData, head_data
 from ..head_roles import NO_ROLE
 from ..plotting import DPI, fit_tick_labels, relation_style, short_label
@@ -181,7 +181,7 @@ class HeadExplorer:
             self.hide_special = bool(hide_special)
         for name, value in (("layer", layer), ("head", head), ("example", example)):
             if value is not None:
-                setattr(self, name, check_index(name, value, self.sizes[name]))
+                setattr(self, name, validate_index(name, value, self.sizes[name]))
         if highlight is not None:
             options = self.highlight_options
             if highlight not in options:
@@ -239,7 +239,7 @@ class HeadExplorer:
         group = self.data.kv_group(head)
         if len(group) > 1:
             others = ", ".join(str(g) for g in group if g != head)
-            parts.append(f"K/V head {head // len(group)} of {self.data.n_kv_heads}, shared with heads {others}")
+            parts.append(f"K/V head {head // len(group)} of {self.data.n_key_value_heads}, shared with heads {others}")
         first = float(self.data.scores["first-token"][layer, head])
         parts.append(f"{first:.0%} of its attention on the first token (queries 1..{self.data.T - 1})")
         return "   |  ".join(parts)

@@ -18,7 +18,7 @@ import io
 
 import numpy as np
 
-from ..arguments import check_index
+from ..arguments import validate_index
 from ..head_data import hide_keys
 from ..plotting import DPI, short_label
 from .display import still_png, widgets_available
@@ -59,7 +59,8 @@ class ModelView:
     @property
     def group_size(self) -> int:
         data = self.explorer.data  # without grouped-query attention, one group of all heads (no K/V labels)
-        return data.n_heads // data.n_kv_heads if data.n_kv_heads != data.n_heads else data.n_heads
+        G = data.n_key_value_heads
+        return data.n_heads // G if G != data.n_heads else data.n_heads
 
     def _fitting_pixels(self, width: int) -> int:
         """The largest thumbnail side in ``[SMALLEST, LARGEST]`` that fits ``width`` CSS pixels and :data:`TALLEST`."""
@@ -173,8 +174,8 @@ class ModelView:
         from matplotlib.patches import Rectangle
 
         ex = self.explorer
-        layer = self.layer if layer is None else check_index("layer", layer, ex.data.n_layers)
-        head = self.head if head is None else check_index("head", head, ex.data.n_heads)  # both checked, then set
+        layer = self.layer if layer is None else validate_index("layer", layer, ex.data.n_layers)
+        head = self.head if head is None else validate_index("head", head, ex.data.n_heads)  # both checked, then set
         self.layer, self.head = layer, head
         for frame in self._frames:
             frame.remove()

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arguments import check_index
+from ..arguments import validate_index
 from ..plotting import DPI
 from .display import still_png, widget_bundle
 
@@ -83,7 +83,7 @@ class FormationExplorer:
         """Show another head or recorded step (``step``: one of :attr:`steps`)."""
         for name, value, size in (("layer", layer, self.n_layers), ("head", head, self.n_heads)):
             if value is not None:
-                setattr(self, name, check_index(name, value, size))
+                setattr(self, name, validate_index(name, value, size))
         if step is not None:
             if step not in self.steps:
                 raise ValueError(f"step {step!r} was not recorded; the recorded steps are {self.steps[0]}, "
