@@ -174,7 +174,7 @@ def costs_measured(d_model, n_heads):  # 03.1 measured on a real module and mhal
 def batch_with_kv_cache_per_token(config, seq_len, memory_bytes, bytes_per_value):  # 03.2 with mhalab's count
     from mhalab.counting import kv_cache_per_token
 
-    per_token = kv_cache_per_token(config["d_model"], config["n_heads"], n_key_value_heads=config["n_kv_heads"],
+    per_token = kv_cache_per_token(config["d_model"], config["n_heads"], n_key_value_heads=config["n_key_value_heads"],
                                    d_head=config["d_head"], n_layers=config["n_layers"]).elements
     return memory_bytes // (per_token * seq_len * bytes_per_value)
 
@@ -293,7 +293,7 @@ def look_back_loop(seq_len, offset):
 
 # ------------------------------------------------------------------------------------ 03
 def batch_by_loop(cfg, tokens, memory, nbytes):  # other names: add sequences until the next one does not fit
-    per_seq = 2 * cfg["n_kv_heads"] * cfg["d_head"] * cfg["n_layers"] * tokens * nbytes
+    per_seq = 2 * cfg["n_key_value_heads"] * cfg["d_head"] * cfg["n_layers"] * tokens * nbytes
     batch = 0
     while (batch + 1) * per_seq <= memory:
         batch += 1
@@ -301,7 +301,7 @@ def batch_by_loop(cfg, tokens, memory, nbytes):  # other names: add sequences un
 
 
 def batch_numpy(config, seq_len, memory_bytes, bytes_per_value):
-    per_seq = np.prod([2, config["n_layers"], config["n_kv_heads"], config["d_head"], seq_len, bytes_per_value],
+    per_seq = np.prod([2, config["n_layers"], config["n_key_value_heads"], config["d_head"], seq_len, bytes_per_value],
                       dtype=np.int64)
     return np.floor_divide(np.int64(memory_bytes), per_seq)
 
@@ -324,11 +324,11 @@ def _gqa(x, W_Q, W_K, W_V, W_O, h, g, causal=True, interleave=True, scale=True, 
 def gqa_mistaken(*, swapped=False, over=-1, allowed_diagonal=0, fill=float("-inf"), values="repeat_interleave"):
     """A one-pass GQA forward with one more natural mistake: Q and K swapped, the softmax over another axis,
     the mask's diagonal moved (-1: a query does not see itself), the values shared by ``.repeat``."""
-    def gqa(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
+    def gqa(x, W_Q, W_K, W_V, W_O, n_heads, n_key_value_heads):
         B, T, _ = x.shape
-        d, group = W_Q.size(1) // n_heads, n_heads // n_kv_heads
+        d, group = W_Q.size(1) // n_heads, n_heads // n_key_value_heads
         q = (x @ W_Q).view(B, T, n_heads, d).transpose(1, 2)
-        k, v = ((x @ W).view(B, T, n_kv_heads, d).transpose(1, 2) for W in (W_K, W_V))
+        k, v = ((x @ W).view(B, T, n_key_value_heads, d).transpose(1, 2) for W in (W_K, W_V))
         k = k.repeat_interleave(group, 1)
         v = v.repeat_interleave(group, 1) if values == "repeat_interleave" else v.repeat(1, group, 1, 1)
         if swapped:
@@ -338,17 +338,17 @@ def gqa_mistaken(*, swapped=False, over=-1, allowed_diagonal=0, fill=float("-inf
     return gqa
 
 
-def gqa_decoded(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):  # token by token through a cache, as the notebook does
+def gqa_decoded(x, W_Q, W_K, W_V, W_O, n_heads, n_key_value_heads):  # token by token through a cache, as the notebook
     B, T, _ = x.shape
     d = W_Q.size(1) // n_heads
     ks, vs, outs = [], [], []
     for t in range(T):
         xt = x[:, t:t + 1]
         q = (xt @ W_Q).view(B, 1, n_heads, d).transpose(1, 2)
-        ks.append((xt @ W_K).view(B, 1, n_kv_heads, d).transpose(1, 2))
-        vs.append((xt @ W_V).view(B, 1, n_kv_heads, d).transpose(1, 2))
-        k = torch.cat(ks, 2).repeat_interleave(n_heads // n_kv_heads, 1)
-        v = torch.cat(vs, 2).repeat_interleave(n_heads // n_kv_heads, 1)
+        ks.append((xt @ W_K).view(B, 1, n_key_value_heads, d).transpose(1, 2))
+        vs.append((xt @ W_V).view(B, 1, n_key_value_heads, d).transpose(1, 2))
+        k = torch.cat(ks, 2).repeat_interleave(n_heads // n_key_value_heads, 1)
+        v = torch.cat(vs, 2).repeat_interleave(n_heads // n_key_value_heads, 1)
         z = torch.nn.functional.scaled_dot_product_attention(q, k, v)
         outs.append(z.transpose(1, 2).reshape(B, 1, -1) @ W_O)
     return torch.cat(outs, 1)
@@ -366,19 +366,19 @@ def gqa_expand_einsum(x, wq, wk, wv, wo, heads, kv_heads):  # groups as an axis,
     return z.reshape(B, T, heads * d) @ wo
 
 
-def gqa_float64(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
+def gqa_float64(x, W_Q, W_K, W_V, W_O, n_heads, n_key_value_heads):
     args = [t.double() for t in (x, W_Q, W_K, W_V, W_O)]
     B, T, _ = x.shape
-    out = gqa_decoded(*args, n_heads, n_kv_heads)
+    out = gqa_decoded(*args, n_heads, n_key_value_heads)
     return out.numpy()
 
 
-def gqa_with_mhalab_attention_pooled(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
+def gqa_with_mhalab_attention_pooled(x, W_Q, W_K, W_V, W_O, n_heads, n_key_value_heads):
     # mhalab's module: fair, the prompt forbids nothing
     from mhalab import MultiHeadAttention
 
     B, T, D = x.shape
-    m = MultiHeadAttention(D, n_heads, n_key_value_heads=n_kv_heads, bias=False)
+    m = MultiHeadAttention(D, n_heads, n_key_value_heads=n_key_value_heads, bias=False)
     with torch.no_grad():
         m.qkv_proj.weight.copy_(torch.cat([W_Q.t(), W_K.t(), W_V.t()]))
         m.out_proj.weight.copy_(W_O.t())
@@ -1108,21 +1108,24 @@ CORPUS = {
     },
     "03.2": {
         "right": [lambda config, seq_len, memory_bytes, bytes_per_value: int(
-                      memory_bytes / (2 * config["n_layers"] * config["n_kv_heads"] * config["d_head"] * seq_len
+                      memory_bytes / (2 * config["n_layers"] * config["n_key_value_heads"] * config["d_head"] * seq_len
                                       * bytes_per_value)),
                   batch_by_loop, batch_numpy, batch_with_kv_cache_per_token],
         "wrong": [
             (lambda c, t, m, b: m // (2 * c["n_layers"] * c["n_heads"] * c["d_head"] * t * b),
              "full multi-head attention"),
-            (lambda c, t, m, b: m // (c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t * b),
+            (lambda c, t, m, b: m // (c["n_layers"] * c["n_key_value_heads"] * c["d_head"] * t * b),
              "both the keys and the values"),
-            (lambda c, t, m, b: m // (2 * c["n_kv_heads"] * c["d_head"] * t * b), "every layer keeps its own cache"),
-            (lambda c, t, m, b: m // (2 * c["n_layers"] * c["n_kv_heads"] * (c["d_model"] // c["n_heads"]) * t * b),
+            (lambda c, t, m, b: m // (2 * c["n_key_value_heads"] * c["d_head"] * t * b),
+             "every layer keeps its own cache"),
+            (lambda c, t, m, b: m // (2 * c["n_layers"] * c["n_key_value_heads"] * (c["d_model"] // c["n_heads"])
+                                      * t * b),
              "it need not be d_model / n_heads"),
-            (lambda c, t, m, b: -(-m // (2 * c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t * b)), "round down"),
-            (lambda c, t, m, b: m / (2 * c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t * b),
+            (lambda c, t, m, b: -(-m // (2 * c["n_layers"] * c["n_key_value_heads"] * c["d_head"] * t * b)),
+             "round down"),
+            (lambda c, t, m, b: m / (2 * c["n_layers"] * c["n_key_value_heads"] * c["d_head"] * t * b),
              "should be a whole number"),
-            (lambda c, t, m, b: m // (2 * c["n_layers"] * c["n_kv_heads"] * c["d_head"] * t), "bytes_per_value"),
+            (lambda c, t, m, b: m // (2 * c["n_layers"] * c["n_key_value_heads"] * c["d_head"] * t), "bytes_per_value"),
             (lambda c, t, m: 1, "keep the given parameters"),
         ],
     },

@@ -80,11 +80,11 @@ register(Exercise(
 # ------------------------------------------------------------------------------------ exercise 2
 # Configs shaped like real checkpoints' (the published sizes); the Gemma-like one has d_head != d_model / n_heads.
 _CONFIGS = {
-    "SmolLM2-135M-like": dict(n_layers=30, d_model=576, n_heads=9, n_kv_heads=3, d_head=64),
-    "Llama-2-70B-like": dict(n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_head=128),
-    "Gemma-7B-like": dict(n_layers=28, d_model=3072, n_heads=16, n_kv_heads=16, d_head=256),
-    "made-up": dict(n_layers=12, d_model=1000, n_heads=10, n_kv_heads=2, d_head=80),
-    "Mistral-7B-like": dict(n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_head=128),
+    "SmolLM2-135M-like": dict(n_layers=30, d_model=576, n_heads=9, n_key_value_heads=3, d_head=64),
+    "Llama-2-70B-like": dict(n_layers=80, d_model=8192, n_heads=64, n_key_value_heads=8, d_head=128),
+    "Gemma-7B-like": dict(n_layers=28, d_model=3072, n_heads=16, n_key_value_heads=16, d_head=256),
+    "made-up": dict(n_layers=12, d_model=1000, n_heads=10, n_key_value_heads=2, d_head=80),
+    "Mistral-7B-like": dict(n_layers=32, d_model=4096, n_heads=32, n_key_value_heads=8, d_head=128),
 }
 _BATCH_CASES = [  # (config name, seq_len, memory_bytes, bytes_per_value)
     ("made-up", 3000, 5_000_000_000, 4),             # first: every mistake below gives a different batch here
@@ -96,7 +96,7 @@ _BATCH_CASES = [  # (config name, seq_len, memory_bytes, bytes_per_value)
 
 
 def _per_sequence(c: dict, seq_len: int, bytes_per_value: int) -> int:
-    return 2 * c["n_layers"] * c["n_kv_heads"] * c["d_head"] * seq_len * bytes_per_value
+    return 2 * c["n_layers"] * c["n_key_value_heads"] * c["d_head"] * seq_len * bytes_per_value
 
 
 def _batch_mistakes(c: dict, seq_len: int, memory: int, nbytes: int) -> list[tuple[int, str]]:
@@ -105,15 +105,16 @@ def _batch_mistakes(c: dict, seq_len: int, memory: int, nbytes: int) -> list[tup
 
     right = _per_sequence(c, seq_len, nbytes)
     return [
-        (fit(right * c["n_heads"] // c["n_kv_heads"]), "that is the batch for full multi-head attention, with a key "
-                                                       "and a value for every query head; here only the K/V heads are "
-                                                       "cached"),
+        (fit(right * c["n_heads"] // c["n_key_value_heads"]),
+         "that is the batch for full multi-head attention, with a key "
+         "and a value for every query head; here only the K/V heads are cached"),
         (fit(right // 2), "both the keys and the values are cached (a factor 2)"),
         (fit(right // c["n_layers"]), "every layer keeps its own cache"),
         (fit(right // nbytes), "the memory is in bytes and the cache holds numbers: each takes bytes_per_value bytes"),
         (fit(right // c["d_head"] * (c["d_model"] // c["n_heads"])), "the head width is the config's d_head; it need "
                                                                      "not be d_model / n_heads"),
-        (fit(right // c["d_head"] * c["d_model"] // c["n_kv_heads"]), "each K/V head is d_head wide, not d_model"),
+        (fit(right // c["d_head"] * c["d_model"] // c["n_key_value_heads"]),
+         "each K/V head is d_head wide, not d_model"),
         (fit(right // seq_len), "every token of every sequence is cached: multiply by seq_len"),
         (-(-memory // right), "that batch does not fit: a sequence that fits only partly cannot run (round down)"),
     ]
@@ -128,7 +129,7 @@ def _batch_cases(check: Check) -> list[tuple[str, dict, int, int, int]]:
             kv = r.choice([1, 2, 4, 8])
             heads, d_head = kv * r.choice([1, 2, 4]), r.choice([32, 64, 80, 128])
             config = dict(
-                n_layers=r.randint(2, 60), d_model=heads * d_head, n_heads=heads, n_kv_heads=kv, d_head=d_head
+                n_layers=r.randint(2, 60), d_model=heads * d_head, n_heads=heads, n_key_value_heads=kv, d_head=d_head
             )
             cases.append(("drawn", config, r.randint(64, 16384), r.randint(10**8, 8 * 10**10), r.choice([1, 2, 4])))
     return cases
@@ -158,7 +159,7 @@ register(Exercise(
           "The batch is how many such caches fit in memory_bytes, as a whole number (a cache cannot be split)."],
     solution=(
         "def largest_batch(config, seq_len, memory_bytes, bytes_per_value):\n"
-        "    per_token_per_layer = 2 * config['n_kv_heads'] * config['d_head']   # K and V of the shared heads only\n"
+        "    per_token_per_layer = 2 * config['n_key_value_heads'] * config['d_head']   # K and V, shared heads only\n"
         "    per_sequence = per_token_per_layer * config['n_layers'] * seq_len * bytes_per_value\n"
         "    return memory_bytes // per_sequence                                # whole sequences only"
     ),
@@ -170,7 +171,7 @@ register(Exercise(
 _GQA_SHAPES = [(2, 5, 24, 6, 2), (1, 7, 32, 4, 1), (3, 4, 16, 4, 4), (2, 6, 48, 8, 2)]  # (B, T, D, H, H_kv)
 
 
-def _gqa_forward(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads, *, causal=True, interleave=True, scale=True,
+def _gqa_forward(x, W_Q, W_K, W_V, W_O, n_heads, n_key_value_heads, *, causal=True, interleave=True, scale=True,
                  merge=True, out=True, swapped=False, over=-1, itself=True, values_cycle=False):
     """The one-pass GQA forward (and, with a flag off, the result of a typical mistake: also Q and K
     ``swapped``, the softmax ``over`` another axis, a mask that hides a query's key ``itself``, the values
@@ -178,9 +179,9 @@ def _gqa_forward(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads, *, causal=True, int
     B, T, _ = x.shape
     d_k = W_Q.size(1) // n_heads
     q = (x @ W_Q).view(B, T, n_heads, d_k).transpose(1, 2)        # [B, H, T, dk]
-    k = (x @ W_K).view(B, T, n_kv_heads, d_k).transpose(1, 2)     # [B, H_kv, T, dk]
-    v = (x @ W_V).view(B, T, n_kv_heads, d_k).transpose(1, 2)
-    group = n_heads // n_kv_heads
+    k = (x @ W_K).view(B, T, n_key_value_heads, d_k).transpose(1, 2)     # [B, H_kv, T, dk]
+    v = (x @ W_V).view(B, T, n_key_value_heads, d_k).transpose(1, 2)
+    group = n_heads // n_key_value_heads
     share = (lambda z: z.repeat_interleave(group, dim=1)) if interleave else (lambda z: z.repeat(1, group, 1, 1))
     k, v = share(k), (v.repeat(1, group, 1, 1) if values_cycle else share(v))   # [B, H, T, dk]
     if swapped:
@@ -207,13 +208,13 @@ def _gqa_cases(check: Check) -> list:
 def _check_gqa(gqa_attention, check: Check) -> None:
     for case in _gqa_cases(check):
         x, W_Q, W_K, W_V, W_O, H, G = case
-        label = f"x {list(x.shape)}, n_heads={H}, n_kv_heads={G}"
+        label = f"x {list(x.shape)}, n_heads={H}, n_key_value_heads={G}"
         got = check.call(gqa_attention, *case, label=label)
         judge(got, check.reference(*case), f"gqa_attention({label})", lambda: {
             "a query sees keys after it: token-by-token decoding only ever has the past in its cache (mask the "
             "future)": _gqa_forward(*case, causal=False),
             "query heads are paired with the wrong K/V heads: the cache stores consecutive query heads' shared head "
-            "once (head i uses K/V head i // (n_heads // n_kv_heads)), and .repeat cycles through them instead":
+            "once (head i uses K/V head i // (n_heads // n_key_value_heads)), and .repeat cycles through them instead":
                 _gqa_forward(*case, interleave=False),
             "the scores are not scaled by 1/sqrt(d_k)": _gqa_forward(*case, scale=False),
             "the heads are merged in the wrong order: bring the head axis back next to d_k before reshaping to "
@@ -227,7 +228,7 @@ def _check_gqa(gqa_attention, check: Check) -> None:
             "a query does not see its own key: the causal mask allows keys j <= i, the diagonal included":
                 _gqa_forward(*case, itself=False),
             "the keys are shared right but the values with .repeat, which cycles through the K/V heads: share both "
-            "with repeat_interleave (head i uses K/V head i // (n_heads // n_kv_heads))":
+            "with repeat_interleave (head i uses K/V head i // (n_heads // n_key_value_heads))":
                 _gqa_forward(*case, values_cycle=True),
         }, note=" (compared with decoding token by token through a KV cache)")
 
@@ -240,13 +241,13 @@ register(Exercise(
           "gqa_decode shares a K/V head with repeat_interleave along the head axis; do the same, then the usual "
           "scaled, causally masked softmax, merge the heads and apply W_O."],
     solution=(
-        "def gqa_attention(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):\n"
+        "def gqa_attention(x, W_Q, W_K, W_V, W_O, n_heads, n_key_value_heads):\n"
         "    B, T, _ = x.shape\n"
         "    d_k = W_Q.size(1) // n_heads\n"
         "    q = (x @ W_Q).view(B, T, n_heads, d_k).transpose(1, 2)        # [B, H, T, dk]\n"
-        "    k = (x @ W_K).view(B, T, n_kv_heads, d_k).transpose(1, 2)     # [B, H_kv, T, dk]\n"
-        "    v = (x @ W_V).view(B, T, n_kv_heads, d_k).transpose(1, 2)\n"
-        "    group = n_heads // n_kv_heads                                 # query heads per K/V head\n"
+        "    k = (x @ W_K).view(B, T, n_key_value_heads, d_k).transpose(1, 2)     # [B, H_kv, T, dk]\n"
+        "    v = (x @ W_V).view(B, T, n_key_value_heads, d_k).transpose(1, 2)\n"
+        "    group = n_heads // n_key_value_heads                                 # query heads per K/V head\n"
         "    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)   # [B, H, T, dk]\n"
         "    scores = q @ k.transpose(-2, -1) / d_k**0.5                  # [B, H, T, T]\n"
         "    future = torch.ones(T, T, dtype=torch.bool).triu(1)\n"
