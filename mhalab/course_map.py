@@ -185,6 +185,7 @@ def shape_sheet(model, tokens) -> tuple[list[SheetRow], dict]:
     config = model.config
     gqa = Transformer(dataclasses.replace(config, n_key_value_heads=config.n_heads // 2))  # 2 query heads a K/V head
     logits, cache = model.run_with_cache(tokens)
+    cache.compute_head_results()  # hook_result from hook_z and W_O, as use_attn_result would have cached it
     _, gqa_cache = gqa.run_with_cache(tokens)
     weights = circuits.head_weights(model)  # every layer's W_Q, W_K, W_V, W_O, head by head
     a = "blocks.0.attn."
@@ -202,8 +203,7 @@ def shape_sheet(model, tokens) -> tuple[list[SheetRow], dict]:
          cache[a + "hook_attn_scores"]),
         ("attention pattern", a + "hook_pattern", "batch n_heads query_pos key_pos", cache[a + "hook_pattern"]),
         ("each head's output, before W_O", a + "hook_z", heads, cache[a + "hook_z"]),
-        ("each head's write, after W_O", "circuits.head_results(model, tokens)[0]", "batch pos n_heads d_model",
-         circuits.head_results(model, tokens)[0]),
+        ("each head's write, after W_O", a + "hook_result", "batch pos n_heads d_model", cache[a + "hook_result"]),
         ("attention's output, all heads summed", "blocks.0.hook_attn_out", "batch pos d_model",
          cache["blocks.0.hook_attn_out"]),
         ("block 0's output", "blocks.0.hook_resid_post", "batch pos d_model", cache["blocks.0.hook_resid_post"]),
