@@ -191,7 +191,8 @@ def cmd_test(args: list[str]) -> int:
     env = dict(os.environ)
     if not args:
         workers = default_workers()
-        args = ["-n", str(workers), "--dist", "loadfile", "tests", "notebooks"]
+        # --durations: the slowest tests in the log, so a run that nears CI's time limit says where the time went
+        args = ["-n", str(workers), "--dist", "loadfile", "--durations=25", "tests", "notebooks"]
         # Each test worker (and each notebook kernel it starts) gets its share of the cores:
         # two processes with torch's default of one thread per core would fight over them.
         threads = str(max(1, (os.cpu_count() or 1) // workers))

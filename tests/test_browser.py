@@ -31,6 +31,7 @@ NOTEBOOK_07 = ROOT / "notebooks" / "07_a_real_encoder.ipynb"
 FORMATION_NOTEBOOK = ROOT / "notebooks" / "09_heads_form.ipynb"  # the formation explorer's training-step slider
 TARGET_S = 0.5  # what a slider move should take (reported next to the measurement, not asserted)
 RUN_ALL_TIMEOUT_S = 900  # notebook 05 takes < 2 min alone; a shared CI machine may be much slower
+RUN_ALL_DONE = "mhalab browser test: the last cell ran"  # printed by a cell the tests append to their copy
 
 
 @contextlib.contextmanager
@@ -46,6 +47,9 @@ def _jupyterlab(tmp_path, notebook):
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     nb.metadata.pop("widgets", None)
+    # A last cell that prints RUN_ALL_DONE: Run All has reached the end once its output shows. (Counting
+    # prompts would not do: a folded check cell's prompt is not in the page.)
+    nb.cells.append(nbformat.v4.new_code_cell(f"print({RUN_ALL_DONE!r})"))
     nbformat.write(nb, root / notebook.name)
     with jupyterlab_server(root, tmp_path) as (base, token, _):
         yield base, token, root
@@ -81,8 +85,9 @@ async (explorer) => {
 _ERROR_OUTPUT = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']"
 
 
-def _run_all_and_wait(page, n_code_cells: int, timeout_s: float) -> None:
-    """Run All from the Run menu, make sure it started, and wait until every cell has run (or one failed)."""
+def _run_all_and_wait(page, timeout_s: float) -> None:
+    """Run All from the Run menu, make sure it started, and wait until the appended last cell has printed
+    :data:`RUN_ALL_DONE` (Run All stops at a failing cell, so every cell before it ran) or a cell failed."""
     def run_all() -> None:
         # Make the notebook the current widget first: the Run menu acts on the focused document.
         page.locator(".jp-Notebook .jp-Cell").first.click()
@@ -92,17 +97,16 @@ def _run_all_and_wait(page, n_code_cells: int, timeout_s: float) -> None:
     dialogs: list[str] = []  # dialogs JupyterLab put over the page (on a loaded machine), named if Run All fails
     # started: a number or "*" in some prompt (the kernel has the cells)
     start_until(page, run_all, lambda: page.evaluate(CELL_STARTED), dialogs, "Run All")
-    # Done when every code cell has an execution number (none blank "[ ]:" or queued "[*]:") and the
-    # kernel is idle, or as soon as a cell shows a traceback. The copy starts without numbers, so this
-    # cannot be satisfied before the run.
+    # The copy starts without outputs, so this cannot be satisfied before the run.
     page.wait_for_function(
-        """([n, errorSelector]) => {
+        """([done, errorSelector]) => {
             if (document.querySelector(errorSelector) !== null) return true;
-            const prompts = Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt'));
+            const cells = document.querySelectorAll('.jp-Notebook .jp-CodeCell');
+            const last = cells[cells.length - 1];
             const idle = document.querySelector(".jp-Notebook-ExecutionIndicator[data-status='idle']") !== null;
-            return idle && prompts.length === n && prompts.every(p => /^\\[\\d+\\]:$/.test(p.textContent.trim()));
+            return idle && last !== undefined && last.querySelector('.jp-OutputArea').textContent.includes(done);
         }""",
-        arg=[n_code_cells, _ERROR_OUTPUT],
+        arg=[RUN_ALL_DONE, _ERROR_OUTPUT],
         timeout=timeout_s * 1000,
         polling=1000,
     )
@@ -136,8 +140,7 @@ def _notebook_run(p, base: str, token: str, notebook: Path):
         page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
         page.goto(f"{base}/lab/tree/{notebook.name}?token={token}", timeout=120_000)
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
-        n_code = sum(c.cell_type == "code" for c in nbformat.read(notebook, as_version=4).cells)
-        _run_all_and_wait(page, n_code, RUN_ALL_TIMEOUT_S)
+        _run_all_and_wait(page, RUN_ALL_TIMEOUT_S)
         yield page, errors
 
 
@@ -184,9 +187,8 @@ def test_sliders_redraw_the_heat_map(jupyterlab, record_property):
     record_property("slider_latency_ms", [round(1000 * t) for t in latencies])  # in the JUnit XML report
 
 
-
-# Notebook 09 before notebook 07's tests: their module-scoped page keeps Playwright's loop running until the
-# module ends, and a second sync_playwright() inside it refuses to start.
+# Notebook 09 and the folded check cells before notebook 07's tests: their module-scoped page keeps Playwright's
+# loop running until the module ends, and a second sync_playwright() inside it refuses to start.
 @pytest.fixture
 def formation_lab(tmp_path):
     with _jupyterlab(tmp_path, FORMATION_NOTEBOOK) as server:
@@ -213,6 +215,49 @@ def test_the_training_step_slider_redraws_the_pattern(formation_lab):
             moves.append(("head", _move(page, 2, "ArrowLeft" if at_last else "ArrowRight", explorer)))
             _each_move_changed(moves, "picture")
             _no_errors(page, errors)
+
+
+def test_a_learner_copy_opens_with_its_check_cells_folded(tmp_path):
+    """JupyterLab 4 shows each check cell folded (a placeholder in place of its code) and the lesson's code
+    unfolded; a screenshot is kept (set MHALAB_SCREENSHOT_DIR to keep it outside the temporary folder)."""
+    import os
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    notebook = ROOT / "learn" / "01_one_head.ipynb"
+    nb = nbformat.read(notebook, as_version=4)
+    folded = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "checks" in c.metadata.get("tags", [])]
+    assert folded, "notebook 01 has no check cell"
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy(notebook, root / notebook.name)
+    with jupyterlab_server(root, tmp_path) as (base, token, _), sync_playwright() as p, \
+            chromium_page(p, width=1400, height=1000) as page:
+        page.goto(f"{base}/lab/tree/{notebook.name}?token={token}", timeout=120_000)
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        page.wait_for_function(f"() => document.querySelectorAll('.jp-Notebook .jp-Cell').length >= {len(nb.cells)}",
+                               timeout=180_000)
+        dismiss_dialogs(page, [])
+        assert cells.count() == len(nb.cells)
+        hidden = [i for i in range(len(nb.cells))
+                  if cells.nth(i).locator(".jp-InputPlaceholder").count() > 0]
+        assert hidden == folded  # exactly the check cells: the lesson's code stays open
+        first = cells.nth(folded[0])
+        first.scroll_into_view_if_needed()
+        title = nb.cells[folded[0]].source.split("\n", 1)[0]
+        placeholder = " ".join(first.locator(".jp-InputPlaceholder").inner_text().split())
+        assert title.removeprefix("# @title ") in placeholder  # the fold shows what the cell checks...
+        assert not first.locator(".jp-InputArea-editor").is_visible()  # ...and hides its code until opened
+        shot = tmp_path / "folded-check-cell.png"
+        page.screenshot(path=str(shot))
+        first.locator(".jp-InputPlaceholder").click()  # a click opens it, as a learner would
+        page.wait_for_function("(el) => !el.querySelector('.jp-InputPlaceholder')", arg=first.element_handle(),
+                               timeout=10_000)
+        assert first.locator(".jp-InputArea-editor").is_visible()
+    if os.environ.get("MHALAB_SCREENSHOT_DIR"):
+        Path(os.environ["MHALAB_SCREENSHOT_DIR"]).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(os.environ["MHALAB_SCREENSHOT_DIR"]) / shot.name)
 
 
 # ------------------------------------------------------------------ notebook 07: the learner's text, the model view
@@ -295,50 +340,3 @@ def test_picking_in_the_model_view_opens_the_head_in_the_explorer(notebook_07_pa
     toggle.check()
     page.wait_for_function(f"async () => ({_IMAGE_OF})('{_VIEW_IMG}').then(h => h !== '{before}')", timeout=30_000)
     _no_errors(page, errors)
-
-
-def test_a_learner_copy_opens_with_its_check_cells_folded(tmp_path):
-    """JupyterLab 4 shows each check cell folded (a placeholder in place of its code) and the lesson's code
-    unfolded; a screenshot is kept (set MHALAB_SCREENSHOT_DIR to keep it outside the temporary folder)."""
-    import os
-    import shutil
-
-    from playwright.sync_api import sync_playwright
-
-    notebook = ROOT / "learn" / "01_one_head.ipynb"
-    nb = nbformat.read(notebook, as_version=4)
-    folded = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "checks" in c.metadata.get("tags", [])]
-    assert folded, "notebook 01 has no check cell"
-    root = tmp_path / "root"
-    root.mkdir()
-    shutil.copy(notebook, root / notebook.name)
-    # every cell in the page, not only those in view (JupyterLab 4 draws a long notebook's cells as they scroll in)
-    tracker = tmp_path / "lab-settings" / "@jupyterlab" / "notebook-extension"
-    tracker.mkdir(parents=True)
-    (tracker / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
-    with jupyterlab_server(root, tmp_path) as (base, token, _), sync_playwright() as p, \
-            chromium_page(p, width=1400, height=1000) as page:
-        page.goto(f"{base}/lab/tree/{notebook.name}?token={token}", timeout=120_000)
-        cells = page.locator(".jp-Notebook .jp-Cell")
-        page.wait_for_function(f"() => document.querySelectorAll('.jp-Notebook .jp-Cell').length >= {len(nb.cells)}",
-                               timeout=180_000)
-        dismiss_dialogs(page, [])
-        assert cells.count() == len(nb.cells)
-        hidden = [i for i in range(len(nb.cells))
-                  if cells.nth(i).locator(".jp-InputPlaceholder").count() > 0]
-        assert hidden == folded  # exactly the check cells: the lesson's code stays open
-        first = cells.nth(folded[0])
-        first.scroll_into_view_if_needed()
-        title = nb.cells[folded[0]].source.split("\n", 1)[0]
-        placeholder = " ".join(first.locator(".jp-InputPlaceholder").inner_text().split())
-        assert title.removeprefix("# @title ") in placeholder  # the fold shows what the cell checks...
-        assert not first.locator(".jp-InputArea-editor").is_visible()  # ...and hides its code until opened
-        shot = tmp_path / "folded-check-cell.png"
-        page.screenshot(path=str(shot))
-        first.locator(".jp-InputPlaceholder").click()  # a click opens it, as a learner would
-        page.wait_for_function("(el) => !el.querySelector('.jp-InputPlaceholder')", arg=first.element_handle(),
-                               timeout=10_000)
-        assert first.locator(".jp-InputArea-editor").is_visible()
-    if os.environ.get("MHALAB_SCREENSHOT_DIR"):
-        Path(os.environ["MHALAB_SCREENSHOT_DIR"]).mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, Path(os.environ["MHALAB_SCREENSHOT_DIR"]) / shot.name)
