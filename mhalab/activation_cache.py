@@ -137,13 +137,8 @@ class ActivationCache(Mapping):
             if (incl_mid and i < layer) or (mlp_input and i == layer):
                 components.append(self["resid_mid", i])
                 labels.append(f"{i}_mid")
-        if pos_slice is not None:
-            components = [_slice_pos(c, pos_slice, -2) for c in components]
-        stacked = torch.stack(components)
-        if apply_ln:
-            stacked = self.apply_ln_to_stack(stacked, layer, mlp_input=mlp_input, pos_slice=pos_slice,
-                                             has_batch_dim=self.has_batch_dim, recompute_ln=layer == n_layers)
-        return (stacked, labels) if return_labels else stacked
+        return self._stacked(components, labels, layer, pos_slice=pos_slice, apply_ln=apply_ln, mlp_input=mlp_input,
+                             recompute_ln=layer == n_layers, return_labels=return_labels)
 
     # ------------------------------------------------------------------ the residual stream, decomposed
     def _model_with_blocks(self, what: str) -> nn.Module:
@@ -182,11 +177,20 @@ class ActivationCache(Mapping):
         if mlp_input and incl_attn:
             components.append(self["attn_out", layer])
             labels.append(f"{layer}_attn_out")
+        return self._stacked(components, labels, layer, pos_slice=pos_slice, apply_ln=apply_ln, mlp_input=mlp_input,
+                             return_labels=return_labels)
+
+    def _stacked(self, components: list[Tensor], labels: list[str], layer: int, *, pos_slice: Any, apply_ln: bool,
+                 mlp_input: bool, return_labels: bool, recompute_ln: bool = False) -> Any:
+        """``components`` (each ``[B, pos, D]``) at ``pos_slice``, stacked ``[components, B, pos, D]``; with
+        ``apply_ln``, through the norm reading layer ``layer``'s input (:meth:`apply_ln_to_stack`); with their
+        ``labels`` if ``return_labels``. What :meth:`accumulated_resid` and :meth:`decompose_resid` return."""
         if pos_slice is not None:
             components = [_slice_pos(c, pos_slice, -2) for c in components]
         stacked = torch.stack(components)
         if apply_ln:
-            stacked = self.apply_ln_to_stack(stacked, layer, mlp_input=mlp_input, pos_slice=pos_slice)
+            stacked = self.apply_ln_to_stack(stacked, layer, mlp_input=mlp_input, pos_slice=pos_slice,
+                                             recompute_ln=recompute_ln)
         return (stacked, labels) if return_labels else stacked
 
     def compute_head_results(self) -> None:

@@ -96,9 +96,9 @@ def _notebook_10(answers: dict[int, str]) -> nbformat.NotebookNode:
     return nbformat.v4.new_notebook(cells=cells)
 
 
-def test_patching_eigvals_in_an_earlier_cell_fools_the_learners_check_and_scores_nothing_when_graded(tmp_path):
-    honest = _notebook_10({})
-    tricked = _notebook_10({1: PATCH_EIGVALS + honest.cells[1].source, 2: CONSTANT_SCORE})
+def _fooled_live_then_graded(honest, tricked, tmp_path):
+    """Check that the learner's own kernel passes every exercise of the ``tricked`` notebook (the trick fools the
+    live check), then grade it against ``honest`` as the release source; returns the grade's report."""
     live = _live([cell.source for cell in tricked.cells])
     assert live == {"10.1": "passed", "10.2": "passed", "10.3": "passed"}, live  # fooled
     source = tmp_path / "source" / "10_what_heads_compute.ipynb"
@@ -106,7 +106,13 @@ def test_patching_eigvals_in_an_earlier_cell_fools_the_learners_check_and_scores
     nbformat.write(honest, source)
     path = tmp_path / "10_submission.ipynb"
     nbformat.write(tricked, path)
-    report = grade(path, source=source, timeout=120)
+    return grade(path, source=source, timeout=120)
+
+
+def test_patching_eigvals_in_an_earlier_cell_fools_the_learners_check_and_scores_nothing_when_graded(tmp_path):
+    honest = _notebook_10({})
+    tricked = _notebook_10({1: PATCH_EIGVALS + honest.cells[1].source, 2: CONSTANT_SCORE})
+    report = _fooled_live_then_graded(honest, tricked, tmp_path)
     assert {e.key: e.score for e in report.exercises} == {"10.1": 1, "10.2": 0, "10.3": 1}, report.format()
     assert report.exercises[1].status == "failed" and "exactly 1" in report.exercises[1].message
 
@@ -132,13 +138,6 @@ TRICKS_10 = {
 def test_each_trick_on_a_course_exercise_scores_nothing_when_graded(trick, tmp_path):
     honest = _notebook_10({})
     tricked = _notebook_10({2: TRICKS_10[trick]})
-    live = _live([cell.source for cell in tricked.cells])
-    assert live == {"10.1": "passed", "10.2": "passed", "10.3": "passed"}, live  # fooled
-    source = tmp_path / "source" / "10_what_heads_compute.ipynb"
-    source.parent.mkdir()
-    nbformat.write(honest, source)
-    path = tmp_path / "10_submission.ipynb"
-    nbformat.write(tricked, path)
-    report = grade(path, source=source, timeout=120)
+    report = _fooled_live_then_graded(honest, tricked, tmp_path)
     assert {e.key: e.score for e in report.exercises} == {"10.1": 1, "10.2": 0, "10.3": 1}, report.format()
     assert report.exercises[1].status != "passed", report.format()
