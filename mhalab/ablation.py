@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .arguments import validate_index
-from .hooks import HookedRootModule, ablate_heads, attention_modules, gate_heads, hooks_attached
+from .hooks import ablate_heads, attention_modules, gate_heads, hooks_attached
 from .models import batch_logits, eval_mode
 from .plotting import plot_pruning_curve
 from .tasks import IGNORE
@@ -39,12 +39,6 @@ def _z_points(model: nn.Module) -> list[str]:
     """The ``hook_z`` point of each attention layer, in order (``blocks.0.attn.hook_z``, ...; ``hook_z`` for a
     lone layer)."""
     return [f"{name}.hook_z" if name else "hook_z" for name in attention_modules(model)]
-
-
-def _hooked(model: nn.Module, hooks: list) -> contextlib.AbstractContextManager:
-    """``model.hooks(fwd_hooks=hooks)``, as the notebooks call it; a lone attention layer has no such method (it is
-    not a model), so it gets the function the method calls."""
-    return model.hooks(fwd_hooks=hooks) if isinstance(model, HookedRootModule) else hooks_attached(model, hooks)
 
 
 def model_shape(model: nn.Module) -> tuple[int, int]:
@@ -100,11 +94,11 @@ def ablate(model: nn.Module, heads: Iterable[Head] | Head, *, method: str = "zer
         def mean_over_batch(z: Tensor, hook) -> None:  # z: [B, T, H, dk]
             means[hook.name] = z.detach().float().mean(dim=0)  # [T, H, dk]
 
-        with torch.no_grad(), eval_mode(model), _hooked(model, [(points, mean_over_batch)]):
+        with torch.no_grad(), eval_mode(model), hooks_attached(model, [(points, mean_over_batch)]):
             batch_logits(model, reference)
     hooks = [(point, ablate_heads([h for l, h in heads if l == layer], means.get(point)))
              for layer, point in enumerate(points) if any(l == layer for l, _ in heads)]
-    with _hooked(model, hooks):
+    with hooks_attached(model, hooks):
         yield model
 
 
@@ -129,7 +123,7 @@ def ablate_each_head(model: nn.Module, task: Any, batch: Any) -> AblationTable:
     baseline = evaluate_batch(model, task, batch)
     table = {name: torch.zeros(N, H) for name in baseline}
     for layer, head in np.ndindex(N, H):
-        with _hooked(model, [(points[layer], ablate_heads([head]))]):
+        with hooks_attached(model, [(points[layer], ablate_heads([head]))]):
             for name, value in evaluate_batch(model, task, batch).items():
                 table[name][layer, head] = value
     return AblationTable(baseline, table)
@@ -170,7 +164,7 @@ def head_importance(model: nn.Module, batches: Any, *, normalize: bool = True,
             # Gates per example, so the gradient of the summed loss is every example's own gradient.
             xi = torch.ones(B, N, H, device=param.device, dtype=param.dtype, requires_grad=True)  # [B, N, H]
             gates = xi * keep.to(param.dtype)  # [B, N, H]: removed heads stay at 0
-            with _hooked(model, [(point, gate_heads(gates[:, i])) for i, point in enumerate(points)]):
+            with hooks_attached(model, [(point, gate_heads(gates[:, i])) for i, point in enumerate(points)]):
                 logits = batch_logits(model, batch)
             losses = per_example_loss(logits, batch.targets)  # [B]
             (grad,) = torch.autograd.grad(losses.sum(), xi)  # [B, N, H]: dL(x_b)/d xi for each example b

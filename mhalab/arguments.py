@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 from collections.abc import Iterable
 from typing import Any
 
 #: Keywords renamed to the config's (TransformerLens's) vocabulary, accepted with a warning until notebooks move.
-RENAMED_KEYWORDS = {"n_kv_heads": "n_key_value_heads", "rope_base": "rotary_base"}
 
 
 def validate_int(name: str, value: Any, minimum: int, *, maximum: int | None = None, why: str = "") -> int:
@@ -97,26 +95,6 @@ def validate_head_count(d_model: int, n_heads: int) -> int:
                          f"d_model / n_heads dimensions, which must be a whole number. "
                          f"Valid head counts for d_model={d_model}: {valid}")
     return d_model // n_heads
-
-
-def renamed_keywords(where: str, given: dict[str, Any]) -> dict[str, Any]:
-    """``given`` (a call's extra keywords) under their new names: ``n_kv_heads`` and ``rope_base`` are the old
-    names of ``n_key_value_heads`` and ``rotary_base`` (a DeprecationWarning says so); anything else is a
-    TypeError naming ``where``."""
-    unknown = sorted(set(given) - set(RENAMED_KEYWORDS))
-    if unknown:
-        raise TypeError(f"{where} got unexpected keyword argument(s) {unknown}")
-    for old in given:
-        warnings.warn(f"{where}: {old}= is now {RENAMED_KEYWORDS[old]}= (the config's name, TransformerLens's)",
-                      DeprecationWarning, stacklevel=3)
-    return {RENAMED_KEYWORDS[old]: value for old, value in given.items()}
-
-
-def check_head_count(d_model: int, n_heads: int) -> int:
-    """Deprecated name of :func:`validate_head_count`, kept until notebooks 02 and 04 move: "check" now means
-    checking an answer or a claim only (``q.check``, the notebooks' check cells)."""
-    warnings.warn("check_head_count is now validate_head_count (mhalab.arguments)", DeprecationWarning, stacklevel=2)
-    return validate_head_count(d_model, n_heads)
 
 
 def validate_head_shape(

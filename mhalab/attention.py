@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .arguments import renamed_keywords, validate_head_shape, validate_index
+from .arguments import validate_head_shape, validate_index
 from .device import sdpa_shares_kv_heads, sdpa_zeroes_blind_rows
 from .hook_points import HookPoint
 from .kv_cache import KVCache
@@ -131,12 +131,8 @@ class MultiHeadAttention(nn.Module):
         self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, *,
         n_key_value_heads: int | None = None, d_head: int | None = None, rotary_base: float | None = None,
         batch_first: bool = True, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-        **renamed,
     ) -> None:
         super().__init__()
-        given = {"n_key_value_heads": n_key_value_heads, "rotary_base": rotary_base}
-        given.update(renamed_keywords("MultiHeadAttention", renamed))  # n_kv_heads=, rope_base= (old names)
-        n_key_value_heads, rotary_base = given["n_key_value_heads"], given["rotary_base"]
         G, d_head = validate_head_shape(d_model, n_heads, n_key_value_heads=n_key_value_heads, d_head=d_head)
         if rotary_base is not None:
             if isinstance(rotary_base, bool) or not isinstance(rotary_base, (int, float)) or rotary_base <= 1:

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from functools import partial
 
@@ -148,7 +147,7 @@ class Block(nn.Module):
     the norm layers (:class:`LayerNorm`, :class:`RMSNorm`, ``nn.Identity``), ``mlp`` is :class:`MLP`,
     :class:`GatedMLP` or None (attention-only). The norms are numbered in the order they run, as TransformerLens
     numbers them: ``ln1`` (attention), ``ln2`` (the MLP's; in a decoder block the cross-attention's), ``ln3`` (a
-    decoder block's MLP), where those sublayers exist (:meth:`norm_before` names each). Hook points (axes in
+    decoder block's MLP), where those sublayers exist. Hook points (axes in
     :mod:`mhalab.hooks`): ``hook_resid_pre``, ``hook_attn_out``, ``hook_resid_mid`` (when a sublayer follows the
     attention), ``hook_cross_attn_out`` and ``hook_resid_mid_cross`` (decoder blocks; the latter before an MLP),
     ``hook_mlp_out``, ``hook_resid_post``; the norms' ``hook_scale``, ``hook_normalized`` and the MLP's
@@ -201,29 +200,6 @@ class Block(nn.Module):
             mlp = MLP(config.d_model, config.d_mlp, config.dropout, config.act_fn)
         return cls(attn, mlp, lambda: norm_layer(config), cross_attn=cross_attn, post_norm=config.post_norm,
                    dropout=config.dropout)
-
-    def norm_before(self, sublayer: str) -> nn.Module:
-        """The norm of ``sublayer`` ("attn", "cross_attn" or "mlp"): ``ln1``, ``ln2`` or ``ln3``, numbered in the
-        order they run (pre-norm: it reads the sublayer's input; post-norm: the sum after it)."""
-        names = {"attn": "ln1", "cross_attn": "ln2" if self.has_cross else None,
-                 "mlp": ("ln3" if self.has_cross else "ln2") if self.has_mlp else None}
-        if names.get(sublayer) is None:
-            raise ValueError(f"this block has no {sublayer!r}; its sublayers are "
-                             f"{[name for name, norm in names.items() if norm is not None]}")
-        return getattr(self, names[sublayer])
-
-    @property
-    def ln_attn(self) -> nn.Module:
-        """Deprecated: the attention's norm is ``ln1``, as TransformerLens names it."""
-        warnings.warn("block.ln_attn is now block.ln1 (TransformerLens's name)", DeprecationWarning, stacklevel=2)
-        return self.ln1
-
-    @property
-    def ln_mlp(self) -> nn.Module:
-        """Deprecated: the MLP's norm is ``ln2`` (``ln3`` in a decoder block), as TransformerLens names it."""
-        warnings.warn("block.ln_mlp is now block.ln2 (ln3 in a decoder block; TransformerLens's names)",
-                      DeprecationWarning, stacklevel=2)
-        return self.norm_before("mlp")
 
     def _add(self, x: Tensor, added: Tensor, norm: nn.Module, out_hook: HookPoint, resid_hook: HookPoint) -> Tensor:
         """The end of one residual branch: ``x + added``, then the norm if post-norm."""

@@ -210,8 +210,7 @@ def layer_weights(attn: nn.Module, *, fold_ln: bool = True) -> LayerWeights:
 class HeadWeights(NamedTuple):
     """Every layer's weights: ``W_Q [N, H, D, d]``, ``W_K, W_V [N, G, D, d]`` (the K/V heads as stored),
     ``W_O [N, H, d, D]``; ``W_E [V, D]``; ``W_pos [P, D]`` or None (no position table); ``W_U [D, V]``, ``b_U [V]``
-    or None (no unembedding, or no bias); ``final_norm``: the module the last residual goes through before W_U
-    (None: none); ``n_key_value_heads`` (G)."""
+    or None (no unembedding, or no bias); ``n_key_value_heads`` (G)."""
 
     W_Q: Tensor
     W_K: Tensor
@@ -221,7 +220,6 @@ class HeadWeights(NamedTuple):
     W_pos: Tensor | None
     W_U: Tensor | None
     b_U: Tensor | None
-    final_norm: nn.Module | None
     n_key_value_heads: int
 
 
@@ -231,22 +229,22 @@ def unembedding_weights(model: nn.Module, *, fold_ln: bool = True) -> tuple[Tens
     centred over D for a LayerNorm."""
     if model.config.post_norm:
         raise ValueError(_NO_UNEMBEDDING)
-    fold = fold_ln
+    if model.config.n_targets != 1:
+        raise ValueError(f"this model predicts {model.config.n_targets} targets per position (its head is "
+                         f"[{model.config.n_targets} x d_vocab, d_model]); the unembedding and the circuits through it "
+                         "need one (ModelConfig(n_targets=1))")
     W_E = model.embed.tokens.weight.detach()
     W_U = W_E.T if model.head is None else model.head.weight.detach().T  # [D, V]; tied: W_U = W_Eᵀ
     b_U = None if model.head is None or model.head.bias is None else model.head.bias.detach()
     norm = model.ln_final
     bias = getattr(norm, "bias", None)
-    if fold and bias is not None:
+    if fold_ln and bias is not None:
         b_U = bias.detach() @ W_U + (0.0 if b_U is None else b_U)  # [D] @ [D, V] -> [V]
-    return (_fold(norm, W_U) if fold else W_U), b_U
+    return (_fold(norm, W_U) if fold_ln else W_U), b_U
 
 
 def _transformer_weights(model: nn.Module, fold: bool) -> HeadWeights:
     cfg = model.config
-    if cfg.n_targets != 1:
-        raise ValueError(f"this model predicts {cfg.n_targets} targets per position; the circuits through the "
-                         "unembedding need one (ModelConfig(n_targets=1))")
     embed = model.embed
     table = embed.positions.weight if embed.learned else getattr(embed, "positions_table", None)
     W_E = embed.tokens.weight.detach()  # [V, D]
@@ -257,9 +255,9 @@ def _transformer_weights(model: nn.Module, fold: bool) -> HeadWeights:
     if cfg.post_norm:
         # Post-norm (MiniLM: a norm after each sublayer): the model's output is its last residual, with no
         # unembedding trained (the checkpoint has no MLM head).
-        return HeadWeights(W_Q, W_K, W_V, W_O, W_E, W_pos, None, None, None, G)
+        return HeadWeights(W_Q, W_K, W_V, W_O, W_E, W_pos, None, None, G)
     W_U, b_U = unembedding_weights(model, fold_ln=fold)
-    return HeadWeights(W_Q, W_K, W_V, W_O, W_E, W_pos, W_U, b_U, model.ln_final, G)
+    return HeadWeights(W_Q, W_K, W_V, W_O, W_E, W_pos, W_U, b_U, G)
 
 
 def _validate_transformer(model: nn.Module) -> None:
@@ -315,13 +313,21 @@ def _unembedding(w: HeadWeights) -> Tensor:
 def QK(model) -> FactoredMatrix:
     """Every head's ``W_QK = W_Q W_Kᵀ``: ``[N, H, D, D]`` (TransformerLens's ``model.QK``)."""
     W_Q, W_K, _, _ = _attention_weights(model)
-    return FactoredMatrix(W_Q, _per_query_head(W_K, W_Q.size(1)).transpose(-2, -1))
+    return _qk(W_Q, W_K)
 
 
 def OV(model) -> FactoredMatrix:
     """Every head's ``W_OV = W_V W_O``: ``[N, H, D, D]`` (TransformerLens's ``model.OV``)."""
     _, _, W_V, W_O = _attention_weights(model)
-    return FactoredMatrix(_per_query_head(W_V, W_O.size(1)), W_O)
+    return _ov(W_V, W_O)
+
+
+def _qk(W_Q: Tensor, W_K: Tensor) -> FactoredMatrix:
+    return FactoredMatrix(W_Q, _per_query_head(W_K, W_Q.size(1)).transpose(-2, -1))  # [N, H, D, d] [N, H, d, D]
+
+
+def _ov(W_V: Tensor, W_O: Tensor) -> FactoredMatrix:
+    return FactoredMatrix(_per_query_head(W_V, W_O.size(1)), W_O)  # [N, H, D, d] [N, H, d, D]
 
 
 def _qkv(w: HeadWeights, layer: int, head: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -382,12 +388,12 @@ def all_composition_scores(model, mode: str) -> Tensor:
     if mode not in _MODES:
         raise ValueError(f"mode must be 'Q', 'K' or 'V' (which input of the later head reads the earlier one's "
                          f"output), got {mode!r}")
-    weights = _attention_weights(model)
-    w = HeadWeights(*weights, None, None, None, None, None, weights[1].size(1))  # the attention's weights alone
-    N, H = w.W_Q.shape[:2]
-    L, R = _orthonormal_sides(OV(w), _MODES[mode](QK(w), OV(w)))  # [N, H, m, D], [N, H, D, m]
+    W_Q, W_K, W_V, W_O = _attention_weights(model)
+    N, H = W_Q.shape[:2]
+    ov = _ov(W_V, W_O)
+    L, R = _orthonormal_sides(ov, _MODES[mode](_qk(W_Q, W_K), ov))  # [N, H, m, D], [N, H, D, m]
     L_norm, R_norm = L.norm(dim=(-2, -1)), R.norm(dim=(-2, -1))  # [N, H]
-    scores = torch.zeros(N, H, N, H, dtype=w.W_Q.dtype)
+    scores = torch.zeros(N, H, N, H, dtype=W_Q.dtype)
     for l in range(N - 1):  # one source layer at a time, into every later one: one matrix product
         product = torch.einsum("hmd,lkdn->hlkmn", L[l], R[l + 1:])  # [H, later, H, m, m]
         scores[l, :, l + 1:] = product.norm(dim=(-2, -1)) / (L_norm[l][:, None, None] * R_norm[l + 1:])
@@ -416,7 +422,8 @@ def direct_logit_attribution(model, tokens: Tensor, right: Tensor, wrong: Tensor
     """``[N, H, B, T]``: each head's direct effect on the logit of ``right`` minus that of ``wrong`` (ids
     ``[B, T]``, or ints) at every position, through the final norm's scale: ``cache.stack_head_results(
     apply_ln=True)`` against W_U's columns; without ``wrong``, on the logit of ``right`` minus the mean logit."""
-    W_U = _unembedding(_weights(model))
+    _validate_transformer(model)
+    W_U, _ = unembedding_weights(model)
     N, B, T = len(model.blocks), *tokens.shape
     wanted = lambda name: name.endswith("attn.hook_z") or name == "ln_final.hook_scale"  # noqa: E731
     with torch.no_grad():
@@ -431,10 +438,10 @@ def logit_lens(model, tokens: Tensor) -> Tensor:
     """``[N + 1, B, T, V]``: the residual entering every block, then after the last one, through the final norm
     and the unembedding, as if the model ended there (nostalgebraist 2020): ``cache.accumulated_resid(apply_ln=True)
     @ model.W_U + model.b_U``; the last row is the model's logits."""
-    w = _weights(model)
-    W_U = _unembedding(w)
+    _validate_transformer(model)
+    W_U, b_U = unembedding_weights(model)
     wanted = lambda name: name.endswith(("hook_resid_pre", "hook_resid_post"))  # noqa: E731
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=wanted)
         logits = cache.accumulated_resid(apply_ln=True) @ W_U  # [N + 1, B, T, D] @ [D, V]
-    return logits if w.b_U is None else logits + w.b_U
+    return logits if b_U is None else logits + b_U

@@ -4,12 +4,12 @@ token per layer) against the head count; ``n_key_value_heads`` (grouped-query) a
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from .arguments import renamed_keywords, validate_head_shape, validate_int
+from .arguments import validate_head_shape, validate_int
 from .attention import MultiHeadAttention
 from .kv_cache import KVCache
 
@@ -45,13 +45,12 @@ class AttentionParameters(NamedTuple):
 
 def attention_parameters(
     d_model: int, n_heads: int, *, n_key_value_heads: int | None = None, d_head: int | None = None,
-    bias: bool = False, **renamed: Any,
+    bias: bool = False,
 ) -> AttentionParameters:
     """h query heads and g K/V heads of ``d_model x d_head`` each, plus ``(h d_head) x d_model`` for W_O.
 
     Defaults give 4 d_model² whatever h is; ``bias=True`` adds each projection's output width.
     """
-    n_key_value_heads = renamed_keywords("attention_parameters", renamed).get("n_key_value_heads", n_key_value_heads)
     g, d_head = validate_head_shape(d_model, n_heads, n_key_value_heads=n_key_value_heads, d_head=d_head)
     per_head = d_model * d_head + (d_head if bias else 0)  # one head's slice of one projection
     q = n_heads * per_head  # = d_model**2 (+ d_model) when h * d_head = d_model
@@ -69,11 +68,10 @@ class KVCacheSize(NamedTuple):
 
 def kv_cache_per_token(
     d_model: int, n_heads: int, *, n_key_value_heads: int | None = None, d_head: int | None = None,
-    n_layers: int = 1, dtype: torch.dtype | None = None, **renamed: Any,
+    n_layers: int = 1, dtype: torch.dtype | None = None,
 ) -> KVCacheSize:
     """Keys and values cached per token: ``2 * n_key_value_heads * d_head * n_layers`` (``2 * d_model * n_layers``
     by default)."""
-    n_key_value_heads = renamed_keywords("kv_cache_per_token", renamed).get("n_key_value_heads", n_key_value_heads)
     g, d_head = validate_head_shape(d_model, n_heads, n_key_value_heads=n_key_value_heads, d_head=d_head)
     validate_int("n_layers", n_layers, 1)
     if dtype is not None and not isinstance(dtype, torch.dtype):

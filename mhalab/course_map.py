@@ -9,10 +9,9 @@ page's sheet of shapes, measured on a model it is given.
 
 from __future__ import annotations
 
-import textwrap
 from dataclasses import dataclass
 
-__all__ = ["Notebook", "Claim", "NOTEBOOKS", "CLAIMS", "WRAP", "notebook", "claims_of", "plot_course_map",
+__all__ = ["Notebook", "Claim", "NOTEBOOKS", "CLAIMS", "WRAP", "claims_of", "plot_course_map",
            "shape_sheet", "sheet_table"]
 
 
@@ -94,20 +93,12 @@ WRAP = 88  # characters of a notebook's column on one line of the figure
 COLOURS = ("#E69F00", "#56B4E9", "#009E73", "#CC79A7", "#0072B2", "#D55E00", "#6a3d9a")
 
 
-def notebook(number: str) -> Notebook:
-    """The notebook numbered ``number`` ("03")."""
-    found = [nb for nb in NOTEBOOKS if nb.number == number]
-    if not found:
-        raise KeyError(f"no notebook {number!r} in the course map; it has {[nb.number for nb in NOTEBOOKS]}")
-    return found[0]
-
-
 def claims_of(number: str) -> list[Claim]:
     """The claims notebook ``number`` gives evidence for."""
     return [claim for claim in CLAIMS if number in claim.notebooks]
 
 
-def plot_course_map(column: str = "evidence", *, wrap: int = WRAP):
+def plot_course_map(column: str = "evidence"):
     """The course as a map: the claims (left), each linked to the notebooks that give evidence for it (middle),
     and beside each notebook its ``column``: ``"evidence"`` (how it tests them) or ``"found"`` (what it found).
     Returns the Figure."""
@@ -149,9 +140,8 @@ def plot_course_map(column: str = "evidence", *, wrap: int = WRAP):
                                     linewidth=0.8, zorder=3))
         ax.text(x_nb + 0.12, y, f"{nb.number} {nb.title}", ha="left", va="center", fontsize=8.5,
                 fontweight="bold", zorder=4)
-        text = textwrap.fill(getattr(nb, column), wrap, break_on_hyphens=False)
-        ax.text(x_text, y, text, ha="left", va="center", fontsize=8, color="#222222" if linked else "#666666",
-                linespacing=1.1, zorder=4)
+        ax.text(x_text, y, getattr(nb, column), ha="left", va="center", fontsize=8,
+                color="#222222" if linked else "#666666", zorder=4)  # one line: tests hold each within WRAP
 
     heading = {"evidence": "how each notebook tests them", "found": "what each notebook found"}[column]
     for x, words, align in ((x_claim + w_claim / 2, "the claims", "center"),

@@ -843,27 +843,6 @@ class TestRotary:
             MultiHeadAttention(D, H, rotary_base=0.5)
 
 
-def test_the_old_keyword_names_still_work_with_a_warning():
-    """n_kv_heads= and rope_base= are the config's n_key_value_heads= and rotary_base= (TransformerLens's names);
-    the old ones are kept, with a DeprecationWarning, until the notebooks move."""
-    from mhalab.counting import attention_parameters, kv_cache_per_token
-
-    with pytest.warns(DeprecationWarning) as warned:
-        old = MultiHeadAttention(D, H, n_kv_heads=2, rope_base=100.0)
-    assert [str(w.message).split(": ", 1)[1].split(" (")[0] for w in warned] == [
-        "n_kv_heads= is now n_key_value_heads=", "rope_base= is now rotary_base="]
-    new = MultiHeadAttention(D, H, n_key_value_heads=2, rotary_base=100.0)
-    assert (old.n_key_value_heads, old.rotary_base) == (new.n_key_value_heads, new.rotary_base) == (2, 100.0)
-    with pytest.warns(DeprecationWarning, match="rope_base= is now rotary_base="):
-        MultiHeadAttention(D, H, rope_base=100.0)
-    with pytest.warns(DeprecationWarning):
-        assert attention_parameters(D, H, n_kv_heads=2) == attention_parameters(D, H, n_key_value_heads=2)
-    with pytest.warns(DeprecationWarning):
-        assert kv_cache_per_token(D, H, n_kv_heads=1) == kv_cache_per_token(D, H, n_key_value_heads=1)
-    with pytest.raises(TypeError, match=r"MultiHeadAttention got unexpected keyword argument\(s\) \['heads'\]"):
-        MultiHeadAttention(D, H, heads=2)
-
-
 @pytest.mark.parametrize("options", [{"n_key_value_heads": 2}, {"rotary_base": 10000.0},
                                      {"n_key_value_heads": 1, "rotary_base": 100.0, "d_head": 6}])
 @pytest.mark.parametrize("need_weights", [False, True])

@@ -181,6 +181,17 @@ def test_bad_input_gets_clear_errors():
         C.FactoredMatrix(torch.ones(4, 2), torch.ones(3, 4))
 
 
+def test_a_model_of_several_targets_has_no_single_unembedding():
+    """n_targets=2 puts [2 V, D] in the head: reading it as W_U [D, V] would give the wrong columns, so every way to
+    W_U refuses, the model's own attribute included; the attention's circuits do not need it."""
+    model = _toy(n_targets=2, attn_only=True)
+    for read in (lambda: model.W_U, lambda: model.b_U, lambda: C.head_weights(model),
+                 lambda: C.full_ov_circuit(model, 0, 0), lambda: C.logit_lens(model, torch.tensor([[1, 2]]))):
+        with pytest.raises(ValueError, match="predicts 2 targets per position"):
+            read()
+    assert C.QK(model).shape == (3, 4, 16, 16)
+
+
 def test_minilm_has_no_unembedding(minilm):
     with pytest.raises(ValueError, match="no unembedding"):
         C.full_ov_circuit(minilm, 0, 0)

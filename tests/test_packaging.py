@@ -364,7 +364,7 @@ def test_the_time_model_counts_prose_code_exercises_and_running():
     check = {"cell_type": "code", "metadata": {"tags": ["checks"]}, "source": "# @title checks: x\nassert x"}
     answer = {"cell_type": "code", "metadata": {"nbgrader": {"solution": True}}, "source": "def f():\n    pass"}
     colab = {"cell_type": "code", "metadata": {}, "source": "# Colab only: installs mhalab\nimport os"}
-    m = course_time.notebook_minutes({"cells": [md, colab, lesson, check, answer]}, 61.0, [10, 15])
+    m = course_time.notebook_minutes({"cells": [md, colab, lesson, check, answer]}, 61.0, {1: 10, 2: 15})
     assert (m.reading, m.code, m.exercises) == (2, 2, 25) and m.total == 30  # 2 + 2 + 25 + 2 = 31, to 5 minutes
     assert m.line() == ("**Time:** about 30 minutes (reading 2, code 2, exercises 25; running every cell takes "
                         "about 1 minute of processor time).")

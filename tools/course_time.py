@@ -113,20 +113,19 @@ def deep_dive_cells(nb: dict) -> list[bool]:
     return flags
 
 
-def notebook_minutes(nb: dict, run_seconds: float, exercise_minutes: list[int] | dict[int, int]) -> Minutes:
-    """The model on one notebook. ``exercise_minutes``: each exercise's minutes, by number where the notebook's
-    ``### Exercise N`` headings are to say which lie in deep dives (a plain list counts them all in the core)."""
+def notebook_minutes(nb: dict, run_seconds: float, exercise_minutes: dict[int, int]) -> Minutes:
+    """The model on one notebook. ``exercise_minutes``: each exercise's minutes by its number, which the notebook's
+    ``### Exercise N`` headings place in the core or in a deep dive."""
     deep = deep_dive_cells(nb)
     words = [len(_source(c).split()) if c["cell_type"] == "markdown" else 0 for c in nb["cells"]]
     lines = [sum(1 for line in _source(c).split("\n") if line.strip()) if _is_lesson_code(c) else 0
              for c in nb["cells"]]
-    by_number = exercise_minutes if isinstance(exercise_minutes, dict) else dict(enumerate(exercise_minutes))
     deep_numbers = {int(m.group(1)) for c, d in zip(nb["cells"], deep) if d and c["cell_type"] == "markdown"
                     for m in EXERCISE_HEADING.finditer(_source(c))}
     in_deep = (sum(w for w, d in zip(words, deep) if d) / WORDS_PER_MINUTE
                + sum(n for n, d in zip(lines, deep) if d) / CODE_LINES_PER_MINUTE
-               + sum(m for k, m in by_number.items() if k in deep_numbers and isinstance(exercise_minutes, dict)))
-    return Minutes(sum(words) / WORDS_PER_MINUTE, sum(lines) / CODE_LINES_PER_MINUTE, sum(by_number.values()),
+               + sum(m for k, m in exercise_minutes.items() if k in deep_numbers))
+    return Minutes(sum(words) / WORDS_PER_MINUTE, sum(lines) / CODE_LINES_PER_MINUTE, sum(exercise_minutes.values()),
                    run_seconds, in_deep)
 
 
