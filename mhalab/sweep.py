@@ -28,8 +28,7 @@ from .counting import count_parameters
 from .device import pick_device
 from .models import ModelConfig, Transformer, batch_logits, eval_mode
 from .plotting import plot_sweep
-from .tasks.base import IGNORE
-from .train import EVAL_SEED, TrainConfig, make_config, stream_seed, train
+from .train import TrainConfig, held_out_batches, make_config, stream_seed, train
 
 #: A given embedding: token rows ``[d_vocab, d_model]`` and position rows ``[n, d_model]`` (or None).
 _GivenEmbedding = tuple[torch.Tensor, torch.Tensor | None]
@@ -338,17 +337,12 @@ def held_out_change(before: Any, after: Any, task: Any, config: TrainConfig) -> 
     sequences are independent draws; the answers within one are not, which is why the sequence is the unit."""
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be the sweep's TrainConfig (results.config), got {type(config).__name__}")
-    generator = torch.Generator().manual_seed(stream_seed(EVAL_SEED, "eval"))  # evaluate's held-out batches
     changes = []
-    for _ in range(config.eval_batches):
-        batch = task.sample(config.eval_batch_size, generator=generator)
-        targets = batch.targets.reshape(*batch.inputs.shape, -1)  # [B, T, R]
-        valid = targets != IGNORE
+    for batch in held_out_batches(task, batches=config.eval_batches, batch_size=config.eval_batch_size):
         per_sequence = []
         for model in (before, after):
             with eval_mode(model):
-                logits = batch_logits(model, batch)
-            correct = (logits.argmax(-1).reshape(targets.shape) == targets) & valid  # [B, T, R]
+                correct, valid = task.correct(batch_logits(model, batch), batch)  # each [B, T, R]
             per_sequence.append(correct.flatten(1).sum(1) / valid.flatten(1).sum(1).clamp(min=1))  # [B]
         changes.append(per_sequence[1] - per_sequence[0])
     change = torch.cat(changes).double()  # [eval_batches * eval_batch_size]: one change per sequence

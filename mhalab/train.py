@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,6 +96,14 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     return batch.to(device)
 
 
+def held_out_batches(task: Any, *, batches: int = 8, batch_size: int = 256, seed: int = EVAL_SEED) -> Iterator[Any]:
+    """The held-out batches :func:`evaluate` scores: the same ``batches`` on every call and every device (drawn on
+    the CPU from ``stream_seed(seed, "eval")``, a stream training never uses)."""
+    generator = torch.Generator().manual_seed(stream_seed(seed, "eval"))
+    for _ in range(batches):
+        yield task.sample(batch_size, generator=generator)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, task: Any, *, batches: int = 8, batch_size: int = 256, seed: int = EVAL_SEED,
              device: str | torch.device | None = None, precision: str = "fp32") -> dict[str, float]:
@@ -108,11 +116,10 @@ def evaluate(model: nn.Module, task: Any, *, batches: int = 8, batch_size: int =
     validate_int("seed", seed, 0)
     device = next(model.parameters(), torch.empty(0)).device if device is None else pick_device(device)
     _, dtype = resolve_precision(precision, device)
-    generator = torch.Generator().manual_seed(stream_seed(seed, "eval"))  # on the CPU: the same batches everywhere
     results = []
     with eval_mode(model):
-        for _ in range(batches):
-            batch = _to_device(task.sample(batch_size, generator=generator), device)
+        for batch in held_out_batches(task, batches=batches, batch_size=batch_size, seed=seed):
+            batch = _to_device(batch, device)
             with autocast(device, dtype):
                 logits = batch_logits(model, batch)
             results.append(task.metrics(logits.float(), batch))

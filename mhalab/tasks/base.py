@@ -76,12 +76,17 @@ class Task:
         return F.cross_entropy(flat, batch.targets.reshape(-1), ignore_index=IGNORE)  # targets [B*T*R]
 
     @torch.no_grad()
+    def correct(self, logits: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
+        """``(correct, valid)``, each ``[B, T, R]``: where the top logit is the target, and where there is one."""
+        self._validate_logits(logits, batch)
+        targets = batch.targets.reshape(*batch.inputs.shape, self.n_targets)  # [B, T R] -> [B, T, R]
+        valid = targets != IGNORE
+        return (logits.argmax(-1).reshape(targets.shape) == targets) & valid, valid
+
+    @torch.no_grad()
     def metrics(self, logits: Tensor, batch: Batch) -> dict[str, float]:
         """``{"loss", "accuracy", "accuracy/<relation>"...}``; accuracies are over positions with a target."""
-        self._validate_logits(logits, batch)
-        targets = batch.targets.reshape(*batch.inputs.shape, self.n_targets)  # [B, T, R]
-        valid = targets != IGNORE
-        correct = (logits.argmax(-1).reshape(targets.shape) == targets) & valid  # [B, T, R]
+        correct, valid = self.correct(logits, batch)  # each [B, T, R]
         out = {"loss": float(self.loss(logits, batch)), "accuracy": float(correct.sum() / valid.sum().clamp(min=1))}
         names = self.relations if self.n_targets > 1 else (self.target_relation,)
         for r, name in enumerate(names):
