@@ -1549,6 +1549,17 @@ MISBLAMED = {
 }
 
 
+def as_the_corpus_asks(kind: str, expected: str, status: str, message: str) -> bool:
+    """Whether a verdict ``(status, message)`` is what the corpus asks of an entry: a ``"right"`` answer passes with
+    "correct."; a ``"wrong"`` one fails (or errors) with ``expected`` in its message. The one criterion the tests
+    of q.check, of the grade and tools/corpus_table.py judge by."""
+    from mhalab.labs.verdicts import ERROR, FAILED, PASSED
+
+    if kind == "right":
+        return (status, message) == (PASSED, "correct.")
+    return status in (FAILED, ERROR) and expected in message
+
+
 def names_a_fixed_case(expected: str) -> bool:
     """Whether a wrong answer's expected message names one of q.check's fixed cases (a stage, a shape), which a
     grading run's fresh cases need not hold: then only its failing is compared there."""

@@ -14,20 +14,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from labs_corpus import CORPUS  # noqa: E402
+from labs_corpus import CORPUS, as_the_corpus_asks  # noqa: E402
 
 import mhalab.labs as labs  # noqa: E402
-from mhalab.labs.verdicts import ERROR, FAILED, PASSED  # noqa: E402
 
 
 def judged(key: str) -> tuple[int, int]:
     """How many right answers pass and how many wrong ones fail with their message, in ``q.check``."""
     ex = labs.exercise(*key.split("."))
-    right = sum(ex.verdict(a) == (PASSED, "correct.") for a in CORPUS[key]["right"])
-    wrong = 0
-    for answer, expected in CORPUS[key]["wrong"]:
-        status, message = ex.verdict(answer)
-        wrong += status in (FAILED, ERROR) and expected in message
+    right = sum(as_the_corpus_asks("right", "", *ex.verdict(a)) for a in CORPUS[key]["right"])
+    wrong = sum(as_the_corpus_asks("wrong", expected, *ex.verdict(a)) for a, expected in CORPUS[key]["wrong"])
     return right, wrong
 
 
