@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from .arguments import validate_head_shape, validate_index
 from .device import sdpa_shares_kv_heads, sdpa_zeroes_blind_rows
+from .head_weights import layer_weights
 from .hook_points import HookPoint
 from .kv_cache import KVCache
 from .masks import combine_forbidden_masks, validate_forbidden_mask
@@ -123,7 +124,7 @@ class MultiHeadAttention(nn.Module):
     ``W_Q`` ``[H, D, dk]``, ``W_K``, ``W_V`` ``[G, D, dk]`` and ``W_O`` ``[H, dk, D]`` are TransformerLens's
     per-head matrices (``x @ W_Q[h]`` is head h's query), as it reads them after folding: inside a pre-norm block
     the norm before the layer has its scale folded in (and, a LayerNorm, the rows centred; see
-    :func:`mhalab.circuits.layer_weights`); a module on its own, or in a post-norm block, gives its weights as they
+    :func:`mhalab.head_weights.layer_weights`); a module on its own, or in a post-norm block, gives its weights as they
     are. :meth:`head_projections` gives one head's slices as stored.
     """
 
@@ -217,8 +218,6 @@ class MultiHeadAttention(nn.Module):
         return self._folded().W_O
 
     def _folded(self):
-        from .circuits import layer_weights  # (circuits reads this module's weights: imported when first asked)
-
         return layer_weights(self)
 
     def head_projections(self, i: int) -> HeadProjections:

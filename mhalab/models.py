@@ -23,6 +23,8 @@ from . import circuits
 from .arguments import validate_int
 from .blocks import Block, norm_layer
 from .config import ModelConfig
+from .factored_matrix import FactoredMatrix
+from .head_weights import unembedding_weights
 from .hook_points import HookPoint
 from .hooks import HookedRootModule
 from .kv_cache import KVCache, layer_caches
@@ -199,12 +201,12 @@ class _SharedNames:
     def W_U(self) -> Tensor:
         """``[d_model, d_vocab]``: the unembedding, the final norm's scale folded in (centred over d_model after a
         LayerNorm), as TransformerLens reads it; ``norm's normalisation(x) @ W_U + b_U`` are the logits."""
-        return circuits.unembedding_weights(self)[0]
+        return unembedding_weights(self)[0]
 
     @property
     def b_U(self) -> Tensor:
         """``[d_vocab]``: the unembedding's bias with the final norm's bias folded in (zeros where there is none)."""
-        W_U, b_U = circuits.unembedding_weights(self)
+        W_U, b_U = unembedding_weights(self)
         return torch.zeros(W_U.size(1), dtype=W_U.dtype, device=W_U.device) if b_U is None else b_U
 
 
@@ -223,7 +225,7 @@ class Transformer(_SharedNames, HookedRootModule):
     The toy models, all-MiniLM-L6-v2 and SmolLM2 are each one :class:`ModelConfig` of it.
 
     TransformerLens's attributes, with its shapes and as it reads the weights in compatibility mode (norms'
-    scales folded in; :mod:`mhalab.circuits` says how): ``cfg`` (the config), ``W_E [V, D]``, ``W_pos [n_ctx, D]``,
+    scales folded in; :mod:`mhalab.head_weights` says how): ``cfg`` (the config), ``W_E [V, D]``, ``W_pos [n_ctx, D]``,
     ``W_U [D, V]``, ``b_U [V]``, ``W_Q, W_O [N, H, ...]`` and ``W_K, W_V [N, G, D, d_head]`` (the K/V heads as
     stored, TransformerLens 4's convention), ``QK``, ``OV`` (``FactoredMatrix [N, H, D, D]``, K/V heads repeated
     per query head), ``all_composition_scores(mode)``, ``model(tokens, return_type=...)``."""
@@ -309,12 +311,12 @@ class Transformer(_SharedNames, HookedRootModule):
         return self._stacked("W_O")
 
     @property
-    def QK(self) -> circuits.FactoredMatrix:
+    def QK(self) -> FactoredMatrix:
         """Every head's ``W_Q W_Kᵀ`` ``[n_layers, n_heads, d_model, d_model]`` (:func:`mhalab.circuits.QK`)."""
         return circuits.QK(self)
 
     @property
-    def OV(self) -> circuits.FactoredMatrix:
+    def OV(self) -> FactoredMatrix:
         """Every head's ``W_V W_O`` ``[n_layers, n_heads, d_model, d_model]`` (:func:`mhalab.circuits.OV`)."""
         return circuits.OV(self)
 

@@ -145,3 +145,35 @@ def text_explorer():
         p.data.normal_(0.0, 0.5)
     model.tokenizer = CharTokenizer(config.d_vocab)
     return model, widgets.head_explorer(model, "attend to this", figsize=(6, 3))
+
+
+# Small float64 models and their weights sliced by hand, shared by tests/test_circuits.py, tests/test_factored_matrix.py
+# and tests/test_head_weights.py (imported from here: they are helpers, not fixtures).
+def _toy(**overrides):
+    torch.manual_seed(0)
+    config = dict(d_vocab=13, d_model=16, n_heads=4, n_layers=3, n_ctx=10, causal=True, attn_only=True)
+    model = Transformer(ModelConfig(**{**config, **overrides})).double()
+    with torch.no_grad():
+        for p in model.parameters():  # norms' weights away from 1, so that folding them is tested
+            p.add_(torch.randn_like(p) * 0.3)
+    return model.eval()
+
+
+def _fold(norm, W):
+    """``W [D, n]`` read through ``norm``: its scale folded in; centred over D after a LayerNorm."""
+    W = norm.weight.double()[:, None] * W
+    return W - W.mean(0) if isinstance(norm, torch.nn.LayerNorm) else W
+
+
+def _direct(model):
+    """Every head's W_Q, W_K, W_V, W_O as [N, H, ...] float64, sliced from qkv_proj by hand, norms folded."""
+    rows = []
+    for block in model.blocks:
+        a, norm = block.attn, block.ln1
+        H, G, d = a.n_heads, a.n_key_value_heads, a.d_head
+        q, k, v = a.qkv_proj.weight.double().split([H * d, G * d, G * d])
+        o = a.out_proj.weight.double()
+        kv = [slice((h // (H // G)) * d, (h // (H // G) + 1) * d) for h in range(H)]  # the K/V head h reads
+        rows.append([(_fold(norm, q[h * d:(h + 1) * d].T), _fold(norm, k[kv[h]].T), _fold(norm, v[kv[h]].T),
+                      o[:, h * d:(h + 1) * d].T) for h in range(H)])
+    return [[tuple(t.detach() for t in head) for head in layer] for layer in rows]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-from mhalab.circuits import FactoredMatrix
+from mhalab.factored_matrix import FactoredMatrix
 from mhalab.models import EncoderDecoder, ModelConfig, Transformer
 
 
