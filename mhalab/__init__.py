@@ -7,7 +7,8 @@ The two mask helpers say what True means in them: ``causal_allowed_mask`` (True 
 """
 
 from .arguments import valid_head_counts
-from .attention import MultiHeadAttention, scaled_dot_product_attention
+from .attention import MultiHeadAttention
+from .dot_product_attention import scaled_dot_product_attention
 from .kv_cache import KVCache
 from .masks import causal_allowed_mask, causal_forbidden_mask
 from .models import EncoderDecoder, ModelConfig, Transformer

@@ -177,3 +177,22 @@ def _direct(model):
         rows.append([(_fold(norm, q[h * d:(h + 1) * d].T), _fold(norm, k[kv[h]].T), _fold(norm, v[kv[h]].T),
                       o[:, h * d:(h + 1) * d].T) for h in range(H)])
     return [[tuple(t.detach() for t in head) for head in layer] for layer in rows]
+
+
+# Float32 results compared by their largest difference, shared by tests/test_attention.py and
+# tests/test_dot_product_attention.py.
+TOL = 1e-5  # float32: max abs difference allowed against torch and between our two paths
+
+
+def max_diff(a, b) -> float:
+    return (a.double() - b.double()).abs().max().item()
+
+
+def assert_close(ours, theirs, tol=TOL, what="output"):
+    assert ours.shape == theirs.shape, f"{what}: shape {tuple(ours.shape)} != {tuple(theirs.shape)}"
+    diff = max_diff(ours, theirs)
+    assert diff <= tol, f"{what}: max abs difference {diff:.3g} > {tol:g}"
+
+
+def rand(*shape, device="cpu"):
+    return torch.randn(*shape, device=device)
