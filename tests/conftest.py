@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 # The grader is a distribution of its own (grader/), which course.py and tools/floors.py install; in an
 # environment made before it existed, its tests import it from the checkout.
@@ -16,6 +17,8 @@ if importlib.util.find_spec("mhalab_grader") is None:
 
 from chromium import chromium_executable
 
+from mhalab.attention import MultiHeadAttention
+from mhalab.hooks import HookedRootModule
 from mhalab.models import ModelConfig, Transformer
 from mhalab.tasks import MultiRelationTask
 
@@ -196,3 +199,30 @@ def assert_close(ours, theirs, tol=TOL, what="output"):
 
 def rand(*shape, device="cpu"):
     return torch.randn(*shape, device=device)
+
+
+# A bare two-layer attention model with the course's hook names (each of the two files has its own `model` fixture
+# building it: `model` here is the task model above) and a small causal Transformer, shared by tests/test_hooks.py
+# and tests/test_head_interventions.py.
+D, H = 16, 4
+
+
+class TwoLayers(HookedRootModule):
+    """The smallest model with the course's names: blocks.{i}.attn."""
+
+    def __init__(self, **options):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Module() for _ in range(2))
+        for block in self.blocks:
+            block.attn = MultiHeadAttention(D, H, **options)
+
+    def forward(self, x, is_causal=False):
+        for block in self.blocks:
+            x = x + block.attn(x, is_causal=is_causal, need_weights=False)[0]
+        return x
+
+
+@pytest.fixture
+def toy():
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(d_vocab=11, d_model=D, n_heads=H, n_layers=2, causal=True)).eval()

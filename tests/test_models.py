@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from mhalab.arguments import validate_head_count
-from mhalab.hooks import ablate_heads, attention_modules
+from mhalab.head_interventions import ablate_heads
+from mhalab.hooks import attention_modules
 from mhalab.models import EncoderDecoder, ModelConfig, Transformer, eval_mode
 from mhalab.positions import sinusoidal_positions
 
