@@ -53,7 +53,7 @@ With grouped-query attention ``hook_k``/``hook_v`` hold only the G K/V heads, as
 K/V head ``j // (H // G)``). With a KV cache, ``hook_q/k/v`` hold the new positions only; the scores and
 pattern cover every key. Masked scores are ``-inf``.
 
-An :class:`~mhalab.models.EncoderDecoder` names its stacks T5-style, as TransformerLens's HookedEncoderDecoder:
+An :class:`~mhalab.encoder_decoder.EncoderDecoder` names its stacks T5-style, as TransformerLens's HookedEncoderDecoder:
 ``encoder.{i}.*`` (attention ``encoder.{i}.attn``) and ``decoder.{i}.*`` with ``decoder.{i}.attn`` (causal
 self-attention), ``decoder.{i}.hook_cross_attn_out``, ``decoder.{i}.hook_resid_mid_cross`` (after the
 cross-attention) and ``decoder.{i}.cross_attn.*`` (queries ``[B, pos, H, d_head]`` from the decoder, keys and

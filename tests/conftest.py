@@ -226,3 +226,36 @@ class TwoLayers(HookedRootModule):
 def toy():
     torch.manual_seed(0)
     return Transformer(ModelConfig(d_vocab=11, d_model=D, n_heads=H, n_layers=2, causal=True)).eval()
+
+
+# Small model configs and token ids, shared by tests/test_models.py, tests/test_encoder_decoder.py and
+# tests/test_generation.py.
+V, T, B = 13, 9, 3
+
+
+def small(**overrides) -> ModelConfig:
+    values = dict(d_vocab=V, d_model=16, n_heads=4, n_layers=2, n_ctx=16)
+    values.update(overrides)
+    return ModelConfig(**values)
+
+
+def tokens(batch=B, length=T, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, V, (batch, length), generator=g)
+
+
+VARIANTS = {
+    "attn_only": dict(attn_only=True),
+    "grouped_query": dict(n_key_value_heads=2),
+    "multi_query_wide_heads": dict(n_key_value_heads=1, d_head=8),
+    "rotary": dict(positional_embedding_type="rotary"),
+    "no_positions": dict(positional_embedding_type="none"),
+    "all_at_once": dict(attn_only=True, n_key_value_heads=2, d_head=6, positional_embedding_type="rotary"),
+    "relu": dict(act_fn="relu"),
+    "gelu_new": dict(act_fn="gelu_new"),
+    # SmolLM2's choices (mhalab.pretrained.SMOLLM2_135M) and all-MiniLM-L6-v2's (MINILM_L6), at toy sizes
+    "llama_like": dict(normalization_type="RMS", gated_mlp=True, act_fn="silu", positional_embedding_type="rotary",
+                       tie_word_embeddings=True, bias=False, n_key_value_heads=2),
+    "bert_like": dict(post_norm=True, post_embedding_ln=True, eps=1e-12, n_token_types=2, tie_word_embeddings=True),
+    "no_norms": dict(normalization_type=None),  # TransformerLens's None: no norm anywhere
+}

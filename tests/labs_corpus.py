@@ -192,7 +192,8 @@ def choose_with_valid_head_counts(d_model, n_relations, min_d_k):  # 04.3 with m
 
 def layout_measured(batch, n_heads, src_len, tgt_len):
     # 06.2 measured on a real EncoderDecoder, as notebook 06 suggests
-    from mhalab.models import EncoderDecoder, ModelConfig
+    from mhalab.encoder_decoder import EncoderDecoder
+    from mhalab.models import ModelConfig
 
     model = EncoderDecoder(ModelConfig(d_vocab=4, d_model=2 * n_heads, n_heads=n_heads, n_layers=1,
                                        n_ctx=max(src_len, tgt_len))).eval()

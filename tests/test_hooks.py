@@ -143,7 +143,8 @@ def test_gqa_pattern_has_one_map_per_query_head():
 
 def test_pattern_hooks_fire_once_per_attention_call_in_order():
     """What notebook 06 counts: one call per block, in order, each with all of its heads."""
-    from mhalab.models import EncoderDecoder, ModelConfig
+    from mhalab.encoder_decoder import EncoderDecoder
+    from mhalab.models import ModelConfig
 
     torch.manual_seed(0)
     model = EncoderDecoder(ModelConfig(d_vocab=10, d_model=16, n_heads=4, n_layers=2)).eval()
@@ -274,7 +275,8 @@ def test_unknown_names_are_refused_with_what_exists(toy):
 
 def test_an_encoder_decoder_refuses_short_keys_and_names_its_points():
     """cache["pattern", 0] means blocks.0.attn.hook_pattern; an EncoderDecoder has three layer-0 attentions."""
-    from mhalab.models import EncoderDecoder, ModelConfig
+    from mhalab.encoder_decoder import EncoderDecoder
+    from mhalab.models import ModelConfig
 
     model = EncoderDecoder(ModelConfig(d_vocab=10, d_model=D, n_heads=H, n_layers=2)).eval()
     _, cache = model.run_with_cache(torch.randint(0, 10, (1, 5)), torch.randint(0, 10, (1, 3)),
@@ -366,7 +368,8 @@ def test_every_point_of_the_toy_transformer(options):
 
 
 def test_every_point_of_the_encoder_decoder():
-    from mhalab.models import EncoderDecoder, ModelConfig
+    from mhalab.encoder_decoder import EncoderDecoder
+    from mhalab.models import ModelConfig
 
     torch.manual_seed(0)
     model = EncoderDecoder(ModelConfig(d_vocab=11, d_model=D, n_heads=H, n_layers=2)).eval()
