@@ -7,10 +7,12 @@ The two mask helpers say what True means in them: ``causal_allowed_mask`` (True 
 """
 
 from .arguments import valid_head_counts
-from .attention import MultiHeadAttention, scaled_dot_product_attention
+from .attention import MultiHeadAttention
+from .dot_product_attention import scaled_dot_product_attention
+from .encoder_decoder import EncoderDecoder
 from .kv_cache import KVCache
 from .masks import causal_allowed_mask, causal_forbidden_mask
-from .models import EncoderDecoder, ModelConfig, Transformer
+from .models import ModelConfig, Transformer
 from .sweep import sweep_heads
 
 __version__ = "0.1.0"

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .arguments import validate_index
-from .hooks import ablate_heads, attention_modules, gate_heads, hooks_attached
+from .head_interventions import ablate_heads, gate_heads
+from .hooks import attention_modules, hooks_attached
 from .models import batch_logits, eval_mode
 from .plotting import plot_pruning_curve
 from .tasks import IGNORE

@@ -2,7 +2,7 @@
 ``ActivationCache`` with its reads (``cache["pattern", 0]``, ``stack_activation``) and its decompositions of the
 residual stream (``accumulated_resid``, ``decompose_resid``, ``stack_head_results``, ``compute_head_results``,
 ``apply_ln_to_stack``, ``logit_attrs``), with its arguments and shapes. The decompositions read the model's
-weights as TransformerLens does in compatibility mode (:mod:`mhalab.circuits`: W_U with the final norm's scale
+weights as TransformerLens does in compatibility mode (:mod:`mhalab.head_weights`: W_U with the final norm's scale
 folded in), so a norm applied to a stack is its normalisation alone, without weight or bias."""
 
 from __future__ import annotations

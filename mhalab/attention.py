@@ -1,20 +1,21 @@
-"""Scaled dot-product attention and multi-head attention, written to be read.
+"""Multi-head attention, written to be read: :class:`MultiHeadAttention` (a drop-in for
+``torch.nn.MultiheadAttention``) and :class:`HeadProjections` (one head's slices of its weights). Each head runs the
+single operation of :mod:`mhalab.dot_product_attention`, or PyTorch's fused kernel.
 
 Shapes: B batch, L query length, S key/value length, D d_model, H query heads (n_heads),
 G key/value heads (n_key_value_heads; G = H unless grouped-query), dk head size (``d_head``; the paper's d_k).
 
-The two PyTorch mask conventions both appear, on purpose: :func:`scaled_dot_product_attention`
-follows ``F.scaled_dot_product_attention`` (bool True = **may** attend); :class:`MultiHeadAttention`
-follows ``torch.nn.MultiheadAttention`` (bool True = **forbidden**), and refuses a bool mask that is
-plainly the other one (:mod:`mhalab.masks`, whose helpers are named by what True means). Float masks are
-added to the scores in both. A query that may see no key gets zero weights, a zero output and finite
-gradients on both paths and every device (torch's module returns NaN on one path and zeros on the other).
-Hook points: :mod:`mhalab.hooks`.
+The two PyTorch mask conventions both appear, on purpose:
+:func:`~mhalab.dot_product_attention.scaled_dot_product_attention` follows ``F.scaled_dot_product_attention`` (bool
+True = **may** attend); :class:`MultiHeadAttention` follows ``torch.nn.MultiheadAttention`` (bool True =
+**forbidden**), and refuses a bool mask that is plainly the other one (:mod:`mhalab.masks`, whose helpers are named
+by what True means). Float masks are added to the scores in both. A query that may see no key gets zero weights, a
+zero output and finite gradients on both paths and every device (torch's module returns NaN on one path and zeros on
+the other). Hook points: :mod:`mhalab.hooks`.
 """
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -23,65 +24,14 @@ from torch import Tensor, nn
 
 from .arguments import validate_head_shape, validate_index
 from .device import sdpa_shares_kv_heads, sdpa_zeroes_blind_rows
+from .dot_product_attention import attention_scores, softmax_over_keys
+from .head_weights import layer_weights
 from .hook_points import HookPoint
 from .kv_cache import KVCache
 from .masks import combine_forbidden_masks, validate_forbidden_mask
 from .positions import apply_rotary
 
-__all__ = [
-    "attention_scores", "attention_weights", "softmax_over_keys", "scaled_dot_product_attention", "HeadProjections",
-    "MultiHeadAttention",
-]
-
-
-def attention_scores(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Tensor:
-    """Q Kᵀ / sqrt(d_k) + mask: ``q [..., L, dk]``, ``k [..., S, dk]`` -> ``[..., L, S]`` (before the softmax).
-
-    ``mask`` broadcasts to ``[..., L, S]``: bool True where a query may attend (else ``-inf``), or float added.
-    """
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # [..., L, S]: how well each query matches each key
-    if mask is None:
-        return scores
-    if mask.dtype == torch.bool:
-        return scores.masked_fill(~mask, float("-inf"))  # forbidden pairs will get zero weight
-    return scores + mask
-
-
-def softmax_over_keys(scores: Tensor) -> Tensor:
-    """``scores [..., L, S]`` -> weights ``[..., L, S]``; a row of all ``-inf`` (a query that may see no key)
-    gets all zeros, not NaN."""
-    if scores.size(-1) == 0:
-        return scores.softmax(dim=-1)  # no keys at all: an empty [..., L, 0]
-    # softmax of an all -inf row is 0/0: a query that sees nothing gets nothing. Found from the row maxima
-    # ([..., L, 1]), and fixed only where such a row exists, so an unmasked call makes no second [L, S] tensor.
-    blind = scores.amax(dim=-1, keepdim=True) == float("-inf")  # [..., L, 1]
-    if not bool(blind.any()):
-        return scores.softmax(dim=-1)  # [..., L, S]: one weighting over the keys per query
-    # Finite scores in those rows before the softmax, zeros after: zeroing NaN weights afterwards alone
-    # would leave the softmax's backward multiplying by them, and every gradient NaN.
-    return scores.masked_fill(blind, 0.0).softmax(dim=-1).masked_fill(blind, 0.0)
-
-
-def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None) -> Tensor:
-    """softmax(Q Kᵀ / sqrt(d_k) + mask): ``q [..., L, dk]``, ``k [..., S, dk]`` -> ``[..., L, S]``.
-
-    ``mask`` broadcasts to ``[..., L, S]``: bool True where a query may attend, or float added to the
-    scores. A query that may see no key gets an all-zero row, not NaN.
-    """
-    return softmax_over_keys(attention_scores(q, k, mask=mask))
-
-
-def scaled_dot_product_attention(
-    q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, dropout_p: float = 0.0
-) -> tuple[Tensor, Tensor]:
-    """softmax(Q Kᵀ / sqrt(d_k) + mask) V: ``q [..., L, dk]``, ``k [..., S, dk]``, ``v [..., S, dv]``.
-
-    Returns ``(out [..., L, dv], weights [..., L, S])``; ``mask`` as in :func:`attention_weights`.
-    Dropout acts on the output only: the weights returned are the softmax before it.
-    """
-    weights = attention_weights(q, k, mask=mask)  # [..., L, S]
-    out = F.dropout(weights, p=dropout_p) @ v  # [..., L, dv]: weighted sum of the values
-    return out, weights
+__all__ = ["HeadProjections", "MultiHeadAttention"]
 
 
 class HeadProjections(NamedTuple):
@@ -123,7 +73,7 @@ class MultiHeadAttention(nn.Module):
     ``W_Q`` ``[H, D, dk]``, ``W_K``, ``W_V`` ``[G, D, dk]`` and ``W_O`` ``[H, dk, D]`` are TransformerLens's
     per-head matrices (``x @ W_Q[h]`` is head h's query), as it reads them after folding: inside a pre-norm block
     the norm before the layer has its scale folded in (and, a LayerNorm, the rows centred; see
-    :func:`mhalab.circuits.layer_weights`); a module on its own, or in a post-norm block, gives its weights as they
+    :func:`mhalab.head_weights.layer_weights`); a module on its own, or in a post-norm block, gives its weights as they
     are. :meth:`head_projections` gives one head's slices as stored.
     """
 
@@ -217,8 +167,6 @@ class MultiHeadAttention(nn.Module):
         return self._folded().W_O
 
     def _folded(self):
-        from .circuits import layer_weights  # (circuits reads this module's weights: imported when first asked)
-
         return layer_weights(self)
 
     def head_projections(self, i: int) -> HeadProjections:

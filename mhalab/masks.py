@@ -1,6 +1,6 @@
 """Masks: which keys a query may see, in the two conventions PyTorch uses, each helper named by what True means.
 
-- ``F.scaled_dot_product_attention`` and :func:`mhalab.attention.scaled_dot_product_attention`: bool True =
+- ``F.scaled_dot_product_attention`` and :func:`mhalab.dot_product_attention.scaled_dot_product_attention`: bool True =
   **may attend** (:func:`causal_allowed_mask`).
 - ``torch.nn.MultiheadAttention`` and :class:`mhalab.MultiHeadAttention` (``attn_mask``, ``key_padding_mask``):
   bool True = **forbidden** (:func:`causal_forbidden_mask`, :func:`forbidden_as_additive`,

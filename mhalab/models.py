@@ -1,18 +1,16 @@
-"""The models: :class:`Transformer` and :class:`EncoderDecoder`, each built from one :class:`ModelConfig`
-(:mod:`mhalab.config`) out of :class:`mhalab.blocks.Block`; sized for a laptop CPU, or as large as MiniLM and SmolLM2.
+"""The model: :class:`Transformer`, built from one :class:`ModelConfig` (:mod:`mhalab.config`) out of
+:class:`mhalab.blocks.Block`; sized for a laptop CPU, or as large as MiniLM and SmolLM2. Also the pieces every model
+shares (the embedding, the output head, the checks of a config and of token ids; :mod:`mhalab.encoder_decoder`
+builds on them) and the running helpers :func:`eval_mode` and :func:`batch_logits`.
 
-Shapes: B batch, T (target) length, S source length, D d_model, H heads, V vocab size. Hook points are
-named by place (see :mod:`mhalab.hooks`): ``hook_embed``, ``hook_pos_embed``, ``blocks.{i}.*`` in a
-:class:`Transformer`; in an :class:`EncoderDecoder` T5-style (as TransformerLens's HookedEncoderDecoder):
-``encoder.{i}.*`` (``encoder.{i}.attn``), ``decoder.{i}.*`` (``decoder.{i}.attn`` its causal self-attention,
-``decoder.{i}.cross_attn``), ``hook_embed``/``hook_pos_embed`` for the source and ``hook_decoder_embed``/
-``hook_decoder_pos_embed`` for the target.
+Shapes: B batch, T length, D d_model, H heads, V vocab size. Hook points are named by place (see
+:mod:`mhalab.hooks`): ``hook_embed``, ``hook_pos_embed``, ``blocks.{i}.*``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -23,15 +21,15 @@ from . import circuits
 from .arguments import validate_int
 from .blocks import Block, norm_layer
 from .config import ModelConfig
+from .factored_matrix import FactoredMatrix
+from .generation import generate_tokens
+from .head_weights import unembedding_weights
 from .hook_points import HookPoint
 from .hooks import HookedRootModule
 from .kv_cache import KVCache, layer_caches
 from .positions import sinusoidal_positions
 
-__all__ = [
-    "ModelConfig", "Transformer", "EncoderDecoder", "eval_mode", "batch_logits", "validate_token_ids",
-    "generate_tokens",
-]
+__all__ = ["ModelConfig", "Transformer", "eval_mode", "batch_logits", "validate_token_ids"]
 
 # ---------------------------------------------------------------------------- running
 @contextlib.contextmanager
@@ -65,35 +63,6 @@ def validate_token_ids(tokens: Any, hint: str = "add a batch axis with .unsqueez
         advice = "; convert with tokens.long()" if integer else ""
         raise TypeError(f"tokens must hold integer token ids as int64 (torch.long) or int32, the index dtypes "
                         f"nn.Embedding takes; got dtype {tokens.dtype}{advice}")
-
-
-@torch.no_grad()
-def generate_tokens(
-    step: Callable[[Tensor], Tensor], prompt: Tensor, new_tokens: int, *, cached: bool = True,
-    stop: Sequence[int] = (),
-) -> Tensor:
-    """Greedy decoding: ``prompt [B, T0]`` -> ``[B, T0 + new_tokens]``.
-
-    ``step(ids)`` returns logits ``[B, t, V]``; with ``cached`` it is fed only the newest token (the
-    model keeps the others' keys and values in its KV caches), else the whole sequence so far.
-    ``stop``: token ids that end a row (an end-of-turn token); a row that has emitted one repeats it, and
-    decoding ends as soon as every row has, so the result can be shorter: ``[B, T0 + n]``, ``n <= new_tokens``.
-    """
-    validate_int("new_tokens", new_tokens, 0)
-    stop = [validate_int("a stop token id", t, 0) for t in ([stop] if isinstance(stop, int) else stop)]
-    stop_ids = torch.tensor(stop, dtype=prompt.dtype, device=prompt.device) if stop else None  # [S]
-    done = torch.zeros(prompt.size(0), 1, dtype=torch.bool, device=prompt.device)  # [B, 1]: row has stopped
-    tokens = step_input = prompt
-    for _ in range(new_tokens):
-        next_token = step(step_input)[:, -1].argmax(-1, keepdim=True)  # [B, 1]: the most likely next token
-        if stop_ids is not None:
-            next_token = torch.where(done, tokens[:, -1:], next_token)  # a stopped row repeats its stop token
-            done = done | (next_token == stop_ids).any(-1, keepdim=True)  # [B, 1] == [S] -> [B, S] -> [B, 1]
-        tokens = torch.cat([tokens, next_token], dim=1)  # [B, t + 1]
-        if stop_ids is not None and bool(done.all()):  # (one host sync per step, only with stop tokens)
-            break
-        step_input = next_token if cached else tokens
-    return tokens
 
 
 class _Embedding(nn.Module):
@@ -199,12 +168,12 @@ class _SharedNames:
     def W_U(self) -> Tensor:
         """``[d_model, d_vocab]``: the unembedding, the final norm's scale folded in (centred over d_model after a
         LayerNorm), as TransformerLens reads it; ``norm's normalisation(x) @ W_U + b_U`` are the logits."""
-        return circuits.unembedding_weights(self)[0]
+        return unembedding_weights(self)[0]
 
     @property
     def b_U(self) -> Tensor:
         """``[d_vocab]``: the unembedding's bias with the final norm's bias folded in (zeros where there is none)."""
-        W_U, b_U = circuits.unembedding_weights(self)
+        W_U, b_U = unembedding_weights(self)
         return torch.zeros(W_U.size(1), dtype=W_U.dtype, device=W_U.device) if b_U is None else b_U
 
 
@@ -223,7 +192,7 @@ class Transformer(_SharedNames, HookedRootModule):
     The toy models, all-MiniLM-L6-v2 and SmolLM2 are each one :class:`ModelConfig` of it.
 
     TransformerLens's attributes, with its shapes and as it reads the weights in compatibility mode (norms'
-    scales folded in; :mod:`mhalab.circuits` says how): ``cfg`` (the config), ``W_E [V, D]``, ``W_pos [n_ctx, D]``,
+    scales folded in; :mod:`mhalab.head_weights` says how): ``cfg`` (the config), ``W_E [V, D]``, ``W_pos [n_ctx, D]``,
     ``W_U [D, V]``, ``b_U [V]``, ``W_Q, W_O [N, H, ...]`` and ``W_K, W_V [N, G, D, d_head]`` (the K/V heads as
     stored, TransformerLens 4's convention), ``QK``, ``OV`` (``FactoredMatrix [N, H, D, D]``, K/V heads repeated
     per query head), ``all_composition_scores(mode)``, ``model(tokens, return_type=...)``."""
@@ -309,12 +278,12 @@ class Transformer(_SharedNames, HookedRootModule):
         return self._stacked("W_O")
 
     @property
-    def QK(self) -> circuits.FactoredMatrix:
+    def QK(self) -> FactoredMatrix:
         """Every head's ``W_Q W_Kᵀ`` ``[n_layers, n_heads, d_model, d_model]`` (:func:`mhalab.circuits.QK`)."""
         return circuits.QK(self)
 
     @property
-    def OV(self) -> circuits.FactoredMatrix:
+    def OV(self) -> FactoredMatrix:
         """Every head's ``W_V W_O`` ``[n_layers, n_heads, d_model, d_model]`` (:func:`mhalab.circuits.OV`)."""
         return circuits.OV(self)
 
@@ -362,8 +331,8 @@ class Transformer(_SharedNames, HookedRootModule):
 
     def generate(self, prompt: Tensor, new_tokens: int, *, use_cache: bool = True, stop: Sequence[int] = ()) -> Tensor:
         """Greedy continuation of ``prompt [B, T0]``: ``[B, T0 + new_tokens]``, or shorter once every row has
-        emitted a ``stop`` token (see :func:`generate_tokens`); without ``use_cache`` every step recomputes the
-        whole prefix (same tokens, slower)."""
+        emitted a ``stop`` token (see :func:`mhalab.generation.generate_tokens`); without ``use_cache`` every step
+        recomputes the whole prefix (same tokens, slower)."""
         if not self.config.causal:
             raise ValueError("generate needs a decoder-only model: ModelConfig(causal=True)")
         if self.config.n_targets != 1:
@@ -374,98 +343,3 @@ class Transformer(_SharedNames, HookedRootModule):
             step = lambda ids: self(ids, kv_caches=caches, logits_to_keep=1)  # noqa: E731 - [B, 1, V]: the next token's
             prompt = prompt.to(self.embed.tokens.weight.device)
             return generate_tokens(step, prompt, new_tokens, cached=use_cache, stop=stop)
-
-
-class EncoderDecoder(_SharedNames, HookedRootModule):
-    """The original transformer's shape for sequence-to-sequence tasks (one vocabulary): the encoder reads
-    ``src [B, S]``; the decoder reads ``tgt [B, T]`` causally and cross-attends to the encoder's output. Built
-    from the same :class:`ModelConfig` as :class:`Transformer` (``n_layers`` in each of encoder and decoder;
-    ``causal`` is ignored: the encoder never is, the decoder always)."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.config = _validate_config(config)
-        self.embed = _Embedding(config)  # one vocabulary, one table: shared by source and target
-        self.hook_embed = HookPoint()  # the source's token embeddings [B, S, D]
-        self.hook_pos_embed = HookPoint() if self.embed.has_table else None  # [B, S, D]
-        self.hook_decoder_embed = HookPoint()  # the target's [B, T, D]
-        self.hook_decoder_pos_embed = HookPoint() if self.embed.has_table else None  # [B, T, D]
-        self.encoder = nn.ModuleList(Block.from_config(config) for _ in range(config.n_layers))
-        self.ln_encoder = None if config.post_norm else norm_layer(config)
-        self.decoder = nn.ModuleList(Block.from_config(config, cross=True) for _ in range(config.n_layers))
-        self.ln_final = None if config.post_norm else norm_layer(config)
-        self.head = _output_head(config)
-
-    def encode(self, src: Tensor, *, src_padding_mask: Tensor | None = None) -> Tensor:
-        """``src [B, S]`` -> memory ``[B, S, D]``."""
-        validate_token_ids(src)
-        x = self.embed(src, 0, self.hook_embed, self.hook_pos_embed)  # [B, S, D]
-        for block in self.encoder:
-            x = block(x, causal=False, key_padding_mask=src_padding_mask)
-        return x if self.ln_encoder is None else self.ln_encoder(x)
-
-    def decode(
-        self, tgt: Tensor, memory: Tensor, *, src_padding_mask: Tensor | None = None,
-        kv_caches: list[KVCache] | None = None, cross_kv_caches: list[KVCache] | None = None,
-    ) -> Tensor:
-        """``tgt [B, T]`` and ``memory [B, S, D]`` -> logits ``[B, T, V]``.
-
-        ``kv_caches``: one :class:`KVCache` per decoder layer for its self-attention (``tgt`` are then the new
-        tokens); ``cross_kv_caches``: one per layer for its cross-attention, which projects ``memory`` on the
-        first call and reuses those keys and values on every later one (the memory does not change while
-        decoding; pass fresh caches for a new memory).
-        """
-        validate_token_ids(tgt)
-        past, caches = layer_caches(kv_caches, len(self.decoder))
-        _, cross_caches = layer_caches(cross_kv_caches, len(self.decoder))
-        x = self.embed(tgt, past, self.hook_decoder_embed, self.hook_decoder_pos_embed)  # [B, T, D]
-        for block, cache, cross_cache in zip(self.decoder, caches, cross_caches):
-            x = block(x, causal=True, kv_cache=cache, memory=memory, memory_padding_mask=src_padding_mask,
-                      cross_kv_cache=cross_cache)
-        return _output_logits(self, x if self.ln_final is None else self.ln_final(x))
-
-    def forward(self, src: Tensor, tgt: Tensor, *, return_type: str | None = "logits",
-                src_padding_mask: Tensor | None = None) -> Tensor | None:
-        """Teacher-forced logits ``[B, T, V]`` for ``src [B, S]`` and the target shifted right ``tgt [B, T]``
-        (``return_type=None``: nothing, as TransformerLens's; a task's loss is ``task.loss(logits, batch)``)."""
-        _validate_return_type(return_type, ("logits", None))
-        memory = self.encode(src, src_padding_mask=src_padding_mask)
-        logits = self.decode(tgt, memory, src_padding_mask=src_padding_mask)
-        return logits if return_type == "logits" else None
-
-    def forward_batch(self, batch: Any) -> Tensor:
-        """Logits for a batch with ``inputs`` (source) and ``decoder_inputs`` (target shifted right)."""
-        decoder_inputs = getattr(batch, "decoder_inputs", None)
-        if decoder_inputs is None:
-            raise ValueError("EncoderDecoder trains on batches that carry decoder_inputs (the target sequence shifted "
-                             "right, starting with BOS) next to inputs (the source); this task's batches have none")
-        return self(batch.inputs, decoder_inputs)
-
-    @torch.no_grad()
-    def generate(self, src: Tensor, new_tokens: int, *, bos_id: int) -> Tensor:
-        """Greedy decoding: ``src [B, S]`` -> ``[B, 1 + new_tokens]`` starting with ``bos_id``; encodes once and
-        projects the encoder's output to each cross-attention's keys and values once."""
-        with eval_mode(self):
-            memory = self.encode(src)  # [B, S, D]
-            caches = [KVCache() for _ in self.decoder]
-            cross = [KVCache() for _ in self.decoder]  # the memory's keys/values, projected once per layer
-            bos = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)  # [B, 1]
-            step = lambda ids: self.decode(ids, memory, kv_caches=caches, cross_kv_caches=cross)  # noqa: E731
-            return generate_tokens(step, bos, new_tokens)
-
-
-def _two_stacks(name: str) -> property:
-    """A property of :class:`EncoderDecoder` that refuses a one-stack name (``W_Q``, ``QK``, ``blocks``, ...)."""
-
-    def refuse(self: EncoderDecoder) -> None:
-        raise AttributeError(
-            f"an EncoderDecoder has two stacks, so no model.{name}: read a layer's weights from "
-            "model.encoder[i].attn.W_Q, model.decoder[i].attn.W_Q or model.decoder[i].cross_attn.W_Q (W_K, W_V, W_O "
-            "alike); QK, OV and composition scores live within one residual stream, and TransformerLens refuses them "
-            "across an encoder-decoder too")
-
-    return property(refuse)
-
-
-for _name in ("blocks", "W_Q", "W_K", "W_V", "W_O", "QK", "OV", "all_composition_scores"):
-    setattr(EncoderDecoder, _name, _two_stacks(_name))

@@ -192,7 +192,8 @@ def choose_with_valid_head_counts(d_model, n_relations, min_d_k):  # 04.3 with m
 
 def layout_measured(batch, n_heads, src_len, tgt_len):
     # 06.2 measured on a real EncoderDecoder, as notebook 06 suggests
-    from mhalab.models import EncoderDecoder, ModelConfig
+    from mhalab.encoder_decoder import EncoderDecoder
+    from mhalab.models import ModelConfig
 
     model = EncoderDecoder(ModelConfig(d_vocab=4, d_model=2 * n_heads, n_heads=n_heads, n_layers=1,
                                        n_ctx=max(src_len, tgt_len))).eval()
@@ -422,7 +423,7 @@ def ablate_leaky(model, tokens, layer, head):
 
 
 def ablate_with_mhalab(model, tokens, layer, head):
-    from mhalab.hooks import ablate_heads
+    from mhalab.head_interventions import ablate_heads
 
     return model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate_heads([head]))])
 
@@ -631,7 +632,7 @@ def second_copy_with_ablate(model, tokens, heads, L):
 
 
 def second_copy_with_gate_heads(model, tokens, heads, L):  # the course's gating hook with zero gates: refused too
-    from mhalab.hooks import gate_heads
+    from mhalab.head_interventions import gate_heads
 
     H = model.config.n_heads
     hooks = []
@@ -1192,7 +1193,7 @@ CORPUS = {
                                              lambda z: z.__setitem__((slice(None), slice(None), h), 0.0)),
              "not of layer"),
             (ablate_leaky, "still runs with a head off"),
-            (ablate_with_mhalab, "mhalab.hooks.ablate_heads"),
+            (ablate_with_mhalab, "mhalab.head_interventions.ablate_heads"),
             (ablate_with_ablation_module, "mhalab.ablation"),
             (lambda m, t, l: m(t), "keep the given parameters"),
         ],
@@ -1363,7 +1364,7 @@ CORPUS = {
              "only the heads of one layer"),
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, keep_hooks=True), "still runs with heads off"),
             (second_copy_with_ablate, "mhalab.ablation"),
-            (second_copy_with_gate_heads, "mhalab.hooks.gate_heads"),
+            (second_copy_with_gate_heads, "mhalab.head_interventions.gate_heads"),
             (lambda m, t, heads: 0.0, "keep the given parameters"),
         ],
     },

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from mhalab import ablation as A
-from mhalab.hooks import gate_heads, hook_points
+from mhalab.head_interventions import gate_heads
+from mhalab.hooks import hook_points
 from mhalab.tasks import Batch
 
 

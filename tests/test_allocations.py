@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from mhalab import MultiHeadAttention
 from mhalab.allocations import Footprint, NewTensor, footprint
-from mhalab.attention import attention_weights
+from mhalab.dot_product_attention import attention_weights
 
 
 def test_one_new_tensor_is_recorded_with_its_operator_shape_and_bytes():

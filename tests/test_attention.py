@@ -16,13 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from conftest import TOL, assert_close, max_diff, rand
 from mhalab.arguments import valid_head_counts, validate_head_count
-from mhalab.attention import HeadProjections, MultiHeadAttention, scaled_dot_product_attention
+from mhalab.attention import HeadProjections, MultiHeadAttention
 from mhalab.counting import count_parameters
 from mhalab.kv_cache import KVCache
 from mhalab.masks import causal_allowed_mask, causal_forbidden_mask
 
-TOL = 1e-5  # float32: max abs difference allowed against torch and between our two paths
 B, L, S, D, H = 2, 5, 7, 16, 4  # batch, query length, key length, d_model, heads (small: fast)
 
 
@@ -42,61 +42,12 @@ def pair(d_model=D, n_heads=H, *, bias=True, dropout=0.0, device="cpu"):
     return theirs.eval(), ours.eval()
 
 
-def max_diff(a, b) -> float:
-    return (a.double() - b.double()).abs().max().item()
-
-
-def assert_close(ours, theirs, tol=TOL, what="output"):
-    assert ours.shape == theirs.shape, f"{what}: shape {tuple(ours.shape)} != {tuple(theirs.shape)}"
-    diff = max_diff(ours, theirs)
-    assert diff <= tol, f"{what}: max abs difference {diff:.3g} > {tol:g}"
-
-
-def rand(*shape, device="cpu"):
-    return torch.randn(*shape, device=device)
-
-
 def forbidden_causal(L_, S_=None, device="cpu"):
     """torch.nn.MultiheadAttention's causal bool mask: True where attention is forbidden."""
     return causal_forbidden_mask(L_, S_, device=device)
 
 
 # --------------------------------------------------------------- basic maths
-class TestScaledDotProductAttention:
-    def test_matches_torch_without_mask(self):
-        q, k, v = rand(2, 3, L, 8), rand(2, 3, S, 8), rand(2, 3, S, 6)
-        out, weights = scaled_dot_product_attention(q, k, v)
-        assert out.shape == (2, 3, L, 6) and weights.shape == (2, 3, L, S)
-        assert_close(out, F.scaled_dot_product_attention(q, k, v))
-
-    def test_matches_torch_with_bool_mask(self):
-        q, k, v = rand(2, 3, L, 8), rand(2, 3, S, 8), rand(2, 3, S, 8)
-        allowed = torch.rand(L, S) > 0.4
-        allowed[:, 0] = True  # every query may see at least one key
-        out, weights = scaled_dot_product_attention(q, k, v, mask=allowed)
-        assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
-        assert (weights[..., ~allowed] == 0).all(), "a forbidden pair got weight"
-
-    def test_matches_torch_with_float_mask(self):
-        q, k, v = rand(2, 3, L, 8), rand(2, 3, S, 8), rand(2, 3, S, 8)
-        additive = rand(2, 1, L, S)
-        out, _ = scaled_dot_product_attention(q, k, v, mask=additive)
-        assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=additive))
-
-    def test_rows_sum_to_one(self):
-        q, k, v = rand(3, L, 8), rand(3, S, 8), rand(3, S, 8)
-        _, weights = scaled_dot_product_attention(q, k, v, mask=causal_allowed_mask(L, S))
-        assert_close(weights.sum(-1), torch.ones(3, L), what="row sums")
-        assert (weights >= 0).all()
-
-    def test_dropout_only_changes_the_output(self):
-        q, k, v = rand(1, L, 8), rand(1, S, 8), rand(1, S, 8)
-        out0, w0 = scaled_dot_product_attention(q, k, v)
-        out1, w1 = scaled_dot_product_attention(q, k, v, dropout_p=0.5)
-        assert torch.equal(w0, w1), "the returned weights are the softmax before dropout"
-        assert max_diff(out0, out1) > 1e-3, "dropout_p=0.5 left the output unchanged"
-
-
 def test_causal_masks_are_bottom_right_aligned():
     assert torch.equal(causal_allowed_mask(3), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool))
     # 2 new queries after 3 cached keys: they sit at positions 3 and 4

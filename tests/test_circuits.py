@@ -5,81 +5,16 @@ those weights centred over d_model)."""
 import pytest
 import torch
 
+from conftest import _direct, _fold, _toy
 from mhalab import circuits as C
-from mhalab.models import ModelConfig, Transformer
-
-
-def _toy(**overrides):
-    torch.manual_seed(0)
-    config = dict(d_vocab=13, d_model=16, n_heads=4, n_layers=3, n_ctx=10, causal=True, attn_only=True)
-    model = Transformer(ModelConfig(**{**config, **overrides})).double()
-    with torch.no_grad():
-        for p in model.parameters():  # norms' weights away from 1, so that folding them is tested
-            p.add_(torch.randn_like(p) * 0.3)
-    return model.eval()
-
-
-def _fold(norm, W):
-    """``W [D, n]`` read through ``norm``: its scale folded in; centred over D after a LayerNorm."""
-    W = norm.weight.double()[:, None] * W
-    return W - W.mean(0) if isinstance(norm, torch.nn.LayerNorm) else W
-
-
-def _direct(model):
-    """Every head's W_Q, W_K, W_V, W_O as [N, H, ...] float64, sliced from qkv_proj by hand, norms folded."""
-    rows = []
-    for block in model.blocks:
-        a, norm = block.attn, block.ln1
-        H, G, d = a.n_heads, a.n_key_value_heads, a.d_head
-        q, k, v = a.qkv_proj.weight.double().split([H * d, G * d, G * d])
-        o = a.out_proj.weight.double()
-        kv = [slice((h // (H // G)) * d, (h // (H // G) + 1) * d) for h in range(H)]  # the K/V head h reads
-        rows.append([(_fold(norm, q[h * d:(h + 1) * d].T), _fold(norm, k[kv[h]].T), _fold(norm, v[kv[h]].T),
-                      o[:, h * d:(h + 1) * d].T) for h in range(H)])
-    return [[tuple(t.detach() for t in head) for head in layer] for layer in rows]
+from mhalab.factored_matrix import FactoredMatrix
+from mhalab.head_weights import head_weights
 
 
 def _unembedding(model):
     """W_U [D, V] folded, and b_U [V] with the final LayerNorm's bias folded in, float64."""
     W_U = model.head.weight.double().T
     return _fold(model.ln_final, W_U).detach(), (model.ln_final.bias.double() @ W_U + model.head.bias).detach()
-
-
-@pytest.mark.parametrize("kv", [None, 2])
-def test_qk_ov_and_their_spectra_match_the_full_matrices(kv):
-    model = _toy(n_key_value_heads=kv)
-    qk, ov = C.QK(model), C.OV(model)
-    assert qk.shape == ov.shape == (3, 4, 16, 16)
-    assert model.W_K.shape == model.W_V.shape == (3, kv or 4, 16, 4)  # the K/V heads as stored
-    assert model.W_Q.shape == (3, 4, 16, 4) and model.W_O.shape == (3, 4, 4, 16)
-    assert torch.equal(model.QK.AB, qk.AB) and torch.equal(model.blocks[1].attn.W_Q, model.W_Q[1])
-    for l, layer in enumerate(_direct(model)):
-        for h, (W_Q, W_K, W_V, W_O) in enumerate(layer):
-            for fm, full in ((qk[l, h], W_Q @ W_K.T), (ov[l, h], W_V @ W_O)):
-                assert torch.allclose(fm.AB, full, atol=1e-12)
-                assert torch.allclose(fm.norm(), full.norm(), atol=1e-12)
-                assert torch.allclose(fm.S, torch.linalg.svdvals(full)[:4], atol=1e-10)
-                assert int(fm.rank()) == int(torch.linalg.matrix_rank(full)) == 4
-                U, S, V = fm.svd()
-                assert torch.allclose(U @ torch.diag(S) @ V.T, full, atol=1e-10)
-                assert torch.equal(fm.U, U) and torch.equal(fm.V, V)
-                assert torch.allclose(fm.U.T @ fm.collapse_r(), torch.diag(S), atol=1e-10)
-                assert torch.allclose(fm.U @ fm.collapse_l(), full, atol=1e-10)
-                even = fm.make_even()
-                assert torch.allclose(even.AB, full, atol=1e-10) and torch.allclose(even.A.norm(), even.B.norm())
-                assert torch.allclose((2 * fm).AB, 2 * full) and torch.allclose((fm * torch.tensor(3.0)).AB, 3 * full)
-                eig = torch.linalg.eigvals(full)
-                top = eig[eig.abs().argsort(descending=True)[:4]]
-                mine = fm.eigenvalues
-                assert torch.allclose(mine.abs().sort().values, top.abs().sort().values, atol=1e-10)
-                assert torch.allclose(mine.real.sum(), eig.real.sum(), atol=1e-10)  # the rest are zeros
-
-
-def test_rank_sees_a_head_of_lower_rank():
-    model = _toy()
-    with torch.no_grad():
-        model.blocks[1].attn.qkv_proj.weight[2 * 4:2 * 4 + 1] = 0.0  # one of head 2's four query rows
-    assert C.QK(model)[1, 2].rank() == 3 and C.OV(model)[1, 2].rank() == 4
 
 
 @pytest.mark.parametrize("mode", "QKV")
@@ -100,24 +35,6 @@ def test_random_baseline_is_one_over_root_d_model():
     assert abs(float(scores.pow(2).mean()) * 64 - 1) < 0.05  # E[score²] = 1 / d_model for Gaussian factors
 
 
-def test_a_layernorms_folded_weights_are_centred_and_rmsnorms_are_not():
-    ln, rms = _toy(), _toy(normalization_type="RMS")
-    for W in (ln.W_Q, ln.W_K, ln.W_V, ln.W_U):
-        assert W.mean(-2).abs().max() < 1e-12  # no component along the all-ones direction a LayerNorm never outputs
-    assert rms.W_Q.mean(-2).abs().max() > 1e-3
-    raw = C.head_weights(ln, fold_ln=False)
-    scale = ln.blocks[0].ln1.weight.detach()[:, None]
-    assert torch.allclose(ln.W_Q[0], raw.W_Q[0] * scale - (raw.W_Q[0] * scale).mean(-2, keepdim=True))
-    assert torch.allclose(rms.W_Q[0], C.head_weights(rms, fold_ln=False).W_Q[0] * rms.blocks[0].ln1.weight[:, None])
-    assert torch.equal(C.head_weights(_toy(normalization_type=None)).W_Q,  # no norm: nothing to fold
-                       C.head_weights(_toy(normalization_type=None), fold_ln=False).W_Q)
-    # what folding keeps: the logits, through the norm's normalisation alone
-    tokens = torch.randint(0, 13, (2, 10))
-    _, cache = ln.run_with_cache(tokens)
-    resid = cache.accumulated_resid(apply_ln=True)[-1]
-    assert torch.allclose(resid @ ln.W_U + ln.b_U, ln(tokens), atol=1e-12)
-
-
 def test_full_circuits_and_copying_score():
     model = _toy(positional_embedding_type="standard")
     W_Q, W_K, W_V, W_O = _direct(model)[2][1]
@@ -129,9 +46,9 @@ def test_full_circuits_and_copying_score():
     assert torch.allclose(C.full_ov_circuit(model, 2, 1).AB, full, atol=1e-10)
     eig = torch.linalg.eigvals(full)
     assert torch.allclose(C.copying_score(C.full_ov_circuit(model, 2, 1)), eig.real.sum() / eig.abs().sum(), atol=1e-10)
-    identity = C.FactoredMatrix(torch.eye(5, 3, dtype=torch.float64), torch.eye(3, 5, dtype=torch.float64) * 2)
+    identity = FactoredMatrix(torch.eye(5, 3, dtype=torch.float64), torch.eye(3, 5, dtype=torch.float64) * 2)
     assert float(C.copying_score(identity)) == 1.0  # maps each token to itself: copies
-    assert float(C.copying_score(C.FactoredMatrix(-identity.A, identity.B))) == -1.0  # suppresses
+    assert float(C.copying_score(FactoredMatrix(-identity.A, identity.B))) == -1.0  # suppresses
 
 
 def test_direct_logit_attribution_adds_up_to_the_logit_difference():
@@ -178,18 +95,7 @@ def test_bad_input_gets_clear_errors():
     with pytest.raises(TypeError, match="circuits reads a mhalab Transformer"):
         C.QK(torch.nn.Linear(3, 3))
     with pytest.raises(ValueError, match="the same m"):
-        C.FactoredMatrix(torch.ones(4, 2), torch.ones(3, 4))
-
-
-def test_a_model_of_several_targets_has_no_single_unembedding():
-    """n_targets=2 puts [2 V, D] in the head: reading it as W_U [D, V] would give the wrong columns, so every way to
-    W_U refuses, the model's own attribute included; the attention's circuits do not need it."""
-    model = _toy(n_targets=2, attn_only=True)
-    for read in (lambda: model.W_U, lambda: model.b_U, lambda: C.head_weights(model),
-                 lambda: C.full_ov_circuit(model, 0, 0), lambda: C.logit_lens(model, torch.tensor([[1, 2]]))):
-        with pytest.raises(ValueError, match="predicts 2 targets per position"):
-            read()
-    assert C.QK(model).shape == (3, 4, 16, 16)
+        FactoredMatrix(torch.ones(4, 2), torch.ones(3, 4))
 
 
 def test_minilm_has_no_unembedding(minilm):
@@ -201,7 +107,7 @@ def test_minilm_has_no_unembedding(minilm):
 
 
 def test_smollm2_grouped_query_heads(smollm2):
-    w = C.head_weights(smollm2)
+    w = head_weights(smollm2)
     assert w.W_K.shape == (30, 3, 576, 64) and w.W_Q.shape == (30, 9, 576, 64) and w.n_key_value_heads == 3
     qk, ov = C.QK(w), C.OV(w)
     for layer in (0, 17):
@@ -213,13 +119,13 @@ def test_smollm2_grouped_query_heads(smollm2):
             W_Q, W_K = scale * q[h * 64:(h + 1) * 64].T, scale * k[g * 64:(g + 1) * 64].T
             W_V, W_O = scale * v[g * 64:(g + 1) * 64].T, a.out_proj.weight.double()[:, h * 64:(h + 1) * 64].T
             for fm, full in ((qk[layer, h], W_Q @ W_K.T), (ov[layer, h], W_V @ W_O)):
-                fm = C.FactoredMatrix(fm.A.double(), fm.B.double())
+                fm = FactoredMatrix(fm.A.double(), fm.B.double())
                 assert torch.allclose(fm.AB, full, atol=1e-9)
                 assert torch.allclose(fm.norm(), full.norm(), rtol=1e-9)
                 assert torch.allclose(fm.S, torch.linalg.svdvals(full)[:64], rtol=1e-6, atol=1e-9)
     # K-composition of L16H0 into L17H4 (which reads K/V head 1), against the full product
-    left = C.FactoredMatrix(w.W_V[16, 0].double(), w.W_O[16, 0].double())
-    right = C.FactoredMatrix(w.W_K[17, 4 // 3].double(), w.W_Q[17, 4].double().T)
+    left = FactoredMatrix(w.W_V[16, 0].double(), w.W_O[16, 0].double())
+    right = FactoredMatrix(w.W_K[17, 4 // 3].double(), w.W_Q[17, 4].double().T)
     full = left.AB @ right.AB
     expected = full.norm() / (left.AB.norm() * right.AB.norm())
     assert torch.allclose(C.composition_scores(left, right), expected, rtol=1e-9)
@@ -236,9 +142,9 @@ def test_the_exercises_references_agree_with_circuits():
     from mhalab import labs
 
     model = _toy()
-    w = C.head_weights(model)
+    w = head_weights(model)
     copying = labs.exercise("10", 2).reference(w.W_E, w.W_V[1, 2], w.W_O[1, 2], w.W_U)
     assert abs(copying - float(C.copying_score(C.full_ov_circuit(model, 1, 2)))) < 1e-9
     W_QK, rank = labs.exercise("10", 1).reference(model, 2, 3)
-    unfolded = C.QK(C.head_weights(model, fold_ln=False))[2, 3]
+    unfolded = C.QK(head_weights(model, fold_ln=False))[2, 3]
     assert torch.allclose(W_QK, unfolded.AB, atol=1e-12) and rank == int(unfolded.rank()) == 4

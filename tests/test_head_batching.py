@@ -36,8 +36,9 @@ def test_encoder_decoder_counts_cross_attention_twice_per_decoder_layer():
 
 
 def test_an_encoder_is_counted_and_the_count_matches_the_calls_of_a_built_model():
+    from mhalab.encoder_decoder import EncoderDecoder
     from mhalab.hooks import run_with_cache
-    from mhalab.models import EncoderDecoder, Transformer
+    from mhalab.models import Transformer
 
     config = ModelConfig(d_vocab=7, d_model=8, n_heads=2, n_layers=3)
     assert count_attention(config).breakdown() == {"encoder self-attention": 6}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mhalab.encoder_decoder import EncoderDecoder
 from mhalab.hook_names import SHORT_NAMES, get_act_name, glob_filter, hook_aliases
-from mhalab.models import EncoderDecoder, ModelConfig, Transformer
+from mhalab.models import ModelConfig, Transformer
 
 
 def test_get_act_name_follows_transformerlens_for_the_names_mhalab_has():

@@ -299,7 +299,7 @@ def test_judged_through_the_grading_kernel_every_answer_gets_the_same_verdict(ke
 
 def test_switching_off_the_watch_in_the_grading_kernel_is_flagged(kernel):
     q1 = labs.exercise("05", 1)
-    kernel.run_cell("import sys, torch\nfrom mhalab.hooks import ablate_heads\n"
+    kernel.run_cell("import sys, torch\nfrom mhalab.head_interventions import ablate_heads\n"
                     "def sneaky(model, tokens, layer, head):\n    sys.setprofile(None)\n"
                     "    return model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{layer}.attn.hook_z', "
                     "ablate_heads([head]))])")

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import mhalab
-from mhalab.attention import MultiHeadAttention, scaled_dot_product_attention
+from mhalab.attention import MultiHeadAttention
+from mhalab.dot_product_attention import scaled_dot_product_attention
 from mhalab.masks import causal_allowed_mask, causal_forbidden_mask
 
 D, H = 16, 4

@@ -7,23 +7,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import VARIANTS, B, T, V, small, tokens
 from mhalab.arguments import validate_head_count
-from mhalab.hooks import ablate_heads, attention_modules
-from mhalab.models import EncoderDecoder, ModelConfig, Transformer, eval_mode
+from mhalab.encoder_decoder import EncoderDecoder
+from mhalab.head_interventions import ablate_heads
+from mhalab.hooks import attention_modules
+from mhalab.models import ModelConfig, Transformer, eval_mode
 from mhalab.positions import sinusoidal_positions
-
-V, T, B = 13, 9, 3
-
-
-def small(**overrides) -> ModelConfig:
-    values = dict(d_vocab=V, d_model=16, n_heads=4, n_layers=2, n_ctx=16)
-    values.update(overrides)
-    return ModelConfig(**values)
-
-
-def tokens(batch=B, length=T, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, V, (batch, length), generator=g)
 
 
 # ------------------------------------------------------------------ shapes
@@ -235,108 +225,6 @@ def test_token_ids_of_a_dtype_embedding_rejects_get_a_clear_error(dtype):
     assert model(tokens().int()).shape == model(tokens()).shape  # int32 works
 
 
-def test_generation_stops_at_a_stop_token():
-    from mhalab.models import generate_tokens
-
-    def step(ids):  # logits that make row 0 say 5, 6, 2, 7, ... and row 1 say 3, 3, 3, ...
-        script = torch.tensor([[5, 6, 2, 7, 7, 7, 7], [3, 3, 3, 3, 3, 3, 3]])
-        return torch.nn.functional.one_hot(script[:, ids.size(1) - 1 : ids.size(1)], V).float()  # [B, 1, V]
-
-    prompt = torch.zeros(2, 1, dtype=torch.long)
-    full = generate_tokens(step, prompt, 6, cached=False)
-    assert full[0].tolist() == [0, 5, 6, 2, 7, 7, 7]
-    stopped = generate_tokens(step, prompt, 6, cached=False, stop=[2])
-    assert stopped[0].tolist() == [0, 5, 6, 2, 2, 2, 2]  # row 0 is done: it repeats its stop token
-    assert stopped[1].tolist() == full[1].tolist()  # row 1 never stops, so all 6 steps run
-    both = generate_tokens(step, prompt, 6, cached=False, stop=(2, 3))
-    assert both.tolist() == [[0, 5, 6, 2], [0, 3, 3, 3]]  # row 1 stopped first and repeats its stop token
-    with pytest.raises(TypeError, match="stop token id must be an int"):
-        generate_tokens(step, prompt, 2, stop=[2.0])
-
-
-# --------------------------------------------------------- encoder-decoder
-def test_encoder_decoder_shapes_and_attention():
-    model = EncoderDecoder(small()).eval()
-    src, tgt = tokens(length=7), tokens(length=5, seed=1)
-    logits, cache = model.run_with_cache(src, tgt, names_filter=lambda name: name.endswith("hook_pattern"))
-    assert logits.shape == (B, 5, V)
-    shapes = {name: tuple(w.shape) for name, w in cache.items()}
-    assert shapes == {
-        "encoder.0.attn.hook_pattern": (B, 4, 7, 7), "encoder.1.attn.hook_pattern": (B, 4, 7, 7),
-        "decoder.0.attn.hook_pattern": (B, 4, 5, 5), "decoder.0.cross_attn.hook_pattern": (B, 4, 5, 7),
-        "decoder.1.attn.hook_pattern": (B, 4, 5, 5), "decoder.1.cross_attn.hook_pattern": (B, 4, 5, 7),
-    }
-    for w in cache.values():
-        assert torch.allclose(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-5)
-
-
-def test_encoder_decoder_causality():
-    model = EncoderDecoder(small()).eval()
-    src, tgt = tokens(length=7), tokens(length=6, seed=1)
-    later = tgt.clone()
-    later[:, 4] = (later[:, 4] + 1) % V
-    assert torch.allclose(model(src, tgt)[:, :4], model(src, later)[:, :4], atol=1e-6)
-    other_src = src.clone()
-    other_src[:, -1] = (other_src[:, -1] + 1) % V  # the last source token is visible to every target position
-    diff = (model(src, tgt) - model(other_src, tgt)).abs().amax(dim=(0, 2))
-    assert (diff > 1e-5).all()
-
-
-def test_encoder_decoder_ablation_and_generation():
-    model = EncoderDecoder(small()).eval()
-    src, tgt = tokens(length=7), tokens(length=5, seed=1)
-    base = model(src, tgt)
-    for point in ("encoder.1.attn.hook_z", "decoder.1.attn.hook_z", "decoder.1.cross_attn.hook_z"):
-        ablated = model.run_with_hooks(src, tgt, fwd_hooks=[(point, ablate_heads([0]))])
-        assert not torch.allclose(ablated, base, atol=1e-5), point
-
-    fast = model.generate(src, 5, bos_id=0)
-    slow = torch.zeros(B, 1, dtype=torch.long)
-    with torch.no_grad():
-        for _ in range(5):
-            slow = torch.cat([slow, model(src, slow)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(fast, slow)
-
-
-def test_cross_attention_projects_the_memory_once_and_gives_the_same_logits():
-    """Decoding token by token with cached cross-attention K/V gives exactly the logits of the uncached path,
-    where every step re-projects the encoder's output (the same matmul on the same memory: bit for bit);
-    the cached path projects it once per layer."""
-    from mhalab.kv_cache import KVCache
-
-    model = EncoderDecoder(small(n_key_value_heads=2)).eval()
-    src, tgt = tokens(length=7), tokens(length=6, seed=1)
-    with torch.no_grad():
-        memory = model.encode(src)
-        projections = []
-        count = [(lambda name: name.endswith("cross_attn.hook_k"), lambda k, hook: projections.append(hook.name))]
-        logits = {}
-        for cross in (True, False):
-            self_caches, cross_caches = [KVCache() for _ in model.decoder], [KVCache() for _ in model.decoder]
-            logits[cross] = torch.cat([model.decode(tgt[:, t : t + 1], memory, kv_caches=self_caches,
-                                                    cross_kv_caches=cross_caches if cross else None)
-                                       for t in range(tgt.size(1))], dim=1)  # [B, T, V]
-        assert torch.equal(logits[True], logits[False])
-        self_caches, cross_caches = [KVCache() for _ in model.decoder], [KVCache() for _ in model.decoder]
-        with model.hooks(fwd_hooks=count):
-            for t in range(tgt.size(1)):
-                model.decode(tgt[:, t : t + 1], memory, kv_caches=self_caches, cross_kv_caches=cross_caches)
-    # once per layer, not per token
-    assert projections == ["decoder.0.cross_attn.hook_k", "decoder.1.cross_attn.hook_k"]
-    assert [len(c) for c in cross_caches] == [7, 7] and cross_caches[0].k.shape == (B, 2, 7, 4)
-    with pytest.raises(ValueError, match="holds the keys of a memory .batch 3, length 7.*fresh KVCache"):
-        model.decode(tgt[:, :1], model.encode(tokens(length=5)), kv_caches=[KVCache() for _ in model.decoder],
-                     cross_kv_caches=cross_caches)
-
-
-def test_encoder_decoder_forward_batch_needs_decoder_inputs():
-    model = EncoderDecoder(small())
-    with pytest.raises(ValueError, match="decoder_inputs"):
-        model.forward_batch(SimpleNamespace(inputs=tokens()))
-    batch = SimpleNamespace(inputs=tokens(length=7), decoder_inputs=tokens(length=5))
-    assert model.forward_batch(batch).shape == (B, 5, V)
-
-
 # ------------------------------------------------------------------ config
 def test_bad_head_count_fails_in_the_config_with_the_attentions_message():
     with pytest.raises(ValueError) as ours:
@@ -448,23 +336,6 @@ def test_batch_logits_takes_a_batch_or_token_ids():
 
 
 # ------------------------------------------------------------------ what ModelConfig can say
-VARIANTS = {
-    "attn_only": dict(attn_only=True),
-    "grouped_query": dict(n_key_value_heads=2),
-    "multi_query_wide_heads": dict(n_key_value_heads=1, d_head=8),
-    "rotary": dict(positional_embedding_type="rotary"),
-    "no_positions": dict(positional_embedding_type="none"),
-    "all_at_once": dict(attn_only=True, n_key_value_heads=2, d_head=6, positional_embedding_type="rotary"),
-    "relu": dict(act_fn="relu"),
-    "gelu_new": dict(act_fn="gelu_new"),
-    # SmolLM2's choices (mhalab.pretrained.SMOLLM2_135M) and all-MiniLM-L6-v2's (MINILM_L6), at toy sizes
-    "llama_like": dict(normalization_type="RMS", gated_mlp=True, act_fn="silu", positional_embedding_type="rotary",
-                       tie_word_embeddings=True, bias=False, n_key_value_heads=2),
-    "bert_like": dict(post_norm=True, post_embedding_ln=True, eps=1e-12, n_token_types=2, tie_word_embeddings=True),
-    "no_norms": dict(normalization_type=None),  # TransformerLens's None: no norm anywhere
-}
-
-
 @pytest.mark.parametrize("name", VARIANTS)
 def test_each_config_option_reaches_the_attention_and_the_blocks(name):
     cfg = small(causal=True, **VARIANTS[name])
@@ -522,16 +393,6 @@ def test_without_positions_a_bidirectional_model_cannot_tell_order_but_a_rotary_
         assert torch.allclose(permuted_then_run, run_then_permuted, atol=1e-5) == order_blind, positions
 
 
-@pytest.mark.parametrize("name", VARIANTS)
-def test_encoder_decoder_takes_each_config_option(name):
-    cfg = small(**VARIANTS[name])
-    model = EncoderDecoder(cfg)
-    src, tgt = tokens(length=7), tokens(length=5, seed=1)
-    assert model(src, tgt).shape == (B, 5, V)
-    assert all(block.cross_attn.rotary_base is None for block in model.decoder)  # no rotation across two sequences
-    assert model.generate(src, 3, bos_id=0).shape == (B, 4)
-
-
 def test_the_norm_mlp_and_tying_fields_build_what_they_say():
     from mhalab.blocks import MLP, GatedMLP, RMSNorm
 
@@ -570,10 +431,3 @@ def test_stop_at_layer_returns_the_residual_stream():
         torch.testing.assert_close(model(x, stop_at_layer=-1), cache["blocks.0.hook_resid_post"])
     with pytest.raises(ValueError, match="stop_at_layer must be between -2 and 2"):
         model(x, stop_at_layer=3)
-
-
-def test_encoder_decoder_reads_the_same_fields():
-    model = EncoderDecoder(small(**VARIANTS["llama_like"]))
-    assert model.head is None and all(isinstance(b.mlp, type(model.encoder[0].mlp)) for b in model.decoder)
-    assert type(model.ln_encoder).__name__ == "RMSNorm"
-    assert EncoderDecoder(small(post_norm=True)).ln_final is None

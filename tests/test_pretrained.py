@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 import torch
 
-from mhalab.hooks import ablate_heads
+from mhalab.head_interventions import ablate_heads
 from mhalab.pretrained import files
 
 REFERENCES = Path(__file__).resolve().parent / "references"

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from mhalab.models import EncoderDecoder, ModelConfig
+from mhalab.encoder_decoder import EncoderDecoder
+from mhalab.models import ModelConfig
 from mhalab.tasks import IGNORE, Seq2SeqBatch, Seq2SeqTask
 
 

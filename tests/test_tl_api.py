@@ -18,8 +18,9 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-from mhalab.circuits import FactoredMatrix
-from mhalab.models import EncoderDecoder, ModelConfig, Transformer
+from mhalab.encoder_decoder import EncoderDecoder
+from mhalab.factored_matrix import FactoredMatrix
+from mhalab.models import ModelConfig, Transformer
 
 
 def analysis(model, *inputs):

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from mhalab.checkpoint import load_checkpoint, save_checkpoint
-from mhalab.models import EncoderDecoder, ModelConfig, Transformer
+from mhalab.encoder_decoder import EncoderDecoder
+from mhalab.models import ModelConfig, Transformer
 from mhalab.train import (
     CallbackFailed,
     History,

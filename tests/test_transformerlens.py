@@ -17,7 +17,7 @@ the same.
 
 The bridges run in compatibility mode with TransformerLens's ``fold_ln`` and nothing else
 (``center_writing_weights=False, center_unembed=False, fold_value_biases=False``): mhalab's weights are read as
-``fold_ln`` reads them (see mhalab.circuits), and the activations stay those of the unprocessed model. A raw
+``fold_ln`` reads them (see mhalab.head_weights), and the activations stay those of the unprocessed model. A raw
 bridge (no compatibility mode) is the reference for the unfolded circuits. ``test_what_transformerlens_defaults_
 keep`` says what survives TransformerLens's default centring as well.
 
@@ -54,6 +54,8 @@ from transformer_lens.model_bridge import TransformerBridge  # noqa: E402
 from transformer_lens.utilities import composition_scores as tl_composition_scores  # noqa: E402
 
 from mhalab import circuits  # noqa: E402
+from mhalab.factored_matrix import FactoredMatrix  # noqa: E402
+from mhalab.head_weights import head_weights  # noqa: E402
 from mhalab.models import ModelConfig, Transformer  # noqa: E402
 from mhalab.tasks import RepeatedSegments  # noqa: E402
 from mhalab.train import train  # noqa: E402
@@ -308,8 +310,8 @@ def _compare_weights(pair: Pair) -> None:
     layers = [0, 17, cfg.n_layers - 1] if cfg.n_layers > 4 else list(range(cfg.n_layers))  # (SmolLM2: three)
     for label, (my_qk, my_ov), (their_qk, their_ov) in (
             ("folded", (mine.QK, mine.OV), (folded.QK, folded.OV)),
-            ("unfolded", (circuits.QK(circuits.head_weights(mine, fold_ln=False)),
-                          circuits.OV(circuits.head_weights(mine, fold_ln=False))), (pair.raw.QK, pair.raw.OV))):
+            ("unfolded", (circuits.QK(head_weights(mine, fold_ln=False)),
+                          circuits.OV(head_weights(mine, fold_ln=False))), (pair.raw.QK, pair.raw.OV))):
         for circuit, a, b in (("QK", my_qk, their_qk), ("OV", my_ov, their_ov)):
             kind = f"circuits ({label})"
             for layer in layers:
@@ -329,7 +331,7 @@ def _compare_composition(pair: Pair) -> None:
         for mode, right, my_right in (("K", folded.QK[17].T, qk.T), ("Q", folded.QK[17], qk),
                                       ("V", folded.OV[17], ov)):
             theirs = tl_composition_scores(folded.OV[16], right)  # [H, H]: L16's heads into L17's
-            left = circuits.FactoredMatrix(mine.OV.A[16, :, None], mine.OV.B[16, :, None])  # [H, 1, D, D]
+            left = FactoredMatrix(mine.OV.A[16, :, None], mine.OV.B[16, :, None])  # [H, 1, D, D]
             mine_scores = circuits.composition_scores(left, my_right)  # [H, 1] x [H] -> [H, H]
             agree(pair.name, "composition scores", f"{mode} L16 -> L17", mine_scores, theirs, n=cfg.d_model,
                   scale=1.0)

@@ -2,7 +2,7 @@
 switching off each head costs, and compute a previous-token score yourself.
 
 Exercises 1 and 2 run the learner's function on small hidden models (other sizes, a causal one, one with
-several targets per position) and compare with :mod:`mhalab.hooks`/:mod:`mhalab.ablation`. The answer may
+several targets per position) and compare with :mod:`mhalab.head_interventions`/:mod:`mhalab.ablation`. The answer may
 run a model and attach hooks (``model.run_with_hooks``, ``model.hooks``, ``register_forward_hook``); in exercise 1,
 as its prompt says, an answer that calls the course's own ablation (``ablate_heads``, ``gate_heads``,
 ``mhalab.ablation``) scores 0. Exercise 2 may use anything, ``ablate`` included.
@@ -20,7 +20,7 @@ from .judging import as_float64, expect_shape, judge, previous_token_mistakes
 from .verdicts import Wrong
 
 #: What exercise 1's prompt forbids (the course's own ablation); everything else of mhalab may run.
-_FORBID = ("mhalab.hooks.ablate_heads", "mhalab.hooks.gate_heads", "mhalab.ablation")
+_FORBID = ("mhalab.head_interventions.ablate_heads", "mhalab.head_interventions.gate_heads", "mhalab.ablation")
 
 _MODELS = [  # (config, seed, batch, seq_len): a bidirectional model, a causal one with two targets per position
     (dict(d_vocab=13, d_model=24, n_heads=3, n_layers=2, n_ctx=16), 0, 3, 9),

@@ -179,7 +179,7 @@ register(Exercise(
 
 # ------------------------------------------------------------------------------------ exercise 3
 #: What exercise 3's prompt forbids (the course's own ablation); everything else of mhalab may run.
-_FORBID = ("mhalab.hooks.ablate_heads", "mhalab.hooks.gate_heads", "mhalab.ablation")
+_FORBID = ("mhalab.head_interventions.ablate_heads", "mhalab.head_interventions.gate_heads", "mhalab.ablation")
 
 # Both group their K/V heads as SmolLM2 does (three query heads per K/V head): hook_v's heads are not hook_z's.
 # The second is rotary with 30 layers, as SmolLM2: a layer read from a hook's name takes two digits. Their weights
