@@ -3,7 +3,7 @@ TransformerLens's names and calls, as methods of every model (:class:`HookedRoot
 
 Every activation that can be read has a :class:`~mhalab.hook_points.HookPoint`, named by its place, in every
 model of the course (the toy ``Transformer`` and ``EncoderDecoder``, MiniLM, SmolLM2: all built from
-:class:`mhalab.models.Block`). The axes, documented here once (B batch, pos / query_pos positions, key_pos key
+:class:`mhalab.blocks.Block`). The axes, documented here once (B batch, pos / query_pos positions, key_pos key
 positions, H query heads, G K/V heads, d_head head size, D d_model, F d_mlp); the last column is the name
 TransformerLens's bridge (3 and 4) gives the same activation, which mhalab accepts as an alias wherever a name is
 taken (:func:`hook_aliases`)::
