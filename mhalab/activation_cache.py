@@ -201,9 +201,9 @@ class ActivationCache(Mapping):
         for i in range(self._n_layers()):
             name = f"blocks.{i}.attn.hook_result"
             if name not in self.cache_dict:
-                z = self["z", i]  # [B, pos, H, d]
-                W_O = model.blocks[i].attn.W_O.to(device=z.device, dtype=z.dtype)  # [H, d, D]
-                self.cache_dict[name] = torch.einsum("...hd,hdm->...hm", z, W_O)  # [B, pos, H, D]
+                attn = model.blocks[i].attn
+                z = self["z", i].to(attn.out_proj.weight.device)  # [B, pos, H, d]
+                self.cache_dict[name] = attn.head_results(z).to(self["z", i].device)  # [B, pos, H, D]
 
     def stack_head_results(self, layer: int = -1, return_labels: bool = False, incl_remainder: bool = False,
                            pos_slice: Any = None, apply_ln: bool = False) -> Any:

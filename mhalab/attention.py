@@ -258,13 +258,18 @@ class MultiHeadAttention(nn.Module):
             return out, None
         return out, weights.mean(dim=1) if average_attn_weights else weights  # [B, L, S] or [B, H, L, S]
 
-    def _per_head_results(self, z: Tensor) -> Tensor:
-        """``z [B, L, H dk]`` -> ``[B, L, D]`` through each head's own result ``z_h @ W_O^h`` ``[B, L, H, D]``
-        (``hook_result``), summed, plus the bias: W_O applied head by head."""
-        B, L, _ = z.shape
+    def head_results(self, z: Tensor) -> Tensor:
+        """``z [..., H, dk]`` (``hook_z``) -> ``[..., H, D]``: each head's output through its own slice of W_O,
+        ``z_h @ W_O^h``, without the bias (what ``hook_result`` holds; their sum plus the bias is the output)."""
         H, dk, D = self.n_heads, self.d_head, self.d_model
-        W_O = self.out_proj.weight.view(D, H, dk)  # [D, H dk] -> [D, H, dk]
-        result = self.hook_result(torch.einsum("blhd,mhd->blhm", z.view(B, L, H, dk), W_O))  # [B, L, H, D]
+        W_O = self.out_proj.weight.view(D, H, dk).to(dtype=z.dtype)  # [D, H dk] -> [D, H, dk]
+        return torch.einsum("...hd,mhd->...hm", z, W_O)  # [..., H, D]
+
+    def _per_head_results(self, z: Tensor) -> Tensor:
+        """``z [B, L, H dk]`` -> ``[B, L, D]`` through each head's own result (``hook_result``, :meth:`head_results`),
+        summed, plus the bias: W_O applied head by head."""
+        B, L, _ = z.shape
+        result = self.hook_result(self.head_results(z.view(B, L, self.n_heads, self.d_head)))  # [B, L, H, D]
         out = result.sum(2)  # [B, L, D]
         return out if self.out_proj.bias is None else out + self.out_proj.bias
 
