@@ -203,7 +203,8 @@ class ActivationCache(Mapping):
             if name not in self.cache_dict:
                 attn = model.blocks[i].attn
                 z = self["z", i].to(attn.out_proj.weight.device)  # [B, pos, H, d]
-                self.cache_dict[name] = attn.head_results(z).to(self["z", i].device)  # [B, pos, H, D]
+                with torch.no_grad():  # activations in a cache are detached, as those the run cached
+                    self.cache_dict[name] = attn.head_results(z).to(self["z", i].device)  # [B, pos, H, D]
 
     def stack_head_results(self, layer: int = -1, return_labels: bool = False, incl_remainder: bool = False,
                            pos_slice: Any = None, apply_ln: bool = False) -> Any:

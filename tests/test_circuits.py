@@ -67,7 +67,9 @@ def test_direct_logit_attribution_adds_up_to_the_logit_difference():
     expected = logits.gather(-1, right[..., None])[..., 0] - logits[..., wrong]
     assert torch.allclose(dla.sum((0, 1)) + rest_dla + b_U[right] - b_U[wrong], expected, atol=1e-9)
     # the same through the cache's own calls, TransformerLens's: every head's result, and the rest
-    stack = torch.cat([cache.stack_head_results(), rest[None]])
+    heads = cache.stack_head_results()  # computed from hook_z, and detached as every cached activation is
+    assert not heads.requires_grad and not dla.requires_grad
+    stack = torch.cat([heads, rest[None]])
     attributed = cache.logit_attrs(stack, right, torch.full_like(right, wrong)).sum(0)
     assert torch.allclose(attributed + b_U[right] - b_U[wrong], expected, atol=1e-9)
 
