@@ -26,9 +26,9 @@ import torch
 from .arguments import validate_distinct_ints, validate_int, validate_model_fits_task
 from .counting import count_parameters
 from .device import pick_device
-from .models import ModelConfig, Transformer, batch_logits, eval_mode
+from .models import ModelConfig, Transformer
 from .plotting import plot_sweep
-from .train import TrainConfig, held_out_batches, make_config, stream_seed, train
+from .train import TrainConfig, held_out_logits, make_config, stream_seed, train
 
 #: A given embedding: token rows ``[d_vocab, d_model]`` and position rows ``[n, d_model]`` (or None).
 _GivenEmbedding = tuple[torch.Tensor, torch.Tensor | None]
@@ -337,13 +337,14 @@ def held_out_change(before: Any, after: Any, task: Any, config: TrainConfig) -> 
     sequences are independent draws; the answers within one are not, which is why the sequence is the unit."""
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be the sweep's TrainConfig (results.config), got {type(config).__name__}")
+    answered = [held_out_logits(model, task, batches=config.eval_batches, batch_size=config.eval_batch_size,
+                                precision=config.precision) for model in (before, after)]
     changes = []
-    for batch in held_out_batches(task, batches=config.eval_batches, batch_size=config.eval_batch_size):
+    for pair in zip(*answered):  # one held-out batch, as each model answered it
         per_sequence = []
-        for model in (before, after):
-            with eval_mode(model):
-                correct, valid = task.correct(batch_logits(model, batch), batch)  # each [B, T, R]
-            per_sequence.append(correct.flatten(1).sum(1) / valid.flatten(1).sum(1).clamp(min=1))  # [B]
+        for logits, batch in pair:
+            correct, valid = task.correct(logits, batch)  # each [B, T, R]
+            per_sequence.append((correct.flatten(1).sum(1) / valid.flatten(1).sum(1).clamp(min=1)).cpu())  # [B]
         changes.append(per_sequence[1] - per_sequence[0])
     change = torch.cat(changes).double()  # [eval_batches * eval_batch_size]: one change per sequence
     return float(change.mean()), float(change.std() / math.sqrt(len(change)))

@@ -25,7 +25,8 @@ from .models import batch_logits, eval_mode
 from .plotting import plot_history
 from .train_config import TrainConfig, make_config, stream_seed
 
-__all__ = ["train", "evaluate", "TrainConfig", "make_config", "History", "TrainingDiverged", "CallbackFailed",
+__all__ = ["train", "evaluate", "held_out_logits",
+           "TrainConfig", "make_config", "History", "TrainingDiverged", "CallbackFailed",
            "EVAL_SEED", "stream_seed"]
 
 EVAL_SEED = 987_654_321  # evaluate's default seed: the held-out batches are the same in every call
@@ -96,33 +97,31 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     return batch.to(device)
 
 
-def held_out_batches(task: Any, *, batches: int = 8, batch_size: int = 256, seed: int = EVAL_SEED) -> Iterator[Any]:
-    """The held-out batches :func:`evaluate` scores: the same ``batches`` on every call and every device (drawn on
-    the CPU from ``stream_seed(seed, "eval")``, a stream training never uses)."""
+def held_out_logits(model: nn.Module, task: Any, *, batches: int = 8, batch_size: int = 256, seed: int = EVAL_SEED,
+                    device: str | torch.device | None = None, precision: str = "fp32") -> Iterator[tuple[Tensor, Any]]:
+    """``(logits, batch)`` for each of ``batches`` held-out batches, the same on every call and every device (drawn on
+    the CPU from ``stream_seed(seed, "eval")``, a stream training never uses): the model in eval mode on ``device``
+    (None: the model's), under ``precision``'s autocast, logits in float32. What :func:`evaluate` scores."""
+    device = next(model.parameters(), torch.empty(0)).device if device is None else pick_device(device)
+    _, dtype = resolve_precision(precision, device)
     generator = torch.Generator().manual_seed(stream_seed(seed, "eval"))
     for _ in range(batches):
-        yield task.sample(batch_size, generator=generator)
+        batch = _to_device(task.sample(batch_size, generator=generator), device)
+        with torch.no_grad(), eval_mode(model), autocast(device, dtype):
+            logits = batch_logits(model, batch)
+        yield logits.float(), batch
 
 
-@torch.no_grad()
 def evaluate(model: nn.Module, task: Any, *, batches: int = 8, batch_size: int = 256, seed: int = EVAL_SEED,
              device: str | torch.device | None = None, precision: str = "fp32") -> dict[str, float]:
-    """The task's metrics averaged over ``batches`` held-out batches, the same ones every call (drawn from
-    ``stream_seed(seed, "eval")``, a stream training never uses), in eval mode; ``device=None`` uses the model's
-    device."""
+    """The task's metrics averaged over ``batches`` held-out batches (:func:`held_out_logits`), the same ones every
+    call, in eval mode; ``device=None`` uses the model's device."""
     validate_task(task)
     validate_int("batches", batches, 1)
     validate_int("batch_size", batch_size, 1)
     validate_int("seed", seed, 0)
-    device = next(model.parameters(), torch.empty(0)).device if device is None else pick_device(device)
-    _, dtype = resolve_precision(precision, device)
-    results = []
-    with eval_mode(model):
-        for batch in held_out_batches(task, batches=batches, batch_size=batch_size, seed=seed):
-            batch = _to_device(batch, device)
-            with autocast(device, dtype):
-                logits = batch_logits(model, batch)
-            results.append(task.metrics(logits.float(), batch))
+    results = [task.metrics(logits, batch) for logits, batch in held_out_logits(
+        model, task, batches=batches, batch_size=batch_size, seed=seed, device=device, precision=precision)]
     return {name: sum(float(r[name]) for r in results) / batches for name in results[0]}
 
 
