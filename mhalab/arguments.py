@@ -7,8 +7,6 @@ import numbers
 from collections.abc import Iterable
 from typing import Any
 
-#: Keywords renamed to the config's (TransformerLens's) vocabulary, accepted with a warning until notebooks move.
-
 
 def validate_int(name: str, value: Any, minimum: int, *, maximum: int | None = None, why: str = "") -> int:
     """``value`` if it is an int (not a bool) in ``[minimum, maximum]``; else raise, naming ``name``."""

@@ -167,7 +167,6 @@ def shape_sheet(model, tokens) -> tuple[list[SheetRow], dict]:
     (half as many key/value heads). Returns ``(rows, caches)``, ``caches = {"model": ..., "gqa": ...}``."""
     import dataclasses
 
-    from .head_weights import head_weights
     from .hook_names import hook_aliases
     from .hooks import hook_points
     from .models import Transformer
@@ -177,7 +176,6 @@ def shape_sheet(model, tokens) -> tuple[list[SheetRow], dict]:
     logits, cache = model.run_with_cache(tokens)
     cache.compute_head_results()  # hook_result from hook_z and W_O, as use_attn_result would have cached it
     _, gqa_cache = gqa.run_with_cache(tokens)
-    weights = head_weights(model)  # every layer's W_Q, W_K, W_V, W_O, head by head
     a = "blocks.0.attn."
     heads, kv = "batch pos n_heads d_head", "batch pos n_key_value_heads d_head"
     rows = [  # (what, where to read it, its axes, the tensor)
@@ -198,9 +196,10 @@ def shape_sheet(model, tokens) -> tuple[list[SheetRow], dict]:
          cache["blocks.0.hook_attn_out"]),
         ("block 0's output", "blocks.0.hook_resid_post", "batch pos d_model", cache["blocks.0.hook_resid_post"]),
         ("logits", "logits", "batch pos d_vocab", logits),
-        *((f"{w} of layer 0", f"head_weights(model).{w}[0]", "n_heads d_model d_head", getattr(weights, w)[0])
+        # every layer's weights, head by head, as TransformerLens's model.W_Q... give them
+        *((f"{w} of layer 0", f"model.{w}[0]", "n_heads d_model d_head", getattr(model, w)[0])
           for w in ("W_Q", "W_K", "W_V")),
-        ("W_O of layer 0", "head_weights(model).W_O[0]", "n_heads d_head d_model", weights.W_O[0]),
+        ("W_O of layer 0", "model.W_O[0]", "n_heads d_head d_model", model.W_O[0]),
     ]
     bridge = {name: alias for alias, name in hook_aliases(model).items()}  # TransformerBridge's own names
     points = hook_points(model)

@@ -37,8 +37,8 @@ __all__ = ["EncoderDecoder"]
 
 class EncoderDecoder(_SharedNames, HookedRootModule):
     """The original transformer's shape for sequence-to-sequence tasks (one vocabulary): the encoder reads
-    ``src [B, S]``; the decoder reads ``tgt [B, T]`` causally and cross-attends to the encoder's output. Built
-    from the same :class:`ModelConfig` as :class:`Transformer` (``n_layers`` in each of encoder and decoder;
+    ``src [B, S]``; the decoder reads ``tgt [B, T]`` causally and cross-attends to the encoder's output. Built from
+    the same :class:`ModelConfig` as :class:`~mhalab.models.Transformer` (``n_layers`` in each of encoder and decoder;
     ``causal`` is ignored: the encoder never is, the decoder always)."""
 
     def __init__(self, config: ModelConfig) -> None:
