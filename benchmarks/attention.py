@@ -35,6 +35,7 @@ from mhalab.attention import MultiHeadAttention
 from mhalab.device import pick_device
 from mhalab.head_batching import time_interleaved
 from mhalab.masks import causal_forbidden_mask
+from mhalab.torch_interop import from_torch
 
 TARGET = 1.05  # ours_sdpa / torch must not exceed this
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -79,7 +80,7 @@ def make_steps(n_heads: int, args, device: torch.device, dtype: torch.dtype) -> 
     with torch.no_grad():  # non-zero biases, so that they are really part of the comparison
         theirs.in_proj_bias.normal_(0, 0.1)
         theirs.out_proj.bias.normal_(0, 0.1)
-    ours = MultiHeadAttention.from_torch(theirs)
+    ours = from_torch(theirs)
     loop = LoopOfHeads(ours)
     x = torch.randn(args.batch, args.length, args.d_model, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)

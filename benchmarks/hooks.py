@@ -39,6 +39,7 @@ from mhalab.head_batching import time_interleaved
 from mhalab.kv_cache import KVCache
 from mhalab.masks import causal_forbidden_mask
 from mhalab.models import ModelConfig, Transformer
+from mhalab.torch_interop import to_torch
 
 TARGET = 1.05  # mhalab / plain_sdpa and mhalab / torch_mha must not exceed this
 
@@ -66,7 +67,7 @@ class TorchMHA(nn.Module):
 
     def __init__(self, mha: MultiHeadAttention) -> None:
         super().__init__()
-        self.inner = mha.to_torch().eval()
+        self.inner = to_torch(mha).eval()
         self.masks: dict = {}
 
     def forward(self, query: Tensor, key=None, value=None, key_padding_mask=None, need_weights=True,

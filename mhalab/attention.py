@@ -27,7 +27,7 @@ from .device import sdpa_shares_kv_heads, sdpa_zeroes_blind_rows
 from .dot_product_attention import attention_scores, softmax_over_keys
 from .head_weights import layer_weights
 from .hook_points import HookPoint
-from .kv_cache import KVCache
+from .kv_cache import KVCache, cache_state
 from .masks import combine_forbidden_masks, validate_forbidden_mask
 from .positions import apply_rotary
 
@@ -56,7 +56,7 @@ class MultiHeadAttention(nn.Module):
     order with the same defaults and mask meanings, returning ``(out, weights)``, the weights after
     dropout. The constructor takes torch's first four arguments in their order (``d_model`` = ``embed_dim``,
     ``n_heads`` = ``num_heads``, ``dropout``, ``bias``) and its ``device=``/``dtype=``; unlike torch's,
-    ``batch_first`` defaults to True (``[B, T, D]``), and ``from_torch`` copies torch's flag.
+    ``batch_first`` defaults to True (``[B, T, D]``); :mod:`mhalab.torch_interop` converts to and from torch's.
     Off by default: ``n_key_value_heads`` (grouped-query attention, Ainslie et al. 2023;
     1 = multi-query, Shazeer 2019; query head j reads K/V head ``j // (H // G)``), ``d_head`` (head size
     other than D / H) and ``rotary_base`` (rotary positions on queries and keys); the names are
@@ -222,7 +222,7 @@ class MultiHeadAttention(nn.Module):
         query, key, value, self_attention = self._batch_first(query, key, value)  # each [B, T, D]
         self._validate_inputs(query, key, value)
         B, L, _ = query.shape
-        past, reuse_memory = self._cache_state(kv_cache, query, key, self_attention=self_attention, is_causal=is_causal)
+        past, reuse_memory = cache_state(kv_cache, query, key, self_attention=self_attention, is_causal=is_causal)
         S = past + key.size(1)  # every key the queries will see
         explicit = need_weights or self.hook_attn_scores.is_hooked or self.hook_pattern.is_hooked
         # Only is_causal over a square score matrix: the fused kernel builds that mask itself (and skips the masked
@@ -293,26 +293,6 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("pass both key and value for cross-attention, or neither for self-attention")
         return query, key, value, False
 
-    def _cache_state(
-        self, kv_cache: KVCache | None, query: Tensor, key: Tensor, *, self_attention: bool, is_causal: bool
-    ) -> tuple[int, bool]:
-        """``(past, reuse_memory)``: the tokens already in a self-attention cache, and whether a cross-attention
-        cache already holds the memory's keys/values (projected on the first call, reused on later ones)."""
-        if kv_cache is None:
-            return 0, False
-        if self_attention:
-            if query.size(1) > 1 and not is_causal:
-                raise ValueError(f"{query.size(1)} tokens at once into a kv_cache need is_causal=True: a cache holds "
-                                 "a causal decoder's keys; without the mask, earlier tokens would see later ones")
-            return len(kv_cache), False
-        if len(kv_cache) == 0:
-            return 0, False
-        if key.size(1) != len(kv_cache) or key.size(0) != kv_cache.k.size(0):
-            raise ValueError(f"this cross-attention kv_cache holds the keys of a memory [batch {kv_cache.k.size(0)}, "
-                             f"length {len(kv_cache)}], but key is [batch {key.size(0)}, length {key.size(1)}]: "
-                             "use a fresh KVCache for each new encoder output")
-        return 0, True
-
     def _project(
         self, query: Tensor, key: Tensor, value: Tensor, *, self_attention: bool, keys: bool
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
@@ -380,32 +360,3 @@ class MultiHeadAttention(nn.Module):
         if not (query.size(0) == key.size(0) == value.size(0)):
             raise ValueError(f"query, key and value must have the same batch size, got {query.size(0)}, "
                              f"{key.size(0)} and {value.size(0)}")
-
-    @classmethod
-    def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
-        """A ``MultiHeadAttention`` with the same weights and ``batch_first`` as a ``torch.nn.MultiheadAttention``."""
-        if not isinstance(m, nn.MultiheadAttention):
-            raise TypeError(f"from_torch expects a torch.nn.MultiheadAttention, got {type(m).__name__}")
-        if not m._qkv_same_embed_dim:
-            raise ValueError("from_torch supports only kdim == vdim == embed_dim (one in_proj_weight)")
-        if m.bias_k is not None or m.add_zero_attn:
-            raise ValueError("from_torch does not support add_bias_kv or add_zero_attn")
-        w = m.in_proj_weight
-        ours = cls(m.embed_dim, m.num_heads, m.dropout, m.in_proj_bias is not None, batch_first=m.batch_first,
-                   device=w.device, dtype=w.dtype)
-        # torch stacks W_Q, W_K, W_V in the same order and layout as qkv_proj: only the names differ.
-        ours.load_state_dict({k.replace("in_proj_", "qkv_proj."): v for k, v in m.state_dict().items()})
-        return ours
-
-    def to_torch(self) -> nn.MultiheadAttention:
-        """A ``torch.nn.MultiheadAttention`` with the same weights and ``batch_first`` (paper's attention only)."""
-        if not self.is_standard:
-            raise ValueError(f"torch.nn.MultiheadAttention cannot hold this module ({self.extra_repr()}): it needs "
-                             "n_key_value_heads == n_heads, d_head == d_model / n_heads and rotary_base=None")
-        w = self.qkv_proj.weight
-        m = nn.MultiheadAttention(
-            self.d_model, self.n_heads, dropout=self.dropout, bias=self.bias, batch_first=self.batch_first,
-            device=w.device, dtype=w.dtype,
-        )
-        m.load_state_dict({k.replace("qkv_proj.", "in_proj_"): v for k, v in self.state_dict().items()})
-        return m

@@ -6,7 +6,7 @@ from torch import Tensor
 
 from .arguments import validate_int
 
-__all__ = ["KVCache", "layer_caches"]
+__all__ = ["KVCache", "layer_caches", "cache_state"]
 
 
 class KVCache:
@@ -94,3 +94,24 @@ def layer_caches(kv_caches: list[KVCache] | None, n_layers: int) -> tuple[int, l
     if len(kv_caches) != n_layers:
         raise ValueError(f"pass one KVCache per layer: expected {n_layers}, got {len(kv_caches)}")
     return len(kv_caches[0]), kv_caches
+
+
+def cache_state(kv_cache: KVCache | None, query: Tensor, key: Tensor, *, self_attention: bool,
+                is_causal: bool) -> tuple[int, bool]:
+    """``(past, reuse_memory)`` for an attention layer called with ``kv_cache``: the tokens already in a
+    self-attention cache, and whether a cross-attention cache already holds the memory's keys/values (projected on
+    the first call, reused on later ones). ``query [B, L, D]``, ``key [B, S, D]``."""
+    if kv_cache is None:
+        return 0, False
+    if self_attention:
+        if query.size(1) > 1 and not is_causal:
+            raise ValueError(f"{query.size(1)} tokens at once into a kv_cache need is_causal=True: a cache holds "
+                             "a causal decoder's keys; without the mask, earlier tokens would see later ones")
+        return len(kv_cache), False
+    if len(kv_cache) == 0:
+        return 0, False
+    if key.size(1) != len(kv_cache) or key.size(0) != kv_cache.k.size(0):
+        raise ValueError(f"this cross-attention kv_cache holds the keys of a memory [batch {kv_cache.k.size(0)}, "
+                         f"length {len(kv_cache)}], but key is [batch {key.size(0)}, length {key.size(1)}]: "
+                         "use a fresh KVCache for each new encoder output")
+    return 0, True

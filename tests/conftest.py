@@ -21,6 +21,7 @@ from mhalab.attention import MultiHeadAttention
 from mhalab.hooks import HookedRootModule
 from mhalab.models import ModelConfig, Transformer
 from mhalab.tasks import MultiRelationTask
+from mhalab.torch_interop import from_torch
 
 
 def pytest_collection_modifyitems(config, items):
@@ -199,6 +200,17 @@ def assert_close(ours, theirs, tol=TOL, what="output"):
 
 def rand(*shape, device="cpu"):
     return torch.randn(*shape, device=device)
+
+
+def pair(d_model=16, n_heads=4, *, bias=True, dropout=0.0, device="cpu"):
+    """A torch.nn.MultiheadAttention (batch first, random biases) and ours with the same weights, both in eval mode."""
+    theirs = nn.MultiheadAttention(d_model, n_heads, bias=bias, dropout=dropout, batch_first=True).to(device)
+    if bias:  # torch zero-initialises the biases: make them non-zero so they are really compared
+        with torch.no_grad():
+            theirs.in_proj_bias.normal_()
+            theirs.out_proj.bias.normal_()
+    ours = from_torch(theirs)
+    return theirs.eval(), ours.eval()
 
 
 # A bare two-layer attention model with the course's hook names (each of the two files has its own `model` fixture

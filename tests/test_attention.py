@@ -16,12 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from conftest import TOL, assert_close, max_diff, rand
+from conftest import TOL, assert_close, max_diff, pair, rand
 from mhalab.arguments import valid_head_counts, validate_head_count
 from mhalab.attention import HeadProjections, MultiHeadAttention
 from mhalab.counting import count_parameters
 from mhalab.kv_cache import KVCache
 from mhalab.masks import causal_allowed_mask, causal_forbidden_mask
+from mhalab.torch_interop import from_torch, to_torch
 
 B, L, S, D, H = 2, 5, 7, 16, 4  # batch, query length, key length, d_model, heads (small: fast)
 
@@ -29,17 +30,6 @@ B, L, S, D, H = 2, 5, 7, 16, 4  # batch, query length, key length, d_model, head
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def device(request):
     return torch.device(request.param)
-
-
-def pair(d_model=D, n_heads=H, *, bias=True, dropout=0.0, device="cpu"):
-    """A torch.nn.MultiheadAttention (batch first, random biases) and ours with the same weights, both in eval mode."""
-    theirs = nn.MultiheadAttention(d_model, n_heads, bias=bias, dropout=dropout, batch_first=True).to(device)
-    if bias:  # torch zero-initialises the biases: make them non-zero so they are really compared
-        with torch.no_grad():
-            theirs.in_proj_bias.normal_()
-            theirs.out_proj.bias.normal_()
-    ours = MultiHeadAttention.from_torch(theirs)
-    return theirs.eval(), ours.eval()
 
 
 def forbidden_causal(L_, S_=None, device="cpu"):
@@ -212,18 +202,6 @@ class TestMatchesTorch:
                     assert (per_head > 0).all(), f"some projection of some head got no gradient: {per_head}"
 
 
-def test_round_trip_through_torch():
-    theirs, ours = pair()
-    back = ours.to_torch()
-    assert back.batch_first
-    for a, b in ((back.in_proj_weight, theirs.in_proj_weight), (back.in_proj_bias, theirs.in_proj_bias),
-                 (back.out_proj.weight, theirs.out_proj.weight), (back.out_proj.bias, theirs.out_proj.bias)):
-        assert torch.equal(a, b)
-    assert count_parameters(ours) == count_parameters(theirs)
-    without_bias = MultiHeadAttention(D, H, bias=False).to_torch()
-    assert without_bias.in_proj_bias is None
-
-
 # ------------------------------------------- a drop-in for torch.nn.MultiheadAttention
 class TestDropIn:
     """The same call as torch's module gives the same answer: defaults, positions, masks, dropout, layout."""
@@ -325,7 +303,7 @@ class TestDropIn:
     def test_sequence_first_from_torch(self):
         """batch_first=False: [T, B, D] in and out, weights still [B, L, S], as torch."""
         theirs = nn.MultiheadAttention(D, H).eval()  # torch's default: sequence first
-        ours = MultiHeadAttention.from_torch(theirs).eval()
+        ours = from_torch(theirs).eval()
         assert not ours.batch_first and "batch_first=False" in repr(ours)
         q, kv = rand(L, B, D), rand(S, B, D)
         padding = torch.zeros(B, S, dtype=torch.bool)
@@ -338,7 +316,7 @@ class TestDropIn:
         x = rand(L, B, D)
         assert_close(ours(x, is_causal=True, need_weights=False)[0],
                      theirs(x, x, x, attn_mask=forbidden_causal(L), is_causal=True)[0], what="causal, sequence first")
-        assert ours.to_torch().batch_first is False
+        assert to_torch(ours).batch_first is False
         with pytest.raises(ValueError, match=r"\[seq, batch, d_model\] \(batch_first=False\).*unsqueeze\(1\)"):
             ours(rand(L, D))
 
@@ -502,7 +480,7 @@ def test_every_valid_head_count(d_model, bias, data):
         out, w = m(x, need_weights=True, average_attn_weights=False)
         assert out.shape == (batch, length, d_model) and w.shape == (batch, n_heads, length, length)
         assert_close(m(x, need_weights=False)[0], out, what=f"paths at d_model={d_model}, n_heads={n_heads}")
-    theirs = m.to_torch().eval()
+    theirs = to_torch(m).eval()
     assert_close(out, theirs(x, x, x)[0], what=f"torch at d_model={d_model}, n_heads={n_heads}")
 
 
@@ -621,11 +599,6 @@ class TestBadInput:
         with pytest.raises(TypeError, match="attn_mask must be a tensor"):
             MultiHeadAttention(D, H)(rand(B, L, D), attn_mask=[[True] * L] * L)
 
-    def test_from_torch_wants_a_torch_module(self):
-        with pytest.raises(TypeError, match="expects a torch.nn.MultiheadAttention"):
-            MultiHeadAttention.from_torch(nn.Linear(4, 4))
-        with pytest.raises(ValueError, match="kdim == vdim == embed_dim"):
-            MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, kdim=4, vdim=4))
 
 
 # ---------------------------------------------------- reduced precision (GPU)
@@ -742,10 +715,6 @@ class TestGroupedQueryAttention:
             MultiHeadAttention(D, H, n_key_value_heads=3)
         with pytest.raises(ValueError, match="n_key_value_heads must be between 1 and 4"):
             MultiHeadAttention(D, H, n_key_value_heads=8)
-
-    def test_torch_cannot_hold_it(self):
-        with pytest.raises(ValueError, match="n_key_value_heads == n_heads"):
-            MultiHeadAttention(D, H, n_key_value_heads=2).to_torch()
 
 
 class TestHeadSize:

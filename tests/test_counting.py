@@ -14,6 +14,7 @@ from mhalab.counting import (
     kv_cache_per_token,
 )
 from mhalab.kv_cache import KVCache
+from mhalab.torch_interop import to_torch
 
 # The seed's table for d_model = 512: heads, d_k, Q+K+V+O parameters, KV cache per token per layer.
 SEED_TABLE = """
@@ -66,7 +67,7 @@ def test_bias_adds_4_d_model():
 def test_formula_matches_a_real_module(d_model, n_heads, bias):
     formula = attention_parameters(d_model, n_heads, bias=bias)
     module = MultiHeadAttention(d_model, n_heads, bias=bias)
-    assert formula.total == count_parameters(module) == count_parameters(module.to_torch())
+    assert formula.total == count_parameters(module) == count_parameters(to_torch(module))
     assert formula.d_head * n_heads == d_model
     # per projection: Q, K, V are the three thirds of qkv_proj, O is out_proj
     assert formula.qkv == count_parameters(module.qkv_proj)
