@@ -201,10 +201,10 @@ class ActivationCache(Mapping):
         for i in range(self._n_layers()):
             name = f"blocks.{i}.attn.hook_result"
             if name not in self.cache_dict:
-                attn = model.blocks[i].attn
-                z = self["z", i].to(attn.out_proj.weight.device)  # [B, pos, H, d]
+                attn, z = model.blocks[i].attn, self["z", i]  # z [B, pos, H, d]
                 with torch.no_grad():  # activations in a cache are detached, as those the run cached
-                    self.cache_dict[name] = attn.head_results(z).to(self["z", i].device)  # [B, pos, H, D]
+                    result = attn.head_results(z.to(attn.out_proj.weight.device))  # [B, pos, H, D]
+                self.cache_dict[name] = result.to(z.device)
 
     def stack_head_results(self, layer: int = -1, return_labels: bool = False, incl_remainder: bool = False,
                            pos_slice: Any = None, apply_ln: bool = False) -> Any:

@@ -122,11 +122,10 @@ def jupyterlab_server(root: Path, state: Path, *, python: str | os.PathLike = sy
     settings.mkdir(parents=True)
     no_news = {"fetchNews": "false", "checkForUpdates": False}
     (settings / "notification.jupyterlab-settings").write_text(json.dumps(no_news))
-    # Every cell in the page, not only those scrolled into view: the tests count prompts and cells in the DOM.
+    # Every cell in the page, not only those scrolled into view: the tests find cells and outputs in the DOM.
     tracker = state / "lab-settings" / "@jupyterlab" / "notebook-extension"
-    tracker.mkdir(parents=True, exist_ok=True)
-    if not (tracker / "tracker.jupyterlab-settings").exists():
-        (tracker / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
+    tracker.mkdir(parents=True)
+    (tracker / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
     variables = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(state / "lab-settings"),
                      JUPYTERLAB_WORKSPACES_DIR=str(state / "workspaces"), JUPYTER_RUNTIME_DIR=str(state / "runtime"))
     for name, value in (env or {}).items():
