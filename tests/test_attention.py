@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from small_models import TOL, assert_close, max_diff, pair, rand
 from torch import nn
 
-from conftest import TOL, assert_close, max_diff, pair, rand
 from mhalab.arguments import valid_head_counts, validate_head_count
 from mhalab.attention import HeadProjections, MultiHeadAttention
 from mhalab.counting import count_parameters

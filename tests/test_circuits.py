@@ -4,8 +4,8 @@ those weights centred over d_model)."""
 
 import pytest
 import torch
+from small_models import _direct, _fold, _toy
 
-from conftest import _direct, _fold, _toy
 from mhalab import circuits as C
 from mhalab.factored_matrix import FactoredMatrix
 from mhalab.head_weights import head_weights

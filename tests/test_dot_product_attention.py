@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from small_models import assert_close, max_diff, rand
 
-from conftest import assert_close, max_diff, rand
 from mhalab.dot_product_attention import scaled_dot_product_attention
 from mhalab.masks import causal_allowed_mask
 

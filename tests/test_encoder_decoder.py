@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from small_models import VARIANTS, B, V, small, tokens
 
-from conftest import VARIANTS, B, V, small, tokens
 from mhalab.encoder_decoder import EncoderDecoder
 from mhalab.head_interventions import ablate_heads
 

@@ -3,8 +3,8 @@ matrices in float64: products, norms, ranks, singular values and vectors, eigenv
 
 import pytest
 import torch
+from small_models import _direct, _toy
 
-from conftest import _direct, _toy
 from mhalab import circuits as C
 
 

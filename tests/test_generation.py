@@ -2,8 +2,8 @@
 
 import pytest
 import torch
+from small_models import V
 
-from conftest import V
 from mhalab.generation import generate_tokens
 
 

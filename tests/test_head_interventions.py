@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from small_models import D, H, TwoLayers
 
-from conftest import D, H, TwoLayers
 from mhalab.attention import MultiHeadAttention
 from mhalab.head_interventions import ablate_heads, gate_heads, patch_heads
 from mhalab.hooks import glob_filter, hooks_attached, run_with_cache, run_with_hooks

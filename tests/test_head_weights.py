@@ -3,8 +3,8 @@ it; after a LayerNorm, those weights centred over d_model), and the unembedding 
 
 import pytest
 import torch
+from small_models import _toy
 
-from conftest import _toy
 from mhalab import circuits as C
 from mhalab.head_weights import head_weights
 

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from small_models import VARIANTS, B, T, V, small, tokens
 
-from conftest import VARIANTS, B, T, V, small, tokens
 from mhalab.arguments import validate_head_count
 from mhalab.encoder_decoder import EncoderDecoder
 from mhalab.head_interventions import ablate_heads

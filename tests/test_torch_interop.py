@@ -3,9 +3,9 @@ torch's module cannot hold is refused by name. (test_attention.py compares the t
 
 import pytest
 import torch
+from small_models import D, H, pair
 from torch import nn
 
-from conftest import D, H, pair
 from mhalab.attention import MultiHeadAttention
 from mhalab.counting import count_parameters
 from mhalab.torch_interop import from_torch, to_torch
