@@ -1,6 +1,6 @@
 """How fast the head explorer answers a slider move, against redrawing naively.
 
-Notebook 05's explorer must answer a slider move in well under half a second on a CPU. It keeps one
+Notebook 07's explorer must answer a slider move in well under half a second on a CPU. It keeps one
 figure, caches everything that does not change (axes, ticks, colour bar) as a background, and on a move
 only restores it and draws the artists that changed (blitting), then encodes a PNG. Timed here from the
 outside (a clock around ``HeadExplorer.update``), for three kinds of move and two naive baselines:
@@ -156,7 +156,7 @@ def main() -> None:
 
     task = MultiRelationTask()
     torch.manual_seed(0)
-    model = Transformer(ModelConfig.for_task(task, d_model=64, n_heads=8, n_layers=2))  # notebook 05's shape
+    model = Transformer(ModelConfig.for_task(task, d_model=64, n_heads=8, n_layers=2))  # notebook 07's shape
     batch = task.sample(512, generator=torch.Generator().manual_seed(2024))
     start = time.perf_counter()
     explorer = head_explorer(model, batch, task)

@@ -12,7 +12,7 @@ Classes, each graded with ``-j`` at a time by both paths (the fork path's time i
               ``--fresh-copies`` of them when it would take too long)
 
     python benchmarks/grading.py                                  # fixture, 04 and 07, 20 copies, -j 2
-    python benchmarks/grading.py --notebooks 03 --copies 4
+    python benchmarks/grading.py --notebooks 04 --copies 4
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def compare(name: str, fork: dict, fresh: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-j", "--jobs", type=int, default=2)
-    parser.add_argument("--notebooks", nargs="*", default=["04", "07"],
+    parser.add_argument("--notebooks", nargs="*", default=["05", "08"],
                         help="course notebooks (none: the fixture only)")
     parser.add_argument("--copies", type=int, default=20, help="submissions of each course notebook")
     parser.add_argument("--fresh-copies", type=int, help="how many of them the fresh path grades (default: all)")

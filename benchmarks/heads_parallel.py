@@ -1,10 +1,10 @@
 """All heads as one batched operation against a Python loop over heads, at a fixed total width.
 
-The same measurement as notebook 06 (``mhalab.head_batching.time_heads``), on any device:
+The same measurement as notebook 03 (``mhalab.head_batching.time_heads``), on any device:
 
-    python benchmarks/heads_parallel.py                              # CPU, notebook 06's sizes (< 1 minute)
+    python benchmarks/heads_parallel.py                              # CPU, notebook 03's sizes (< 1 minute)
     python benchmarks/heads_parallel.py --device cuda --dtype bfloat16 \\
-        --json benchmarks/results/heads_parallel_gpu.json            # what notebook 06 reads, if committed
+        --json benchmarks/results/heads_parallel_gpu.json            # what notebook 03 reads, if committed
 
 For every part (``attention``: the attention operations alone; ``layer``: a whole layer, where in the
 loop every head also runs its own projections), every size (batch x sequence length) and every head
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--heads", type=_int_list, default=[1, 8, 32, 64], help="head counts (default 1,8,32,64)")
     parser.add_argument("--d-model", type=int, default=512, help="total width shared by the heads (default 512)")
     parser.add_argument("--sizes", type=_sizes, default=None,
-                        help="BATCHxSEQ_LEN list; default 1x64 on CPU (notebook 06), 1x64,8x1024 on a GPU")
+                        help="BATCHxSEQ_LEN list; default 1x64 on CPU (notebook 03), 1x64,8x1024 on a GPU")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"which of {','.join(PARTS)} to time (default both)")
     parser.add_argument("--repeats", type=int, default=51, help="interleaved rounds; the median is reported")
     parser.add_argument("--inner", type=int, default=None,

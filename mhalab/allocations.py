@@ -2,7 +2,7 @@
 
 :func:`footprint` runs a function once under a ``TorchDispatchMode`` that sees each operator PyTorch
 dispatches, records every *new* storage (not views of what it was given) with the operator, shape and
-size, and follows each one until it is freed. That is how notebook 03 shows that the explicit attention
+size, and follows each one until it is freed. That is how notebook 04 shows that the explicit attention
 path materialises the ``[B, H, L, S]`` scores and weights while the fused kernel
 (``F.scaled_dot_product_attention``) hands back only its output and one number per query and head.
 

@@ -1,6 +1,6 @@
 """The course in one structure: the claims it makes, the notebooks that give evidence for each, what kind of
 evidence each notebook gives and what it found. Notebook 00 draws it as the map of the course
-(``plot_course_map("evidence")``), notebook 13 as its summary (``plot_course_map("found")``); the tests check that it
+(``plot_course_map("evidence")``), notebook 10 as its summary (``plot_course_map("found")``); the tests check that it
 names every notebook of ``notebooks/`` and no other, so it changes when the course does.
 
 The texts state no measured number: each notebook states and checks its own. ``shape_sheet`` builds the start
@@ -17,8 +17,8 @@ __all__ = ["Notebook", "Claim", "NOTEBOOKS", "CLAIMS", "WRAP", "claims_of", "plo
 
 @dataclass(frozen=True)
 class Notebook:
-    number: str  # "03"
-    stem: str  # the file's name without .ipynb: "03_it_costs_nothing"
+    number: str  # "04"
+    stem: str  # the file's name without .ipynb: "04_it_costs_nothing"
     title: str  # a few words, for the figure
     evidence: str  # how it tests its claims (the start page's map)
     found: str  # what it found (the wrap-up's map)
@@ -40,52 +40,52 @@ NOTEBOOKS: tuple[Notebook, ...] = (
     Notebook("02", "02_split_into_heads", "split into heads",
              "rebuilt from single heads, checked against PyTorch's own module",
              "h single heads, concatenated and mixed by W_O, equal PyTorch's layer"),
-    Notebook("03", "03_it_costs_nothing", "it costs nothing",
-             "weights counted on real modules; the KV cache and the attention weights' memory measured",
-             "the same weights and cache at every h; the explicit path stores h·L·S weights"),
-    Notebook("04", "04_what_heads_cost", "what heads cost",
-             "proofs of what a narrow head can single out; a head-count sweep",
-             "a width-one head singles out only the largest or smallest key"),
-    Notebook("05", "05_what_heads_do", "what heads do",
-             "a toy with planted relations: head scores, retraining, ablation, pruning",
-             "roles appear unasked and differ by seed; most heads can go one at a time"),
-    Notebook("06", "06_where_it_sits", "where it sits",
+    Notebook("03", "03_where_it_sits", "where it sits",
              "a trained encoder-decoder: what each attention sees; operations counted and timed",
              "what encoder, decoder and cross-attention see; blocks run in turn; time grows with h"),
-    Notebook("07", "07_a_real_encoder", "a real encoder",
-             "MiniLM on your sentences: head scores, ablation, pruning",
-             "MiniLM: a previous-token head, sink heads on [CLS], many heads that can go"),
-    Notebook("08", "08_a_real_llm", "a real LLM",
-             "SmolLM2: its cost table, sinks, induction heads, ablation, patching",
-             "SmolLM2: a smaller cache, sink heads; induction heads fed through their keys by one head"),
-    Notebook("09", "09_heads_form", "heads form",
-             "toy models recorded while they train; heads switched off; the key path cut",
-             "most seeds form an induction head with a sudden drop of the loss; one layer formed none"),
-    Notebook("10", "10_what_heads_compute", "what heads compute",
-             "the weights alone: ranks, copying and composition scores, against random",
-             "QK and OV circuits read from the weights; where they agree with patching and where not"),
-    Notebook("11", "11_the_trade_and_its_budget", "the trade and its budget",
+    Notebook("04", "04_it_costs_nothing", "it costs nothing",
+             "weights counted on real modules; the KV cache and the attention weights' memory measured",
+             "the same weights and cache at every h; the explicit path stores h·L·S weights"),
+    Notebook("05", "05_what_heads_cost", "what heads cost",
+             "proofs of what a narrow head can single out; a head-count sweep",
+             "a width-one head singles out only the largest or smallest key"),
+    Notebook("06", "06_the_trade_and_its_budget", "the trade and its budget",
              "a head-count sweep on two lookups, seed by seed, with learning curves",
              "at the budgets tried, too few and too many heads both fell short on two lookups"),
-    Notebook("12", "12_lookups_at_every_width", "lookups at every width",
-             "every width with its own learning rate, at two budgets",
-             "middle widths answer the lookup; the narrowest were still learning at the budgets tried"),
-    Notebook("13", "13_wrap_up", "wrap-up",
+    Notebook("07", "07_what_heads_do", "what heads do",
+             "a toy with planted relations: head scores, retraining, ablation, pruning",
+             "roles appear unasked and differ by seed; most heads can go one at a time"),
+    Notebook("08", "08_a_real_encoder", "a real encoder",
+             "MiniLM on your sentences: head scores, ablation, pruning",
+             "MiniLM: a previous-token head, sink heads on [CLS], many heads that can go"),
+    Notebook("09", "09_a_real_llm", "a real LLM",
+             "SmolLM2: its cost table, sinks, induction heads, ablation, patching",
+             "SmolLM2: a smaller cache, sink heads; induction heads fed through their keys by one head"),
+    Notebook("10", "10_wrap_up", "wrap-up",
              "the claims again, and what to read next",
              "the claims again, and what to read next"),
+    Notebook("11", "11_heads_form", "heads form",
+             "toy models recorded while they train; heads switched off; the key path cut",
+             "most seeds form an induction head with a sudden drop of the loss; one layer formed none"),
+    Notebook("12", "12_what_heads_compute", "what heads compute",
+             "the weights alone: ranks, copying and composition scores, against random",
+             "QK and OV circuits read from the weights; where they agree with patching and where not"),
+    Notebook("13", "13_lookups_at_every_width", "lookups at every width",
+             "every width with its own learning rate, at two budgets",
+             "middle widths answer the lookup; the narrowest were still learning at the budgets tried"),
 )
 
-# Numbered in this order (the figure, top to bottom, and notebook 13's list). The order is the course's story, and it
+# Numbered in this order (the figure, top to bottom, and notebook 10's list). The order is the course's story, and it
 # crosses few links: the text of each notebook's column fits one line of the figure (WRAP characters).
 CLAIMS: tuple[Claim, ...] = (
     Claim("one weighting per token:\na lone head must share it", ("01",)),
-    Claim("multi-head attention is h heads\nside by side, mixed by W_O", ("02", "06")),
-    Claim("at d_head = d_model/h, heads cost no weights\nand no cache: 4·d_model² and 2·d_model", ("03", "08")),
-    Claim("the heads of a block run in parallel,\nthe blocks one after another", ("06",)),
+    Claim("multi-head attention is h heads\nside by side, mixed by W_O", ("02", "03")),
+    Claim("at d_head = d_model/h, heads cost no weights\nand no cache: 4·d_model² and 2·d_model", ("04", "09")),
+    Claim("the heads of a block run in parallel,\nthe blocks one after another", ("03",)),
     Claim("what more heads cost: width per head,\nand h·L·S attention weights to compute",
-          ("03", "04", "06", "10", "11", "12")),
-    Claim("heads take on roles unasked;\nmany, not all, can go one at a time", ("05", "07", "08")),
-    Claim("induction heads form in training\nand compose across layers", ("08", "09", "10")),
+          ("03", "04", "05", "06", "12", "13")),
+    Claim("heads take on roles unasked;\nmany, not all, can go one at a time", ("07", "08", "09")),
+    Claim("induction heads form in training\nand compose across layers", ("09", "11", "12")),
 )
 WRAP = 88  # characters of a notebook's column on one line of the figure
 
@@ -124,7 +124,7 @@ def plot_course_map(column: str = "evidence"):
         ax.add_patch(FancyBboxPatch((x_claim, y0 - 0.4), w_claim, 0.8, boxstyle="round,pad=0.02,rounding_size=0.1",
                                     facecolor="white", edgecolor=colour, linewidth=1.6, zorder=3))
         ax.text(x_claim + 0.1, y0, f"{c + 1}", ha="left", va="center", fontsize=11, fontweight="bold",
-                color=colour, zorder=4)  # the claim's number, as in notebook 13
+                color=colour, zorder=4)  # the claim's number, as in notebook 10
         ax.text(x_claim + 0.3 + (w_claim - 0.3) / 2, y0, claim.label, ha="center", va="center", fontsize=8, zorder=4,
                 linespacing=1.15)
         for number in claim.notebooks:  # a smooth link from the claim to each notebook

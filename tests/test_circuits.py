@@ -145,8 +145,8 @@ def test_the_exercises_references_agree_with_circuits():
 
     model = _toy()
     w = head_weights(model)
-    copying = labs.exercise("10", 2).reference(w.W_E, w.W_V[1, 2], w.W_O[1, 2], w.W_U)
+    copying = labs.exercise("12", 2).reference(w.W_E, w.W_V[1, 2], w.W_O[1, 2], w.W_U)
     assert abs(copying - float(C.copying_score(C.full_ov_circuit(model, 1, 2)))) < 1e-9
-    W_QK, rank = labs.exercise("10", 1).reference(model, 2, 3)
+    W_QK, rank = labs.exercise("12", 1).reference(model, 2, 3)
     unfolded = C.QK(head_weights(model, fold_ln=False))[2, 3]
     assert torch.allclose(W_QK, unfolded.AB, atol=1e-12) and rank == int(unfolded.rank()) == 4

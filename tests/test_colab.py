@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from floors import create_venv, declared_floors, floor_pins, pip_install  # noqa: E402
 from nbtools import SOURCE_VARIABLE, colab_cell_source  # noqa: E402
 
-NOTEBOOK = ROOT / "learn" / "03_it_costs_nothing.ipynb"  # what Colab opens; fast: counting, no training
+NOTEBOOK = ROOT / "learn" / "04_it_costs_nothing.ipynb"  # what Colab opens; fast: counting, no training
 # At the floors pyproject.toml declares (tools/floors.py, which CI's floor run uses too); the ipywidgets
 # floor is what Colab has shipped for years, 7.7.1.
 COLAB_PACKAGES = ["numpy", "matplotlib", "ipywidgets", "tqdm", "pillow"]

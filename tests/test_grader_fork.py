@@ -60,7 +60,7 @@ def test_the_class_fixture_gets_the_same_gradebook_by_both_paths(tmp_path):
     source = tmp_path / "source"
     source.mkdir()
     nbformat.write(synthetic_notebook(), source / "99_fixture.ipynb")
-    grade_both_ways(tmp_path / "course", source, tmp_path, "--timeout", "10")
+    grade_both_ways(tmp_path / "course", source, tmp_path, "--timeout", "12")
     assert_same(tmp_path)
     rows = (tmp_path / "fork" / "gradebook.csv").read_text().splitlines()[1:]
     assert {r.split(",")[0]: float(r.split(",")[4]) for r in rows} == expected
@@ -69,16 +69,16 @@ def test_the_class_fixture_gets_the_same_gradebook_by_both_paths(tmp_path):
 
 @pytest.mark.slow
 def test_a_course_notebook_gets_the_same_gradebook_by_both_paths(tmp_path):
-    """Notebook 03: its solution, its student version, and half its answers solved."""
-    path = next((ROOT / "notebooks").glob("03_*.ipynb"))
+    """Notebook 04: its solution, its student version, and half its answers solved."""
+    path = next((ROOT / "notebooks").glob("04_*.ipynb"))
     nb = nbformat.read(path, as_version=4)
     found = [a for a in answers(nb) if not a.written]
-    assert prefix_cells(nb), "03 has instructor cells before its first answer cell"
+    assert prefix_cells(nb), "04 has instructor cells before its first answer cell"
     half = student_version(nb)
     for a in found[::2]:
         half.cells[a.index] = copy.deepcopy(nb.cells[a.index])
     for student, submission in {"solution": nb, "unanswered": student_version(nb), "half": half}.items():
-        target = tmp_path / "course" / "submitted" / student / "03" / path.name
+        target = tmp_path / "course" / "submitted" / student / "04" / path.name
         target.parent.mkdir(parents=True)
         nbformat.write(submission, target)
     grade_both_ways(tmp_path / "course", path, tmp_path)

@@ -4,7 +4,7 @@ a wrong, an empty, a crashing and a forged submission, each ``results.json`` rea
 layout (https://gradescope-autograders.readthedocs.io/en/latest/specs/, "Output format").
 
 Twice: for the fixture's notebook 99 with this Python (``MHALAB_AUTOGRADER_PYTHON``, the exercises registered by a
-``sitecustomize``); and for notebook 03 in a fresh environment that the bundle's own ``setup.sh`` builds (no
+``sitecustomize``); and for notebook 04 in a fresh environment that the bundle's own ``setup.sh`` builds (no
 apt-get: ``MHALAB_AUTOGRADER_APT=0``; torch from ``MHALAB_TEST_TORCH``, default this torch's version, from CI's
 CPU index where ``MHALAB_TORCH_INDEX`` names one)."""
 
@@ -128,7 +128,7 @@ def _answer(nb, grade_id):
 
 
 def _wrong_kv(nb):  # the cache counts K only, not K and V
-    cell = _answer(nb, "ex03-1-answer")
+    cell = _answer(nb, "ex04-1-answer")
     assert "kv_cache = 2 * n_heads * d_k" in cell.source
     cell.source = cell.source.replace("kv_cache = 2 * n_heads * d_k", "kv_cache = n_heads * d_k")
     return nb
@@ -140,13 +140,13 @@ def _top(nb, grade_id, source):
     return nb
 
 
-FORGED_03 = FORGED.replace("'99.1': 'passed', '99.2': 'passed'", "'03.1': 'passed', '03.2': 'passed', '03.3': 'passed'")
-FRESH = {  # name: (notebook 03's submission made from the instructor's, or None for none; its score)
+FORGED_03 = FORGED.replace("'99.1': 'passed', '99.2': 'passed'", "'04.1': 'passed', '04.2': 'passed', '04.3': 'passed'")
+FRESH = {  # name: (notebook 04's submission made from the instructor's, or None for none; its score)
     "correct": (lambda nb: nb, 3),
     "wrong": (_wrong_kv, 2),
     "empty": (None, 0),
-    "crashing": (lambda nb: _top(nb, "ex03-2-answer", CRASH), 1),  # the kernel dies in 03.2: 03.1 keeps its point
-    "forged": (lambda nb: _top(nb, "ex03-1-answer", FORGED_03), 0),
+    "crashing": (lambda nb: _top(nb, "ex04-2-answer", CRASH), 1),  # the kernel dies in 04.2: 04.1 keeps its point
+    "forged": (lambda nb: _top(nb, "ex04-1-answer", FORGED_03), 0),
 }
 
 
@@ -167,12 +167,12 @@ def _this_torch() -> str:
 
 @pytest.fixture(scope="module")
 def fresh_autograder(tmp_path_factory):
-    """A simulated /autograder tree with notebook 03's bundle, set up by its setup.sh in a fresh venv."""
+    """A simulated /autograder tree with notebook 04's bundle, set up by its setup.sh in a fresh venv."""
     if shutil.which("python3") is None:
         pytest.skip("setup.sh with MHALAB_AUTOGRADER_APT=0 needs python3 installed")
     root = tmp_path_factory.mktemp("fresh") / "autograder"
     zip_path = root.parent / "autograder.zip"
-    assert grader_main(["gradescope", "03", "-o", str(zip_path), "--timeout", "120"]) == 0
+    assert grader_main(["gradescope", "04", "-o", str(zip_path), "--timeout", "120"]) == 0
     with zipfile.ZipFile(zip_path) as z:  # as unzip does: with the modes the zip records
         z.extractall(root / "source")
         for info in z.infolist():
@@ -194,8 +194,8 @@ def test_setup_sh_then_run_autograder_in_a_fresh_environment(fresh_autograder, n
     (root / "submission").mkdir()
     make, score = FRESH[name]
     if make is not None:
-        nb = make(nbformat.read(next(NOTEBOOKS.glob("03_*.ipynb")), as_version=4))
-        nbformat.write(nb, root / "submission" / "03_it_costs_nothing.ipynb")
+        nb = make(nbformat.read(next(NOTEBOOKS.glob("04_*.ipynb")), as_version=4))
+        nbformat.write(nb, root / "submission" / "04_it_costs_nothing.ipynb")
     run = subprocess.run([str(root / "run_autograder")], cwd=root, env=env, capture_output=True, text=True,
                          timeout=900)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -142,7 +142,7 @@ def test_gqa_pattern_has_one_map_per_query_head():
 
 
 def test_pattern_hooks_fire_once_per_attention_call_in_order():
-    """What notebook 06 counts: one call per block, in order, each with all of its heads."""
+    """What notebook 03 counts: one call per block, in order, each with all of its heads."""
     from mhalab.encoder_decoder import EncoderDecoder
     from mhalab.models import ModelConfig
 

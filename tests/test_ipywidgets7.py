@@ -12,7 +12,7 @@ ipywidgets 7 with a manager of its own; the nearest stand-in that pip installs i
 jupyterlab_widgets 1.1 (the same @jupyter-widgets/controls 1.5 models and jQuery UI sliders), in a
 throwaway environment that only serves pages: its kernel is this Python with the 7.7.1 overlay. A
 small explorer (an untrained model: nothing to train) is moved with the keyboard there, as
-tests/test_browser.py does with notebook 05, and its heat map must change with every move.
+tests/test_browser.py does with notebook 07, and its heat map must change with every move.
 
 Slow: the JupyterLab 3 environment takes a minute or so to install.
 """

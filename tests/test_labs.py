@@ -112,27 +112,27 @@ def test_references_match_the_library():
 
 def test_cases_tell_the_mistakes_apart():
     """A mistake's message is chosen by the number it gives: in every case those numbers differ."""
-    from mhalab.labs import ex03
+    from mhalab.labs import ex04
 
-    name, seq_len, memory, nbytes = ex03._BATCH_CASES[0]  # 03.2: a systematic mistake is named at the first case
-    config = ex03._CONFIGS[name]
-    values = [v for v, _ in ex03._batch_mistakes(config, seq_len, memory, nbytes)]
-    batch = labs.exercise("03", 2).reference(config, seq_len, memory, nbytes)  # the solution's own answer
+    name, seq_len, memory, nbytes = ex04._BATCH_CASES[0]  # 04.2: a systematic mistake is named at the first case
+    config = ex04._CONFIGS[name]
+    values = [v for v, _ in ex04._batch_mistakes(config, seq_len, memory, nbytes)]
+    batch = labs.exercise("04", 2).reference(config, seq_len, memory, nbytes)  # the solution's own answer
     assert len(set(values)) == len(values) and batch not in values
-    for case in ex03._gqa_cases(core.Check())[
+    for case in ex04._gqa_cases(core.Check())[
         :1
-    ]:  # 03.3: the first case tells every mistake apart (later ones have groups of one)
-        outputs = [ex03._gqa_forward(*case)] + [ex03._gqa_forward(*case, **{flag: False})
+    ]:  # 04.3: the first case tells every mistake apart (later ones have groups of one)
+        outputs = [ex04._gqa_forward(*case)] + [ex04._gqa_forward(*case, **{flag: False})
                                                 for flag in ("causal", "interleave", "scale", "merge", "out")]
         for i, a in enumerate(outputs):
             for b in outputs[i + 1:]:
                 assert a.shape != b.shape or not torch.allclose(a, b, rtol=1e-3, atol=1e-4), case[-2:]
-    for case in ex03._COST_CASES[:1]:  # a systematic mistake is named at the first case (h = 1 merges some later)
-        for name, mistakes in ex03._cost_mistakes(*case).items():
+    for case in ex04._COST_CASES[:1]:  # a systematic mistake is named at the first case (h = 1 merges some later)
+        for name, mistakes in ex04._cost_mistakes(*case).items():
             values = [
                 v
                 for v, _ in mistakes
-                if v != dict(zip(("d_k", "parameters", "kv_cache"), labs.exercise("03", 1).reference(*case)))[name]
+                if v != dict(zip(("d_k", "parameters", "kv_cache"), labs.exercise("04", 1).reference(*case)))[name]
             ]
             assert len(set(values)) == len(values), (case, name)
 
@@ -172,7 +172,7 @@ def test_calling_the_reference_scores_zero_but_every_other_helper_is_fair():
     )
     # the course's library and torch are fair wherever the prompt forbids nothing (issue 22's eight refusals)
     assert q1.verdict(lambda Q, K, V: mhalab.scaled_dot_product_attention(Q, K, V)[0]) == (core.PASSED, "correct.")
-    assert labs.exercise("05", 3).verdict(lambda a: mhalab.head_roles.previous_token_score(a[None])[0]) == (
+    assert labs.exercise("07", 3).verdict(lambda a: mhalab.head_roles.previous_token_score(a[None])[0]) == (
         core.PASSED,
         "correct.",
     )
@@ -188,11 +188,11 @@ def test_importing_an_mhalab_module_is_not_calling_the_course_code(monkeypatch):
     assert labs.exercise("99", 1).verdict(double) == (core.PASSED, "correct.")
 
 def test_an_exercise_may_permit_running_some_mhalab_code_but_not_the_part_it_asks_for():
-    # 05.1: a model's forward pass and model.run_with_hooks may run; mhalab's own ablation hook may not, even when it
+    # 07.1: a model's forward pass and model.run_with_hooks may run; mhalab's own ablation hook may not, even when it
     # is only called from inside model.run_with_hooks (the learner's hook calls it).
     from mhalab.head_interventions import ablate_heads
 
-    q1 = labs.exercise("05", 1)
+    q1 = labs.exercise("07", 1)
 
     def mine(model, tokens, layer, head):
         def off(z, hook):
@@ -348,7 +348,7 @@ def test_messages_say_direction_magnitude_shape_transpose_and_scale():
     assert "too small by less than 10%" in _wrong(expect_close, 1.95, 2.0)
     message = _wrong(expect_close, 1.1, 9.5)
     assert "too small by a factor of 2 to 10" in message and "10^" not in message
-    assert "single number" in _wrong(expect_close, "12", 12)
+    assert "single number" in _wrong(expect_close, "13", 12)
     x = torch.randn(2, 4, 4)
     assert "another order" in _wrong(expect_close, torch.zeros(2, 4, 3), torch.zeros(2, 3, 4))
     assert "transposed" in _wrong(expect_close, x.transpose(-1, -2), x)

@@ -8,10 +8,10 @@ says it must not. NumPy scalars (np.int64, np.bool_, np.float32) and 0-d torch t
 test below shows they are.
 
 The grader draws its hidden inputs from a seed; here it is fixed, one per notebook (SEED + its number), so that a
-failure can be replayed (one seed: 08.3 draws its hidden models once per seed, which takes most of its time). A
+failure can be replayed (one seed: 09.3 draws its hidden models once per seed, which takes most of its time). A
 submission holds one entry of each of its notebook's exercises, so a notebook takes as many graded submissions as
 its exercise with the most entries: 180 submissions for the 383 entries. Slow: about 4 minutes of processor time
-in all here (the grader's and its kernels'), two thirds of it notebook 08's, whose 08.3 runs a 30-layer model."""
+in all here (the grader's and its kernels'), two thirds of it notebook 09's, whose 09.3 runs a 30-layer model."""
 
 from __future__ import annotations
 
@@ -129,14 +129,14 @@ def test_q_check_and_the_grade_agree_on_every_corpus_entry(nb, tmp_path, monkeyp
 #: (exercise, the name of a right answer, the type it returns): what the grader's transport turns into plain data
 #: (an np.int64 into an int, a 0-d tensor into a tensor), which q.check must accept as the grade does.
 RETURNS = [
-    ("10.1", "qk_circuit_numpy", np.int64),       # np.linalg.matrix_rank's rank
-    ("09.2", "onset_numpy", np.int64),
-    ("11.1", "hump_numpy", np.bool_),
-    ("09.1", "icl_numpy_float32", np.float32),
-    ("10.2", "copying_numpy_float32", np.float32),
-    ("11.1", "hump_tensor", torch.Tensor),         # a 0-d torch bool
-    ("10.1", "qk_circuit_tensor_rank", torch.Tensor),  # a 0-d torch integer
-    ("07.1", "gap_trace_tensor", torch.Tensor),    # a 0-d torch float
+    ("12.1", "qk_circuit_numpy", np.int64),       # np.linalg.matrix_rank's rank
+    ("11.2", "onset_numpy", np.int64),
+    ("06.1", "hump_numpy", np.bool_),
+    ("11.1", "icl_numpy_float32", np.float32),
+    ("12.2", "copying_numpy_float32", np.float32),
+    ("06.1", "hump_tensor", torch.Tensor),         # a 0-d torch bool
+    ("12.1", "qk_circuit_tensor_rank", torch.Tensor),  # a 0-d torch integer
+    ("08.1", "gap_trace_tensor", torch.Tensor),    # a 0-d torch float
 ]
 
 

@@ -23,7 +23,7 @@ def test_a_class_is_graded_row_by_row(tmp_path, capsys):
     source.mkdir()
     nbformat.write(synthetic_notebook(), source / "99_fixture.ipynb")
     out = tmp_path / "graded"
-    assert labs_main(["grade", str(tmp_path / "course"), "--source", str(source), "-j", "2", "--timeout", "10",
+    assert labs_main(["grade", str(tmp_path / "course"), "--source", str(source), "-j", "2", "--timeout", "12",
                       "--out", str(out), "--gradescope"]) == 0
     with open(out / "gradebook.csv") as f:
         rows = list(csv.DictReader(f))
@@ -51,7 +51,7 @@ def test_each_learner_is_reported_as_graded(tmp_path, capsys):
     source = tmp_path / "source"
     source.mkdir()
     nbformat.write(synthetic_notebook(), source / "99_fixture.ipynb")
-    assert labs_main(["grade", str(tmp_path / "course"), "--source", str(source), "--timeout", "10",
+    assert labs_main(["grade", str(tmp_path / "course"), "--source", str(source), "--timeout", "12",
                       "--out", str(tmp_path / "graded")]) == 0
     out = capsys.readouterr().out
     for student, total in expected.items():

@@ -93,11 +93,11 @@ def test_the_flag_fires_on_copies_only_where_honest_answers_stay_clear_of_it(ex)
 
 
 def test_answers_that_follow_the_hints_of_short_exercises_are_not_flagged():
-    """Issue 30: honest answers to 07.3 and 08.2 were flagged as copies (92%, 97%). Following the hints they are
+    """Issue 30: honest answers to 08.3 and 09.2 were flagged as copies (92%, 97%). Following the hints they are
     the solution, so there the flag cannot tell copying from understanding and is off."""
-    for key in ("07.3", "08.2"):
+    for key in ("08.3", "09.2"):
         ex = labs.exercise(*key.split("."))
         follows_hints = CELLS[key][-1]
         assert similarity(follows_hints, ex) > COPY_FLAG_RATIO and copy_flag(follows_hints, ex) is None
-    long = labs.exercise("08", 3)  # long enough: a copy is flagged, each honest answer is not
+    long = labs.exercise("09", 3)  # long enough: a copy is flagged, each honest answer is not
     assert all(copy_flag(cell, long) for cell in copies(long).values())

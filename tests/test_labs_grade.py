@@ -298,10 +298,10 @@ def test_judged_through_the_grading_kernel_every_answer_gets_the_same_verdict(ke
 
 
 def test_switching_off_the_watch_in_the_grading_kernel_is_flagged(kernel):
-    q1 = labs.exercise("05", 1)
+    q1 = labs.exercise("07", 1)
     kernel.run_cell("import sys, torch\nfrom mhalab.head_interventions import ablate_heads\n"
                     "def sneaky(model, tokens, layer, head):\n    sys.setprofile(None)\n"
                     "    return model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{layer}.attn.hook_z', "
                     "ablate_heads([head]))])")
-    status, message = q1.verdict(_hand_in(kernel, "05.1", "sneaky"), runner=kernel, seed=7)
+    status, message = q1.verdict(_hand_in(kernel, "07.1", "sneaky"), runner=kernel, seed=7)
     assert status == core.FAILED and "sys.setprofile" in message

@@ -1,5 +1,5 @@
 """Checkers as hard as the notebooks (issue 47, point 2): the hidden cases separate every mistake a checker names
-from the right answer and from one another, on the fixed cases of ``q.check`` and on fresh grading draws; 08.3's
+from the right answer and from one another, on the fixed cases of ``q.check`` and on fresh grading draws; 09.3's
 tolerance holds the rounding a correct answer carries through the deepest hidden model ten times over; and on fresh
 draws every corpus answer keeps its outcome (right ones pass, wrong ones fail, naming their mistake)."""
 
@@ -13,21 +13,21 @@ import torch
 from labs_corpus import CORPUS, MISBLAMED, names_a_fixed_case
 
 import mhalab.labs as labs
-from mhalab.labs import core, ex08, ex09, ex10, ex11, ex12
+from mhalab.labs import core, ex06, ex09, ex11, ex12, ex13
 from mhalab.labs.judging import unseparated
 
 # exercise: (its cases for a check, the right answers, the mistakes of each case, equality)
 SEPARATING = {
-    "09.2": (ex09._onset_cases,
-             lambda cases: [ex09._first_from(s, ex09._past(c, float(c[0]) + f * (float(c[-1]) - float(c[0])),
+    "11.2": (ex11._onset_cases,
+             lambda cases: [ex11._first_from(s, ex11._past(c, float(c[0]) + f * (float(c[-1]) - float(c[0])),
                                                            float(c[-1]) < float(c[0]))) for _, s, c, f in cases],
-             lambda cases: [ex09._onset_mistakes(s, c, f, smoothing=False) for _, s, c, f in cases], ex09._same_step),
-    "09.3": (ex09._circuit_cases, lambda cases: [ex09._circuit(i, p) for _, i, p in cases],
-             lambda cases: [ex09._circuit_mistakes(i, p) for _, i, p in cases], ex09._same_pair),
-    "11.1": (ex11._hump_cases, lambda cases: [ex11._hump_every_seed(a) for a, _ in cases],
-             lambda cases: [ex11._hump_mistakes(a) for a, _ in cases], ex11._same),
-    "12.1": (ex12._reachable_cases, lambda cases: [ex12._reachable(k) for k, _ in cases],
-             lambda cases: [ex12._mistakes(k) for k, _ in cases], ex12._same),
+             lambda cases: [ex11._onset_mistakes(s, c, f, smoothing=False) for _, s, c, f in cases], ex11._same_step),
+    "11.3": (ex11._circuit_cases, lambda cases: [ex11._circuit(i, p) for _, i, p in cases],
+             lambda cases: [ex11._circuit_mistakes(i, p) for _, i, p in cases], ex11._same_pair),
+    "06.1": (ex06._hump_cases, lambda cases: [ex06._hump_every_seed(a) for a, _ in cases],
+             lambda cases: [ex06._hump_mistakes(a) for a, _ in cases], ex06._same),
+    "13.1": (ex13._reachable_cases, lambda cases: [ex13._reachable(k) for k, _ in cases],
+             lambda cases: [ex13._mistakes(k) for k, _ in cases], ex13._same),
 }
 
 
@@ -48,23 +48,23 @@ def _plain(value):
 
 
 def _args(key, case):
-    return {"09.2": lambda c: (c[1], c[2].clone(), c[3]), "09.3": lambda c: (c[1].clone(), c[2].clone()),
-            "11.1": lambda c: (c[0],)}.get(key, lambda c: (c[0],))(case)
+    return {"11.2": lambda c: (c[1], c[2].clone(), c[3]), "11.3": lambda c: (c[1].clone(), c[2].clone()),
+            "06.1": lambda c: (c[0],)}.get(key, lambda c: (c[0],))(case)
 
 
 @pytest.mark.parametrize("seed", [None, *range(1, 21)])
 def test_the_copying_scores_of_every_mistake_are_far_apart(seed):
-    for what, *circuit in ex10._ov_cases(core.Check(seed=seed)):
+    for what, *circuit in ex12._ov_cases(core.Check(seed=seed)):
         if what == "random matrices":  # (the copying and suppressing heads score 1 and -1: some mistakes agree)
             full = circuit[0] @ circuit[1] @ circuit[2] @ circuit[3]
-            assert ex10._far_apart([ex10._copying(full), *ex10._copying_mistakes(*circuit).values()])
+            assert ex12._far_apart([ex12._copying(full), *ex12._copying_mistakes(*circuit).values()])
             assert torch.linalg.eigvals(full).imag.abs().max() > 1e-3  # |λ| is not |Re λ|
 
 
 @pytest.mark.parametrize("seed", [None, 1, 2, 3])
 def test_the_near_degenerate_head_has_a_rank_below_its_width_and_a_direction_just_above_rounding(seed):
     check = core.Check(seed=seed)
-    stage, model, layer, heads = ex10._qk_cases(check)[3]
+    stage, model, layer, heads = ex12._qk_cases(check)[3]
     attn = model.blocks[layer].attn
     p = attn.head_projections(heads[0])
     W_QK = (p.W_Q @ p.W_K.T).detach()
@@ -77,24 +77,24 @@ def test_the_near_degenerate_head_has_a_rank_below_its_width_and_a_direction_jus
 
 @pytest.mark.parametrize("seed", [None, 1, 2])
 def test_08_3_a_correct_answer_carries_a_tenth_of_the_tolerance_at_most_through_the_deepest_model(seed):
-    """08.3's tolerance, derived: a correct float32 answer is as far from the exact loss as its forward pass's
+    """09.3's tolerance, derived: a correct float32 answer is as far from the exact loss as its forward pass's
     rounding, which depends on the path attention takes (fused, or explicit once run_with_cache or any hook on
     hook_pattern is used). Measured against float64 on every stage of both models, it is a tenth of the tolerance
     policy's at most, so the tolerance is not widened to let such an answer pass; and every mistake is ten
     tolerances from the right loss or none (it does not apply), and three from every other."""
-    for model, tokens, L, stages in ex08._second_copy_cases(core.Check(seed=seed)):
+    for model, tokens, L, stages in ex09._second_copy_cases(core.Check(seed=seed)):
         exact = copy.deepcopy(model).double()
         for stage, heads in stages:
-            loss = ex08._loss_with(model, tokens, heads, L)
-            assert ex08._rounding(model, exact, tokens, heads, L) <= 0.1 * ex08._tolerance(loss), (stage, heads)
-            assert ex08._separated(model, tokens, heads, L), (stage, heads)
-    assert max(m.config.n_layers for m, *_ in ex08._second_copy_cases(core.Check(seed=seed))) == 30
+            loss = ex09._loss_with(model, tokens, heads, L)
+            assert ex09._rounding(model, exact, tokens, heads, L) <= 0.1 * ex09._tolerance(loss), (stage, heads)
+            assert ex09._separated(model, tokens, heads, L), (stage, heads)
+    assert max(m.config.n_layers for m, *_ in ex09._second_copy_cases(core.Check(seed=seed))) == 30
 
 
 # --------------------------------------------------------------------------- the corpus on fresh draws
 
 #: exercise: how many grading draws its corpus is judged on here (the issue's answers were judged on 20)
-DRAWS = {"09.2": 20, "09.3": 20, "11.1": 20, "12.1": 20, "10.2": 20, "10.1": 5}
+DRAWS = {"11.2": 20, "11.3": 20, "06.1": 20, "13.1": 20, "12.2": 20, "12.1": 5}
 
 
 @pytest.mark.parametrize("key", sorted(DRAWS))
@@ -115,13 +115,13 @@ def test_on_fresh_grading_draws_right_answers_pass_and_wrong_ones_fail_naming_th
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_08_3_on_fresh_grading_draws(seed):
-    ex = labs.exercise("08", 3)
-    for i, answer in enumerate(CORPUS["08.3"]["right"]):
+    ex = labs.exercise("09", 3)
+    for i, answer in enumerate(CORPUS["09.3"]["right"]):
         assert ex.verdict(answer, seed=seed) == (core.PASSED, "correct."), (i, ex.verdict(answer, seed=seed))
     said = {}  # what each wrong answer was told
-    for i, (answer, expected) in enumerate(CORPUS["08.3"]["wrong"]):
+    for i, (answer, expected) in enumerate(CORPUS["09.3"]["wrong"]):
         status, message = said[id(answer)] = ex.verdict(answer, seed=seed)
         assert status in (core.FAILED, core.ERROR), (i, message)
         assert names_a_fixed_case(expected) or expected in message, (i, expected, message)
-    for answer, unsaid in MISBLAMED["08.3"]:
+    for answer, unsaid in MISBLAMED["09.3"]:
         assert unsaid not in said[id(answer)][1], (unsaid, said[id(answer)])

@@ -24,7 +24,7 @@ from mhalab.labs import load as report_exercises
 
 pytestmark = pytest.mark.slow
 
-NOTEBOOK = NOTEBOOKS / "03_it_costs_nothing.ipynb"  # a quick course notebook (5 s of CPU), its exercises independent
+NOTEBOOK = NOTEBOOKS / "04_it_costs_nothing.ipynb"  # a quick course notebook (5 s of CPU), its exercises independent
 
 
 @pytest.fixture(scope="module")

@@ -132,7 +132,7 @@ def test_course_notebook_answer_cells(path):
 
 # Two notebooks, one of them reading a real model: every learner copy runs to its end in a plain kernel
 # (tests/test_learner_copies.py), and each exercise's grading is tested on its own (tests/test_labs_grade.py).
-GRADED_WHOLE = [p for p in LAB_NOTEBOOKS if p.name[:2] in ("02", "07")]
+GRADED_WHOLE = [p for p in LAB_NOTEBOOKS if p.name[:2] in ("02", "08")]
 
 
 @pytest.mark.slow

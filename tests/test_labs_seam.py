@@ -124,8 +124,8 @@ def test_the_grading_kernels_code_is_the_package_less_its_exercises_and_the_grad
 
 
 def test_the_kernels_labs_module_hands_answers_in_and_gives_them_back(monkeypatch):
-    monkeypatch.setattr(kernel_labs, "_EXERCISES", {"03": (kernel_labs.Exercise("03", 1, "a title", "*label*"),)})
-    q = kernel_labs.load(3)[0]
+    monkeypatch.setattr(kernel_labs, "_EXERCISES", {"04": (kernel_labs.Exercise("04", 1, "a title", "*label*"),)})
+    q = kernel_labs.load(4)[0]
     assert q.label == "*label*" and q.reference is None and q.solution_text == ""
     answer = object()
     assert q.use(answer) is answer  # the learner's answer as it is, checked or not
@@ -133,10 +133,10 @@ def test_the_kernels_labs_module_hands_answers_in_and_gives_them_back(monkeypatc
 
 
 def test_one_helper_makes_grade_ids():
-    assert core.grade_id("03.1") == "ex03-1-answer" and core.grade_id("3.12", "test") == "ex03-12-test"
-    assert core.parse_grade_id("ex03-1-answer") == ("03.1", "answer")
-    assert core.parse_grade_id("ex10-2-written") == ("10.2", "written") and core.parse_grade_id("ex3-1-answer") is None
-    assert labs.exercise("03", 2).grade_id == "ex03-2-answer"
+    assert core.grade_id("04.1") == "ex04-1-answer" and core.grade_id("4.12", "test") == "ex04-12-test"
+    assert core.parse_grade_id("ex04-1-answer") == ("04.1", "answer")
+    assert core.parse_grade_id("ex12-2-written") == ("12.2", "written") and core.parse_grade_id("ex3-1-answer") is None
+    assert labs.exercise("04", 2).grade_id == "ex04-2-answer"
     pattern = re.compile(r"""f["']ex\{[^}]*\}-""")  # an f-string that builds one by hand
     for folder in (ROOT / "mhalab", GRADER, ROOT / "tools", ROOT / "tests", ROOT / "benchmarks"):
         for path in folder.rglob("*.py"):

@@ -34,7 +34,7 @@ TRICKS_99 = {
     "q.solution_text exec'd": "exec(q1.solution_text)\nq1.check(double)",
 }
 
-# Notebook 10: its exercise 1 answered honestly, with torch.linalg.eigvals patched in that cell; exercise 2 answered
+# Notebook 12: its exercise 1 answered honestly, with torch.linalg.eigvals patched in that cell; exercise 2 answered
 # with a constant that the patched eigenvalues make the reference give; exercise 3 answered honestly.
 PATCH_EIGVALS = "import torch\ntorch.linalg.eigvals = lambda M: torch.ones(M.shape[-1], dtype=torch.complex128)\n"
 CONSTANT_SCORE = "def copying_score(W_E, W_V, W_O, W_U):\n    return 1.0\nq2.check(copying_score)"
@@ -82,11 +82,11 @@ def test_a_trick_that_fools_the_learners_check_scores_nothing_when_graded(trick,
 
 
 def _notebook_10(answers: dict[int, str]) -> nbformat.NotebookNode:
-    """An instructor's notebook of notebook 10's three exercises (the solutions), or a submission with ``answers``
+    """An instructor's notebook of notebook 12's three exercises (the solutions), or a submission with ``answers``
     ({number: the whole answer cell}) in place of some."""
     cells = [nbformat.v4.new_code_cell("import math\nimport torch\nfrom mhalab import labs\n\n"
-                                       "q1, q2, q3 = labs.load('10')")]
-    for ex in labs.load("10"):
+                                       "q1, q2, q3 = labs.load('12')")]
+    for ex in labs.load("12"):
         first, *body = ex.solution_text.split("\n")
         source = answers.get(ex.number) or "\n".join([first, "    ### BEGIN SOLUTION", *body, "    ### END SOLUTION",
                                                       f"q{ex.number}.check({ex.template[0]})"])
@@ -100,8 +100,8 @@ def _fooled_live_then_graded(honest, tricked, tmp_path):
     """Check that the learner's own kernel passes every exercise of the ``tricked`` notebook (the trick fools the
     live check), then grade it against ``honest`` as the release source; returns the grade's report."""
     live = _live([cell.source for cell in tricked.cells])
-    assert live == {"10.1": "passed", "10.2": "passed", "10.3": "passed"}, live  # fooled
-    source = tmp_path / "source" / "10_what_heads_compute.ipynb"
+    assert live == {"12.1": "passed", "12.2": "passed", "12.3": "passed"}, live  # fooled
+    source = tmp_path / "source" / "12_what_heads_compute.ipynb"
     source.parent.mkdir()
     nbformat.write(honest, source)
     path = tmp_path / "10_submission.ipynb"
@@ -113,12 +113,12 @@ def test_patching_eigvals_in_an_earlier_cell_fools_the_learners_check_and_scores
     honest = _notebook_10({})
     tricked = _notebook_10({1: PATCH_EIGVALS + honest.cells[1].source, 2: CONSTANT_SCORE})
     report = _fooled_live_then_graded(honest, tricked, tmp_path)
-    assert {e.key: e.score for e in report.exercises} == {"10.1": 1, "10.2": 0, "10.3": 1}, report.format()
+    assert {e.key: e.score for e in report.exercises} == {"12.1": 1, "12.2": 0, "12.3": 1}, report.format()
     assert report.exercises[1].status == "failed" and "exactly 1" in report.exercises[1].message
 
 
 # The same tricks on a course exercise whose checker draws its cases and names mistakes (10.2): each fools the
-# learner's check of a wrong answer (a constant score), and the grade gives 10.2 nothing and the honest 10.1 and 10.3
+# learner's check of a wrong answer (a constant score), and the grade gives 10.2 nothing and the honest 10.1 and 12.3
 # their points.
 SCORE = "def copying_score(W_E, W_V, W_O, W_U):\n"
 TRICKS_10 = {
@@ -139,5 +139,5 @@ def test_each_trick_on_a_course_exercise_scores_nothing_when_graded(trick, tmp_p
     honest = _notebook_10({})
     tricked = _notebook_10({2: TRICKS_10[trick]})
     report = _fooled_live_then_graded(honest, tricked, tmp_path)
-    assert {e.key: e.score for e in report.exercises} == {"10.1": 1, "10.2": 0, "10.3": 1}, report.format()
+    assert {e.key: e.score for e in report.exercises} == {"12.1": 1, "12.2": 0, "12.3": 1}, report.format()
     assert report.exercises[1].status != "passed", report.format()

@@ -384,7 +384,7 @@ def test_run_time_descriptions():
 
 @pytest.mark.slow
 def test_execute_runs_a_notebook_as_a_first_run(tmp_path, monkeypatch):
-    """`course.py execute` writes the committed outputs: what an earlier run left beside a notebook (notebook 05's
+    """`course.py execute` writes the committed outputs: what an earlier run left beside a notebook (notebook 07's
     checkpoints, which it loads instead of training) must not reach them, and the run writes nothing there."""
     import execute_notebooks
 

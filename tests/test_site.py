@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tests"))
 from nbtools import course_notebooks  # noqa: E402
 
-SCREENSHOT_PAGE = "learn/03_it_costs_nothing.html"  # equations, a table and figures
-EXPLORER_NOTEBOOK = "05_what_heads_do"
+SCREENSHOT_PAGE = "learn/04_it_costs_nothing.html"  # equations, a table and figures
+EXPLORER_NOTEBOOK = "07_what_heads_do"
 
 
 class _Page(html.parser.HTMLParser):
@@ -231,7 +231,7 @@ def test_a_page_in_a_browser(site, tmp_path):
                 page.screenshot(path=str(shot))
                 page.goto(f"{base}/search.html?q=cache", wait_until="load", timeout=60_000)
                 page.wait_for_selector("#search-results li", timeout=60_000)
-                assert page.locator("#search-results li a[href*='03_it_costs_nothing']").count() >= 1
+                assert page.locator("#search-results li a[href*='04_it_costs_nothing']").count() >= 1
     finally:
         server.shutdown()
     assert not errors, errors

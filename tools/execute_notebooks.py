@@ -2,10 +2,10 @@
 
 Usage (through the course script, which sets up the environment first):
     python3 course.py execute                      # every notebook
-    python3 course.py execute notebooks/03_*.ipynb # some
+    python3 course.py execute notebooks/04_*.ipynb # some
 This is the only way committed outputs are made: never edit an output by hand.
 Each notebook runs as a learner's first run does: in an empty working directory of its own (deleted afterwards), so
-nothing an earlier run left beside it (notebook 05's checkpoints) is loaded, and nothing is written beside it.
+nothing an earlier run left beside it (notebook 07's checkpoints) is loaded, and nothing is written beside it.
 """
 
 import json

@@ -5,7 +5,7 @@ exercise's label line (difficulty, importance, minutes).
 
     python tools/solutions.py            # list every answer cell whose solution region differs (exit 1 if any)
     python tools/solutions.py --write    # rewrite those regions, and the label lines, from the exercises
-    python tools/solutions.py --write notebooks/05_what_heads_do.ipynb   # only some notebooks
+    python tools/solutions.py --write notebooks/07_what_heads_do.ipynb   # only some notebooks
 """
 
 from __future__ import annotations

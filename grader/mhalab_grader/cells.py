@@ -1,8 +1,8 @@
 """Answer cells, from nbgrader's cell metadata (README, "For instructors"), and what is made of them: the
 student version (``python -m mhalab_grader release``) and a copy for nbgrader's own autograder.
 
-An answer cell has ``metadata.nbgrader.solution`` true, a ``grade_id`` naming its exercise (``ex03-1-answer``;
-a markdown answer ``ex03-1-written``), its solution between ``### BEGIN SOLUTION`` and ``### END SOLUTION``,
+An answer cell has ``metadata.nbgrader.solution`` true, a ``grade_id`` naming its exercise (``ex04-1-answer``;
+a markdown answer ``ex04-1-written``), its solution between ``### BEGIN SOLUTION`` and ``### END SOLUTION``,
 and ends with its check, ``q1.check(answer)``.
 
 Not nbgrader's preprocessors: its ClearSolutions writes one code stub for every region (``raise
@@ -39,7 +39,7 @@ class Answer:
     """One answer cell: which exercise it answers and what its check passes along."""
 
     index: int                      # the cell's index in the notebook
-    key: str                        # "03.1"
+    key: str                        # "04.1"
     written: bool = False           # a markdown answer (not auto-graded)
     expression: str | None = None   # the answer the check takes, as source: "attention"
     checker: str | None = None      # what the check is called on, as source: "q1"

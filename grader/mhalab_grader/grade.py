@@ -56,7 +56,7 @@ class ExerciseGrade:
 @dataclass
 class GradeReport:
     notebook: str         # the submission's path
-    notebooks: list[str]  # the assignment ("05"), from the command line or the file name
+    notebooks: list[str]  # the assignment ("07"), from the command line or the file name
     exercises: list[ExerciseGrade]
     score: float
     max_score: float
@@ -91,7 +91,7 @@ NOTEBOOKS = Path(PACKAGE).parent / "notebooks"  # the course's own (instructor) 
 
 
 def assignment_of(path: str | Path) -> str:
-    """The notebook number a submission is graded as, from its file name (``05_what_heads_do.ipynb``) or, in
+    """The notebook number a submission is graded as, from its file name (``07_what_heads_do.ipynb``) or, in
     nbgrader's layout (``submitted/<student>/<assignment>/x.ipynb``), its folder; never from its contents."""
     path = Path(path)
     for name in (path.name, path.parent.name):
@@ -99,7 +99,7 @@ def assignment_of(path: str | Path) -> str:
         if m:
             return m.group(1)
     raise ValueError(f"{path}: cannot tell which notebook this is from its name; name the file (or its assignment "
-                     "folder) after the notebook, e.g. 05_what_heads_do.ipynb, or pass --assignment 05")
+                     "folder) after the notebook, e.g. 07_what_heads_do.ipynb, or pass --assignment 07")
 
 
 def instructor_notebook(assignment: str, source: str | Path | None = None) -> Path:
@@ -145,7 +145,7 @@ def similarity(answer_source: str, ex: Any) -> float:
 
 #: Flag answers of at least COPY_FLAG_TOKENS tokens this close to the published code, in exercises whose solution has
 #: at least COPY_FLAG_SOLUTION_TOKENS: below that, answers that follow the prompt and hints are the solution
-#: (issue 30: 1.00 and 0.95 on 08.2 and 07.3; copies, renamed or reformatted, 0.97 to 1.00 everywhere; honest
+#: (issue 30: 1.00 and 0.95 on 09.2 and 08.3; copies, renamed or reformatted, 0.97 to 1.00 everywhere; honest
 #: answers to longer solutions at most 0.78; tests/test_labs_copying.py).
 COPY_FLAG_RATIO, COPY_FLAG_TOKENS, COPY_FLAG_SOLUTION_TOKENS = 0.9, 60, 100
 

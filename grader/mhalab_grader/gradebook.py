@@ -22,13 +22,13 @@ from .sandbox import Limits, SandboxUnavailable, problem
 @dataclass
 class Submission:
     student: str
-    assignment: str   # "05"
+    assignment: str   # "07"
     path: Path
 
 
 def find_submissions(folder: str | Path, assignment: str | None = None) -> list[Submission]:
     """Every ``<student>/<assignment>/*.ipynb`` under ``folder`` (nbgrader's ``submitted/``; a course folder that
-    holds ``submitted/`` works too). The assignment is the folder's name (``05`` or ``05_what_heads_do``)."""
+    holds ``submitted/`` works too). The assignment is the folder's name (``07`` or ``07_what_heads_do``)."""
     folder = Path(folder)
     if (folder / "submitted").is_dir():
         folder = folder / "submitted"

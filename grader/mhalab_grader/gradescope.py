@@ -30,7 +30,7 @@ from mhalab.install import MODEL_WHEELS
 from .grade import instructor_notebook
 
 REPOSITORY = Path(__file__).resolve().parents[2]  # the course checkout this grader is installed from
-PRETRAINED = ("07", "08")  # the notebooks that read the real pretrained models
+PRETRAINED = ("08", "09")  # the notebooks that read the real pretrained models
 TORCH_CPU = "torch --index-url https://download.pytorch.org/whl/cpu"
 
 SETUP = """#!/usr/bin/env bash

@@ -66,7 +66,7 @@ class Check:
 
     template: tuple[str, tuple[str, ...]] | None = None  # the solution's def line: (name, parameters)
     runner: Any = LOCAL           # where the answer runs (see the module's docstring)
-    key: str = ""                 # the exercise ("03.1")
+    key: str = ""                 # the exercise ("04.1")
     trusted: bool = False         # the course's own answers (tests): the reference may be handed in
     seed: int | None = None       # grading: hidden inputs drawn fresh from it (None: the fixed cases of q.check)
     reference: Any = None         # the exercise's answer, run from its solution text: what the checker compares with

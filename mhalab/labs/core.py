@@ -42,8 +42,8 @@ LABS = os.path.dirname(os.path.abspath(__file__))
 
 
 def grade_id(key: str, kind: str = "answer") -> str:
-    """nbgrader's ``grade_id`` of exercise ``key`` ("03.1"): ``ex03-1-answer`` (its answer cell), ``ex03-1-written``
-    (a markdown answer), ``ex03-1-test`` (nbgrader's test cell)."""
+    """nbgrader's ``grade_id`` of exercise ``key`` ("04.1"): ``ex04-1-answer`` (its answer cell), ``ex04-1-written``
+    (a markdown answer), ``ex04-1-test`` (nbgrader's test cell)."""
     notebook, number = str(key).split(".")
     return f"ex{notebook.zfill(2)}-{int(number)}-{kind}"
 
@@ -52,7 +52,7 @@ _GRADE_ID = re.compile(r"ex(?P<nb>\d\d)-(?P<num>\d+)-(?P<kind>answer|written)")
 
 
 def parse_grade_id(text: str) -> tuple[str, str] | None:
-    """(exercise key, kind) of an answer cell's ``grade_id`` (``ex03-1-answer`` -> ("03.1", "answer")), else None."""
+    """(exercise key, kind) of an answer cell's ``grade_id`` (``ex04-1-answer`` -> ("04.1", "answer")), else None."""
     m = _GRADE_ID.fullmatch(str(text))
     return (f"{m['nb']}.{int(m['num'])}", m["kind"]) if m else None
 
@@ -72,7 +72,7 @@ def solved(key: str, solution: str) -> Any:
                 if isinstance(t, ast.Name)]
     if not defs and not assigned:
         raise ValueError(f"exercise {key}: its solution defines no function and assigns no value")
-    filename = os.path.join(LABS, f"ex{key.replace('.', '_solution_')}.py")  # mhalab.labs.ex03_solution_1
+    filename = os.path.join(LABS, f"ex{key.replace('.', '_solution_')}.py")  # mhalab.labs.ex04_solution_1
     linecache.cache[filename] = (len(solution), None, solution.splitlines(keepends=True), filename)
     namespace: dict[str, Any] = {"__name__": f"mhalab.labs.ex{key.replace('.', '_solution_')}"}
     exec(compile(_SOLUTION_GLOBALS, filename + ":imports", "exec"), namespace)  # noqa: S102 (the course's own text)
@@ -81,7 +81,7 @@ def solved(key: str, solution: str) -> Any:
 
 
 class Exercise:
-    """Exercise ``number`` of notebook ``notebook`` ("03"): ``checker(answer, check)`` raises :class:`Wrong`;
+    """Exercise ``number`` of notebook ``notebook`` ("04"): ``checker(answer, check)`` raises :class:`Wrong`;
     ``hint`` is one hint or a list given one at a time; ``solution`` is the answer, written once: its first ``def``
     line is the template the learner's function is called by, and what its text defines is ``reference`` (what the
     checker compares with, as ``check.reference``), which passes but scores 0 when handed in."""
@@ -116,7 +116,7 @@ class Exercise:
 
     @property
     def grade_id(self) -> str:
-        """nbgrader's ``grade_id`` of this exercise's answer cell: ``ex03-1-answer``."""
+        """nbgrader's ``grade_id`` of this exercise's answer cell: ``ex04-1-answer``."""
         return grade_id(self.key)
 
     def verdict(self, answer: Any, *, runner: Any = None, seed: int | None = None,
@@ -209,10 +209,10 @@ def available_notebooks() -> list[str]:
 
 
 def load(notebook: str | int) -> tuple[Exercise, ...]:
-    """All exercises of a notebook, in order: ``q1, q2, q3 = labs.load("03")``."""
+    """All exercises of a notebook, in order: ``q1, q2, q3 = labs.load("04")``."""
     text = str(notebook).strip()
     if not text.isdigit() or len(text) > 2:
-        raise ValueError(f"notebook must be a notebook number like '03' (or 3), got {notebook!r}")
+        raise ValueError(f"notebook must be a notebook number like '04' (or 4), got {notebook!r}")
     text = text.zfill(2)
     if text in available_notebooks():
         importlib.import_module(f"{__package__}.ex{text}")
@@ -224,7 +224,7 @@ def load(notebook: str | int) -> tuple[Exercise, ...]:
 
 
 def exercise(notebook: str | int, number: int) -> Exercise:
-    """Exercise ``number`` of notebook ``notebook`` (e.g. ``exercise("03", 1)``)."""
+    """Exercise ``number`` of notebook ``notebook`` (e.g. ``exercise("04", 1)``)."""
     exercises = load(notebook)
     found = [ex for ex in exercises if ex.number == int(number)]
     if not found:

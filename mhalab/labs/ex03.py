@@ -1,6 +1,5 @@
-"""Exercises of notebook 03 (it costs nothing): the cost table for a new width (a warm-up), the largest
-batch a GPU holds for a real grouped-query model, and grouped-query attention in one pass, equal to the
-token-by-token decode through a KV cache."""
+"""Exercises of notebook 03 (where it sits): a causal mask for decoding, the mask and weight shape of each
+of the three uses of attention, and counting the attention operations of an architecture."""
 
 from __future__ import annotations
 
@@ -8,251 +7,207 @@ import torch
 
 from .calls import Check
 from .core import Exercise, register
-from .judging import expect_whole, judge, name_miss
+from .judging import expect_equal, expect_whole, name_miss
 from .verdicts import Wrong
 
+
 # ------------------------------------------------------------------------------------ exercise 1
-_COST_CASES = [(768, 12), (768, 1), (1024, 16), (96, 32), (4096, 64)]  # (d_model, n_heads), none from the notebook
+def _diagonal_miss(got, want: torch.Tensor) -> str | None:
+    """What is off when ``got`` is the lower triangle of ``want``'s shape starting at another diagonal."""
+    if (
+        not isinstance(got, torch.Tensor)
+        or got.shape != want.shape
+        or got.dtype != torch.bool
+        or torch.equal(got, want)
+    ):
+        return None
+    L, S = want.shape
+    for k, why in ((S - L + 1, "each query also sees the key just after it; query i may see keys j <= i + "
+                               "(n_keys - n_queries), itself included and nothing later"),
+                   (S - L - 1, "each query misses its own key; query i may see keys j <= i + (n_keys - n_queries), "
+                               "itself included"),
+                   (L - S, "the offset has the wrong sign: query i sits at position i + (n_keys - n_queries), so it "
+                           "sees more keys, not fewer (tril(n_keys - n_queries))")):
+        if torch.equal(got, torch.ones(L, S, dtype=torch.bool).tril(k)):
+            return why
+    return None
 
 
-def _cost_mistakes(d_model: int, n_heads: int) -> dict[str, list[tuple[int, str]]]:
-    d_k = d_model // n_heads
-    return {
-        "d_k": [(d_model, "the whole width: each head gets an equal share of d_model"),
-                (n_heads, "the head count: d_k is the width of one head")],
-        "parameters": [(3 * d_model**2, "you counted W_Q, W_K and W_V but not the output matrix W_O"),
-                       (4 * d_model * d_k, "that is one head's share: there are n_heads heads"),
-                       (3 * d_model * d_k + d_model**2, "W_Q, W_K, W_V counted for one head only: every head has its "
-                                                        "own"),
-                       (4 * d_model**2 + 4 * d_model, "that includes the biases; count the weight matrices only "
-                                                      "(bias=False)"),
-                       (4 * d_model**2 * n_heads, "each head projects to d_k dimensions, not to d_model"),
-                       (3 * d_model**2 * n_heads + d_model**2, "each head projects to d_k dimensions, not to d_model"),
-                       (2 * d_model**2, "count all four matrices: W_Q, W_K, W_V and W_O")],
-        "kv_cache": [(d_model, "both the keys and the values are cached"),
-                     (2 * d_k, "that is one head: every head caches its own keys and values"),
-                     (d_k, "that is one head's keys: every head caches its own keys and values"),
-                     (2 * d_model * n_heads, "each head caches d_k numbers per key, not d_model"),
-                     (4 * d_model, "only K and V are cached (queries are used once and thrown away)"),
-                     (3 * d_model, "only K and V are cached (queries are used once and thrown away)")],
-    }
+def _expect_causal(value, expected, name) -> None:
+    why = _diagonal_miss(value, expected)
+    if why:
+        raise Wrong(why)
+    expect_equal(value, expected, name)
 
 
-def _cost_cases(check: Check) -> list[tuple[int, int]]:
-    """The fixed cases, and when grading two drawn fresh."""
-    r = check.rng(30)
-    fresh = [(h * r.randint(2, 96), h) for h in (r.randint(2, 40), r.randint(2, 40))]
-    return list(_COST_CASES) + (fresh if check.grading else [])
-
-
-def _check_costs(attention_costs, check: Check) -> None:
-    for d_model, n_heads in _cost_cases(check):
-        label = f"d_model={d_model}, n_heads={n_heads}"
-        got = check.call(attention_costs, d_model, n_heads, label=label)
-        if not isinstance(got, (tuple, list)) or len(got) != 3:
-            raise Wrong(f"return a tuple (d_k, parameters, kv_cache) of three numbers; for {label} you returned "
-                        f"{got!r}"[:300])
-        want = dict(zip(("d_k", "parameters", "kv_cache"), check.reference(d_model, n_heads)))
-        for value, (name, right) in zip(got, want.items()):
-            value = expect_whole(value, f"{name} for {label}")
-            if value != right:
-                miss = name_miss(value, _cost_mistakes(d_model, n_heads)[name])
-                raise Wrong(f"{name} for {label}: got {value:,}; " + (miss or "think of what it counts, per head, then "
-                                                                              "for all heads"))
+def _check_causal(causal_allowed, check: Check) -> None:
+    # Square first (a whole sequence), then the queries as the last few positions (decoding with a cache).
+    check.calls(causal_allowed, [(5, 5), (1, 1), (9, 9)], compare=_expect_causal)
+    r = check.rng(60)
+    for L, S in [(3, 7), (1, 6)] + ([(r.randint(1, 5), r.randint(6, 12)) for _ in range(2)] if check.grading else []):
+        label = f"n_queries={L}, n_keys={S} ({S - L} tokens already cached)"
+        got = check.call(causal_allowed, L, S, label=label)
+        if (
+            isinstance(got, torch.Tensor)
+            and got.shape == (L, S)
+            and torch.equal(got.bool(), torch.ones(L, S, dtype=torch.bool).tril())
+        ):
+            raise Wrong(f"causal_allowed({label}): your mask lines the queries up with the first keys; they are the "
+                        f"*last* {L} positions, so query i sits at position {S - L} + i and may see the cached tokens "
+                        "too")
+        try:
+            _expect_causal(got, check.reference(L, S), "the result")
+        except Wrong as wrong:
+            raise Wrong(f"causal_allowed({label}): {wrong}") from None
 
 
 register(Exercise(
-    "03", 1, "the cost table for a new width",
-    _check_costs,
-    hint="Each of the h heads has three [d_model, d_k] matrices; W_O is [d_model, d_model]. The cache keeps "
-         "one key and one value of width d_k per head and token. Then use h * d_k = d_model.",
+    "03", 1, "a causal mask, also for decoding with a cache",
+    _check_causal,
+    hint="Entry [i, j] says whether query i may look at key j. Give every query its absolute position: "
+         "with n_keys - n_queries tokens cached, query i sits at position n_keys - n_queries + i. "
+         "It may see every key at that position or before.",
     solution=(
-        "def attention_costs(d_model, n_heads):\n"
-        "    d_k = d_model // n_heads\n"
-        "    parameters = n_heads * 3 * d_model * d_k + d_model * d_model   # = 4 * d_model**2\n"
-        "    kv_cache = 2 * n_heads * d_k                                   # = 2 * d_model\n"
-        "    return d_k, parameters, kv_cache"
+        "def causal_allowed(n_queries, n_keys):\n"
+        "    offset = n_keys - n_queries                          # tokens already in the cache\n"
+        "    query_pos = torch.arange(n_queries)[:, None] + offset  # [L, 1]: absolute positions\n"
+        "    key_pos = torch.arange(n_keys)[None, :]               # [1, S]\n"
+        "    return key_pos <= query_pos                           # [L, S], True = allowed"
     ),
-    minutes=10, difficulty=1, importance=4,
+    minutes=15, difficulty=2, importance=4,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-# Configs shaped like real checkpoints' (the published sizes); the Gemma-like one has d_head != d_model / n_heads.
-_CONFIGS = {
-    "SmolLM2-135M-like": dict(n_layers=30, d_model=576, n_heads=9, n_key_value_heads=3, d_head=64),
-    "Llama-2-70B-like": dict(n_layers=80, d_model=8192, n_heads=64, n_key_value_heads=8, d_head=128),
-    "Gemma-7B-like": dict(n_layers=28, d_model=3072, n_heads=16, n_key_value_heads=16, d_head=256),
-    "made-up": dict(n_layers=12, d_model=1000, n_heads=10, n_key_value_heads=2, d_head=80),
-    "Mistral-7B-like": dict(n_layers=32, d_model=4096, n_heads=32, n_key_value_heads=8, d_head=128),
+_USES = ("encoder", "decoder", "cross")
+_WHY_MASK = {
+    "encoder": "the encoder reads a source that is given in full: may a position look ahead?",
+    "decoder": "the decoder writes its output one token at a time: what must a position not see?",
+    "cross": "the whole source is known before the decoder starts: which source positions may it read?",
 }
-_BATCH_CASES = [  # (config name, seq_len, memory_bytes, bytes_per_value)
-    ("made-up", 3000, 5_000_000_000, 4),             # first: every mistake below gives a different batch here
-    ("SmolLM2-135M-like", 8192, 17_000_000_000, 2),
-    ("Llama-2-70B-like", 4096, 40_000_000_000, 2),
-    ("Gemma-7B-like", 8192, 24_000_000_000, 2),
-    ("Mistral-7B-like", 32768, 3_000_000_000, 2),   # not even one sequence fits
-]
+_SIDES = {"encoder": ("source", "source"), "decoder": ("target", "target"), "cross": ("target", "source")}
+_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
 
-def _per_sequence(c: dict, seq_len: int, bytes_per_value: int) -> int:
-    return 2 * c["n_layers"] * c["n_key_value_heads"] * c["d_head"] * seq_len * bytes_per_value
-
-
-def _batch_mistakes(c: dict, seq_len: int, memory: int, nbytes: int) -> list[tuple[int, str]]:
-    def fit(per_sequence):
-        return int(memory // per_sequence)
-
-    right = _per_sequence(c, seq_len, nbytes)
-    return [
-        (fit(right * c["n_heads"] // c["n_key_value_heads"]),
-         "that is the batch for full multi-head attention, with a key "
-         "and a value for every query head; here only the K/V heads are cached"),
-        (fit(right // 2), "both the keys and the values are cached (a factor 2)"),
-        (fit(right // c["n_layers"]), "every layer keeps its own cache"),
-        (fit(right // nbytes), "the memory is in bytes and the cache holds numbers: each takes bytes_per_value bytes"),
-        (fit(right // c["d_head"] * (c["d_model"] // c["n_heads"])), "the head width is the config's d_head; it need "
-                                                                     "not be d_model / n_heads"),
-        (fit(right // c["d_head"] * c["d_model"] // c["n_key_value_heads"]),
-         "each K/V head is d_head wide, not d_model"),
-        (fit(right // seq_len), "every token of every sequence is cached: multiply by seq_len"),
-        (-(-memory // right), "that batch does not fit: a sequence that fits only partly cannot run (round down)"),
-    ]
-
-
-def _batch_cases(check: Check) -> list[tuple[str, dict, int, int, int]]:
-    """(name, config, seq_len, memory_bytes, bytes_per_value): the fixed cases, and when grading two drawn fresh."""
-    cases = [(name, dict(_CONFIGS[name]), *rest) for name, *rest in _BATCH_CASES]
-    if check.grading:
-        r = check.rng(31)
-        for _ in range(2):
-            kv = r.choice([1, 2, 4, 8])
-            heads, d_head = kv * r.choice([1, 2, 4]), r.choice([32, 64, 80, 128])
-            config = dict(
-                n_layers=r.randint(2, 60), d_model=heads * d_head, n_heads=heads, n_key_value_heads=kv, d_head=d_head
-            )
-            cases.append(("drawn", config, r.randint(64, 16384), r.randint(10**8, 8 * 10**10), r.choice([1, 2, 4])))
-    return cases
-
-
-def _check_batch(largest_batch, check: Check) -> None:
-    for name, config, seq_len, memory, nbytes in _batch_cases(check):
-        label = f"the {name} config {config}, seq_len={seq_len}, memory_bytes={memory:,}, bytes_per_value={nbytes}"
-        got = check.call(largest_batch, config, seq_len, memory, nbytes, label=f"{name} config, seq_len={seq_len}, "
-                                                                               f"memory_bytes={memory:,}, "
-                                                                               f"bytes_per_value={nbytes}")
-        got = expect_whole(got, f"the batch size for {label}")
-        want = check.reference(config, seq_len, memory, nbytes)
-        if got == want:
+def _shape_miss(use: str, shape: tuple, want: tuple, src_len: int, tgt_len: int) -> str:
+    """What is wrong with one block's weights shape, axis by axis."""
+    if shape[2:] == want[2:][::-1] and want[2] != want[3]:
+        return "queries and keys are swapped: the layout is [batch, head, query, key], who asks first"
+    for axis, (got, right) in enumerate(zip(shape, want)):
+        if got == right:
             continue
-        miss = name_miss(got, [(v, m) for v, m in _batch_mistakes(config, seq_len, memory, nbytes) if v != want])
-        raise Wrong(f"for {label}: got a batch of {got:,}; " + (miss or (
-            "that many sequences' caches do not fit" if got > want else "a larger batch still fits")
-            + ": work out the bytes one sequence's cache takes, over all layers"))
+        if axis < 2:
+            return f"axis {axis} is {('batch', 'heads')[axis]}: it has {right} entries here, not {got}"
+        role, side = ("query", "queries") if axis == 2 else ("key", "keys")
+        source = _SIDES[use][axis - 2]
+        length = "src_len" if source == "source" else "tgt_len"
+        return (
+            f"the {role} axis has {got} entries; the {side} of {_NAMES[use]} come from the {source}, of length {length}"
+        )
+    return "the layout is [batch, head, query, key]"
+
+
+def _check_layout(attention_layout, check: Check) -> None:
+    r = check.rng(61)
+    drawn = [(r.randint(1, 8), r.randint(1, 16), r.randint(2, 30), r.randint(2, 30)) for _ in range(2)]
+    fresh = drawn if check.grading else []
+    for batch, n_heads, src_len, tgt_len in [(2, 8, 11, 5), (3, 4, 6, 9), (1, 1, 7, 7)] + fresh:
+        text = f"batch={batch}, n_heads={n_heads}, src_len={src_len}, tgt_len={tgt_len}"
+        got = check.call(attention_layout, batch, n_heads, src_len, tgt_len, label=text)
+        want = check.reference(batch, n_heads, src_len, tgt_len)
+        if not isinstance(got, dict) or set(got) != set(_USES):
+            keys = sorted(map(str, got)) if isinstance(got, dict) else type(got).__name__
+            raise Wrong(f"return a dict with the keys {list(_USES)} (one per use of attention), got {keys}")
+        for use in _USES:
+            entry = got[use]
+            if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+                raise Wrong(f"{use!r}: give a pair (mask, weights_shape), got {entry!r}"[:200])
+            mask, shape = entry
+            if mask not in ("none", "causal"):
+                raise Wrong(f"{use!r}: the mask is 'none' or 'causal', got {mask!r}"[:200])
+            if mask != want[use][0]:
+                raise Wrong(f"{use!r}: the mask {mask!r} is not right; {_WHY_MASK[use]}")
+            if not isinstance(shape, (tuple, list, torch.Size)) or len(shape) != 4:
+                raise Wrong(f"{use!r}: the weights shape should be 4 whole numbers, got {shape!r}"[:200])
+            shape = tuple(expect_whole(s, f"{use!r}: an entry of the weights shape") for s in shape)
+            if shape != want[use][1]:
+                raise Wrong(f"{use!r} for {text}: weights shape {shape} is not right; "
+                            + _shape_miss(use, shape, want[use][1], src_len, tgt_len))
 
 
 register(Exercise(
-    "03", 2, "the largest batch a GPU holds",
-    _check_batch,
-    hint=["First the bytes of one sequence's cache: per token and layer, a key and a value for every K/V head, "
-          "each d_head wide; then all layers, all tokens, bytes per number.",
-          "The batch is how many such caches fit in memory_bytes, as a whole number (a cache cannot be split)."],
+    "03", 2, "mask and weights shape of each use of attention",
+    _check_layout,
+    hint="Weights are [batch, head, query, key]. Ask for each use: where do the queries come from, where do "
+         "the keys come from, and is there anything a query must not see?",
     solution=(
-        "def largest_batch(config, seq_len, memory_bytes, bytes_per_value):\n"
-        "    per_token_per_layer = 2 * config['n_key_value_heads'] * config['d_head']   # K and V, shared heads only\n"
-        "    per_sequence = per_token_per_layer * config['n_layers'] * seq_len * bytes_per_value\n"
-        "    return memory_bytes // per_sequence                                # whole sequences only"
+        "def attention_layout(batch, n_heads, src_len, tgt_len):\n"
+        "    return {\n"
+        "        \"encoder\": (\"none\", (batch, n_heads, src_len, src_len)),    # the source sees itself, all of it\n"
+        "        \"decoder\": (\"causal\", (batch, n_heads, tgt_len, tgt_len)),  # the target so far, no peeking "
+        "ahead\n"
+        "        \"cross\": (\"none\", (batch, n_heads, tgt_len, src_len)),      # target queries read the whole "
+        "source\n"
+        "    }"
     ),
-    minutes=15, difficulty=2, importance=3,
+    minutes=10, difficulty=1, importance=2,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 3
-_GQA_SHAPES = [(2, 5, 24, 6, 2), (1, 7, 32, 4, 1), (3, 4, 16, 4, 4), (2, 6, 48, 8, 2)]  # (B, T, D, H, H_kv)
+def _critical_path(encoder_layers: int, decoder_layers: int) -> int:
+    """Sequential steps when the decoder's first self-attention runs beside the encoder (it does not need it)."""
+    if not encoder_layers or not decoder_layers:
+        return encoder_layers + decoder_layers
+    return max(encoder_layers, 1) + 1 + 2 * (decoder_layers - 1)
 
 
-def _gqa_forward(x, W_Q, W_K, W_V, W_O, n_heads, n_key_value_heads, *, causal=True, interleave=True, scale=True,
-                 merge=True, out=True, swapped=False, over=-1, itself=True, values_cycle=False):
-    """The one-pass GQA forward (and, with a flag off, the result of a typical mistake: also Q and K
-    ``swapped``, the softmax ``over`` another axis, a mask that hides a query's key ``itself``, the values
-    shared with ``.repeat`` while the keys are right)."""
-    B, T, _ = x.shape
-    d_k = W_Q.size(1) // n_heads
-    q = (x @ W_Q).view(B, T, n_heads, d_k).transpose(1, 2)        # [B, H, T, dk]
-    k = (x @ W_K).view(B, T, n_key_value_heads, d_k).transpose(1, 2)     # [B, H_kv, T, dk]
-    v = (x @ W_V).view(B, T, n_key_value_heads, d_k).transpose(1, 2)
-    group = n_heads // n_key_value_heads
-    share = (lambda z: z.repeat_interleave(group, dim=1)) if interleave else (lambda z: z.repeat(1, group, 1, 1))
-    k, v = share(k), (v.repeat(1, group, 1, 1) if values_cycle else share(v))   # [B, H, T, dk]
-    if swapped:
-        q, k = k, q
-    scores = q @ k.transpose(-2, -1) / (d_k ** 0.5 if scale else 1.0)   # [B, H, T, T]
-    if causal:  # (a mask that hides a query's own key is -1e9, not -inf, else the first query's row is NaN)
-        allowed = torch.ones(T, T, dtype=torch.bool).tril(0 if itself else -1)
-        scores = scores.masked_fill(~allowed, float("-inf") if itself else -1e9)
-    z = scores.softmax(over) @ v                                  # [B, H, T, dk]
-    z = z.transpose(1, 2).reshape(B, T, -1) if merge else z.reshape(B, T, -1)   # [B, T, H dk]
-    return z @ W_O if out else z
+_COUNT_CASES = [(32, 0, 32), (16, 24, 0), (8, 6, 6), (12, 4, 10)]
+_COUNT_LABELS = ["n_heads=32, encoder_layers=0, decoder_layers=32 (decoder-only)",
+                 "n_heads=16, encoder_layers=24, decoder_layers=0 (encoder-only)",
+                 "n_heads=8, encoder_layers=6, decoder_layers=6 (encoder-decoder)",
+                 "n_heads=12, encoder_layers=4, decoder_layers=10 (encoder-decoder)"]
 
 
-def _gqa_cases(check: Check) -> list:
-    g = check.generator(3)
-    cases = []
-    for B, T, D, H, G in _GQA_SHAPES:
-        d_k = D // H
-        W = [torch.randn(D, n * d_k, generator=g) / D**0.5 for n in (H, G, G)]
-        cases.append((torch.randn(B, T, D, generator=g), *W, torch.randn(H * d_k, D, generator=g) / D**0.5, H, G))
-    return cases
-
-
-def _check_gqa(gqa_attention, check: Check) -> None:
-    for case in _gqa_cases(check):
-        x, W_Q, W_K, W_V, W_O, H, G = case
-        label = f"x {list(x.shape)}, n_heads={H}, n_key_value_heads={G}"
-        got = check.call(gqa_attention, *case, label=label)
-        judge(got, check.reference(*case), f"gqa_attention({label})", lambda: {
-            "a query sees keys after it: token-by-token decoding only ever has the past in its cache (mask the "
-            "future)": _gqa_forward(*case, causal=False),
-            "query heads are paired with the wrong K/V heads: the cache stores consecutive query heads' shared head "
-            "once (head i uses K/V head i // (n_heads // n_key_value_heads)), and .repeat cycles through them instead":
-                _gqa_forward(*case, interleave=False),
-            "the scores are not scaled by 1/sqrt(d_k)": _gqa_forward(*case, scale=False),
-            "the heads are merged in the wrong order: bring the head axis back next to d_k before reshaping to "
-            "[B, T, H * d_k]": _gqa_forward(*case, merge=False),
-            "W_O is missing: the concatenated heads still go through the output projection":
-                _gqa_forward(*case, out=False),
-            "Q and K are swapped: the scores are q kᵀ, each query against the keys of the past (x @ W_Q for the "
-            "queries, x @ W_K for the keys)": _gqa_forward(*case, swapped=True),
-            "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last "
-            "axis": _gqa_forward(*case, over=-2),
-            "a query does not see its own key: the causal mask allows keys j <= i, the diagonal included":
-                _gqa_forward(*case, itself=False),
-            "the keys are shared right but the values with .repeat, which cycles through the K/V heads: share both "
-            "with repeat_interleave (head i uses K/V head i // (n_heads // n_key_value_heads))":
-                _gqa_forward(*case, values_cycle=True),
-        }, note=" (compared with decoding token by token through a KV cache)")
+def _check_count(attention_operations, check: Check) -> None:
+    r = check.rng(62)
+    fresh = [(h, e, d) for h, e, d in ((r.randint(1, 32), r.randint(1, 24), r.randint(1, 24)) for _ in range(2))]
+    labels = [f"n_heads={h}, encoder_layers={e}, decoder_layers={d} (encoder-decoder)" for h, e, d in fresh]
+    for (n_heads, enc, dec), label in zip(_COUNT_CASES + (fresh if check.grading else []), _COUNT_LABELS + labels):
+        got = check.call(attention_operations, n_heads, enc, dec, label=label)
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise Wrong(f"return a pair (operations, sequential_steps), got {got!r} for {label}"[:300])
+        got_ops = expect_whole(got[0], f"operations for {label}")
+        got_steps = expect_whole(got[1], f"sequential steps for {label}")
+        ops, steps = check.reference(n_heads, enc, dec)
+        if got_ops != ops:
+            raise Wrong(f"operations for {label}: got {got_ops:,}; " + (name_miss(got_ops, [
+                ((enc + dec) * n_heads, "a decoder layer of an encoder-decoder has two attention blocks: "
+                                        "self-attention and cross-attention"),
+                ((enc + 2 * dec) * n_heads, "cross-attention needs an encoder to attend to: a decoder-only model has "
+                                            "none"),
+                (steps, "that counts blocks; every head of a block is its own operation"),
+            ]) or "count the heads of every attention block in one forward pass"))
+        if got_steps not in (steps, _critical_path(enc, dec)):  # a standard implementation, or the true critical path
+            raise Wrong(f"sequential steps for {label}: got {got_steps:,}; " + (name_miss(got_steps, [
+                (ops, "the heads of one block run side by side; only the blocks must wait for each other"),
+                (1, "a block needs the previous block's output, so the blocks cannot all run at once"),
+                (enc + dec, "in a decoder layer, cross-attention takes its queries from the self-attention's output, "
+                            "so it must wait for it"),
+            ]) or "count the attention blocks that must run one after another"))
 
 
 register(Exercise(
-    "03", 3, "grouped-query attention in one pass",
-    _check_gqa,
-    hint=["Project once for the whole sequence: q [B, H, T, d_k], k and v [B, H_kv, T, d_k]. Decoding only ever "
-          "saw the past: what does that ask of the one-pass scores?",
-          "gqa_decode shares a K/V head with repeat_interleave along the head axis; do the same, then the usual "
-          "scaled, causally masked softmax, merge the heads and apply W_O."],
+    "03", 3, "count the attention operations of an architecture",
+    _check_count,
+    hint="Count attention blocks first: one per encoder layer, one per decoder layer, and one more per decoder "
+         "layer if there is an encoder to cross-attend to. Every head of a block is one operation; the blocks "
+         "run one after another, the heads of a block side by side.",
     solution=(
-        "def gqa_attention(x, W_Q, W_K, W_V, W_O, n_heads, n_key_value_heads):\n"
-        "    B, T, _ = x.shape\n"
-        "    d_k = W_Q.size(1) // n_heads\n"
-        "    q = (x @ W_Q).view(B, T, n_heads, d_k).transpose(1, 2)        # [B, H, T, dk]\n"
-        "    k = (x @ W_K).view(B, T, n_key_value_heads, d_k).transpose(1, 2)     # [B, H_kv, T, dk]\n"
-        "    v = (x @ W_V).view(B, T, n_key_value_heads, d_k).transpose(1, 2)\n"
-        "    group = n_heads // n_key_value_heads                                 # query heads per K/V head\n"
-        "    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)   # [B, H, T, dk]\n"
-        "    scores = q @ k.transpose(-2, -1) / d_k**0.5                  # [B, H, T, T]\n"
-        "    future = torch.ones(T, T, dtype=torch.bool).triu(1)\n"
-        "    z = scores.masked_fill(future, float('-inf')).softmax(-1) @ v  # [B, H, T, dk]\n"
-        "    return z.transpose(1, 2).reshape(B, T, -1) @ W_O              # [B, T, D]"
+        "def attention_operations(n_heads, encoder_layers, decoder_layers):\n"
+        "    cross = decoder_layers if encoder_layers > 0 else 0   # cross-attention only with an encoder\n"
+        "    blocks = encoder_layers + decoder_layers + cross      # in a standard implementation each block waits\n"
+        "    return blocks * n_heads, blocks                       # (the decoder's first self-attention need not)"
     ),
-    minutes=25, difficulty=3, importance=3,
+    minutes=10, difficulty=1, importance=2,
 ))

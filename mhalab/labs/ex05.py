@@ -1,212 +1,211 @@
-"""Exercises of notebook 05 (what the heads do): switch one head off with a hook on its ``z``, measure what
-switching off each head costs, and compute a previous-token score yourself.
-
-Exercises 1 and 2 run the learner's function on small hidden models (other sizes, a causal one, one with
-several targets per position) and compare with :mod:`mhalab.head_interventions`/:mod:`mhalab.ablation`. The answer may
-run a model and attach hooks (``model.run_with_hooks``, ``model.hooks``, ``register_forward_hook``); in exercise 1,
-as its prompt says, an answer that calls the course's own ablation (``ablate_heads``, ``gate_heads``,
-``mhalab.ablation``) scores 0. Exercise 2 may use anything, ``ablate`` included.
-Heads' roles are named as everywhere in the course (:func:`mhalab.head_roles.role_of`).
-"""
+"""Exercises of notebook 05 (what more heads really cost): a width-two head that looks back for any
+sequence length, where a width-one head can look, and choosing a head count for a width."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .calls import Check
 from .core import Exercise, register
-from .judging import as_float64, expect_shape, judge, previous_token_mistakes
+from .judging import as_float64, describe, expect_shape, expect_whole
 from .verdicts import Wrong
 
-#: What exercise 1's prompt forbids (the course's own ablation); everything else of mhalab may run.
-_FORBID = ("mhalab.head_interventions.ablate_heads", "mhalab.head_interventions.gate_heads", "mhalab.ablation")
-
-_MODELS = [  # (config, seed, batch, seq_len): a bidirectional model, a causal one with two targets per position
-    (dict(d_vocab=13, d_model=24, n_heads=3, n_layers=2, n_ctx=16), 0, 3, 9),
-    (dict(d_vocab=10, d_model=32, n_heads=4, n_layers=3, n_ctx=12, causal=True, n_targets=2), 1, 2, 7),
-]
-
-
-def _models(check: Check):
-    """Small seeded models with their tokens and targets (some targets -100: no target there)."""
-    out = []
-    for config, seed, B, T in _MODELS:
-        model = check.hidden_model(config, seed)  # larger weights than at initialisation, so every head matters
-        g = check.generator(seed + 10)
-        tokens = torch.randint(0, config["d_vocab"], (B, T), generator=g)
-        shape = (B, T) + ((config["n_targets"],) if config.get("n_targets", 1) > 1 else ())
-        targets = torch.randint(0, config["d_vocab"], shape, generator=g)
-        targets[..., 0] = -100
-        out.append((model, tokens, targets))
-    return out
-
-
-def _with_hook(model, tokens, layer, edit):
-    with torch.no_grad():
-        return model.run_with_hooks(
-            tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", lambda z, hook: edit(z.clone()))]
-        )
-
-
-def _zeroed(heads):
-    def hook(z):  # z: [B, T, H, dk]
-        z[:, :, heads] = 0.0
-        return z
-    return hook
-
-
 # ------------------------------------------------------------------------------------ exercise 1
-def _check_ablate(ablate_head, check: Check) -> None:
-    for model, tokens, _ in _models(check):
-        N, H = model.config.n_layers, model.config.n_heads
-        with torch.no_grad():
-            clean = model(tokens)
-        for layer, head in [(0, 1), (N - 1, H - 1), (1, 0)]:
-            label = f"a {N}-layer model with {H} heads, tokens {list(tokens.shape)}, layer={layer}, head={head}"
-            got = check.call(ablate_head, model, tokens, layer, head, label=label, copy_args=False, forbid=_FORBID,
-                             facts=("model_changed",))
-            leaked = check.observe("model_changed")
-            if leaked:
-                raise Wrong(f"ablate_head({label}): after your function returned, the model still runs with a head "
-                            "off. Remove the hook when you are done (model.run_with_hooks and model.hooks do it for "
-                            "you)")
-            others = [h for h in range(H) if h != head]
-            judge(got, check.reference(model, tokens, layer, head), f"ablate_head({label})", lambda: {
-                "nothing changed: the result is the intact model's. Does your hook return the new z (or change it in "
-                f"place), and is it on blocks.{layer}.attn.hook_z?": clean,
-                "you zeroed a query position, not a head: z is [batch, query, head, d_head]":
-                    _with_hook(model, tokens, layer, lambda z: (z.__setitem__((slice(None), head), 0.0), z)[1]),
-                "that switches off every head of the layer, not one":
-                    _with_hook(model, tokens, layer, _zeroed(list(range(H)))),
-                "that switches off every head of the layer except the one asked":
-                    _with_hook(model, tokens, layer, _zeroed(others)),
-                **{f"that switches off head {head} of layer {other}, not of layer {layer}":
-                   check.reference(model, tokens, other, head) for other in range(N) if other != layer},
-            })
+_LOOK_BACK_CASES = [(16, 1), (9, 7), (64, 3), (200, 2), (128, 5)]  # (seq_len, offset): longer than the notebook's
+
+
+def _look_back_weights(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+    return (Q @ K.T).softmax(-1)  # [T, T], scores as in section 2 (no scale, no mask)
+
+
+def _look_back_cases(check: Check) -> list[tuple[int, int]]:
+    """The fixed cases, and when grading two drawn fresh."""
+    r = check.rng(40)
+    fresh = [(T, r.randint(1, min(8, T - 1))) for T in (r.randint(20, 200), r.randint(20, 200))]
+    return list(_LOOK_BACK_CASES) + (fresh if check.grading else [])
+
+
+def _check_look_back(look_back_qk, check: Check) -> None:
+    for T, offset in _look_back_cases(check):
+        case = f"seq_len={T}, offset={offset}"
+        got = check.call(look_back_qk, T, offset, label=case)
+        if hasattr(got, "shape") and tuple(got.shape)[:1] == (2,):  # torch.stack([Q, K]) is a pair too
+            got = (got[0], got[1])
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise Wrong(f"return a pair (Q, K) of two [seq_len, 2] tensors; for {case} you returned {describe(got)}")
+        Q, K = (as_float64(t, f"{n} for {case}") for t, n in zip(got, ("Q", "K")))
+        for t, n in ((Q, "Q"), (K, "K")):
+            expect_shape(t, (T, 2), f"{n} for {case}")
+            if not torch.isfinite(t).all():
+                raise Wrong(f"{n} for {case} has entries that are not finite numbers")
+        weights = _look_back_weights(Q, K)
+        queries = torch.arange(offset, T)
+        target = queries - offset
+        peaks = weights[queries].argmax(-1)
+        wrong = (peaks != target).nonzero().flatten()
+        if wrong.numel():
+            i = int(queries[wrong[0]])
+            peak = int(peaks[wrong[0]])
+            if (peaks == queries + offset).float().mean() > 0.5 or peak == min(i + offset, T - 1):
+                swapped = torch.equal(_look_back_weights(K, Q)[queries].argmax(-1), target)
+                raise Wrong(f"for {case} the queries look forward (query {i} peaks at key {peak}): turn them the other "
+                            "way"
+                            + ("; or, if you built them right, your Q and K are swapped: return (Q, K), the queries "
+                               "first (row i of (Q @ K.T).softmax(-1) is query i's weights)" if swapped else ""))
+            if peak == i:
+                raise Wrong(f"for {case} query {i} peaks at its own key, not at key {i - offset}")
+            raise Wrong(f"for {case} query {i} peaks at key {peak}, not at key {i - offset}: are all {T} keys in "
+                        "different directions, so that no key far away scores as high as the wanted one?")
+        on_target = weights[queries, target]
+        if on_target.min() < 0.9:
+            i = int(queries[on_target.argmin()])
+            raise Wrong(f"for {case} every query peaks at the right key, but query {i} puts only {on_target.min():.0%} "
+                        "of its weight there (at least 90% is asked): the best score must beat its neighbours by more. "
+                        "What sets that gap, and how does it change as seq_len grows?")
 
 
 register(Exercise(
-    "05", 1, "switch one head off",
-    _check_ablate,
-    hint=["Every attention layer has a hook point `blocks.{layer}.attn.hook_z` holding each head's output "
-          "[batch, query, head, d_head], before W_O mixes the heads.",
-          "Write a hook `fn(z, hook)` that returns a copy of z with that head's slice set to zero, and run the "
-          "model with `model.run_with_hooks(tokens, fwd_hooks=[(point, fn)])`: the hook is gone afterwards."],
+    "05", 1, "a width-two head for any length",
+    _check_look_back,
+    hint=["Section 2 puts the keys on a circle and rotates each query back. Two things break for long sequences: "
+          "keys may wrap around the circle, and neighbouring keys get closer together.",
+          "With keys at angles omega * j, query i pointing at key i - offset with length R scores key j as "
+          "R cos(omega (i - offset - j)); the nearest rival loses R (1 - cos omega). Against seq_len - 1 rivals, "
+          "how large must that gap be for 90% of the weight?"],
     solution=(
-        "def ablate_head(model, tokens, layer, head):\n"
-        "    def switch_off(z, hook):                # z: [batch, query, head, d_head]\n"
-        "        z = z.clone()\n"
-        "        z[:, :, head] = 0.0                 # this head now adds nothing through W_O\n"
-        "        return z\n"
-        "    with torch.no_grad():\n"
-        "        return model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{layer}.attn.hook_z', switch_off)])"
+        "def look_back_qk(seq_len, offset):\n"
+        "    omega = math.pi / seq_len                                     # half a circle: keys never wrap\n"
+        "    radius = 2 * math.log(9 * seq_len) / (1 - math.cos(omega))    # gap to the nearest rival: 2 log(9 T)\n"
+        "    angles = omega * torch.arange(seq_len, dtype=torch.float64)\n"
+        "    K = torch.stack([angles.cos(), angles.sin()], -1)             # [T, 2]\n"
+        "    back = angles - offset * omega\n"
+        "    Q = radius * torch.stack([back.cos(), back.sin()], -1)        # [T, 2]: query i points at key i - offset\n"
+        "    return Q, K"
     ),
-    minutes=15, difficulty=2, importance=4,
+    minutes=25, difficulty=4, importance=3,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-def _loss(logits, targets):
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+_WATCHED = (3000, 4000)  # the case whose allocations are watched: its L x S matrix takes 12 MB even as booleans
 
 
-def _check_effects(ablation_effects, check: Check) -> None:
-    for model, tokens, targets in _models(check):
-        N, H = model.config.n_layers, model.config.n_heads
-        label = f"a {N}-layer model with {H} heads, tokens {list(tokens.shape)}, targets {list(targets.shape)}"
-        got = check.call(ablation_effects, model, tokens, targets, label=label, copy_args=False)
-        want = check.reference(model, tokens, targets)
-        try:
-            got = as_float64(got, "the result")  # a tensor, an array or nested lists, as everywhere
-            expect_shape(got, (N, H), "the result")
-        except Wrong as wrong:
-            raise Wrong(f"ablation_effects({label}): {wrong} ([n_layers, n_heads])") from None
-        judge(got, want, f"ablation_effects({label})", lambda: _effects_mistakes(model, tokens, targets, want))
+def _favourite_cases(check: Check) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = check.generator(4)
+    cases = []
+    for L, S in [(50, 70), (12, 12), (1, 30), (40, 3), _WATCHED]:
+        q = torch.randn(L, generator=g)
+        q[q.abs() < 0.05] = 0.5  # no query near zero (a zero query weighs every key equally)
+        cases.append((q, torch.randn(S, generator=g) * 3))
+    q = torch.tensor([2.0, -1.0, 0.5, -3.0])  # mixed signs, so "always the largest key" fails
+    cases.append((q, torch.tensor([0.3, -2.0, 1.5, 0.1, -0.4])))
+    return cases
 
 
-def _effects_mistakes(model, tokens, targets, want) -> dict:
-    N, H = model.config.n_layers, model.config.n_heads
-    with torch.no_grad():
-        base = float(_loss(model(tokens), targets))
-    return {
-        "the signs are flipped: a head that matters makes the loss *grow* when switched off (ablated - intact)": -want,
-        "that is the loss with each head off; the question is how much it grows over the intact model's": want + base,
-        "that is the loss summed over positions; take the mean, as the training loss does":
-            want * int((targets != -100).sum()),
-        "the loss counts the positions with no target (-100): cross_entropy leaves them out by default":
-            torch.stack([torch.stack([_loss_all(model, tokens, targets, l, h) for h in range(H)]) for l in range(N)]),
-    }
-
-
-def _loss_all(model, tokens, targets, layer, head):
-    """The mistake of counting positions without a target as class 0."""
-    t = targets.clamp(min=0)
-    with torch.no_grad():
-        return _loss(_with_hook(model, tokens, layer, _zeroed([head])), t) - _loss(model(tokens), t)
+def _check_favourite(favourite_keys, check: Check) -> None:
+    for q, k in _favourite_cases(check):
+        L, S = len(q), len(k)
+        case = f"q of {L} queries ({int((q < 0).sum())} negative), k of {S} keys"
+        watched = (L, S) == _WATCHED
+        got = check.call(favourite_keys, q, k, label=case, facts=("largest_bytes",) if watched else ())
+        largest = check.observe("largest_bytes") if watched else 0
+        got = as_float64(got, f"what favourite_keys({case}) returned")
+        if got.shape != (L,):
+            raise Wrong(f"return one key position per query, a tensor of shape [{L}], got shape {list(got.shape)} for "
+                        f"{case}")
+        if not torch.equal(got, got.round()):
+            raise Wrong(f"return key *positions* (whole numbers), got fractional values for {case}")
+        want = check.reference(q, k)
+        bad = got.long() != want
+        if bad.any():
+            i = int(bad.nonzero()[0])
+            sign = "negative" if q[i] < 0 else "positive"
+            raise Wrong(f"for {case}, query {i} (its q is {sign}) gets the wrong key: for a fixed query the score "
+                        "q*k_j is a straight line in k_j; which end of the keys does its slope favour?")
+        if largest >= L * S:  # an L x S matrix takes a byte an entry at least, whatever its dtype or library
+            # (no byte count in the message: allocators differ a little between the learner's and the grading kernel)
+            raise Wrong(f"right positions, but for {case} your function built an array as large as the {L} x {S} "
+                        "score matrix (torch or NumPy); the exercise asks for an answer that never builds it")
 
 
 register(Exercise(
-    "05", 2, "what each head is worth",
-    _check_effects,
-    hint=["Loop over every (layer, head), switch that head off (your ablate_head does it) and compare the loss "
-          "with the intact model's loss on the same tokens.",
-          "The loss: F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1)), V = logits.size(-1); positions "
-          "whose target is -100 are left out by default. Return a [n_layers, n_heads] tensor."],
+    "05", 2, "where a width-one head can look",
+    _check_favourite,
+    hint=["With d_k = 1 query i scores key j as q_i * k_j (two numbers). For a fixed i, how does the score "
+          "change as k_j grows?",
+          "If q_i > 0 the biggest k_j wins; if q_i < 0 the smallest. So every query picks one of just two keys."],
     solution=(
-        "def ablation_effects(model, tokens, targets):\n"
-        "    def loss(logits):                              # mean over the positions that have a target\n"
-        "        V = logits.size(-1)\n"
-        "        return torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1)).item()\n"
-        "    def switch_off(head):                          # (your ablate_head from exercise 1 does the same)\n"
-        "        def off(z, hook):                          # z: [batch, query, head, d_head]\n"
-        "            z = z.clone()\n"
-        "            z[:, :, head] = 0.0\n"
-        "            return z\n"
-        "        return off\n"
-        "    N, H = model.config.n_layers, model.config.n_heads\n"
-        "    with torch.no_grad():\n"
-        "        intact = loss(model(tokens))\n"
-        "        return torch.tensor([[loss(model.run_with_hooks(tokens, fwd_hooks=[(f'blocks.{l}.attn.hook_z', "
-        "switch_off(h))]))\n"
-        "                              - intact for h in range(H)] for l in range(N)])   # [N, H]"
+        "def favourite_keys(q, k):\n"
+        "    # q: [L] one number per query, k: [S] one number per key (a head with d_k = 1)\n"
+        "    return torch.where(q > 0, k.argmax(), k.argmin())   # [L]: positive queries take the largest key"
     ),
-    minutes=15, difficulty=2, importance=3,
+    minutes=15, difficulty=3, importance=3,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 3
-def _pattern_cases(check: Check) -> list:
-    g = check.generator(5)
-    cases = []
-    for B, H, T, causal in [(2, 3, 5, False), (1, 4, 9, True), (3, 1, 2, False), (2, 2, 7, True)]:
-        scores = torch.randn(B, H, T, T, generator=g) * 3
-        if causal:
-            scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-        cases.append((scores.softmax(-1),))
-    return cases
+_CHOOSE_CASES = [(64, 4, 2), (64, 3, 2), (96, 5, 8), (48, 7, 4), (512, 8, 64), (30, 4, 3), (12, 1, 12)]
+_IMPOSSIBLE = [(8, 4, 4), (64, 3, 32), (10, 3, 3)]
 
 
-def _check_prev_score(previous_token_score, check: Check) -> None:
-    for (attention,) in _pattern_cases(check):
-        label = f"attention {list(attention.shape)}"
-        got = check.call(previous_token_score, attention, label=label)
-        judge(got, check.reference(attention), f"previous_token_score({label})",
-              lambda: {why: scores[0] for why, scores in previous_token_mistakes([attention]).items()})
+def _choose_cases(check: Check) -> tuple[list, list]:
+    """(possible, impossible) cases: the fixed ones, and when grading three drawn fresh."""
+    possible, impossible = list(_CHOOSE_CASES), list(_IMPOSSIBLE)
+    if check.grading:
+        r = check.rng(43)
+        for _ in range(3):
+            case = (
+                r.choice([24, 36, 48, 60, 64, 72, 96, 120, 128, 192, 256, 384]),
+                r.randint(1, 12),
+                r.choice([2, 4, 8, 16, 32]),
+            )
+            try:
+                check.reference(*case)
+                possible.append(case)
+            except ValueError:
+                impossible.append(case)
+    return possible, impossible
+
+
+def _check_choose(choose_heads, check: Check) -> None:
+    possible, impossible = _choose_cases(check)
+    for d_model, n_relations, min_d_k in possible:
+        case = f"d_model={d_model}, n_relations={n_relations}, min_d_k={min_d_k}"
+        got = check.call(choose_heads, d_model, n_relations, min_d_k, label=case)
+        h = expect_whole(got, f"the head count for {case}")
+        if h < 1 or d_model % h:
+            raise Wrong(f"for {case} your head count does not divide d_model, so d_k = d_model / h is not whole")
+        if h < n_relations:
+            raise Wrong(f"for {case} there are fewer heads than relations: some head must blend two roles")
+        if d_model // h < min_d_k:
+            raise Wrong(f"for {case} your heads are narrower than min_d_k: too thin for the job")
+        if h != check.reference(d_model, n_relations, min_d_k):
+            raise Wrong(f"for {case} a head count with fewer, wider heads also gives every relation its own head: "
+                        "take the smallest head count that works")
+    for d_model, n_relations, min_d_k in impossible:
+        case = f"d_model={d_model}, n_relations={n_relations}, min_d_k={min_d_k}"
+        try:
+            h = check.call(choose_heads, d_model, n_relations, min_d_k, label=case, allow=(ValueError,))
+        except ValueError:
+            continue
+        raise Wrong(f"for {case} no head count satisfies both rules, but your function returned {h!r}; "
+                    "raise ValueError saying why instead")
 
 
 register(Exercise(
-    "05", 3, "a previous-token score of your own",
-    _check_prev_score,
-    hint=["attention[b, h, q, k] is how much query q attends to key k. The previous token of query q is key q - 1, "
-          "which exists for q = 1 .. T-1 only.",
-          "torch.diagonal(attention, offset=-1, dim1=-2, dim2=-1) gives attention[..., q, q - 1] for every q >= 1; "
-          "average it over the batch and those queries."],
+    "05", 3, "choose a head count for a width",
+    _check_choose,
+    hint=["Try h = n_relations, n_relations + 1, ... and keep the first that divides d_model.",
+          "Then check its d_k = d_model // h against min_d_k: a larger h only makes heads narrower, so if the first "
+          "fails, all later ones fail too (raise ValueError)."],
     solution=(
-        "def previous_token_score(attention):\n"
-        "    # attention: [B, H, T, T] -> [H]\n"
-        "    below = torch.diagonal(attention, offset=-1, dim1=-2, dim2=-1)   # [B, H, T-1]: attention[q, q-1]\n"
-        "    return below.mean(dim=(0, 2))"
+        "def choose_heads(d_model, n_relations, min_d_k):\n"
+        "    for h in range(n_relations, d_model + 1):      # at least one head per relation\n"
+        "        if d_model % h == 0:                        # d_k must be whole\n"
+        "            if d_model // h < min_d_k:              # the widest valid heads are already too thin\n"
+        "                break\n"
+        "            return h\n"
+        "    raise ValueError(f'no head count gives {n_relations} heads of width >= {min_d_k} at d_model={d_model}')"
     ),
-    minutes=5, difficulty=1, importance=2,
+    minutes=10, difficulty=2, importance=2,
 ))

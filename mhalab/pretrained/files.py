@@ -58,7 +58,7 @@ def _package_folder(model: ShippedModel) -> Path | None:
 
 
 def wheels_installed() -> bool:
-    """True when both model wheels are installed (what the tests and notebooks 07/08 need)."""
+    """True when both model wheels are installed (what the tests and notebooks 08/09 need)."""
     return all(_package_folder(m) is not None for m in (MINILM, SMOLLM2))
 
 
