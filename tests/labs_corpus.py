@@ -190,23 +190,112 @@ def choose_with_valid_head_counts(d_model, n_relations, min_d_k):  # 05.3 with m
     raise ValueError("no head count fits")
 
 
-def layout_measured(batch, n_heads, src_len, tgt_len):
-    # 03.2 measured on a real EncoderDecoder, as notebook 03 suggests
-    from mhalab.encoder_decoder import EncoderDecoder
-    from mhalab.models import ModelConfig
+def reach_sets(blocks, side, position, src_len, tgt_len):  # 03.2 with sets of positions, lists of bools out
+    changed = {"source": set(), "target": set()}
+    changed[side].add(position)
+    for kind in blocks:
+        if kind == "encoder" and changed["source"]:
+            changed["source"] = set(range(src_len))
+        elif kind == "decoder" and changed["target"]:
+            changed["target"] |= set(range(min(changed["target"]), tgt_len))
+        elif kind == "cross" and changed["source"]:
+            changed["target"] = set(range(tgt_len))
+    return ([i in changed["source"] for i in range(src_len)], [i in changed["target"] for i in range(tgt_len)])
 
-    model = EncoderDecoder(ModelConfig(d_vocab=4, d_model=2 * n_heads, n_heads=n_heads, n_layers=1,
-                                       n_ctx=max(src_len, tgt_len))).eval()
-    shapes = {}
-    points = {"encoder": "encoder.0.attn.hook_pattern", "decoder": "decoder.0.attn.hook_pattern",
-              "cross": "decoder.0.cross_attn.hook_pattern"}
-    handles = [model.get_submodule(p).register_forward_hook(lambda m, i, o, u=u: shapes.__setitem__(u, tuple(o.shape)))
-               for u, p in points.items()]
-    with torch.no_grad():
-        model(torch.zeros(batch, src_len, dtype=torch.long), torch.zeros(batch, tgt_len, dtype=torch.long))
-    for h in handles:
-        h.remove()
-    return {u: ("causal" if u == "decoder" else "none", shapes[u]) for u in points}
+
+def reach_numpy_any(b, s, p, S, T):  # the order does not matter: which kinds appear decides it (NumPy out)
+    source, target = np.zeros(S, dtype=bool), np.zeros(T, dtype=bool)
+    if s == "source":
+        source[p] = True
+        source[:] |= "encoder" in b
+        target[:] |= "cross" in b
+    else:
+        target[p] = True
+        if "decoder" in b:
+            target[p:] = True
+    return source, target
+
+
+def reach_measured(blocks, side, position, src_len, tgt_len):  # 03.2 measured: edit a vector, run random blocks
+    g = torch.Generator().manual_seed(0)
+    D = 8
+    attn = {kind: torch.nn.MultiheadAttention(D, 2, batch_first=True).double()
+            for kind in ("encoder", "decoder", "cross")}
+    for m in attn.values():
+        for w in m.parameters():  # small weights: no softmax saturates, so whatever may change does
+            w.data = 0.3 * torch.randn(w.shape, generator=g, dtype=torch.float64)
+
+    def run(source, target):
+        with torch.no_grad():
+            for kind in blocks:
+                if kind == "encoder":
+                    source = source + attn[kind](source, source, source)[0]
+                elif kind == "decoder":
+                    future = torch.ones(tgt_len, tgt_len, dtype=torch.bool).triu(1)
+                    target = target + attn[kind](target, target, target, attn_mask=future)[0]
+                else:
+                    target = target + attn[kind](target, source, source)[0]
+        return source, target
+
+    streams = (torch.randn(1, src_len, D, generator=g, dtype=torch.float64),
+               torch.randn(1, tgt_len, D, generator=g, dtype=torch.float64))
+    edited = [x.clone() for x in streams]
+    edited[side == "target"][0, position] += 1.0
+    return tuple((a != b).any(-1)[0] for a, b in zip(run(*streams), run(*edited)))
+
+
+def reach_mistaken(*, encoder="all", decoder="later", cross="source", itself=True, last_only=False, swap=False):
+    """03.2 as a learner who misreads one kind: what each rule does is named by its value."""
+    def reach(blocks, side, position, src_len, tgt_len):
+        source, target = torch.zeros(src_len, dtype=torch.bool), torch.zeros(tgt_len, dtype=torch.bool)
+        if itself:
+            (source if side == "source" else target)[position] = True
+        edited_source, edited_target = side == "source", side == "target"
+        for kind in (blocks[-1:] if last_only else blocks):
+            s_any, t_any = bool(source.any()) or edited_source, bool(target.any()) or edited_target
+            first = int(target.nonzero()[0]) if target.any() else position
+            if kind == "encoder":
+                if encoder == "all" and s_any:
+                    source[:] = True
+                elif encoder == "causal" and s_any:
+                    source[int(source.nonzero()[0]):] = True
+                elif encoder == "reads target" and (s_any or t_any):
+                    source[:] = True
+            elif kind == "decoder":
+                if decoder == "reads source" and (s_any or source.any()):
+                    target[:] = True
+                if t_any:
+                    last = int(target.nonzero()[-1]) if target.any() else position
+                    if decoder in ("later", "reads source"):
+                        target[first:] = True
+                    elif decoder == "earlier":
+                        target[:last + 1] = True
+                    elif decoder == "all":
+                        target[:] = True
+                    elif decoder == "from t - 1":
+                        target[max(first - 1, 0):] = True
+            elif kind == "cross":
+                if cross == "swapped":
+                    if t_any:
+                        source[:] = True
+                    continue
+                if s_any:
+                    if cross in ("source", "target too", "target later"):
+                        target[:] = True
+                    elif cross == "same index":
+                        target[:src_len] |= source[:tgt_len]
+                    elif cross == "causal":
+                        j = int(source.nonzero()[0])
+                        target[j:] = True
+                if t_any and edited_target and not itself:
+                    target[position] = True           # its own query changed
+                if t_any and cross == "target too":
+                    target[:] = True
+                elif t_any and cross == "target later":
+                    target[first:] = True
+        return (target, source) if swap else (source, target)
+
+    return reach
 
 
 # ------------------------------------------------------------------------------------ 04-03
@@ -231,28 +320,47 @@ def choose_loop(d, r, m):
     raise ValueError("none")
 
 
-def prev_score_loop(attention):
-    B, H, T, _ = attention.shape
-    total = torch.zeros(H, dtype=torch.float64)
-    for q in range(1, T):
-        total += attention[:, :, q, q - 1].double().sum(0)
-    return (total / (B * (T - 1))).numpy()
+def budget_numpy_loop(drops, threshold):  # 07.3 in NumPy, one head at a time, cheapest first
+    total, count = 0.0, 0
+    for cost in np.sort(np.asarray(drops, dtype=np.float64).ravel()):
+        if total + cost > threshold:
+            break
+        total, count = total + cost, count + 1
+    return np.int64(count)
+
+
+def budget_sorted_list(costs, budget):  # other names, plain Python, the count as a float
+    removed, spent = 0, 0.0
+    for c in sorted(float(x) for x in costs.flatten()):
+        spent += c
+        if spent <= budget:
+            removed += 1
+    return float(removed)
+
+
+def budget_mistaken(*, alone=False, strict=False, one_more=False, order="ascending", clip=False, per_layer=False,
+                    mean=False):
+    """07.3 as a learner who misreads one thing; each argument names the mistake."""
+    def removable_if_independent(drops, threshold):
+        rows = list(drops) if per_layer else [drops.flatten()]
+        total = 0
+        for costs in rows:
+            costs = costs.flatten().double().clamp(min=0) if clip else costs.flatten().double()
+            if alone:
+                return int((costs <= threshold).sum())
+            costs = {"ascending": costs.sort().values, "descending": costs.sort(descending=True).values,
+                     "given": costs, "size": costs[costs.abs().argsort(stable=True)]}[order]
+            summed = costs.cumsum(0) / (torch.arange(1, len(costs) + 1) if mean else 1)
+            within = summed < threshold if strict else summed <= threshold
+            count = int(within.long().cumprod(0).sum())      # while the sum stays within
+            total += min(count + 1, len(costs)) if one_more else count
+        return total
+
+    return removable_if_independent
 
 
 def causal_allowed_tril(L, S):
     return torch.ones(L, S, dtype=torch.bool).tril(S - L)
-
-
-def layout_lists(b, h, s, t):
-    return {"encoder": ["none", [b, h, s, s]], "decoder": ["causal", torch.Size([b, h, t, t])],
-            "cross": ("none", (b, h, t, s))}
-
-
-def layout_by_loop(batch_size, heads, source_len, target_len):  # other names, NumPy ints, built in a loop
-    lengths = {"encoder": (source_len, source_len), "decoder": (target_len, target_len),
-               "cross": (target_len, source_len)}
-    return {use: ("causal" if use == "decoder" else "none", tuple(np.int64(n) for n in (batch_size, heads, *lq_lk)))
-            for use, lq_lk in lengths.items()}
 
 
 def count_critical_path(h, e, d):
@@ -1209,23 +1317,20 @@ CORPUS = {
         ],
     },
     "07.3": {
-        "right": [prev_score_loop,
-                  lambda a: torch.stack([a[:, h].diagonal(-1, -2, -1).mean() for h in range(a.shape[1])])],
+        "right": [budget_numpy_loop, budget_sorted_list,
+                  lambda d, t: (torch.as_tensor(d).flatten().sort().values.cumsum(0) <= t).sum()],   # a 0-d tensor
         "wrong": [
-            (lambda attention: torch.diagonal(attention, dim1=-2, dim2=-1).mean(dim=(0, 2)), "the token itself"),
-            (lambda attention: torch.diagonal(attention, offset=1, dim1=-2, dim2=-1).mean(dim=(0, 2)),
-             "the *next* token"),
-            (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).sum(-1).mean(0) / a.size(-1),
-             "only the T - 1 queries"),
-            (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).sum(-1).mean(0),
-             "that is the sum over the queries"),
-            (lambda a: torch.diagonal(a, offset=-2, dim1=-2, dim2=-1).mean(dim=(0, 2)), "two tokens back (q - 2)"),
-            (lambda a: torch.diagonal(a[0], offset=-1, dim1=-2, dim2=-1).mean(-1),
-             "the first sequence of the batch only"),
-            (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).mean().expand(a.size(1)),
-             "the mean also runs over the heads"),
-            (lambda a: a[:, :, 1:, :-1].mean(dim=(0, 2, 3)), "entries of the result are off"),
-            (lambda a: torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).mean(-1), "has shape [2, 3]; expected [3]"),
+            (budget_mistaken(alone=True), "each cost at most the threshold on their own"),
+            (budget_mistaken(strict=True), "(<=, not <)"),
+            (budget_mistaken(one_more=True), "cannot go too"),
+            (budget_mistaken(order="descending"), "remove the cheapest heads first"),
+            (budget_mistaken(order="given"), "sort the heads by their cost first"),
+            (budget_mistaken(clip=True), "no clipping at 0"),
+            (budget_mistaken(order="size"), "not by its size"),
+            (budget_mistaken(per_layer=True), "not layer by layer"),
+            (budget_mistaken(mean=True), "not their mean"),
+            (lambda d, t: budget_numpy_loop(d, t) / d.numel(), "should be a whole number"),
+            (lambda d, t: torch.as_tensor(d).flatten().sort().values.cumsum(0) <= t, "got a boolean tensor"),
         ],
     },
     "03.1": {
@@ -1241,20 +1346,26 @@ CORPUS = {
         ],
     },
     "03.2": {
-        "right": [layout_lists, layout_by_loop, layout_measured],
+        "right": [reach_sets, reach_numpy_any, reach_measured,
+                  lambda b, s, p, S, T: tuple(torch.as_tensor(x).int() for x in reach_sets(b, s, p, S, T))],  # 0/1
         "wrong": [
-            (lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("causal", (b, h, t, t)),
-                                 "cross": ("none", (b, h, s, t))}, "queries and keys are swapped"),
-            (lambda b, h, s, t: {"encoder": ("causal", (b, h, s, s)), "decoder": ("causal", (b, h, t, t)),
-                                 "cross": ("causal", (b, h, t, s))}, "may a position look ahead"),
-            (lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("none", (b, h, t, t)),
-                                 "cross": ("none", (b, h, t, s))}, "what must a position not see"),
-            (lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("causal", (b, h, s, s)),
-                                 "cross": ("none", (b, h, t, s))},
-             "the queries of decoder self-attention come from the target, of length tgt_len"),
-            (lambda b, h, s, t: {"encoder": ("none", (b, h, s, s)), "decoder": ("causal", (b, h, t, t)),
-                                 "cross": ("none", (b, h, t, t))},
-             "the keys of cross-attention come from the source, of length src_len"),
+            (reach_mistaken(encoder="causal"), "the encoder has no mask"),
+            (reach_mistaken(decoder="earlier"), "the causal mask is inverted"),
+            (reach_mistaken(decoder="all"), "cannot reach the positions before t"),
+            (reach_mistaken(decoder="from t - 1"), "off by one on the diagonal"),
+            (reach_mistaken(cross="same index"), "not only the one with the same index"),
+            (reach_mistaken(cross="causal"), "cross-attention is not causal"),
+            (reach_mistaken(cross="target too"), "no other target position reads it"),
+            (reach_mistaken(cross="target later"), "does not spread a target change to the later positions"),
+            (reach_mistaken(decoder="reads source"), "decoder self-attention reads only the target stream"),
+            (reach_mistaken(cross="swapped"), "never into the source"),
+            (reach_mistaken(encoder="reads target"), "a target change never reaches the source stream"),
+            (reach_mistaken(itself=False), "mark its own position"),
+            (reach_mistaken(last_only=True), "what an earlier block changed stays changed"),
+            (reach_mistaken(swap=True), "in that order"),
+            (lambda b, s, p, S, T: torch.cat([torch.tensor(x) for x in reach_sets(b, s, p, S, T)]), "return a pair"),
+            (lambda b, s, p, S, T: tuple(torch.tensor(x).nonzero().flatten() for x in reach_sets(b, s, p, S, T)),
+             "one entry per source position"),
         ],
     },
     "03.3": {

@@ -172,7 +172,7 @@ def test_calling_the_reference_scores_zero_but_every_other_helper_is_fair():
     )
     # the course's library and torch are fair wherever the prompt forbids nothing (issue 22's eight refusals)
     assert q1.verdict(lambda Q, K, V: mhalab.scaled_dot_product_attention(Q, K, V)[0]) == (core.PASSED, "correct.")
-    assert labs.exercise("07", 3).verdict(lambda a: mhalab.head_roles.previous_token_score(a[None])[0]) == (
+    assert labs.exercise("08", 3).verdict(lambda cache: mhalab.head_roles.previous_token_score(cache)) == (
         core.PASSED,
         "correct.",
     )

@@ -1,5 +1,6 @@
-"""Exercises of notebook 03 (where it sits): a causal mask for decoding, the mask and weight shape of each
-of the three uses of attention, and counting the attention operations of an architecture."""
+"""Exercises of notebook 03 (where it sits): a causal mask for decoding, what each of the three uses of
+attention lets flow from an edited token to which positions, and counting the attention operations of an
+architecture."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import torch
 
 from .calls import Check
 from .core import Exercise, register
-from .judging import expect_equal, expect_whole, name_miss
-from .verdicts import Wrong
+from .judging import _as_tensor, consistent_mistake, describe, expect_equal, expect_shape, expect_whole, name_miss
+from .verdicts import AnswerRaised, Wrong
 
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -79,78 +80,205 @@ register(Exercise(
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-_USES = ("encoder", "decoder", "cross")
-_WHY_MASK = {
-    "encoder": "the encoder reads a source that is given in full: may a position look ahead?",
-    "decoder": "the decoder writes its output one token at a time: what must a position not see?",
-    "cross": "the whole source is known before the decoder starts: which source positions may it read?",
+# Two streams, one vector per position: the source (the encoder's) and the target (the decoder's). Each block adds
+# its attention's output to the stream its queries come from, so a position that differs keeps differing. A rule
+# maps (source, target) [S], [T] bool, True = differs from the unedited run, to the same after one block.
+_KINDS = ("encoder", "decoder", "cross")
+
+
+def _later(x: torch.Tensor) -> torch.Tensor:
+    """The positions at or after the first True of ``x`` (causal: key j reaches the queries i >= j)."""
+    return x.cumsum(0) > 0
+
+
+def _earlier(x: torch.Tensor) -> torch.Tensor:
+    return _later(x.flip(0)).flip(0)
+
+
+def _shifted(x: torch.Tensor, by: int) -> torch.Tensor:
+    """``x`` moved ``by`` positions (left for negative ``by``), the same length, False where nothing moved in."""
+    out = torch.zeros_like(x)
+    if by >= 0:
+        out[by:] = x[:len(x) - by]
+    else:
+        out[:by] = x[-by:]
+    return out
+
+
+_RIGHT = {
+    "encoder": lambda s, t: (s | s.any(), t),                 # no mask: any source change reaches every source query
+    "decoder": lambda s, t: (s, t | _later(t)),               # causal: a change at t reaches t and later
+    "cross": lambda s, t: (s, t | s.any()),                   # every target query reads every source key
 }
-_SIDES = {"encoder": ("source", "source"), "decoder": ("target", "target"), "cross": ("target", "source")}
-_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
 
-def _shape_miss(use: str, shape: tuple, want: tuple, src_len: int, tgt_len: int) -> str:
-    """What is wrong with one block's weights shape, axis by axis."""
-    if shape[2:] == want[2:][::-1] and want[2] != want[3]:
-        return "queries and keys are swapped: the layout is [batch, head, query, key], who asks first"
-    for axis, (got, right) in enumerate(zip(shape, want)):
-        if got == right:
-            continue
-        if axis < 2:
-            return f"axis {axis} is {('batch', 'heads')[axis]}: it has {right} entries here, not {got}"
-        role, side = ("query", "queries") if axis == 2 else ("key", "keys")
-        source = _SIDES[use][axis - 2]
-        length = "src_len" if source == "source" else "tgt_len"
-        return (
-            f"the {role} axis has {got} entries; the {side} of {_NAMES[use]} come from the {source}, of length {length}"
-        )
-    return "the layout is [batch, head, query, key]"
+def _flow(blocks, side: str, position: int, S: int, T: int, **wrong) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which positions of each stream differ after ``blocks``, with the rules of ``wrong`` (kind -> rule) in place
+    of the right ones."""
+    source, target = torch.zeros(S, dtype=torch.bool), torch.zeros(T, dtype=torch.bool)
+    (source if side == "source" else target)[position] = True
+    for kind in blocks:
+        source, target = {**_RIGHT, **wrong}[kind](source, target)
+    return source, target
 
 
-def _check_layout(attention_layout, check: Check) -> None:
-    r = check.rng(61)
-    drawn = [(r.randint(1, 8), r.randint(1, 16), r.randint(2, 30), r.randint(2, 30)) for _ in range(2)]
-    fresh = drawn if check.grading else []
-    for batch, n_heads, src_len, tgt_len in [(2, 8, 11, 5), (3, 4, 6, 9), (1, 1, 7, 7)] + fresh:
-        text = f"batch={batch}, n_heads={n_heads}, src_len={src_len}, tgt_len={tgt_len}"
-        got = check.call(attention_layout, batch, n_heads, src_len, tgt_len, label=text)
-        want = check.reference(batch, n_heads, src_len, tgt_len)
-        if not isinstance(got, dict) or set(got) != set(_USES):
-            keys = sorted(map(str, got)) if isinstance(got, dict) else type(got).__name__
-            raise Wrong(f"return a dict with the keys {list(_USES)} (one per use of attention), got {keys}")
-        for use in _USES:
-            entry = got[use]
-            if not isinstance(entry, (tuple, list)) or len(entry) != 2:
-                raise Wrong(f"{use!r}: give a pair (mask, weights_shape), got {entry!r}"[:200])
-            mask, shape = entry
-            if mask not in ("none", "causal"):
-                raise Wrong(f"{use!r}: the mask is 'none' or 'causal', got {mask!r}"[:200])
-            if mask != want[use][0]:
-                raise Wrong(f"{use!r}: the mask {mask!r} is not right; {_WHY_MASK[use]}")
-            if not isinstance(shape, (tuple, list, torch.Size)) or len(shape) != 4:
-                raise Wrong(f"{use!r}: the weights shape should be 4 whole numbers, got {shape!r}"[:200])
-            shape = tuple(expect_whole(s, f"{use!r}: an entry of the weights shape") for s in shape)
-            if shape != want[use][1]:
-                raise Wrong(f"{use!r} for {text}: weights shape {shape} is not right; "
-                            + _shape_miss(use, shape, want[use][1], src_len, tgt_len))
+def _fit(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x`` cut or padded with False to ``n`` entries (a source pattern read on the target's positions)."""
+    return torch.cat([x[:n], torch.zeros(max(0, n - len(x)), dtype=torch.bool)])
+
+
+def _reach_mistakes(blocks, side, position, S, T) -> dict[str, tuple]:
+    """{what a plausible mistake misses: the pair it returns} for one case."""
+    case = (blocks, side, position, S, T)
+    right = _flow(*case)
+    itself = [_flow(*case)[0].clone(), _flow(*case)[1].clone()]
+    stream_runs = "encoder" in blocks if side == "source" else ("decoder" in blocks or "cross" in blocks)
+    if not stream_runs:
+        itself[side == "target"][position] = False
+    out = {
+        "the encoder has no mask: a change at source position j reaches every source position, the ones before j "
+        "too": _flow(*case, encoder=lambda s, t: (s | _later(s), t)),
+        "the causal mask is inverted: in decoder self-attention query i sees the keys j <= i, so a change at target "
+        "position t reaches t and the positions *after* it, not the ones before it":
+            _flow(*case, decoder=lambda s, t: (s, t | _earlier(t))),
+        "decoder self-attention is causal: a change at target position t cannot reach the positions before t":
+            _flow(*case, decoder=lambda s, t: (s, t | t.any())),
+        "off by one on the diagonal: query t - 1 sees the keys j <= t - 1, never key t, so a change at target "
+        "position t reaches t and later, not t - 1":
+            _flow(*case, decoder=lambda s, t: (s, t | _later(t | _shifted(t, -1)))),
+        "cross-attention has no mask: every target query reads every source key, so a change at any source "
+        "position reaches every target position, not only the one with the same index":
+            _flow(*case, cross=lambda s, t: (s, t | _fit(s, T))),
+        "cross-attention is not causal: every target query reads every source key, so a source change reaches "
+        "every target position, the earlier ones too":
+            _flow(*case, cross=lambda s, t: (s, t | _later(_fit(s, T)))),
+        "in cross-attention a target position reads only the source: a change at target position t changes t's own "
+        "query, so t's output, and no other target position reads it (decoder self-attention is what spreads it)":
+            _flow(*case, cross=lambda s, t: (s, t | s.any() | t.any())),
+        "cross-attention does not spread a target change to the later positions: it changes only t's own output "
+        "(its query); decoder self-attention is what carries it on":
+            _flow(*case, cross=lambda s, t: (s, t | s.any() | _later(t))),
+        "decoder self-attention reads only the target stream: a source change reaches the target through "
+        "cross-attention, not through it": _flow(*case, decoder=lambda s, t: (s, t | _later(t) | s.any())),
+        "cross-attention's queries come from the target and its keys and values from the source: it writes into "
+        "the target stream, never into the source": _flow(*case, cross=lambda s, t: (s | t.any(), t)),
+        "encoder self-attention reads only the source: a target change never reaches the source stream":
+            _flow(*case, encoder=lambda s, t: (s | s.any() | t.any(), t)),
+        "the edited token itself differs from the start, even where no block of its own stream runs after the "
+        "edit: mark its own position": tuple(itself),
+        "each block adds its output to its stream, so what an earlier block changed stays changed: follow the edit "
+        "through every block, in order": _flow(blocks[-1:], side, position, S, T),
+        "return (source_changed, target_changed), in that order": (right[1], right[0]),
+    }
+    return out
+
+
+def _reach_same(a, b) -> bool:
+    return all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b))
+
+
+_REACH_CASES = [  # (blocks, side, position, src_len, tgt_len)
+    (["decoder"], "target", 2, 4, 6),
+    (["cross"], "target", 1, 5, 4),
+    (["cross"], "source", 1, 5, 4),
+    (["encoder"], "source", 2, 5, 3),
+    (["decoder"], "source", 2, 4, 3),
+    (["encoder"], "target", 0, 3, 3),
+    (["cross", "decoder"], "source", 4, 5, 5),
+    (["decoder", "cross", "decoder", "cross"], "target", 5, 8, 6),
+    (["decoder", "decoder"], "target", 0, 2, 1),
+    ([], "source", 0, 1, 2),
+    (["encoder", "encoder", "decoder", "cross", "decoder", "cross"], "source", 6, 7, 4),
+]
+
+
+def _reach_cases(check: Check) -> list[tuple]:
+    """The fixed cases (every mistake named gives a result of its own on one of them), and when grading three more
+    drawn fresh: lists of blocks in any order, either side, lengths from 1 to 9."""
+    cases = [(list(b), side, p, S, T) for b, side, p, S, T in _REACH_CASES]
+    if check.grading:
+        r = check.rng(61)
+        for _ in range(3):
+            S, T, side = r.randint(1, 9), r.randint(1, 9), r.choice(("source", "target"))
+            blocks = [r.choice(_KINDS) for _ in range(r.randint(0, 5))]
+            cases.append((blocks, side, r.randrange(S if side == "source" else T), S, T))
+    return cases
+
+
+def _reach_label(blocks, side, position, S, T) -> str:
+    return f"blocks={blocks}, an edit at {side} position {position}, src_len={S}, tgt_len={T}"
+
+
+def _as_changed(value, n: int, stream: str, label: str) -> torch.Tensor:
+    got = _as_tensor(value, f"{stream}_changed for {label}")
+    expect_shape(got, [n], f"{stream}_changed for {label} (one entry per {stream} position)")
+    if got.dtype != torch.bool:
+        if got.is_complex() or not bool(((got == 0) | (got == 1)).all()):
+            raise Wrong(f"{stream}_changed for {label} should be True/False per position, got {got.tolist()}")
+        got = got.bool()
+    return got
+
+
+def _check_reach(reach, check: Check) -> None:
+    cases, got, raised = _reach_cases(check), [], None
+    for blocks, side, position, S, T in cases:
+        label = _reach_label(blocks, side, position, S, T)
+        try:
+            value = check.call(reach, list(blocks), side, position, S, T, label=label)
+        except AnswerRaised as error:  # judged after the cases before it: a wrong answer there is said first
+            raised = error
+            break
+        if not isinstance(value, (tuple, list)) or len(value) != 2:
+            raise Wrong(f"return a pair (source_changed, target_changed), got {describe(value)} for {label}")
+        lengths = [len(v) if hasattr(v, "__len__") else None for v in value]
+        if S != T and lengths == [T, S]:
+            raise Wrong(f"for {label} you returned {T} entries, then {S}: return (source_changed, target_changed), "
+                        f"in that order (src_len={S} entries, then tgt_len={T})")
+        got.append((_as_changed(value[0], S, "source", label), _as_changed(value[1], T, "target", label)))
+    cases = cases[:len(got)]
+    wants = [tuple(torch.as_tensor(w).bool() for w in check.reference(list(c[0]), *c[1:])) for c in cases]
+    if all(_reach_same(g, w) for g, w in zip(got, wants)):
+        if raised is not None:
+            raise raised
+        return
+    bad = next(i for i, (g, w) in enumerate(zip(got, wants)) if not _reach_same(g, w))
+    label = _reach_label(*cases[bad])
+    missed = consistent_mistake(got, wants, [_reach_mistakes(*c) for c in cases], _reach_same)
+    if missed:
+        raise Wrong(f"for {label}: {missed}")
+    stream = 0 if not torch.equal(got[bad][0], wants[bad][0]) else 1
+    j = int((got[bad][stream] != wants[bad][stream]).nonzero()[0])
+    said = "may change" if got[bad][stream][j] else "cannot change"
+    raise Wrong(f"for {label}: you said {('source', 'target')[stream]} position {j} {said}; it "
+                f"{'cannot' if got[bad][stream][j] else 'may'}. Follow the edit block by block: which queries read a "
+                "key (or a query) that differs?")
 
 
 register(Exercise(
-    "03", 2, "mask and weights shape of each use of attention",
-    _check_layout,
-    hint="Weights are [batch, head, query, key]. Ask for each use: where do the queries come from, where do "
-         "the keys come from, and is there anything a query must not see?",
+    "03", 2, "what each kind of attention lets flow where",
+    _check_reach,
+    hint=["Keep one vector of booleans per stream, True only at the edited token. A block adds its output to the "
+          "stream its queries come from, so a True never turns False again; go through the blocks in order.",
+          "Per kind, ask which queries read a key that differs, or are themselves a query that differs. Encoder: "
+          "every source query reads every source key. Decoder self-attention: query i reads target keys j <= i. "
+          "Cross-attention: every target query reads every source key, and no other target position."],
     solution=(
-        "def attention_layout(batch, n_heads, src_len, tgt_len):\n"
-        "    return {\n"
-        "        \"encoder\": (\"none\", (batch, n_heads, src_len, src_len)),    # the source sees itself, all of it\n"
-        "        \"decoder\": (\"causal\", (batch, n_heads, tgt_len, tgt_len)),  # the target so far, no peeking "
-        "ahead\n"
-        "        \"cross\": (\"none\", (batch, n_heads, tgt_len, src_len)),      # target queries read the whole "
-        "source\n"
-        "    }"
+        "def reach(blocks, side, position, src_len, tgt_len):\n"
+        "    source = torch.zeros(src_len, dtype=torch.bool)       # True: differs from the unedited run\n"
+        "    target = torch.zeros(tgt_len, dtype=torch.bool)\n"
+        "    (source if side == 'source' else target)[position] = True   # the edited token itself\n"
+        "    for kind in blocks:\n"
+        "        if kind == 'encoder' and source.any():\n"
+        "            source[:] = True                               # no mask: every source query reads key j\n"
+        "        elif kind == 'decoder' and target.any():\n"
+        "            first = int(target.nonzero()[0])\n"
+        "            target[first:] = True                          # causal: key j reaches the queries i >= j\n"
+        "        elif kind == 'cross' and source.any():\n"
+        "            target[:] = True                               # every target query reads every source key\n"
+        "        # (cross-attention moves a target change nowhere: only that position's own query differs)\n"
+        "    return source, target"
     ),
-    minutes=10, difficulty=1, importance=2,
+    minutes=15, difficulty=2, importance=4,
 ))
 
 

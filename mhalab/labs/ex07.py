@@ -1,12 +1,13 @@
 """Exercises of notebook 07 (what the heads do): switch one head off with a hook on its ``z``, measure what
-switching off each head costs, and compute a previous-token score yourself.
+switching off each head costs, and predict how many heads could go together if their costs simply added up.
 
 Exercises 1 and 2 run the learner's function on small hidden models (other sizes, a causal one, one with
 several targets per position) and compare with :mod:`mhalab.head_interventions`/:mod:`mhalab.ablation`. The answer may
 run a model and attach hooks (``model.run_with_hooks``, ``model.hooks``, ``register_forward_hook``); in exercise 1,
 as its prompt says, an answer that calls the course's own ablation (``ablate_heads``, ``gate_heads``,
 ``mhalab.ablation``) scores 0. Exercise 2 may use anything, ``ablate`` included.
-Heads' roles are named as everywhere in the course (:func:`mhalab.head_roles.role_of`).
+Heads' roles are named as everywhere in the course (:func:`mhalab.head_roles.role_of`). Exercise 3 is a prediction
+from a table of single-head costs, checked on hidden tables whose costs are multiples of 1/64.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import torch.nn.functional as F
 
 from .calls import Check
 from .core import Exercise, register
-from .judging import as_float64, expect_shape, judge, previous_token_mistakes
-from .verdicts import Wrong
+from .judging import as_float64, consistent_mistake, expect_shape, expect_whole, judge
+from .verdicts import AnswerRaised, Wrong
 
 #: What exercise 1's prompt forbids (the course's own ablation); everything else of mhalab may run.
 _FORBID = ("mhalab.head_interventions.ablate_heads", "mhalab.head_interventions.gate_heads", "mhalab.ablation")
@@ -176,37 +177,114 @@ register(Exercise(
 
 
 # ------------------------------------------------------------------------------------ exercise 3
-def _pattern_cases(check: Check) -> list:
-    g = check.generator(5)
-    cases = []
-    for B, H, T, causal in [(2, 3, 5, False), (1, 4, 9, True), (3, 1, 2, False), (2, 2, 7, True)]:
-        scores = torch.randn(B, H, T, T, generator=g) * 3
-        if causal:
-            scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-        cases.append((scores.softmax(-1),))
+# Costs are multiples of 1/64 (exact in float32 and float64, and in any order of summing), so a threshold can be
+# hit exactly: a strict comparison then differs from the right one.
+def _independent(costs: torch.Tensor, threshold: float) -> int:
+    """The checker's own reading: the k cheapest heads' summed cost is the least any k heads cost."""
+    return int((costs.flatten().double().sort().values.cumsum(0) <= threshold).sum())
+
+
+def _budget_mistakes(costs: torch.Tensor, threshold: float) -> dict[str, int]:
+    """{what a plausible mistake misses: the count it returns} for one case."""
+    flat = costs.flatten().double()
+    n = flat.numel()
+
+    def within(order: torch.Tensor, summed=None) -> int:  # heads counted while the summed cost stays within
+        summed = order.cumsum(0) if summed is None else summed
+        over = (summed > threshold).nonzero()
+        return int(over[0]) if len(over) else n
+
+    ascending = flat.sort().values
+    return {
+        "that counts the heads that each cost at most the threshold on their own; switched off together, "
+        "independent heads' costs add up: sum the costs of the heads you remove": int((flat <= threshold).sum()),
+        "a loss exactly at the threshold is still within it: count while the summed cost is at most the threshold "
+        "(<=, not <)": int((ascending.cumsum(0) < threshold).sum()),
+        "the head whose cost takes the sum past the threshold cannot go too: count only the heads before it":
+            min(_independent(costs, threshold) + 1, n),
+        "remove the cheapest heads first: the k cheapest are the k heads whose costs sum to the least, so they let "
+        "the most heads go": within(flat.sort(descending=True).values),
+        "sort the heads by their cost first: in the order given, a costly head early uses up the budget that "
+        "several cheap ones would have fitted in": within(flat),
+        "a head whose removal raised the accuracy has a negative cost: under independence it pays for part of the "
+        "others' costs, so add the costs as they are (no clipping at 0)": within(flat.clamp(min=0).sort().values),
+        "cheapest means the smallest cost, and a negative cost (the accuracy rose) is the cheapest of all: sort by "
+        "the cost itself, not by its size": within(flat[flat.abs().argsort(stable=True)]),
+        "the threshold is for the whole model: sort and sum the costs of all the heads together, not layer by "
+        "layer": sum(_independent(row, threshold) for row in costs.double().reshape(costs.shape[0], -1)),
+        "independent costs add up: compare their sum with the threshold, not their mean":
+            within(ascending, ascending.cumsum(0) / torch.arange(1, n + 1)),
+    }
+
+
+_BUDGET_CASES = [  # (costs [layers, heads] in 64ths, threshold in 64ths)
+    ([[0, 16, 8, 32], [64, 4, 48, 24]], 28),        # the threshold hit exactly by the four cheapest
+    ([[-64, 16, 32, 48]], 32),                      # a head that helps: it pays for the others
+    ([[32, 48], [40, 64]], 16),                     # no head fits
+    ([[8, 8, 8, 8], [8, 8, 32, 32]], 16),           # every head cheap alone, not together
+    ([[0, 0, 16], [0, 32, 8]], 0),                  # a threshold of zero: the free heads go
+    ([[40, 1, 2], [3, 0, 5], [4, 6, 7]], 20),       # the costly head first in the order given
+    ([[0]], 1),                                     # one head
+    ([[-8, 4, 2, 6, 1], [3, -2, 5, 12, 7], [9, 1, 0, 2, 3]], 1000),   # every head fits
+]
+
+
+def _budget_cases(check: Check) -> list[tuple[torch.Tensor, float]]:
+    """The fixed cases (every mistake named gives a count of its own on one of them) and, when grading, three drawn
+    fresh: shapes from [1, 1] to [4, 12], a few negative costs, thresholds hit exactly or not."""
+    cases = [(torch.tensor(c, dtype=torch.float32) / 64, t / 64) for c, t in _BUDGET_CASES]
+    if check.grading:
+        r = check.rng(53)
+        for _ in range(3):
+            L, H = r.randint(1, 4), r.randint(1, 12)
+            costs = torch.tensor([[r.choice([r.randint(-16, -1)] + [r.randint(0, 40)] * 5) for _ in range(H)]
+                                  for _ in range(L)], dtype=torch.float32)
+            summed = costs.flatten().sort().values.cumsum(0)
+            threshold = int(r.choice(summed.tolist())) if r.random() < 0.5 else r.randint(0, int(summed[-1]) + 8)
+            cases.append((costs / 64, max(threshold, 0) / 64))
     return cases
 
 
-def _check_prev_score(previous_token_score, check: Check) -> None:
-    for (attention,) in _pattern_cases(check):
-        label = f"attention {list(attention.shape)}"
-        got = check.call(previous_token_score, attention, label=label)
-        judge(got, check.reference(attention), f"previous_token_score({label})",
-              lambda: {why: scores[0] for why, scores in previous_token_mistakes([attention]).items()})
+def _check_budget(removable_if_independent, check: Check) -> None:
+    cases, got, raised = _budget_cases(check), [], None
+    for costs, threshold in cases:
+        label = f"costs of shape {list(costs.shape)}, threshold={threshold:g}"
+        try:
+            value = check.call(removable_if_independent, costs, threshold, label=label)
+        except AnswerRaised as error:  # judged after the cases before it: a wrong answer there is said first
+            raised = error
+            break
+        got.append(expect_whole(value, f"what removable_if_independent({label}) returned (a number of heads)"))
+    cases = cases[:len(got)]
+    wants = [int(check.reference(costs.clone(), threshold)) for costs, threshold in cases]
+    if got == wants:
+        if raised is not None:
+            raise raised
+        return
+    bad = next(i for i, (g, w) in enumerate(zip(got, wants)) if g != w)
+    costs, threshold = cases[bad]
+    label = f"costs of shape {list(costs.shape)}, threshold={threshold:g}"
+    missed = consistent_mistake(got, wants, [_budget_mistakes(*c) for c in cases], lambda a, b: a == b)
+    if missed:
+        raise Wrong(f"for {label}: {missed}")
+    raise Wrong(f"for {label} you said {got[bad]} heads, which is too {'many' if got[bad] > wants[bad] else 'few'}: "
+                "with independent heads, a set of heads costs the sum of their costs; how many heads can a sum "
+                "within the threshold hold at most?")
 
 
 register(Exercise(
-    "07", 3, "a previous-token score of your own",
-    _check_prev_score,
-    hint=["attention[b, h, q, k] is how much query q attends to key k. The previous token of query q is key q - 1, "
-          "which exists for q = 1 .. T-1 only.",
-          "torch.diagonal(attention, offset=-1, dim1=-2, dim2=-1) gives attention[..., q, q - 1] for every q >= 1; "
-          "average it over the batch and those queries."],
+    "07", 3, "how many heads could go if they were independent",
+    _check_budget,
+    hint=["If the heads were independent, switching off a set of them would cost the sum of their single costs. "
+          "Which k heads have the smallest sum?",
+          "Sort all the costs (every layer together) from the smallest up, a negative one first; the running sum "
+          "after k of them is the least k heads can cost. Count the k whose running sum is at most the threshold."],
     solution=(
-        "def previous_token_score(attention):\n"
-        "    # attention: [B, H, T, T] -> [H]\n"
-        "    below = torch.diagonal(attention, offset=-1, dim1=-2, dim2=-1)   # [B, H, T-1]: attention[q, q-1]\n"
-        "    return below.mean(dim=(0, 2))"
+        "def removable_if_independent(drops, threshold):\n"
+        "    costs = torch.as_tensor(drops).flatten().sort().values  # cheapest first; negative (helpful) "
+        "ones first of all\n"
+        "    summed = costs.cumsum(0)                # [n]: the least that k heads cost together, if costs add up\n"
+        "    return int((summed <= threshold).sum())   # (past the negative costs, the sum only grows)"
     ),
-    minutes=5, difficulty=1, importance=2,
+    minutes=10, difficulty=2, importance=3,
 ))
