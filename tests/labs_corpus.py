@@ -1007,6 +1007,28 @@ def _copying_moduli_over_moduli(W_E, W_V, W_O, W_U):  # |λ| in the numerator to
     return (lam.abs().sum() / lam.abs().sum()).item()
 
 
+def _qk_smaller_rank(model, layer, head):  # the rank predicted as the smaller of W_Q's and W_K's (a bound only)
+    p = model.blocks[layer].attn.head_projections(head)
+    return p.W_Q @ p.W_K.T, min(int(torch.linalg.matrix_rank(p.W_Q)), int(torch.linalg.matrix_rank(p.W_K)))
+
+
+def copying_loop(W_E, W_V, W_O, W_U):  # a loop over the eigenvalues, complex abs() by hand
+    real = modulus = 0.0
+    for lam in torch.linalg.eigvals(W_E @ W_V @ W_O @ W_U).tolist():
+        real, modulus = real + lam.real, modulus + (lam.real ** 2 + lam.imag ** 2) ** 0.5
+    return real / modulus
+
+
+def _copying_diagonal_top(W_E, W_V, W_O, W_U):  # "copying" read as: the share of tokens that raise their own logit most
+    M = W_E @ W_V @ W_O @ W_U
+    return float((M.argmax(-1) == torch.arange(M.shape[0])).double().mean())
+
+
+def dla_numpy(result, scale, W_U, right, wrong):  # NumPy, row by row
+    r, s, U = result.numpy(), scale.numpy(), W_U.numpy()
+    return np.einsum("btd,dbt->bt", r / s, U[:, right.numpy()] - U[:, wrong.numpy()])
+
+
 def dla_einsum(result, scale, W_U, right, wrong):
     return torch.einsum("btd,btd->bt", result / scale, W_U.T[right] - W_U.T[wrong])
 
@@ -1554,13 +1576,15 @@ CORPUS = {
                 m.blocks[l].attn.head_projections(h)), "that is the rank of W_Q alone"),
             (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, torch.linalg.matrix_rank(p.W_K)))(
                 m.blocks[l].attn.head_projections(h)), "that is the rank of W_K alone"),
+            (_qk_smaller_rank, "the smaller of the two ranks, a bound"),
             (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, [3]))(m.blocks[l].attn.head_projections(h)),
              "the rank should be one whole number"),
             (lambda m, l, h: m.blocks[l].attn.head_projections(h).W_Q, "return two things"),
         ],
     },
     "12.2": {
-        "right": [copying_small_side, copying_trace, copying_numpy, copying_tensor, copying_numpy_float32],
+        "right": [copying_small_side, copying_trace, copying_numpy, copying_tensor, copying_numpy_float32,
+                  copying_loop],
         "wrong": [
             (lambda E, V, O, U: (lambda l: (l.real.sum() / l.abs().sum()).item())(torch.linalg.eigvals(V @ O)),
              "W_V W_O alone"),
@@ -1578,10 +1602,11 @@ CORPUS = {
             (lambda E, V, O, U: (torch.trace(E @ V @ O @ U) / torch.linalg.svdvals(E @ V @ O @ U).sum()).item(),
              "not of the singular values (the nuclear norm)"),
             (lambda E, V, O, U: torch.trace(E @ V @ O @ U).item() / (E @ V @ O @ U).norm().item(), "copying_score("),
+            (_copying_diagonal_top, "copying_score("),
         ],
     },
     "12.3": {
-        "right": [dla_einsum, dla_logits],
+        "right": [dla_einsum, dla_logits, dla_numpy],
         "wrong": [
             (lambda r, s, U, a, b: (r * (U.T[a] - U.T[b])).sum(-1),
              "divide the head's output by the final norm's scale"),

@@ -12,7 +12,8 @@ The total, rounded to 5 minutes, is what each notebook's **Time:** line states; 
 The core path and the deep dives: a heading (``#`` to ``###``) that says "deep dive" makes its section a deep dive,
 up to the next heading of the same level or above (a notebook's title makes the whole notebook one). Its reading,
 code and exercises are counted apart, so each Time line says how much of it is the core path, and the README gives
-the core path's hours beside the total. The run time stays with the core: Run All runs the deep dives too.
+the core path's hours beside the total. The run time stays with the core (Run All runs the deep dives too), except
+in a notebook that is a deep dive as a whole.
 
     python tools/course_time.py            # list the notebooks (and the README) whose stated time is not the model's
     python tools/course_time.py --write    # rewrite their Time lines and the README's total
@@ -125,6 +126,8 @@ def notebook_minutes(nb: dict, run_seconds: float, exercise_minutes: dict[int, i
     in_deep = (sum(w for w, d in zip(words, deep) if d) / WORDS_PER_MINUTE
                + sum(n for n, d in zip(lines, deep) if d) / CODE_LINES_PER_MINUTE
                + sum(m for k, m in exercise_minutes.items() if k in deep_numbers))
+    if deep and all(deep[1:]):  # a notebook that is a deep dive as a whole: its run is the deep dive's too
+        in_deep += math.ceil(run_seconds / 60)
     return Minutes(sum(words) / WORDS_PER_MINUTE, sum(lines) / CODE_LINES_PER_MINUTE, sum(exercise_minutes.values()),
                    run_seconds, in_deep)
 

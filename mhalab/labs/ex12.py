@@ -3,7 +3,7 @@ circuit, and one head's direct logit attribution.
 
 Exercise 1 runs on small hidden models (mhalab's toy ``Transformer``), staged: the paper's attention, grouped-query
 attention, and a head of lower rank than its width; exercise 2 on small random embeddings, head and unembedding
-matrices (one that copies, one that suppresses, random ones); exercise 3 on random head outputs, norm scales and
+matrices (one that copies, one that suppresses, one that writes the next token, random ones); exercise 3 on random head outputs, norm scales and
 unembeddings. When grading, the values are drawn fresh and more cases added. Any code may run.
 """
 
@@ -87,10 +87,13 @@ def _qk_cases(check: Check) -> list:
 def _rank_mistakes(attn, head: int, W_QK: torch.Tensor) -> list[tuple[int, str]]:
     """(the rank a mistake gives, what it missed) for one head; the first that matches is named."""
     p = attn.head_projections(head)
-    out = [(int(torch.linalg.matrix_rank(p.W_Q.detach())), "that is the rank of W_Q alone; W_QK = W_Q W_Kᵀ can have "
-            "a lower rank than W_Q or W_K (a direction counts only where both have it): compute it from W_QK"),
-           (int(torch.linalg.matrix_rank(p.W_K.detach())), "that is the rank of W_K alone; W_QK = W_Q W_Kᵀ can have "
-            "a lower rank than W_Q or W_K: compute it from W_QK"),
+    rank_q, rank_k = (int(torch.linalg.matrix_rank(w.detach())) for w in (p.W_Q, p.W_K))
+    below = ("W_QK = W_Q W_Kᵀ = Σ_i q_i k_iᵀ over the head's directions keeps direction i only where both q_i and "
+             "k_i are nonzero, so its rank can be lower than both W_Q's and W_K's: compute it from W_QK")
+    out = [(rank_q, f"that is the rank of W_Q alone{' (the smaller of the two ranks, a bound)' * (rank_q < rank_k)}; "
+            + below),
+           (rank_k, f"that is the rank of W_K alone{' (the smaller of the two ranks, a bound)' * (rank_k < rank_q)}; "
+            + below),
            (attn.d_head, f"the rank is at most d_head = {attn.d_head}, not always equal to it: compute it "
                          "(torch.linalg.matrix_rank)"),
            (attn.d_model, "that is d_model, the size of the matrix, not its rank (if you computed it in float64 from "
@@ -148,7 +151,9 @@ def _check_qk(qk_circuit, check: Check) -> None:
 register(Exercise(
     "12", 1, "a head's QK circuit and its rank",
     _check_qk,
-    hint=["model.blocks[layer].attn.head_projections(head) gives W_Q and W_K, each [d_model, d_head] (under "
+    hint=["The prediction: W_Q W_Kᵀ = Σ_i q_i k_iᵀ, one term per direction i of the head (q_i, k_i the i-th columns). "
+          "A term is zero when q_i or k_i is, so count the directions alive on *both* sides.",
+          "model.blocks[layer].attn.head_projections(head) gives W_Q and W_K, each [d_model, d_head] (under "
           "grouped-query attention W_K is already the K/V head this query head reads).",
           "W_QK = W_Q @ W_K.T is [d_model, d_model]; torch.linalg.matrix_rank(W_QK) counts its directions. Return "
           "both: return W_QK, int(rank)."],
@@ -158,7 +163,7 @@ register(Exercise(
         "    W_QK = p.W_Q @ p.W_K.T                                 # [d_model, d_model]\n"
         "    return W_QK, int(torch.linalg.matrix_rank(W_QK))"
     ),
-    minutes=15, difficulty=2, importance=4,
+    minutes=15, difficulty=3, importance=4,
 ))
 
 
@@ -196,7 +201,8 @@ def _far_apart(values: list[float]) -> bool:
 def _ov_cases(check: Check) -> list:
     """(what, W_E, W_V, W_O, W_U) in float64: random circuits first (drawn, and redrawn a few times at most, until
     every mistake gives a score of its own: eigenvalues that are not all real, so that |λ| is not |Re λ|), then one
-    that copies and one that suppresses (W_U from W_E)."""
+    that copies and one that suppresses (W_U from W_E), and one that writes the next token (its full OV circuit a
+    cyclic shift, whose eigenvalues are the roots of unity: a score of 0, and |λ| = 1 for every one)."""
     g = check.generator(110)
     sizes = [(9, 6, 4)]
     if check.grading:
@@ -215,6 +221,11 @@ def _ov_cases(check: Check) -> list:
         W_E, W_V = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((V, D), (D, d)))
         W_O = torch.linalg.pinv(W_V)  # W_O undoes W_V on its subspace; W_U reads the embedding back (or negated)
         cases.append((what, W_E, W_V, W_O, W_E.T.clone() if "copies" in what else -W_E.T))
+    V, D = (7, 9) if check.grading else (6, 8)
+    W_E, W_V = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((V, D), (D, V)))
+    W_O = torch.linalg.pinv(W_V)  # d_head = V: W_E W_V W_O has full rank V, so W_U can map it onto the shift
+    shift = torch.eye(V, dtype=torch.float64).roll(1, dims=1)  # token t -> token t + 1 (mod V)
+    cases.append(("a head that writes the next token", W_E, W_V, W_O, torch.linalg.pinv(W_E @ W_V @ W_O) @ shift))
     return cases
 
 
@@ -229,7 +240,10 @@ def _check_copying(copying_score, check: Check) -> None:
 register(Exercise(
     "12", 2, "the copying score of an OV circuit",
     _check_copying,
-    hint=["The full OV circuit is the [V, V] matrix W_E @ W_V @ W_O @ W_U: row t is what the head adds to every "
+    hint=["The prediction: the score reads the eigenvalues' signs, weighted by their size. A map that sends each token "
+          "back to itself through a few directions has eigenvalues >= 0 and 0 only; a cyclic shift has the roots of "
+          "unity, which sum to 0.",
+          "The full OV circuit is the [V, V] matrix W_E @ W_V @ W_O @ W_U: row t is what the head adds to every "
           "logit when it attends to token t.",
           "torch.linalg.eigvals gives its (complex) eigenvalues λ; the score is λ.real.sum() / λ.abs().sum()."],
     solution=(
