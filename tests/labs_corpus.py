@@ -179,15 +179,6 @@ def batch_with_kv_cache_per_token(config, seq_len, memory_bytes, bytes_per_value
     return memory_bytes // (per_token * seq_len * bytes_per_value)
 
 
-def choose_with_valid_head_counts(d_model, n_relations, min_d_k):  # 05.3 with mhalab's list of head counts
-    from mhalab.arguments import valid_head_counts
-
-    for h in valid_head_counts(d_model):
-        if h >= n_relations:
-            if d_model // h >= min_d_k:
-                return h
-            break
-    raise ValueError("no head count fits")
 
 
 def reach_sets(blocks, side, position, src_len, tgt_len):  # 03.2 with sets of positions, lists of bools out
@@ -311,13 +302,6 @@ def favourite_loop(q, k):
     return [int(k.argmax()) if float(x) > 0 else int(k.argmin()) for x in q]
 
 
-def choose_loop(d, r, m):
-    for h in range(r, d + 1):
-        if d % h == 0 and d / h >= m:
-            return h
-        if d % h == 0:
-            break
-    raise ValueError("none")
 
 
 def budget_numpy_loop(drops, threshold):  # 07.3 in NumPy, one head at a time, cheapest first
@@ -372,6 +356,92 @@ def count_critical_path(h, e, d):
 
 
 # ------------------------------------------------------------------------------------ 05
+def rank_numpy(d_model, d_head, query_tokens, key_tokens):  # NumPy: an np.int64 comes back
+    return np.min([d_model, d_head, np.unique(query_tokens.numpy()).size, np.unique(key_tokens.numpy()).size])
+
+
+def rank_tensor(width, head_width, queries, keys):  # other names, a 0-d tensor
+    return torch.tensor([width, head_width, queries.unique().numel(), keys.unique().numel()]).min()
+
+
+def rank_simulated(d_model, d_head, query_tokens, key_tokens):  # measure it: random embeddings and weights
+    g = torch.Generator().manual_seed(0)
+    E = torch.randn(int(max(query_tokens.max(), key_tokens.max())) + 1, d_model, generator=g, dtype=torch.float64)
+    W_Q, W_K = (torch.randn(d_model, d_head, generator=g, dtype=torch.float64) for _ in range(2))
+    return int(torch.linalg.matrix_rank((E[query_tokens] @ W_Q) @ (E[key_tokens] @ W_K).T))
+
+
+def rank_loop(d_model, d_head, query_tokens, key_tokens):  # a float, counted in a loop
+    seen_q, seen_k = [], []
+    for t in query_tokens.tolist():
+        if t not in seen_q:
+            seen_q.append(t)
+    for t in key_tokens.tolist():
+        if t not in seen_k:
+            seen_k.append(t)
+    return float(min(d_model, d_head, len(seen_q), len(seen_k)))
+
+
+def _weight_on_key(R, n, arc=2 * math.pi, scale=1.0, own=True):
+    below = [1 - math.cos(arc * m / n) for m in range(0 if own else 1, n)]
+    return 1 / sum(math.exp(-R * scale * b) for b in below)
+
+
+def _bisect(weight, w):
+    if weight(0.0) >= w:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while weight(hi) < w:
+        hi *= 2
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if weight(mid) < w else (lo, mid)
+    return hi
+
+
+def radius_math(n_keys, min_weight):  # plain Python floats, a bisection
+    return _bisect(lambda R: _weight_on_key(R, n_keys), min_weight)
+
+
+def radius_newton_numpy(n, w):  # other names, Newton's method on log(weight), an np.float64
+    below = 1 - np.cos(2 * np.pi * np.arange(n) / n)
+    if 1 / n >= w:
+        return np.float64(0.0)
+    R = 1.0
+    for _ in range(200):
+        e = np.exp(-R * below)
+        f = -np.log(e.sum()) - np.log(w)                  # log weight - log w, increasing in R
+        df = (below * e).sum() / e.sum()
+        R = max(R - f / df, R / 2)
+    return R
+
+
+def radius_softmax_float32(n_keys, min_weight):  # the notebook's score matrix, row 0, in float32; a 0-d tensor
+    theta = 2 * math.pi * torch.arange(n_keys) / n_keys
+    K = torch.stack([theta.cos(), theta.sin()], -1)        # [n, 2], float32
+
+    def weight(R):
+        return float((R * K[0] @ K.T).softmax(-1)[0])
+    lo, hi = 0.0, 1.0
+    if weight(0.0) >= min_weight:
+        return torch.tensor(0.0)
+    while weight(hi) < min_weight:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if weight(mid) < min_weight else (lo, mid)
+    return torch.tensor(hi)
+
+
+def radius_overflowing(n, w):  # e^R over the sum of e^(R cos): inf / inf past R ~ 709
+    def weight(R):
+        try:
+            return math.exp(R) / sum(math.exp(R * math.cos(2 * math.pi * m / n)) for m in range(n))
+        except OverflowError:
+            return float("nan")
+    return _bisect(weight, w)
+
+
 def _circle(T, offset, omega, radius):
     a = omega * torch.arange(T, dtype=torch.float32)
     K = torch.stack([a.cos(), a.sin()], -1)
@@ -1276,6 +1346,22 @@ CORPUS = {
         ],
     },
     "05.1": {
+        "right": [rank_numpy, rank_tensor, rank_simulated, rank_loop],
+        "wrong": [
+            (lambda dm, dh, q, k: min(dh, len(q), len(k)), "section 2's min(d_k, T)"),
+            (lambda dm, dh, q, k: min(dm, dh, len(q), len(k)), "count distinct tokens, not positions"),
+            (lambda dm, dh, q, k: min(dh, len(set(q.tolist())), len(set(k.tolist()))),
+             "d_head may be larger than d_model"),
+            (lambda dm, dh, q, k: min(dm, len(set(q.tolist())), len(set(k.tolist()))), "own width d_head"),
+            (lambda dm, dh, q, k: min(dm, dh, len(set(q.tolist()) | set(k.tolist()))), "of both together"),
+            (lambda dm, dh, q, k: min(dm, dh, len(set(q.tolist()))), "the keys bound the rank too"),
+            (lambda dm, dh, q, k: min(dm, dh, len(set(k.tolist()))), "the queries bound the rank too"),
+            (lambda dm, dh, q, k: min(dm, dh, len(set(q.tolist()) & set(k.tolist()))), "need not be the same token"),
+            (lambda dm, dh, q, k: min(dm, dh), "the tokens bound the rank too"),
+            (lambda dm, dh, q, k: (dm, dh), "should be a whole number"),
+        ],
+    },
+    "05.2": {
         "right": [look_back_full_circle_float32, look_back_numpy, look_back_loop],
         "wrong": [
             (lambda T, o: _circle(T, o, 2 * math.pi / T, 60.0), "puts only"),   # section 2's radius, for any length
@@ -1287,7 +1373,7 @@ CORPUS = {
             (lambda T, o: tuple(reversed(look_back_numpy(T, o))), "Q and K are swapped"),
         ],
     },
-    "05.2": {
+    "05.3": {
         "right": [favourite_numpy, favourite_loop,
                   lambda queries, keys: torch.where(queries > 0, keys.argmax(), keys.argmin()).double()],
         "wrong": [
@@ -1299,16 +1385,24 @@ CORPUS = {
              "never builds it"),  # the L x S matrix in NumPy
         ],
     },
-    "05.3": {
-        "right": [choose_loop, lambda width, relations, narrowest: _choose_float(width, relations, narrowest),
-                  choose_with_valid_head_counts],
+    "05.4": {
+        "right": [radius_math, radius_newton_numpy, radius_softmax_float32],
         "wrong": [
-            (lambda d, r, m: r, "does not divide d_model"),
-            (lambda d, r, m: d, "narrower than min_d_k"),
-            (lambda d, r, m: 1, "fewer heads than relations"),
-            (lambda d, r, m: max(h for h in range(1, d + 1) if d % h == 0 and d // h >= m), "take the smallest"),
-            (lambda d, r, m: _raise(ValueError("no")),
-             "choose_heads(d_model=64, n_relations=4, min_d_k=2) raised ValueError"),
+            (lambda n, w: _bisect(lambda R: 1 / (1 + math.exp(-R * (1 - math.cos(2 * math.pi / n)))), w)
+             if n > 1 else 0.0, "one nearest rival"),
+            (lambda n, w: max(0.0, math.log(2 * w / (1 - w)) / (1 - math.cos(2 * math.pi / n))) if n > 1 else 0.0,
+             "only the two nearest rivals"),
+            (lambda n, w: math.log(2 * w / (1 - w)) / (1 - math.cos(2 * math.pi / n)) if n > 1 else 0.0,
+             "negative"),
+            (lambda n, w: max(0.0, math.log(2 * w / (1 - w)) * n * n / (2 * math.pi**2)), "small-angle margin"),
+            (lambda n, w: max(0.0, math.log((n - 1) * w / (1 - w)) / (1 - math.cos(2 * math.pi / n)))
+             if n > 1 else 0.0, "every rival at the nearest one's margin"),
+            (lambda n, w: _bisect(lambda R: _weight_on_key(R, n, own=False), w) if n > 1 else 0.0,
+             "own term belongs in the softmax's denominator"),
+            (lambda n, w: _bisect(lambda R: _weight_on_key(R, n, scale=2 ** -0.5), w), "not scaled"),
+            (lambda n, w: _bisect(lambda R: _weight_on_key(R, n, arc=math.pi), w), "whole circle"),
+            (radius_overflowing, "overflows float64"),
+            (lambda n, w: (radius_math(n, w), w), "return one number"),
         ],
     },
     "07.1": {
@@ -1703,14 +1797,3 @@ def names_a_fixed_case(expected: str) -> bool:
     return expected.startswith("stage") or "[3, 3]" in expected
 
 
-def _choose_float(d, r, m):
-    for h in range(r, d + 1):
-        if d % h == 0:
-            if d / h < m:
-                break
-            return float(h)
-    raise ValueError(f"no head count for d_model={d}")
-
-
-def _raise(error):
-    raise error

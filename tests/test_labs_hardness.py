@@ -13,7 +13,7 @@ import torch
 from labs_corpus import CORPUS, MISBLAMED, names_a_fixed_case
 
 import mhalab.labs as labs
-from mhalab.labs import core, ex03, ex06, ex07, ex09, ex11, ex12, ex13
+from mhalab.labs import core, ex03, ex05, ex06, ex07, ex09, ex11, ex12, ex13
 from mhalab.labs.judging import unseparated
 
 # exercise: (its cases for a check, the right answers, the mistakes of each case, equality)
@@ -22,6 +22,10 @@ SEPARATING = {
              lambda cases: [ex07._budget_mistakes(*c) for c in cases], lambda a, b: a == b),
     "03.2": (ex03._reach_cases, lambda cases: [ex03._flow(*c) for c in cases],
              lambda cases: [ex03._reach_mistakes(*c) for c in cases], ex03._reach_same),
+    "05.1": (ex05._rank_cases, lambda cases: [ex05._rank(*c[:4]) for c in cases],
+             lambda cases: [ex05._rank_mistakes(*c[:4]) for c in cases], ex05._equal),
+    "05.4": (ex05._radius_cases, lambda cases: [ex05._shortest(ex05._gaps(n), w) for n, w in cases],
+             lambda cases: [ex05._radius_mistakes(*c) for c in cases], ex05._close_length),
     "11.2": (ex11._onset_cases,
              lambda cases: [ex11._first_from(s, ex11._past(c, float(c[0]) + f * (float(c[-1]) - float(c[0])),
                                                            float(c[-1]) < float(c[0]))) for _, s, c, f in cases],
@@ -53,6 +57,7 @@ def _plain(value):
 
 def _args(key, case):
     return {"07.3": lambda c: (c[0].clone(), c[1]), "03.2": lambda c: (list(c[0]), *c[1:]),
+            "05.1": lambda c: c[:4], "05.4": lambda c: c,
             "11.2": lambda c: (c[1], c[2].clone(), c[3]), "11.3": lambda c: (c[1].clone(), c[2].clone()),
             "06.1": lambda c: (c[0],)}.get(key, lambda c: (c[0],))(case)
 
