@@ -824,183 +824,154 @@ def second_copy_with_gate_heads(model, tokens, heads, L):  # the course's gating
 
 
 # ------------------------------------------------------------------------------------ 11
-def icl_numpy(nll, window):
-    a = np.asarray(nll)
-    return a[:, a.shape[1] - window:].mean() - a[:, :window].mean()
+def floor_closed_form(vocab_size, period, seq_len, window):  # counted in closed form: the guesses in each window
+    n = seq_len - 1                                           # targets 0 .. n - 1
+    early = min(window, period)
+    late = max(0, min(period, n) - (n - window))
+    return math.log(vocab_size) * (late - early) / window
 
 
-def icl_per_sequence(nll, window):  # the mean over sequences of each one's difference: the same number
-    return (nll[:, -window:].mean(dim=1) - nll[:, :window].mean(dim=1)).mean()
+def floor_numpy(V, P, T, w):  # NumPy, other parameter names: an np.float64 back
+    t = np.arange(T - 1)
+    loss = np.where(t >= P, 0.0, np.log(V))
+    return loss[-w:].mean() - loss[:w].mean()
 
 
-def icl_numpy_float32(nll, window):  # NumPy in float32: the score comes back as an np.float32
-    a = np.asarray(nll, dtype=np.float32)
-    return a[:, -window:].mean() - a[:, :window].mean()
+def floor_tensor(vocab_size, period, seq_len, window):  # a 0-d tensor, the loss of each token written by position
+    token = torch.arange(1, seq_len)                          # the token each target is: 1 .. seq_len - 1
+    known = token >= period + 1                               # its position's token (token - 1) occurred before
+    loss = torch.where(known, 0.0, math.log(vocab_size)).double()
+    return loss[-window:].mean() - loss[:window].mean()
 
 
-def onset_loop(steps, curve, fraction):
-    values = [float(v) for v in curve]
-    threshold = values[0] + fraction * (values[-1] - values[0])
-    falling = values[-1] < values[0]
-    answer = None
-    for step, value in reversed(list(zip(steps, values))):  # walk back from the end while it stays past
-        if (value <= threshold) if falling else (value >= threshold):
-            answer = step
-        else:
-            break
-    return answer
+def floor_float32(vocab_size, period, seq_len, window):  # NumPy in float32: an np.float32 back
+    loss = np.array([0.0 if t >= period else np.log(vocab_size) for t in range(seq_len - 1)], dtype=np.float32)
+    return loss[-window:].mean() - loss[:window].mean()
 
 
-def onset_normalised(steps, curve, fraction):  # the way gone, 0 at the start and 1 at the end, in both directions
-    c = torch.as_tensor(curve, dtype=torch.float64)
-    along = (c - c[0]) / (c[-1] - c[0])
-    stays = torch.flip(torch.cummin(torch.flip(along, [0]), 0).values, [0]) >= fraction
-    return steps[int(stays.nonzero()[0])]
+def _floor_with(V, P, T, w, *, first=None, n=None, log=math.log):
+    first, n = (P if first is None else first), (T - 1 if n is None else n)
+    loss = [log(V) if t < first else 0.0 for t in range(n)]
+    return sum(loss[-w:]) / w - sum(loss[:w]) / w
 
 
-def onset_numpy(steps, curve, fraction):  # NumPy throughout: the step comes back as an np.int64
-    c = np.asarray(curve, dtype=np.float64)
-    threshold = c[0] + fraction * (c[-1] - c[0])
-    past = c <= threshold if c[-1] < c[0] else c >= threshold
-    stays = np.flip(np.logical_and.accumulate(np.flip(past)))  # past from k to the end
-    return np.asarray(steps)[np.argmax(stays)] if stays.any() else None
+def _floor_halves(V, P, T, w):  # the second half against the first: not the score's windows
+    loss = [math.log(V) if t < P else 0.0 for t in range(T - 1)]
+    h = len(loss) // 2
+    return sum(loss[-h:]) / h - sum(loss[:h]) / h
 
 
-def onset_tensor_step(steps, curve, fraction):  # the step as a 0-d tensor, the threshold written as a mix
-    c = torch.as_tensor(curve, dtype=torch.float64)
-    threshold = (1 - fraction) * c[0] + fraction * c[-1]
-    past = (c - threshold) * torch.sign(c[-1] - c[0]) >= 0
-    for k in range(len(steps)):
-        if bool(past[k:].all()):
-            return torch.tensor(steps)[k]
-    return None
+def _follows(tokens, shift=1):
+    B, T = tokens.shape
+    f = torch.zeros(B, T, T, dtype=torch.bool)
+    f[:, :, shift:] = tokens[:, :, None] == tokens[:, None, :T - shift]
+    return f & torch.ones(T, T, dtype=torch.bool).tril(-1)
 
 
-def _onset_with(steps, curve, fraction, *, lo=None, hi=None, strict=False, run=None, values=None):
-    """onset_loop with one reading changed: the ends of the way, a strict comparison, `run` records in a row,
-    another curve (smoothed) to read."""
-    c = torch.as_tensor(curve if values is None else values, dtype=torch.float64)
-    first, last = float(c[0]) if lo is None else lo, float(c[-1]) if hi is None else hi
-    threshold = first + fraction * (last - first)
-    falling = float(c[-1]) < float(c[0])
-    if strict:
-        past = c < threshold if falling else c > threshold
-    else:
-        past = c <= threshold if falling else c >= threshold
-    for k in range(len(steps)):
-        if bool(past[k:].all()) if run is None else bool(past[k:k + run].all()) and k + run <= len(steps):
-            return steps[k]
-    return None
+def _circuit_with(tokens, patterns, *, shift=1, scores=None, layers=None, below=None, prev_offset=1):
+    N, H = len(patterns), patterns[0].shape[1]
+    if scores is None:
+        f = _follows(tokens, shift)
+        counted = f.any(-1).float()
+        scores = torch.stack([(p * f[:, None]).sum(-1).mul(counted[:, None]).sum((0, 2)) / counted.sum()
+                              for p in patterns])
+    prev = torch.stack([p.diagonal(-prev_offset, -2, -1).mean((0, 2)) for p in patterns])
+    cand = [(float(scores[l, h]), l, h) for l in (range(1, N) if layers is None else layers) for h in range(H)]
+    _, il, ih = max(cand)
+    below_layers = range(il) if below is None else below(il)
+    _, pl, ph = max((float(prev[l, h]), l, h) for l in below_layers for h in range(H))
+    return (il, ih), (pl, ph)
 
 
-def _onset_min_max(steps, curve, fraction):  # the way from the curve's lowest value to its highest (falling: down)
-    c = torch.as_tensor(curve, dtype=torch.float64)
-    lo, hi = (float(c.max()), float(c.min())) if c[-1] < c[0] else (float(c.min()), float(c.max()))
-    return _onset_with(steps, curve, fraction, lo=lo, hi=hi)
+def circuit_loop(tokens, patterns):  # a loop over heads, the followers found query by query
+    seqs = tokens.tolist()
+    keys = [[[j for j in range(1, i) if seq[j - 1] == seq[i]] for i in range(len(seq))] for seq in seqs]
+    best, where = -1.0, None
+    for layer in range(1, len(patterns)):
+        for head in range(patterns[layer].shape[1]):
+            total, count = 0.0, 0
+            for b, rows in enumerate(keys):
+                for i, js in enumerate(rows):
+                    if js:
+                        total += float(patterns[layer][b, head, i, js].sum())
+                        count += 1
+            if total / count > best:
+                best, where = total / count, (layer, head)
+    layer = where[0]
+    prev = [(float(patterns[l][:, h].diagonal(-1, -2, -1).mean()), l, h)
+            for l in range(layer) for h in range(patterns[l].shape[1])]
+    _, pl, ph = max(prev)
+    return where, (pl, ph)
 
 
-def _onset_moving_average(steps, curve, fraction):  # smoothed first, like a rolling mean of 3 (pandas min_periods=1)
-    c = np.asarray(curve, dtype=np.float64)
-    smooth = np.array([c[max(0, k - 2):k + 1].mean() for k in range(len(c))])
-    return _onset_with(steps, curve, fraction, values=smooth)
+def circuit_numpy(tokens, patterns):  # NumPy throughout: the heads come back as np.int64 in lists
+    t = np.asarray(tokens)
+    P = np.stack([np.asarray(p, dtype=np.float64) for p in patterns])          # [N, B, H, T, T]
+    T = t.shape[1]
+    f = np.zeros((t.shape[0], T, T), dtype=bool)
+    f[:, :, 1:] = t[:, :, None] == t[:, None, :-1]
+    f &= np.tril(np.ones((T, T), dtype=bool), -1)
+    counted = f.any(-1)
+    induction = (P * f[None, :, None]).sum(-1).transpose(0, 2, 1, 3)[..., counted].mean(-1)  # [N, H]
+    previous = np.diagonal(P, offset=-1, axis1=-2, axis2=-1).mean((1, 3))     # [N, H]
+    il, ih = np.unravel_index(np.argmax(induction[1:]), induction[1:].shape)
+    il += 1
+    pl, ph = np.unravel_index(np.argmax(previous[:il]), previous[:il].shape)
+    return [[il, ih], [pl, ph]]
 
 
-def _onset_exponential(steps, curve, fraction):  # smoothed another way (an exponential average): named by its effect
-    c = [float(v) for v in curve]
-    smooth = [c[0]]
-    for v in c[1:]:
-        smooth.append(0.6 * smooth[-1] + 0.4 * v)
-    return _onset_with(steps, curve, fraction, values=smooth)
+def circuit_per_sequence(tokens, patterns):  # each sequence's mean first, then the batch's: the same heads here
+    f = _follows(tokens)
+    counted = f.any(-1).float()                                               # [B, T]
+    scores = torch.stack([((p * f[:, None]).sum(-1) * counted[:, None]).sum(-1).div(counted.sum(-1)[:, None]).mean(0)
+                          for p in patterns])
+    (il, ih), (pl, ph) = _circuit_with(tokens, patterns, scores=scores)
+    return (torch.tensor(il), torch.tensor(ih)), (torch.tensor(pl), torch.tensor(ph))
 
 
-def circuit_loop(induction, previous):
-    K, N, H = induction.shape
-    best = max(((layer, head) for layer in range(1, N) for head in range(H)), key=lambda lh: float(induction[-1][lh]))
-    below = max(((layer, head) for layer in range(best[0]) for head in range(H)),
-                key=lambda lh: float(previous[-1][lh]))
-    return [list(best), list(below)]
+def circuit_argmax(tokens, patterns):  # how often a head's strongest key is a follower: another fair test
+    f = _follows(tokens)
+    counted = f.any(-1)
+    hits = []
+    for p in patterns:                                                        # [B, H, T, T]
+        top = p.argmax(-1)                                                    # [B, H, T]
+        hit = f[:, None].expand(-1, p.shape[1], -1, -1).gather(-1, top[..., None])[..., 0]   # [B, H, T]
+        hits.append((hit & counted[:, None]).float().sum((0, 2)) / counted.sum())
+    return _circuit_with(tokens, patterns, scores=torch.stack(hits))
 
 
-def circuit_numpy(induction, previous):
-    i, p = np.asarray(induction)[-1], np.asarray(previous)[-1]
-    layer, head = np.unravel_index(np.argmax(i[1:]), i[1:].shape)
-    p_layer, p_head = np.unravel_index(np.argmax(p[:layer + 1]), p[:layer + 1].shape)
-    return (int(layer) + 1, int(head)), (int(p_layer), int(p_head))
+def circuit_period_found(tokens, patterns):  # each sequence's period found from its tokens, the offset read there
+    B, T = tokens.shape
+    hits = torch.zeros(len(patterns), patterns[0].shape[1], dtype=torch.float64)
+    count = 0
+    for b in range(B):
+        P = next(p for p in range(1, T) if torch.equal(tokens[b, p:], tokens[b, :T - p]))
+        for i in range(P, T):
+            hits += torch.stack([p[b, :, i, i - P + 1].double() for p in patterns])
+            count += 1
+    return _circuit_with(tokens, patterns, scores=hits / count)
 
 
-def _onset_first_crossing(steps, curve, fraction):
-    c = torch.as_tensor(curve, dtype=torch.float64)
-    threshold = float(c[0] + fraction * (c[-1] - c[0]))
-    past = c <= threshold if c[-1] < c[0] else c >= threshold
-    return steps[int(past.nonzero()[0])]
+def _circuit_fixed_offset(tokens, patterns):  # the period of the first sequence, read as a distance in every one
+    T = tokens.shape[1]
+    P = next(j for j in range(1, T) if torch.equal(tokens[0, j:], tokens[0, :T - j]))
+    scores = torch.stack([p.diagonal(-(P - 1), -2, -1).mean((0, 2)) for p in patterns])
+    return _circuit_with(tokens, patterns, scores=scores)
 
 
-def _onset_rising_only(steps, curve, fraction):
-    c = torch.as_tensor(curve, dtype=torch.float64)
-    threshold = float(c[0] + fraction * (c[-1] - c[0]))
-    past = c >= threshold
-    return next((steps[k] for k in range(len(steps)) if bool(past[k:].all())), None)
+def _circuit_first_sequence(tokens, patterns):  # the content test on the first sequence only
+    return _circuit_with(tokens[:1], [p[:1] for p in patterns])
 
 
-def _onset_from_zero(steps, curve, fraction):
-    c = torch.as_tensor(curve, dtype=torch.float64)
-    threshold = float(fraction * c[-1])
-    past = c <= threshold if c[-1] < c[0] else c >= threshold
-    return next((steps[k] for k in range(len(steps)) if bool(past[k:].all())), None)
+def _circuit_half_offset(tokens, patterns):  # as if every sequence were one block and its copy: offset T / 2 - 1
+    d = tokens.shape[1] // 2 - 1
+    scores = torch.stack([p.diagonal(-d, -2, -1).mean((0, 2)) for p in patterns])
+    return _circuit_with(tokens, patterns, scores=scores)
 
 
-def _onset_index(steps, curve, fraction):
-    step = onset_loop(steps, curve, fraction)
-    return list(steps).index(step)
-
-
-def _circuit_ever(induction, previous):
-    peak = induction.amax(0)[1:]
-    layer, head = divmod(int(peak.argmax()), peak.size(1))
-    p = previous[-1, :layer + 1]
-    return (layer + 1, head), divmod(int(p.argmax()), p.size(1))
-
-
-def _circuit_anywhere(induction, previous):
-    final = induction[-1, 1:]
-    layer, head = divmod(int(final.argmax()), final.size(1))
-    return (layer + 1, head), divmod(int(previous[-1].argmax()), previous.size(2))
-
-
-def _circuit_with_layer0(induction, previous):
-    layer, head = divmod(int(induction[-1].argmax()), induction.size(2))
-    p = previous[-1, :max(layer, 1)]
-    return (layer, head), divmod(int(p.argmax()), p.size(1))
-
-def circuit_tensors(induction, previous):  # the heads as 0-d tensors, from argmax over a flattened view
-    final, H = induction[-1], induction.shape[2]
-    flat = final[1:].flatten().argmax()
-    layer, head = flat // H + 1, flat % H
-    below = previous[-1, :int(layer)].flatten().argmax()
-    return (layer, head), (below // H, below % H)
-
-
-def circuit_numpy_ints(induction, previous):  # np.int64 everywhere, a list of lists
-    i, p = np.asarray(induction)[-1], np.asarray(previous)[-1]
-    layer, head = np.unravel_index(np.argmax(i[1:]), i[1:].shape)
-    p_layer, p_head = np.unravel_index(np.argmax(p[:layer + 1]), p[:layer + 1].shape)
-    return [[layer + 1, head], [p_layer, p_head]]
-
-
-def _circuit_reading(induction, previous, *, read="last", layers=None, p_read="last", below=None):
-    """circuit_loop with one reading changed: the step read (last, max, mean), the induction head's layers, which
-    layers hold the previous-token head (a function of the induction head's layer)."""
-    def at(t, how):
-        return {"last": t[-1], "max": t.amax(0), "mean": t.mean(0)}[how]
-    K, N, H = induction.shape
-    scores = at(induction, read)
-    layers = list(range(1, N)) if layers is None else list(layers(N))
-    layer, head = max(((l, h) for l in layers for h in range(H)), key=lambda lh: float(scores[lh]))
-    p_scores = at(previous, p_read)
-    rows = list(range(layer)) if below is None else list(below(layer, N))
-    p_layer, p_head = max(((l, h) for l in rows for h in range(H)), key=lambda lh: float(p_scores[lh]))
-    return (layer, head), (p_layer, p_head)
-
+def _circuit_head_roles(tokens, patterns):  # the course's own score, which the prompt asks not to use
+    from mhalab.head_roles import induction_score
+    return _circuit_with(tokens, patterns, scores=induction_score(torch.stack(patterns), tokens))
 
 # ------------------------------------------------------------------------------------ 12
 def qk_circuit_by_slicing(model, layer, head):  # qkv_proj sliced by hand, the K/V head found from the group size
@@ -1596,50 +1567,40 @@ CORPUS = {
         ],
     },
     "11.1": {
-        "right": [icl_numpy, icl_per_sequence, icl_numpy_float32,
-                  lambda nll, window: torch.tensor(float(nll[:, -window:].mean() - nll[:, :window].mean()))],
+        "right": [floor_closed_form, floor_numpy, floor_tensor, floor_float32,
+            lambda vocab_size, period, seq_len, window: sum(
+                math.log(vocab_size) * ((t < period) - (u < period)) for t, u in
+                zip(range(seq_len - 1 - window, seq_len - 1), range(window))) / window],
         "wrong": [
-            (lambda nll, w: float(nll[:, :w].mean() - nll[:, -w:].mean()), "the sign is flipped"),
-            (lambda nll, w: float(nll[:, -w:].sum() - nll[:, :w].sum()), "difference of sums"),
-            (lambda nll, w: float(nll[:, -w - 1:].mean() - nll[:, :w + 1].mean()), "one target too many"),
-            (lambda nll, w: float(nll[:, nll.shape[1] - nll.shape[1] // 2:].mean() - nll[:, :nll.shape[1] // 2].mean()),
-             "two halves"),
-            (lambda nll, w: float(nll[:, -w:].mean()), "subtract the loss early"),
-            (lambda nll, w: nll[:, -w:].mean(1) - nll[:, :w].mean(1), "stage 2 of 2"),
+            (lambda V, P, T, w: _floor_with(V, P, T, w, log=math.log2), "not log2 V"),
+            (lambda V, P, T, w: -_floor_with(V, P, T, w), "the sign is flipped"),
+            (lambda V, P, T, w: _floor_with(V, P, T, w, first=P - 1), "the first repeated token"),
+            (lambda V, P, T, w: _floor_with(V, P, T, w, first=P + 1), "the target at position `period` is already"),
+            (lambda V, P, T, w: _floor_with(V, P, T, w, n=T), "there are seq_len - 1 targets"),
+            (lambda V, P, T, w: math.log(V) * (max(0, min(P, T - 1) - (T - 1 - w)) - w) / w,
+             "the early window is not all guesses"),
+            (lambda V, P, T, w: -math.log(V) * min(w, P) / w, "the late window is not all known"),
+            (lambda V, P, T, w: -math.log(V), "count those targets in each window"),
+            (_floor_halves, "count those targets in each window"),
+            (lambda V, P, T, w: [_floor_with(V, P, T, w)], "one number"),
         ],
     },
     "11.2": {
-        "right": [onset_loop, onset_normalised, onset_numpy, onset_tensor_step],
+        "right": [circuit_loop, circuit_numpy, circuit_per_sequence, circuit_argmax, circuit_period_found],
         "wrong": [
-            (_onset_first_crossing, "stage 1 of 4 (a rise that crosses the threshold and falls back)"),
-            (_onset_first_crossing, "that is the first step past the threshold, but the curve falls back later"),
-            (lambda s, c, f: _onset_with(s, c, f, run=2), "for two records in a row, but the curve falls back later"),
-            (lambda s, c, f: _onset_with(s, c, f, run=3), "for three records in a row"),
-            (lambda s, c, f: _onset_with(s, c, f, strict=True), "a value exactly at the threshold has come"),
-            (_onset_min_max, "not from the lowest value to the highest"),
-            (_onset_rising_only, "this curve falls (a loss)"),
-            (_onset_from_zero, "not from zero"),
-            (_onset_index, "an index into steps"),
-            (_onset_moving_average, "smoothed (a trailing moving average over 3 records)"),
-            (_onset_exponential, "return the first step from which it stays at or past first + fraction"),
-            (lambda steps, curve, fraction: steps[int(torch.as_tensor(curve).argmax())], "stage 1 of 4"),
-        ],
-    },
-    "11.3": {
-        "right": [circuit_loop, circuit_numpy, circuit_tensors, circuit_numpy_ints],
-        "wrong": [
-            (lambda i, p: tuple(t[::-1] for t in circuit_loop(i, p)), "(layer, head), in that order"),
-            (lambda i, p: circuit_loop(i, p)[::-1], "the induction head comes first"),
-            (_circuit_ever, "peaked mid-way and faded"),
-            (lambda i, p: _circuit_reading(i, p, read="mean"), "on average over the steps"),
-            (lambda i, p: _circuit_reading(i, p, layers=lambda N: [N - 1]), "need not be in the last layer"),
-            (_circuit_anywhere, "in a layer *below* the induction head"),
-            (lambda i, p: _circuit_reading(i, p, below=lambda layer, N: range(layer + 1)), "not in its own layer"),
-            (lambda i, p: _circuit_reading(i, p, below=lambda layer, N: [layer - 1]), "not only the one just below"),
-            (lambda i, p: _circuit_reading(i, p, p_read="max"), "that previous-token head's score peaked and faded"),
-            (lambda i, p: _circuit_reading(i, p, p_read="mean"), "highest previous-token score on average"),
-            (_circuit_with_layer0, "layers 1 and up"),
-            (lambda i, p: circuit_loop(i, p)[0], "return ((layer, head), (layer, head))"),
+            (lambda t, p: tuple(x[::-1] for x in _circuit_with(t, p)), "(layer, head), in that order"),
+            (lambda t, p: _circuit_with(t, p)[::-1], "the induction head comes first"),
+            (lambda t, p: _circuit_with(t, p, shift=0), "the earlier copy of the query's token itself"),
+            (_circuit_fixed_offset, "a fixed distance back (a positional head)"),
+            (_circuit_first_sequence, "a fixed distance back (a positional head)"),
+            (lambda t, p: _circuit_with(t, p, layers=[len(p) - 1]), "need not be in the last layer"),
+            (lambda t, p: _circuit_with(t, p, below=lambda layer: range(len(p))), "in a layer *below* the induction"),
+            (lambda t, p: _circuit_with(t, p, below=lambda layer: range(layer + 1)), "not in its own layer"),
+            (lambda t, p: _circuit_with(t, p, below=lambda layer: [layer - 1]), "not only the one just below"),
+            (lambda t, p: _circuit_with(t, p, prev_offset=0), "attends to the query's own position"),
+            (_circuit_half_offset, "the induction head is the head that attends most"),
+            (_circuit_head_roles, "mhalab.head_roles"),
+            (lambda t, p: _circuit_with(t, p)[0], "return ((layer, head), (layer, head))"),
         ],
     },
     "12.1": {
@@ -1771,8 +1732,7 @@ from labs_learners import second_copy_zeroing_v, second_copy_zeroing_v_group  # 
 MISBLAMED = {
     "09.3": [(second_copy_zeroing_v, "nothing was switched off"),
              (second_copy_zeroing_v_group, "nothing was switched off")],
-    "11.2": [(_onset_moving_average, "measure the way from the first value"),
-             (_onset_exponential, "measure the way from the first value")],
+    "11.2": [(_circuit_first_sequence, "the earlier copy"), (_circuit_half_offset, "positional head")],
     "12.2": [(_copying_moduli_over_moduli, "not of the singular values")],
     "06.1": [(answer, "check each seed on its own") for answer, _ in CORPUS["06.1"]["wrong"]
              if answer is not _hump_mean],

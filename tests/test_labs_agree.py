@@ -130,9 +130,9 @@ def test_q_check_and_the_grade_agree_on_every_corpus_entry(nb, tmp_path, monkeyp
 #: (an np.int64 into an int, a 0-d tensor into a tensor), which q.check must accept as the grade does.
 RETURNS = [
     ("12.1", "qk_circuit_numpy", np.int64),       # np.linalg.matrix_rank's rank
-    ("11.2", "onset_numpy", np.int64),
+    ("11.1", "floor_numpy", np.float64),
     ("06.1", "hump_numpy", np.bool_),
-    ("11.1", "icl_numpy_float32", np.float32),
+    ("11.1", "floor_float32", np.float32),
     ("12.2", "copying_numpy_float32", np.float32),
     ("06.1", "hump_tensor", torch.Tensor),         # a 0-d torch bool
     ("12.1", "qk_circuit_tensor_rank", torch.Tensor),  # a 0-d torch integer

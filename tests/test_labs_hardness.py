@@ -26,12 +26,10 @@ SEPARATING = {
              lambda cases: [ex05._rank_mistakes(*c[:4]) for c in cases], ex05._equal),
     "05.4": (ex05._radius_cases, lambda cases: [ex05._shortest(ex05._gaps(n), w) for n, w in cases],
              lambda cases: [ex05._radius_mistakes(*c) for c in cases], ex05._close_length),
-    "11.2": (ex11._onset_cases,
-             lambda cases: [ex11._first_from(s, ex11._past(c, float(c[0]) + f * (float(c[-1]) - float(c[0])),
-                                                           float(c[-1]) < float(c[0]))) for _, s, c, f in cases],
-             lambda cases: [ex11._onset_mistakes(s, c, f, smoothing=False) for _, s, c, f in cases], ex11._same_step),
-    "11.3": (ex11._circuit_cases, lambda cases: [ex11._circuit(i, p) for _, i, p in cases],
-             lambda cases: [ex11._circuit_mistakes(i, p) for _, i, p in cases], ex11._same_pair),
+    "11.1": (ex11._floor_cases, lambda cases: [ex11._floor(*c) for c in cases],
+             lambda cases: [ex11._floor_mistakes(*c) for c in cases], ex11._same_value),
+    "11.2": (ex11._circuit_cases, lambda cases: [ex11._circuit(t, p) for _, t, p in cases],
+             lambda cases: [ex11._circuit_mistakes(t, p) for _, t, p in cases], ex11._same_pair),
     "06.1": (ex06._hump_cases, lambda cases: [ex06._hump_every_seed(a) for a, _ in cases],
              lambda cases: [ex06._hump_mistakes(a) for a, _ in cases], ex06._same),
     "13.1": (ex13._reachable_cases, lambda cases: [ex13._reachable(k) for k, _ in cases],
@@ -58,7 +56,7 @@ def _plain(value):
 def _args(key, case):
     return {"07.3": lambda c: (c[0].clone(), c[1]), "03.2": lambda c: (list(c[0]), *c[1:]),
             "05.1": lambda c: c[:4], "05.4": lambda c: c,
-            "11.2": lambda c: (c[1], c[2].clone(), c[3]), "11.3": lambda c: (c[1].clone(), c[2].clone()),
+            "11.1": lambda c: c, "11.2": lambda c: (c[1].clone(), [p.clone() for p in c[2]]),
             "06.1": lambda c: (c[0],)}.get(key, lambda c: (c[0],))(case)
 
 
@@ -104,7 +102,7 @@ def test_08_3_a_correct_answer_carries_a_tenth_of_the_tolerance_at_most_through_
 # --------------------------------------------------------------------------- the corpus on fresh draws
 
 #: exercise: how many grading draws its corpus is judged on here (the issue's answers were judged on 20)
-DRAWS = {"11.2": 20, "11.3": 20, "06.1": 20, "13.1": 20, "12.2": 20, "12.1": 5}
+DRAWS = {"11.1": 20, "11.2": 20, "06.1": 20, "13.1": 20, "12.2": 20, "12.1": 5}
 
 
 @pytest.mark.parametrize("key", sorted(DRAWS))

@@ -1,371 +1,309 @@
-"""Exercises of notebook 11 (heads form): the in-context-learning score from per-target losses, the step at
-which a recorded curve has come a given fraction of the way (its onset or its halfway step), and which heads of
-a recording are the induction head and the previous-token head below it.
+"""Exercises of notebook 11 (heads form): predict the in-context-learning score a perfect induction head allows
+on a repeated sequence, from the sequence's structure alone; then design the test that tells an induction head
+from the heads that look like one (a head that looks a fixed distance back, a head that looks at the earlier copy
+itself) and from its previous-token head, on attention patterns.
 
-All three run on hidden recordings made up here (random losses, curves with a blip or a fall, score tensors
-with a head that peaks early and fades), staged where a stage catches a mistake the first cannot. When
-grading, the values are drawn fresh. The answers may use anything (``FormationRecorder.first_step`` included).
+Both run on hidden cases made up here (sequence sizes whose windows straddle the first repeat; patterns of made-up
+heads, with the induction head in any layer from 1 up), drawn fresh when grading and redrawn until every mistake
+the checker names gives a result of its own on some case.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from .calls import Check
 from .core import Exercise, register
-from .judging import consistent_mistake, expect_whole, judge, unseparated
+from .judging import ATOL, RTOL, as_float64, consistent_mistake, expect_whole, unseparated
 from .verdicts import AnswerRaised, Wrong
 
 
 # ------------------------------------------------------------------------------------ exercise 1
-def _icl_cases(check: Check) -> list:
-    """(stage, nll [B, T], window): one sequence, then a batch whose later targets are easier."""
-    g, r = check.generator(90), check.rng(91)
-    sizes = [("stage 1 of 2 (one sequence)", 1, 12, 3), ("stage 2 of 2 (a batch)", 4, 23, 5)]
-    if check.grading:
-        sizes.append(("stage 2 of 2 (a batch)", r.randint(2, 6), r.randint(14, 40), r.randint(2, 6)))
-    cases = []
-    for stage, B, T, w in sizes:
-        easier = torch.linspace(1.0, 0.3, T, dtype=torch.float64)  # the context helps, as it does here
-        cases.append((stage, torch.rand(B, T, generator=g, dtype=torch.float64) * 3 * easier, w))
+def _floor(V: int, P: int, T: int, w: int, *, first: int | None = None, targets: int | None = None,
+           log=math.log) -> float:
+    """The score of a perfect induction head: target t (token t + 1, predicted at position t) costs log V before
+    position ``first`` (the first whose token occurred before: ``P``), 0 from it on. ``targets``: how many there are
+    (T - 1); the keywords give the mistakes."""
+    first = P if first is None else first
+    n = T - 1 if targets is None else targets
+    loss = [log(V) if t < first else 0.0 for t in range(n)]
+    return sum(loss[-w:]) / w - sum(loss[:w]) / w
+
+
+def _floor_mistakes(V: int, P: int, T: int, w: int) -> dict:
+    """{message: what that mistake predicts} for one case."""
+    right = _floor(V, P, T, w)
+    unknown = [t < P for t in range(T - 1)]  # the targets a perfect induction head cannot know
+    return {
+        "the loss is in nats: ln V (math.log), not log2 V": _floor(V, P, T, w, log=math.log2),
+        "the sign is flipped: the score is the late window minus the early one (negative when the context helps)":
+            -right,
+        "the first repeated token (token `period`) cannot be predicted: at position period - 1 the current token has "
+        "not occurred before, so there is no earlier copy whose follower to read":
+            _floor(V, P, T, w, first=P - 1),
+        "from position `period` on the current token has occurred before, and what followed it then is the next "
+        "token: the target at position `period` is already known":
+            _floor(V, P, T, w, first=P + 1),
+        "there are seq_len - 1 targets (the last token has no next token): the last window ends at target "
+        "seq_len - 2": _floor(V, P, T, w, targets=T),
+        "the early window is not all guesses when the period is shorter than the window: the targets from position "
+        "`period` on are known there too": math.log(V) * (sum(unknown[-w:]) - w) / w,
+        "the late window is not all known when the first repeat comes late: targets before position `period` in it "
+        "still cost ln V": -math.log(V) * sum(unknown[:w]) / w,
+    }
+
+
+def _floor_cases(check: Check) -> list:
+    """(vocab_size, period, seq_len, window): a period far shorter than the sequence; one just shorter, so the
+    first repeat falls inside the last window; one shorter than the window, so it falls inside the first; a period
+    longer than the sequence (nothing repeats); overlapping windows. Drawn fresh when grading (each kind once)."""
+    if not check.grading:
+        return [(32, 12, 48, 8), (50, 20, 24, 8), (10, 5, 30, 8), (7, 16, 12, 4), (64, 6, 10, 6)]
+    for attempt in range(20):
+        r = check.rng(90 + 1000 * attempt)
+        cases = []
+        w = r.randint(3, 10)
+        T = r.randint(4 * w, 6 * w)
+        cases.append((r.randint(10, 200), r.randint(w, T // 3), T, w))                  # the late window: all known
+        w = r.randint(3, 10)
+        T = r.randint(3 * w, 5 * w)
+        cases.append((r.randint(10, 200), r.randint(T - w, T - 2), T, w))                # the first repeat: late
+        w = r.randint(4, 10)
+        cases.append((r.randint(10, 200), r.randint(2, w - 1), r.randint(3 * w, 5 * w), w))  # ...: early
+        T = r.randint(6, 20)
+        cases.append((r.randint(3, 200), r.randint(T, 2 * T), T, r.randint(2, T // 2)))    # nothing repeats
+        w = r.randint(4, 8)
+        T = r.randint(w + 2, 2 * w)
+        cases.append((r.randint(10, 200), r.randint(2, w), T, w))                         # the windows overlap
+        right = [_floor(*c) for c in cases]
+        if not unseparated(right, [_floor_mistakes(*c) for c in cases], _same_value):
+            break
     return cases
 
 
-def _check_icl(icl_score, check: Check) -> None:
-    for stage, nll, w in _icl_cases(check):
-        B, T = nll.shape
-        label = f"{stage}, icl_score(nll [{B}, {T}], window={w})"
-        got = check.call(icl_score, nll, w, label=f"nll [{B}, {T}], window={w}")
-        judge(got, check.reference(nll, w), label, lambda: {
-            "the sign is flipped: the score is late minus early (negative when the context helps)":
-                -check.reference(nll, w),
-            "that is a difference of sums; take the mean loss of each window":
-                float(nll[:, -w:].sum() - nll[:, :w].sum()),
-            "the windows hold one target too many: each is the first or last `window` targets":
-                check.reference(nll, w + 1),
-            "the windows hold one target too few: each is the first or last `window` targets":
-                check.reference(nll, w - 1) if w > 1 else float("nan"),
-            "that compares the two halves of the context; compare only the first and the last `window` targets":
-                float(nll[:, T - T // 2:].mean() - nll[:, :T // 2].mean()),
-            "that is the loss late in the context alone; subtract the loss early in it": float(nll[:, -w:].mean()),
-        })
+def _same_value(a, b) -> bool:
+    return a is not None and b is not None and abs(a - b) <= ATOL + RTOL * abs(b)
+
+
+def _number(value, name: str) -> float:
+    if isinstance(value, (bool, str, list, tuple, dict)) or value is None:
+        raise Wrong(f"{name} should be one number (the score, in nats), got {type(value).__name__}")
+    got = as_float64(value, name)
+    if got.numel() != 1:
+        raise Wrong(f"{name} should be one number (the score, in nats), got a tensor of shape {list(got.shape)}")
+    return got.item()
+
+
+def _check_floor(icl_floor, check: Check) -> None:
+    cases, got, raised = _floor_cases(check), [], None
+    for V, P, T, w in cases:
+        label = f"vocab_size={V}, period={P}, seq_len={T}, window={w}"
+        try:
+            got.append(_number(check.call(icl_floor, V, P, T, w, label=label), f"icl_floor({label})"))
+        except AnswerRaised as error:  # judged after the cases before it: a wrong answer there is said first
+            raised = error
+            break
+    cases = cases[:len(got)]
+    wants = [float(check.reference(*c)) for c in cases]
+    bad = next((i for i, (g, w) in enumerate(zip(got, wants)) if not _same_value(g, w)), None)
+    if bad is None:
+        if raised is not None:
+            raise raised
+        return
+    V, P, T, w = cases[bad]
+    message = consistent_mistake(got, wants, [_floor_mistakes(*c) for c in cases], _same_value)
+    if message is None:
+        message = (f"a perfect induction head predicts target t for nothing (ln {V} nats) while the token at "
+                   f"position t has not occurred before, and for free once it has; count those targets in each "
+                   f"window")
+    raise Wrong(f"icl_floor(vocab_size={V}, period={P}, seq_len={T}, window={w}): got {got[bad]:.4g} nats; "
+                f"{message}")
 
 
 register(Exercise(
-    "11", 1, "the in-context-learning score",
-    _check_icl,
-    hint=["Olsson et al.'s score is the loss late in the context minus the loss early in it: negative when the "
-          "context helps.",
-          "Take the mean of nll[:, -window:] (every sequence's last `window` targets) minus the mean of "
-          "nll[:, :window], and return it as one number."],
+    "11", 1, "predict the score a perfect induction head allows",
+    _check_floor,
+    hint=["Write down the loss of every target t = 0 .. seq_len - 2 (target t is token t + 1, predicted at position "
+          "t): a perfect induction head knows it exactly when the token at position t occurred before. From which "
+          "position on is that so?",
+          "At position period - 1 the token is still new (its copy is at 2 * period - 1): target period - 1, the first "
+          "repeated token, costs ln V. From position period on every target is free. Average each window of that "
+          "list, late minus early."],
     solution=(
-        "def icl_score(nll, window):\n"
-        "    late = nll[:, -window:].mean()                 # the last `window` targets of every sequence\n"
-        "    early = nll[:, :window].mean()                 # the first `window`\n"
-        "    return float(late - early)                     # negative: the context helps"
+        "def icl_floor(vocab_size, period, seq_len, window):\n"
+        "    # target t (token t + 1, predicted at position t): known once the token at t occurred before\n"
+        "    loss = [math.log(vocab_size) if t < period else 0.0 for t in range(seq_len - 1)]\n"
+        "    return sum(loss[-window:]) / window - sum(loss[:window]) / window"
     ),
-    minutes=5, difficulty=1, importance=2,
+    minutes=10, difficulty=2, importance=3,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-def _first_from(steps, past, *, run: int | None = None):
-    """steps[k] for the first k from which ``past`` holds to the end (or, with ``run``, for ``run`` records in a
-    row: the mistake), else None."""
-    past = [bool(p) for p in past]
-    for k in range(len(steps)):
-        if all(past[k:]) if run is None else all(past[k:k + run]) and k + run <= len(past):
-            return int(steps[k])
-    return None
+def _follows(tokens: torch.Tensor, shift: int = 1) -> torch.Tensor:
+    """[B, T, T]: key j counts for query i (j < i) when tokens[j - shift] is the query's token (shift 1: j follows
+    an earlier copy of it; shift 0: j is one)."""
+    B, T = tokens.shape
+    out = torch.zeros(B, T, T, dtype=torch.bool)
+    out[:, :, shift:] = tokens[:, :, None] == tokens[:, None, :T - shift]
+    return out & torch.ones(T, T, dtype=torch.bool).tril(-1)
 
 
-def _past(curve: torch.Tensor, threshold: float, falling: bool, *, strict: bool = False) -> torch.Tensor:
-    if falling:
-        return curve < threshold if strict else curve <= threshold
-    return curve > threshold if strict else curve >= threshold
+def _content(patterns, keys: torch.Tensor) -> torch.Tensor:
+    """[N, H]: the attention on ``keys`` ([B, T, T]), averaged over the queries that have such a key."""
+    counted = keys.any(-1).double()                                            # [B, T]
+    return torch.stack([(p.double() * keys[:, None]).sum(-1).mul(counted[:, None]).sum((0, 2)) / counted.sum()
+                        for p in patterns])
 
 
-def _smoothed(curve: torch.Tensor, window: int, *, centred: bool = False) -> torch.Tensor:
-    """A moving average over ``window`` records (trailing, shorter at the start; or centred, shorter at the ends)."""
-    values = curve.tolist()
-    half = window // 2
-    spans = [(max(0, k - half), k + half + 1) if centred else (max(0, k - window + 1), k + 1)
-             for k in range(len(values))]
-    return torch.tensor([sum(values[a:b]) / len(values[a:b]) for a, b in spans], dtype=torch.float64)
+def _offset(patterns, d: int) -> torch.Tensor:
+    """[N, H]: the mean attention on the key ``d`` back (queries d .. T - 1)."""
+    return torch.stack([p.double().diagonal(-d, -2, -1).mean((0, 2)) for p in patterns])
 
 
-def _onset_mistakes(steps, curve: torch.Tensor, fraction: float, *, smoothing: bool = True) -> dict:
-    """{message: the step (or None) that mistake gives} for one case; a mistake that does not apply is absent.
-    ``smoothing``: with the readings of a smoothed curve (named when they explain every case, but not drawn apart:
-    there are many ways to smooth)."""
-    first, last = float(curve[0]), float(curve[-1])
-    falling = last < first
-    threshold = first + fraction * (last - first)
-
-    def stays(values, t, **kw):
-        return _first_from(steps, _past(values, t, falling, **kw))
-
-    low, high = float(curve.min()), float(curve.max())
-    start, end = (high, low) if falling else (low, high)  # the extremes, in the curve's direction
-    right = stays(curve, threshold)
-    out = {
-        "that is the first step past the threshold, but the curve falls back later: return the first step from which "
-        "it stays past the threshold to the end": _first_from(steps, _past(curve, threshold, falling), run=1),
-        "that is the first step past the threshold for two records in a row, but the curve falls back later: return "
-        "the first step from which it stays past the threshold to the end":
-            _first_from(steps, _past(curve, threshold, falling), run=2),
-        "that is the first step past the threshold for three records in a row, but the curve falls back later: "
-        "return the first step from which it stays past the threshold to the end":
-            _first_from(steps, _past(curve, threshold, falling), run=3),
-        "a value exactly at the threshold has come the fraction of the way: compare with >= (<= for a falling "
-        "curve), not > (<)": stays(curve, threshold, strict=True),
-        "the way goes from the first recorded value to the last, not from the lowest value to the highest (the curve "
-        "may dip below its first value and overshoot its last)": stays(curve, start + fraction * (end - start)),
-        "the way goes from the first value to the *last* one, not to the highest (or, falling, the lowest)":
-            stays(curve, first + fraction * (end - first)),
-        "measure the way from the first value, not from zero: threshold = first + fraction * (last - first)":
-            stays(curve, fraction * last),
-        "measure the way from the first value toward the last: threshold = first + fraction * (last - first), not "
-        "last + fraction * (first - last)": stays(curve, last + fraction * (first - last)),
-    }
-    if right is not None and right in steps:
-        out["that is an index into steps; return the step itself"] = steps.index(right)
-    if falling:
-        out["this curve falls (a loss): it has come the fraction of the way once it is at or below the threshold"] = \
-            _first_from(steps, curve >= threshold)
-    for window, centred in ((2, False), (3, False), (5, False), (3, True), (5, True)) if smoothing else ():
-        smooth = _smoothed(curve, window, centred=centred)
-        kind = f"a {'centred' if centred else 'trailing'} moving average over {window} records"
-        out[f"the curve is judged as recorded: smoothed ({kind}) it crosses the threshold elsewhere; find the first "
-            "step from which the recorded values stay past first + fraction * (last - first)"] = \
-            stays(smooth, float(smooth[0]) + fraction * (float(smooth[-1]) - float(smooth[0])))
-    return out
-
-
-_UNIT = 1 / 64  # the made-up curves' values are multiples of it: the threshold is exact in any float format
-
-
-def _blips(r, *, falling: bool) -> tuple[torch.Tensor, float]:
-    """(curve, fraction): a curve that crosses the threshold for one, two and three records and falls back each
-    time, then touches it exactly (already past it: "at least") and stays past it to its last value. Values on a grid
-    of 1/64 and fraction 1/4, so that every way of writing first + fraction * (last - first) gives the threshold
-    exactly; a falling curve is a rising one mirrored."""
-    a, d = r.randint(8, 24), r.randint(8, 16)
-    b, t = a + 4 * d, a + d                               # the last value, the threshold (fraction 1/4)
-    seq = [a] + [r.randint(a, t - 2) for _ in range(r.randint(1, 3))]
-    for run in (1, 2, 3):                                 # past the threshold for `run` records, then back below
-        seq += [t + r.randint(1, 4) for _ in range(run)] + [r.randint(a, t - 2) for _ in range(r.randint(1, 3))]
-    seq += [t, t + 1] + sorted(r.randint(t + 2, b) for _ in range(r.randint(3, 6))) + [b]  # at it, then past it
-    units = torch.tensor(seq, dtype=torch.float64)
-    return (4 * b - units if falling else units) * _UNIT, 0.25
-
-
-def _ramp(r, *, falling: bool) -> tuple[torch.Tensor, float]:
-    """(curve, fraction): a curve that dips well below its first value, climbs one grid step per record through every
-    threshold a reading could take, overshoots its last value and comes back down to it, staying above the threshold
-    (mirrored: a falling loss). Each reading's threshold is then passed at its own record."""
-    a, d, dip = r.randint(16, 32), r.randint(8, 16), r.randint(8, 16)
-    b = a + 4 * d                                         # fraction 1/4: the threshold is a + d
-    top = b + r.randint(2 * d, 4 * d)
-    seq = [a, a - dip // 2] + list(range(a - dip, top + 1)) + list(range(top - 3, b, -r.randint(3, 5))) + [b]
-    units = torch.tensor(seq, dtype=torch.float64)
-    return (2 * top - units if falling else units) * _UNIT, 0.25
-
-
-def _onset_cases(check: Check) -> list:
-    """(stage, steps, curve [K], fraction): curves that cross and fall back, curves that dip and overshoot (one
-    rising, one falling, at random when grading), and a smooth rise as a recorder gives it; drawn fresh when grading,
-    and redrawn (a few times at most) until every mistake gives a step of its own on some case."""
-    for attempt in range(20):
-        g, r = check.generator(92 + 1000 * attempt), check.rng(93 + 1000 * attempt)
-        every = r.choice([10, 20, 25]) if check.grading else 10
-        flip = r.random() < 0.5 if check.grading else False
-        K = r.randint(30, 50) if check.grading else 41
-        x = torch.linspace(-6, 6, K, dtype=torch.float64)
-        middle = r.uniform(-2, 2) if check.grading else 0.8
-        smooth = 0.05 + 0.7 * torch.sigmoid(2 * (x - middle)) + 0.01 * torch.randn(K, generator=g, dtype=torch.float64)
-        made = [("stage 1 of 4 (a rise that crosses the threshold and falls back)", *_blips(r, falling=flip)),
-                ("stage 2 of 4 (a falling loss that crosses the threshold and comes back)",
-                 *_blips(r, falling=not flip)),
-                ("stage 3 of 4 (a curve that dips below its start and overshoots its end)", *_ramp(r, falling=flip)),
-                ("stage 4 of 4 (a smooth rise)", smooth, 0.1 if check.grading and r.random() < 0.5 else 0.5)]
-        cases = [(stage, [every * k for k in range(len(c))], c, f) for stage, c, f in made]
-        right = [_first_from(s, _past(c, float(c[0]) + f * (float(c[-1]) - float(c[0])), float(c[-1]) < float(c[0])))
-                 for _, s, c, f in cases]
-        if not unseparated(right, [_onset_mistakes(s, c, f, smoothing=False) for _, s, c, f in cases], _same_step):
-            break
-    return cases
-
-
-def _same_step(a, b) -> bool:
-    return a == b
-
-
-def _check_onset(onset_step, check: Check) -> None:
-    cases, got, raised = _onset_cases(check), [], None
-    for stage, steps, curve, fraction in cases:
-        label = f"steps (every {steps[1]}, {len(steps)} of them), curve [{len(steps)}], fraction={fraction}"
-        try:
-            value = check.call(onset_step, list(steps), curve.clone(), fraction, label=label)
-        except AnswerRaised as error:  # judged after the cases before it: a wrong answer there is said first
-            raised = error
-            break
-        got.append(None if value is None else expect_whole(value, f"{stage}, onset_step({label}): the result"))
-    cases = cases[:len(got)]
-    wants = [check.reference(list(steps), curve.clone(), fraction) for _, steps, curve, fraction in cases]
-    if got == wants:
-        if raised is not None:
-            raise raised
-        return
-    bad = next(i for i, (g, w) in enumerate(zip(got, wants)) if g != w)
-    stage, steps, curve, fraction = cases[bad]
-    label = f"steps (every {steps[1]}, {len(steps)} of them), curve [{len(steps)}], fraction={fraction}"
-    message = consistent_mistake(got, wants, [_onset_mistakes(s, c, f) for _, s, c, f in cases], _same_step)
-    first, last = float(curve[0]), float(curve[-1])
-    if message is None and got[bad] is None:
-        message = (f"the curve does come {fraction:g} of the way (its last value is all of the way)"
-                   + ("; this curve falls (a loss): past the threshold means at or below it" if last < first else ""))
-    elif message is None:
-        threshold = first + fraction * (last - first)
-        past = _past(curve, threshold, last < first).tolist()
-        k = steps.index(got[bad]) if got[bad] in steps else None
-        message = ("that is not one of the recorded steps" if k is None else
-                   f"the curve is not past the threshold at step {got[bad]}" if not past[k] else
-                   f"the curve falls back at step {steps[k + past[k:].index(False)]}, after step {got[bad]}"
-                   if not all(past[k:]) else "the curve is already past the threshold for good at an earlier step")
-        message += ": return the first step from which it stays at or past first + fraction * (last - first)"
-    raise Wrong(f"{stage}, onset_step({label}): got {got[bad]}; {message}")
-
-
-register(Exercise(
-    "11", 2, "the onset step of a recorded curve",
-    _check_onset,
-    hint=["The threshold is first + fraction * (last - first): a tenth of the way for the onset, half for the "
-          "halfway step. A loss falls, so for it 'past the threshold' means at or below it.",
-          "A curve can pass the threshold and fall back: return steps[k] for the first k from which every later "
-          "value is past the threshold."],
-    solution=(
-        "def onset_step(steps, curve, fraction):\n"
-        "    curve = torch.as_tensor(curve, dtype=torch.float64)\n"
-        "    first, last = float(curve[0]), float(curve[-1])\n"
-        "    threshold = first + fraction * (last - first)\n"
-        "    past = curve <= threshold if last < first else curve >= threshold   # a loss falls\n"
-        "    for k in range(len(steps)):\n"
-        "        if bool(past[k:].all()):                  # past it from here to the end\n"
-        "            return int(steps[k])\n"
-        "    return None"
-    ),
-    minutes=10, difficulty=2, importance=2,
-))
-
-
-# ------------------------------------------------------------------------------------ exercise 3
-def _best(scores: torch.Tensor, layers, *, read: str = "last") -> tuple[int, int] | None:
-    """(layer, head) of the highest score among ``layers``, read at the last step (or its ``max`` or ``mean`` over
-    the steps: mistakes); None when there is no such layer."""
+def _argmax(scores: torch.Tensor, layers) -> tuple[int, int] | None:
     layers = list(layers)
     if not layers:
         return None
-    at = {"last": lambda t: t[-1], "max": lambda t: t.amax(0), "mean": lambda t: t.mean(0)}[read](scores)[layers]
+    at = scores[layers]
     layer, head = divmod(int(at.argmax()), at.size(1))
     return (layers[layer], head)
 
 
-def _circuit(induction, previous, *, i_read="last", i_layers=None, p_read="last", p_layers=None):
-    """The pair a reading gives: the induction head among ``i_layers`` (default layers 1 and up), then the
-    previous-token head among ``p_layers(induction layer)`` (default the layers below it)."""
-    N = induction.size(1)
-    head = _best(induction, range(1, N) if i_layers is None else i_layers, read=i_read)
-    below = range(head[0]) if p_layers is None else p_layers(head[0])
-    return (head, _best(previous, below, read=p_read))  # (a previous-token head of None: no layer below)
+def _circuit(tokens, patterns, *, induction=None, layers=None, below=None, previous=None):
+    """The pair a reading gives: the head with the highest ``induction`` score among ``layers`` (default layers 1
+    and up), then the one with the highest ``previous`` score among ``below(its layer)`` (default the layers below
+    it). The keywords give the mistakes."""
+    N = len(patterns)
+    ind = _content(patterns, _follows(tokens)) if induction is None else induction
+    head = _argmax(ind, range(1, N) if layers is None else layers)
+    prev = _offset(patterns, 1) if previous is None else previous
+    return (head, _argmax(prev, range(head[0]) if below is None else below(head[0])))
 
 
-def _circuit_mistakes(induction, previous) -> dict:
-    """{message: the pair that mistake gives} for one recording."""
-    N = induction.size(1)
-    (il, ih), (pl, ph) = right = _circuit(induction, previous)
-    def induction_only(reading):  # a mistake in the induction head: whichever previous-token head follows from it
-        return (reading[0], None)
+def _period(tokens: torch.Tensor) -> int:
+    """The period of sequence 0: the smallest shift that maps it onto itself."""
+    T = tokens.size(1)
+    return next(p for p in range(1, T) if torch.equal(tokens[0, p:], tokens[0, :T - p]))
+
+
+def _circuit_mistakes(tokens, patterns) -> dict:
+    """{message: the pair that mistake gives} for one case; a mistake in the induction head gives (head, None)."""
+    N = len(patterns)
+    ind, prev = _content(patterns, _follows(tokens)), _offset(patterns, 1)   # [N, H] each: the right scores, once
+    (il, ih), (pl, ph) = right = _circuit(tokens, patterns, induction=ind, previous=prev)
+
+    def induction_only(pair):  # whichever previous-token head follows from it
+        return (pair[0], None)
 
     return {
         "the pairs are (layer, head), in that order": ((ih, il), (ph, pl)),
         "the induction head comes first, then the previous-token head": (right[1], right[0]),
-        "that head's induction score peaked mid-way and faded; name the head with the highest score at the *last* "
-        "recorded step": induction_only(_circuit(induction, previous, i_read="max")),
-        "that is the head with the highest induction score on average over the steps; name the one with the highest "
-        "score at the *last* recorded step (a head can lead for most of training and fade)":
-            induction_only(_circuit(induction, previous, i_read="mean")),
+        "that head looks at the earlier copy of the query's token itself; an induction head looks at the token that "
+        "*followed* it (the keys j with tokens[j - 1] equal to the query's token)":
+            induction_only(_circuit(tokens, patterns, induction=_content(patterns, _follows(tokens, 0)),
+                                    previous=prev)),
+        "that head looks a fixed distance back (a positional head): it reads the follower only in the sequences "
+        "whose period fits that distance. The sequences of a batch repeat with different periods: test every "
+        "sequence by content, the keys that follow an earlier copy of the query's token":
+            induction_only(_circuit(tokens, patterns, induction=_offset(patterns, _period(tokens) - 1),
+                                    previous=prev)),
         "the induction head need not be in the last layer: look in every layer from 1 up":
-            induction_only(_circuit(induction, previous, i_layers=[N - 1])),
-        "a layer-0 head has no layer below it to compose with: look for the induction head in layers 1 and up":
-            (_best(induction, range(N)), None),
+            induction_only(_circuit(tokens, patterns, induction=ind, layers=[N - 1], previous=prev)),
         "the previous-token head must sit in a layer *below* the induction head (its keys read what the layer below "
-        "wrote)": _circuit(induction, previous, p_layers=lambda layer: range(N)),
+        "wrote)": _circuit(tokens, patterns, induction=ind, previous=prev, below=lambda layer: range(N)),
         "the previous-token head sits in a layer below the induction head, not in its own layer":
-            _circuit(induction, previous, p_layers=lambda layer: range(layer + 1)),
+            _circuit(tokens, patterns, induction=ind, previous=prev, below=lambda layer: range(layer + 1)),
         "the previous-token head may sit in any layer below the induction head, not only the one just below":
-            _circuit(induction, previous, p_layers=lambda layer: [layer - 1]),
-        "that previous-token head's score peaked and faded; name the head with the highest score at the *last* "
-        "recorded step": _circuit(induction, previous, p_read="max"),
-        "that is the head with the highest previous-token score on average over the steps; name the one with the "
-        "highest score at the *last* recorded step": _circuit(induction, previous, p_read="mean"),
+            _circuit(tokens, patterns, induction=ind, previous=prev, below=lambda layer: [layer - 1]),
+        "that head attends to the query's own position; a previous-token head attends to the key just before it "
+        "(i - 1)": _circuit(tokens, patterns, induction=ind, previous=_offset(patterns, 0)),
     }
 
 
-def _recording(r, g, N: int, H: int, il: int, pl: int, K: int = 21) -> tuple[torch.Tensor, torch.Tensor]:
-    """Induction and previous-token scores [K, N, H]: the induction head in layer ``il`` and its previous-token
-    head in layer ``pl`` rise during training; beside them every head a reading can take instead: one that peaks
-    mid-way and fades, one that leads most of training and fades, a high head in layer 0, a lower head in the last
-    layer, previous-token heads above the induction head, in its layer and in the layer just below."""
-    ramp = torch.linspace(0, 1, K)
-    induction = 0.05 + 0.1 * torch.rand(K, N, H, generator=g)
-    previous = 0.05 + 0.1 * torch.rand(K, N, H, generator=g)
-    ih, ph = r.randrange(H), r.randrange(H)
-    induction[:, il, ih] += 0.6 * ramp                                        # ends near 0.7
-    previous[:, pl, ph] += 0.5 * ramp                                         # ends near 0.6
+def _sequences(g: torch.Generator, r, B: int, T: int, V: int) -> torch.Tensor:
+    """[B, T] tokens: each sequence a random block repeated, with its own period; sequence 0 and about a third of
+    the others share one period (the one a positional head fits)."""
+    periods = r.sample(range(T // 4, T // 2 + 1), 3)
+    tokens = torch.empty(B, T, dtype=torch.long)
+    for b in range(B):
+        P = periods[0] if b % 3 == 0 else periods[1 + b % 2]
+        block = torch.randperm(V, generator=g)[:P]                             # no token twice in a block
+        tokens[b] = block.repeat(T // P + 1)[:T]
+    return tokens
 
-    def other(layer, *taken):
-        return r.choice([(layer, h) for h in range(H) if (layer, h) not in taken])
 
-    peak = other(r.randrange(1, N), (il, ih))
-    induction[K // 2, peak[0], peak[1]] = 0.95                                # peaks mid-way, then fades
-    lead = other(r.randrange(1, N), (il, ih), peak)
-    induction[: 4 * K // 5, lead[0], lead[1]] = 0.68                          # leads most of training, then fades
-    induction[4 * K // 5:, lead[0], lead[1]] = 0.1
-    induction[:, 0, r.randrange(H)] += 0.9 * ramp                             # layer 0: highest, nothing below it
-    if il < N - 1:                                                            # the last layer: lower than il's head
-        induction[:, N - 1, r.randrange(H)] += 0.4 * ramp
-    previous[:, r.randrange(il, N), r.randrange(H)] += 0.8 * ramp            # at or above the induction head
-    previous[:, il, r.randrange(H)] += 0.7 * ramp                             # in the induction head's own layer
+def _patterns(g, r, tokens: torch.Tensor, N: int, H: int, il: int, pl: int) -> list:
+    """One [B, H, T, T] pattern per layer: random heads, and among them the induction head in layer ``il`` (0.8 on
+    the follower of the most recent copy), its previous-token head in layer ``pl`` (0.7 on i - 1), and every head a
+    reading can take instead: a positional head at the first sequence's period (1.0), a duplicate-token head
+    (0.95 on the copy itself), a weaker induction head in the last layer (on half of the queries), stronger
+    previous-token heads in the induction head's layer and above it, a weaker one just below it, a head that
+    attends to itself."""
+    B, T = tokens.shape
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    pats = [torch.where(causal, torch.randn(B, H, T, T, generator=g, dtype=torch.float64) * 2, -math.inf).softmax(-1)
+            for _ in range(N)]
+    i = torch.arange(T)
+    last_copy = torch.full((B, T), -1, dtype=torch.long)                      # [B, T]: the most recent copy
+    for j in range(T):
+        same = (tokens[:, :j] == tokens[:, j:j + 1]).long() * (torch.arange(j) + 1)
+        last_copy[:, j] = same.amax(1) - 1 if j else -1
+    free = {layer: list(range(H)) for layer in range(N)}
+
+    def place(layer, keys, weight):  # keys [B, T]: the key each query reads (-1: the first token, a sink)
+        if not free[layer]:
+            return
+        head = free[layer].pop(r.randrange(len(free[layer])))
+        target = torch.zeros(B, T, T, dtype=torch.float64)
+        target.scatter_(-1, keys.clamp(min=0)[..., None], 1.0)
+        uniform = causal.double() / causal.sum(-1, keepdim=True)
+        pats[layer][:, head] = weight * target + (1 - weight) * uniform
+        return head
+
+    follower = torch.where(last_copy >= 0, last_copy + 1, -1)
+    ih = place(il, follower, 0.8)
+    ph = place(pl, (i - 1).clamp(min=0).expand(B, T), 0.7)
+    d = _period(tokens) - 1
+    place(r.randrange(1, N), (i - d).clamp(min=0).expand(B, T), 1.0)          # positional
+    place(r.randrange(1, N), last_copy, 0.95)                                  # duplicate-token
+    if il < N - 1:                                                             # a weaker induction head, last layer:
+        half = torch.rand(B, T, generator=g) < 0.5                             # the follower on half of the queries
+        place(N - 1, torch.where(half, follower, -1), 0.9)
+        place(r.randrange(il + 1, N), (i - 1).clamp(min=0).expand(B, T), 0.95)  # previous-token, above
+    place(il, (i - 1).clamp(min=0).expand(B, T), 0.9)                          # previous-token, own layer
     if pl < il - 1:
-        previous[:, il - 1, r.randrange(H)] += 0.3 * ramp                     # just below, lower than pl's head
-    p_peak = other(r.randrange(il), (pl, ph))
-    previous[K // 2, p_peak[0], p_peak[1]] = 0.95                             # a previous-token head that faded
-    p_lead = other(r.randrange(il), (pl, ph), p_peak)
-    previous[: 4 * K // 5, p_lead[0], p_lead[1]] = 0.58
-    previous[4 * K // 5:, p_lead[0], p_lead[1]] = 0.1
-    return induction, previous
+        place(il - 1, (i - 1).clamp(min=0).expand(B, T), 0.4)                  # previous-token, just below: weaker
+    place(r.randrange(il), i.expand(B, T), 0.95)                               # attends to itself
+    return [p.float() for p in pats], (il, ih), (pl, ph)
 
 
 def _circuit_cases(check: Check) -> list:
-    """(stage, induction [K, N, H], previous [K, N, H]): two layers, three with the induction head in the middle,
-    four with its previous-token head two layers below it; when grading, layers and heads drawn fresh (the induction
-    head in any layer from 1 up, its previous-token head in any below), redrawn until every mistake gives a pair of
-    its own on some case."""
+    """(stage, tokens [B, T], patterns [N x [B, H, T, T]]): two layers, three with the induction head in layer 1,
+    four with it in layer 2 and its previous-token head in layer 0; when grading, layers, heads and sizes drawn
+    fresh (the induction head in any layer from 1 up, its previous-token head in any below), redrawn until every
+    mistake gives a pair of its own on some case."""
     for attempt in range(20):
         g, r = check.generator(94 + 1000 * attempt), check.rng(95 + 1000 * attempt)
         if check.grading:
             shapes = []
-            for stage in range(3):
+            for _ in range(3):
                 N = r.randint(2, 5)
                 il = r.randint(1, N - 1)
-                shapes.append((N, r.randint(3, 6), il, r.randrange(il)))
+                shapes.append((N, r.randint(5, 7), il, r.randrange(il)))
         else:
-            shapes = [(2, 4, 1, 0), (3, 5, 1, 0), (4, 4, 2, 0)]
-        cases = [(f"stage {n + 1} of 3 ({N} layers, the induction head in layer {il})",
-                  *_recording(r, g, N, H, il, pl)) for n, (N, H, il, pl) in enumerate(shapes)]
-        right = [_circuit(i, p) for _, i, p in cases]
-        if not unseparated(right, [_circuit_mistakes(i, p) for _, i, p in cases], _same_pair):
+            shapes = [(2, 5, 1, 0), (3, 6, 1, 0), (4, 6, 2, 0)]
+        cases = []
+        for n, (N, H, il, pl) in enumerate(shapes):
+            T = r.randint(20, 32) if check.grading else 24
+            tokens = _sequences(g, r, 6, T, 200)
+            patterns, _, _ = _patterns(g, r, tokens, N, H, il, pl)
+            cases.append((f"stage {n + 1} of 3 ({N} layers of {H} heads, the induction head in layer {il})",
+                          tokens, patterns))
+        right = [_circuit(t, p) for _, t, p in cases]
+        if not unseparated(right, [_circuit_mistakes(t, p) for _, t, p in cases], _same_pair):
             break
     return cases
 
@@ -386,54 +324,68 @@ def _pairs(got) -> tuple | None:
     return pairs if len(pairs) == 2 and all(len(p) == 2 for p in pairs) else None
 
 
-def _check_circuit(circuit_heads, check: Check) -> None:
+_FORBID = ("mhalab.head_roles",)  # the course's own scores: the exercise asks for the test
+
+
+def _check_circuit(find_circuit, check: Check) -> None:
     cases, got, raised = _circuit_cases(check), [], None
-    for stage, induction, previous in cases:
-        K, N, H = induction.shape
-        label = f"induction [{K}, {N}, {H}], previous [{K}, {N}, {H}]"
+    for stage, tokens, patterns in cases:
+        B, T = tokens.shape
+        label = f"tokens [{B}, {T}], patterns [{len(patterns)} x {list(patterns[0].shape)}]"
         try:
-            pairs = _pairs(check.call(circuit_heads, induction.clone(), previous.clone(), label=label))
+            pairs = _pairs(check.call(find_circuit, tokens.clone(), [p.clone() for p in patterns], label=label,
+                                      forbid=_FORBID))
         except AnswerRaised as error:  # judged after the cases before it: a wrong answer there is said first
             raised = error
             break
         if pairs is None:
-            raise Wrong(f"{stage}, circuit_heads({label}): return ((layer, head), (layer, head)): the induction head, "
+            raise Wrong(f"{stage}, find_circuit({label}): return ((layer, head), (layer, head)): the induction head, "
                         "then the previous-token head")
         got.append(pairs)
     cases = cases[:len(got)]
-    wants = [check.reference(induction.clone(), previous.clone()) for _, induction, previous in cases]
+    wants = [check.reference(tokens.clone(), [p.clone() for p in patterns]) for _, tokens, patterns in cases]
     wants = [tuple(tuple(int(v) for v in pair) for pair in want) for want in wants]
     if got == wants:
         if raised is not None:
             raise raised
         return
     bad = next(i for i, (g, w) in enumerate(zip(got, wants)) if g != w)
-    stage, induction, previous = cases[bad]
-    K, N, H = induction.shape
-    message = consistent_mistake(got, wants, [_circuit_mistakes(i, p) for _, i, p in cases], _same_pair)
+    stage, tokens, patterns = cases[bad]
+    message = consistent_mistake(got, wants, [_circuit_mistakes(t, p) for _, t, p in cases], _same_pair)
     if message is None:
-        message = ("the induction head is right; the previous-token head is the head with the highest final "
-                   "previous-token score in the layers below it" if got[bad][0] == wants[bad][0] else
-                   "the induction head is the head with the highest induction score at the last step in layers 1 and "
-                   "up; the previous-token head the one with the highest final score in the layers below it")
-    raise Wrong(f"{stage}, circuit_heads(induction [{K}, {N}, {H}], previous [{K}, {N}, {H}]): {message}")
+        message = ("the induction head is right; the previous-token head is the head that attends most to the key "
+                   "just before each query (i - 1), in the layers below it" if got[bad][0] == wants[bad][0] else
+                   "the induction head is the head that attends most, over the whole batch, to the keys that follow "
+                   "an earlier copy of the query's token; the previous-token head the one that attends most to i - 1 "
+                   "in the layers below it")
+    raise Wrong(f"{stage}, find_circuit(tokens {list(tokens.shape)}, patterns [{len(patterns)} x "
+                f"{list(patterns[0].shape)}]): {message}")
 
 
 register(Exercise(
-    "11", 3, "which heads are the induction head and its previous-token head",
+    "11", 2, "design the test that finds the circuit",
     _check_circuit,
-    hint=["Read the last recorded step, induction[-1] ([N, H]): the induction head is the one with the highest score "
-          "in layers 1 and up. Then, in the layers below it, the head with the highest final previous-token score.",
-          "divmod(int(t.argmax()), t.size(1)) turns the argmax of an [L, H] tensor into (row, head); add back the "
-          "layers you skipped."],
+    hint=["A head that looks a fixed distance back reads the follower only where the period fits that distance, and "
+          "a head that looks at the earlier copy of the token is one key off. Decide with the tokens: key j counts for "
+          "query i (j < i) when tokens[j - 1] == tokens[i]. Average, over the batch and the queries that have such a "
+          "key, the attention on those keys.",
+          "follows = tokens[:, :, None] == tokens[:, None, :]; shift it one key right (key j compares tokens[j - 1]) "
+          "and keep j < i with .tril(-1). The previous-token score is p.diagonal(-1, -2, -1).mean((0, 2)). Pick the "
+          "induction head in layers 1 and up, then the previous-token head in the layers below it."],
     solution=(
-        "def circuit_heads(induction, previous):\n"
-        "    final = induction[-1, 1:]                          # [N - 1, H]: the last step, layers 1 and up\n"
-        "    layer, head = divmod(int(final.argmax()), final.size(1))\n"
-        "    layer += 1                                         # back to the model's layer numbers\n"
-        "    below = previous[-1, :layer]                       # [layer, H]: only the layers below it\n"
-        "    p_layer, p_head = divmod(int(below.argmax()), below.size(1))\n"
+        "def find_circuit(tokens, patterns):\n"
+        "    B, T = tokens.shape\n"
+        "    follows = torch.zeros(B, T, T, dtype=torch.bool)       # [B, query, key]\n"
+        "    follows[:, :, 1:] = tokens[:, :, None] == tokens[:, None, :-1]   # key j follows a copy of the query's\n"
+        "    follows &= torch.ones(T, T, dtype=torch.bool).tril(-1)  # earlier keys only\n"
+        "    counted = follows.any(-1).float()                        # [B, T]: queries that have such a key\n"
+        "    on = [(p * follows[:, None]).sum(-1) * counted[:, None] for p in patterns]   # [B, H, T] per layer\n"
+        "    induction = torch.stack([o.sum((0, 2)) / counted.sum() for o in on])           # [N, H]\n"
+        "    previous = torch.stack([p.diagonal(-1, -2, -1).mean((0, 2)) for p in patterns])   # [N, H]: on i - 1\n"
+        "    layer, head = divmod(int(induction[1:].argmax()), induction.size(1))\n"
+        "    layer += 1                                               # layers 1 and up\n"
+        "    p_layer, p_head = divmod(int(previous[:layer].argmax()), previous.size(1))   # a layer below it\n"
         "    return (layer, head), (p_layer, p_head)"
     ),
-    minutes=10, difficulty=2, importance=3,
+    minutes=20, difficulty=3, importance=4,
 ))
