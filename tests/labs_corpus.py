@@ -1081,100 +1081,219 @@ def dla_logits(result, scale, W_U, right, wrong):  # all the logits, then two of
 
 
 # ------------------------------------------------------------------------------------ 06
-def hump_sorted(acc):  # sorts each seed's head counts
-    for seed in acc:
-        heads = sorted(acc[seed])
-        values = [acc[seed][h] for h in heads]
-        if not (values[0] < max(values) and values[-1] < max(values)):
-            return False
-    return True
+def enough_numpy_ints(d_model, n_tables, n_keys):  # numpy: a list of np.int64 back
+    heads = np.arange(1, d_model + 1)
+    heads = heads[d_model % heads == 0]
+    wide = (d_model // heads >= 2) & (heads >= n_tables)
+    thin = (d_model // heads == 1) & (2 * heads >= n_tables * n_keys)
+    return list(heads[wide | thin])
 
 
-def hump_numpy(accuracy):  # arrays, and a numpy bool back
-    verdicts = []
+def enough_tensor_items(dm, tables, keys):  # a loop over torch.arange: a list of 0-d tensors, widest heads last
+    out = []
+    for h in torch.arange(dm, 0, -1):
+        if dm % h == 0 and ((dm // h >= 2 and h >= tables) or (dm // h == 1 and 2 * h >= tables * keys)):
+            out.append(h)
+    return out
+
+
+def enough_by_width(d_model, n_tables, n_keys):  # over the widths d_k, a tuple of floats
+    out = []
+    for d_k in range(d_model, 0, -1):
+        if d_model % d_k == 0:
+            h = d_model / d_k
+            favourites = 2 * h if d_k == 1 else n_keys * h  # one per asked key
+            if h >= n_tables and favourites >= n_tables * n_keys:
+                out.append(h)
+    return tuple(out)
+
+
+def enough_array(d_model, n_tables, n_keys):  # a numpy array back
+    return np.array([h for h in range(1, d_model + 1) if d_model % h == 0
+                     and (h >= n_tables if d_model // h > 1 else 2 * h >= n_tables * n_keys)], dtype=np.int64)
+
+
+def _enough_reading(d_model, n_tables, n_keys, *, divides=True, wide=lambda h, d_k: True,
+                    thin=lambda h: True, min_width=2):
+    out = []
+    for h in range(1, d_model + 1):
+        if divides and d_model % h:
+            continue
+        d_k = d_model // h
+        if (wide(h, d_k) if d_k >= min_width else thin(h)):
+            out.append(h)
+    return out
+
+
+def _enough_no_divisor(d, t, k):  # every h from 1 to d_model
+    return _enough_reading(d, t, k, divides=False, wide=lambda h, d_k: h >= t, thin=lambda h: 2 * h >= t * k)
+
+
+def _enough_min_d_k(d, t, k):  # notebook 05's rule: at least one head per table, heads at least two wide
+    return [h for h in range(t, d + 1) if d % h == 0 and d // h >= 2]
+
+
+def _enough_every_head_two(d, t, k):  # every head counted with two favourites
+    return [h for h in range(1, d + 1) if d % h == 0 and 2 * h >= t * k]
+
+
+def _enough_strict_thin(d, t, k):
+    return _enough_reading(d, t, k, wide=lambda h, d_k: h >= t, thin=lambda h: 2 * h > t * k)
+
+
+def _enough_keys_only(d, t, k):  # the thin heads' favourites against the keys alone
+    return _enough_reading(d, t, k, wide=lambda h, d_k: h >= t, thin=lambda h: 2 * h >= k)
+
+
+def _enough_thin_always(d, t, k):  # the thin end never ruled out
+    return _enough_reading(d, t, k, wide=lambda h, d_k: h >= t, thin=lambda h: h >= t)
+
+
+def _enough_smallest(d, t, k):  # only the smallest
+    return enough_numpy_ints(d, t, k)[:1]
+
+
+def trade_numpy(accuracy):  # arrays, and a np.str_ back
+    showing = []
     for row in accuracy.values():
         heads = np.array(sorted(row))
         acc = np.array([row[h] for h in heads])
-        verdicts.append(acc[0] < acc.max() and acc[-1] < acc.max())
-    return np.all(verdicts)
+        showing.append(acc[0] < acc.max() and acc[-1] < acc.max())
+    return np.array(["no seed", "some seeds", "every seed"])[2 if all(showing) else 1 if any(showing) else 0]
 
 
-def _hump_mean(acc):  # the mean over seeds
+def trade_sorted(acc):  # sorts each seed's head counts; capitals and a space
+    verdicts = []
+    for seed in acc:
+        values = [acc[seed][h] for h in sorted(acc[seed])]
+        verdicts.append(values[0] < max(values) and values[-1] < max(values))
+    return "Every seed " if all(verdicts) else "Some seeds" if any(verdicts) else "No seed"
+
+
+def trade_tensor(accuracy):  # torch
+    shows = torch.tensor([bool((torch.tensor([a[min(a)], a[max(a)]]) < max(a.values())).all())
+                          for a in accuracy.values()])
+    return "every seed" if shows.all() else "some seeds" if shows.any() else "no seed"
+
+
+def _verdict_of(showing):
+    return "every seed" if all(showing) else "some seeds" if any(showing) else "no seed"
+
+
+def _trade_mean(acc):  # the mean over seeds
     heads = sorted(next(iter(acc.values())))
     mean = [sum(a[h] for a in acc.values()) / len(acc) for h in heads]
-    return mean[0] < max(mean) and mean[-1] < max(mean)
+    return "every seed" if mean[0] < max(mean) and mean[-1] < max(mean) else "no seed"
 
 
-def _hump_dict_order(acc):  # the first and last keys as the ends
-    return all(list(a.values())[0] < max(a.values()) and list(a.values())[-1] < max(a.values()) for a in acc.values())
+def _trade_dict_order(acc):  # the first and last keys as the ends
+    return _verdict_of([list(a.values())[0] < max(a.values()) and list(a.values())[-1] < max(a.values())
+                        for a in acc.values()])
 
 
-def hump_tensor(accuracy):  # a 0-d torch bool back
-    every = torch.tensor(True)
-    for by_heads in accuracy.values():
-        heads = torch.tensor(sorted(by_heads))
-        acc = torch.tensor([by_heads[int(h)] for h in heads])
-        every = every & (acc[0] < acc.max()) & (acc[-1] < acc.max())
-    return every
-
-
-def _hump_best_anywhere(acc):  # the ends against the best over all seeds
+def _trade_best_anywhere(acc):  # the ends against the best over all seeds
     best = max(max(a.values()) for a in acc.values())
-    return all(a[min(a)] < best and a[max(a)] < best for a in acc.values())
+    return _verdict_of([a[min(a)] < best and a[max(a)] < best for a in acc.values()])
 
 
-def _hump_neighbours(acc):  # each end below its neighbour
+def _trade_neighbours(acc):  # each end below its neighbour
     def ok(a):
         h = sorted(a)
         return a[h[0]] < a[h[1]] and a[h[-1]] < a[h[-2]]
-    return all(ok(a) for a in acc.values())
+    return _verdict_of([ok(a) for a in acc.values()])
 
 
-def _hump_argmax_inside(acc):  # the best head count is not an end (ties broken by dict order)
-    return all(max(a, key=a.get) not in (min(a), max(a)) for a in acc.values())
+def _trade_argmax_inside(acc):  # the best head count is not an end (ties broken by dict order)
+    return _verdict_of([max(a, key=a.get) not in (min(a), max(a)) for a in acc.values()])
+
+
+def _trade_all_or_none(acc):  # never "some seeds"
+    return "every seed" if trade_tensor(acc) == "every seed" else "no seed"
+
+
+def _trade_any(acc):  # one seed is enough
+    return "no seed" if trade_tensor(acc) == "no seed" else "every seed"
 
 
 # ------------------------------------------------------------------------------------ 13
-def reachable_loop(k):  # a loop over the heads, a Python set
-    keys = set()
+def never_loop(k):  # a loop over the heads, a Python set, sorted rows
+    favoured = set()
     for row in k:
-        keys |= {int(row.argmax()), int(row.argmin())}
-    return torch.tensor([j in keys for j in range(k.shape[1])])
+        order = row.argsort()
+        if len(row) == 1:
+            favoured.add(0)
+            continue
+        if row[order[-1]] > row[order[-2]]:
+            favoured.add(int(order[-1]))
+        if row[order[0]] < row[order[1]]:
+            favoured.add(int(order[0]))
+    return torch.tensor([j not in favoured for j in range(k.shape[1])])
 
 
-def reachable_numpy(k):  # numpy, 0/1 integers
+def never_numpy(k):  # numpy, 0/1 integers
     k = np.asarray(k)
-    out = np.zeros(k.shape[1], dtype=int)
-    out[k.argmax(1)] = 1
-    out[k.argmin(1)] = 1
+    out = np.ones(k.shape[1], dtype=int)
+    for row in k:
+        for extreme in (row.max(), row.min()):
+            where = np.flatnonzero(row == extreme)
+            if len(where) == 1:
+                out[where[0]] = 0
     return out
 
 
-def _reachable_only_max(k):
-    out = torch.zeros(k.shape[1], dtype=torch.bool)
-    out[k.argmax(1)] = True
+def never_counts(keys):  # other parameter name; counts of each row's extremes
+    top = keys == keys.max(dim=1, keepdim=True).values
+    bottom = keys == keys.min(dim=1, keepdim=True).values
+    sole_top = top & (top.sum(1, keepdim=True) == 1)
+    sole_bottom = bottom & (bottom.sum(1, keepdim=True) == 1)
+    return ~(sole_top | sole_bottom).any(dim=0)
+
+
+def _never_argmax(k):  # argmax/argmin: one of tied keys counted as favoured
+    out = torch.ones(k.shape[1], dtype=torch.bool)
+    out[k.argmax(1)] = False
+    out[k.argmin(1)] = False
     return out
 
 
-def _reachable_whole_table(k):  # the extremes of the whole table
-    out = torch.zeros(k.shape[1], dtype=torch.bool)
-    out[int(k.argmax()) % k.shape[1]] = True
-    out[int(k.argmin()) % k.shape[1]] = True
+def _never_ties_equal(k):  # every key at an extreme counted as favoured, ties too
+    return ~((k == k.amax(1, keepdim=True)) | (k == k.amin(1, keepdim=True))).any(0)
+
+
+def _never_only_max(k):
+    top = k == k.amax(1, keepdim=True)
+    return ~(top & (top.sum(1, keepdim=True) == 1)).any(0)
+
+
+def _never_reachable(k):  # the keys some head can favour (the opposite)
+    return ~never_counts(k)
+
+
+def _never_every_head(k):  # favoured only if every head favours it
+    top, bottom = k == k.amax(1, keepdim=True), k == k.amin(1, keepdim=True)
+    sole = top & (top.sum(1, keepdim=True) == 1) | bottom & (bottom.sum(1, keepdim=True) == 1)
+    return ~sole.all(0)
+
+
+def _never_whole_table(k):  # the extremes of the whole table
+    out = torch.ones(k.shape[1], dtype=torch.bool)
+    out[int(k.argmax()) % k.shape[1]] = False
+    out[int(k.argmin()) % k.shape[1]] = False
     return out
 
 
-def _reachable_every_key(k):  # every stored key marked: one True per key
-    return torch.ones(k.shape[1], dtype=torch.bool)
+def _never_no_key(k):  # no key out of reach
+    return torch.zeros(k.shape[1], dtype=torch.bool)
 
 
-def _reachable_every_key_numpy(k):
-    return np.ones(k.shape[1], dtype=bool)
+def _never_no_key_numpy(k):
+    return np.zeros(k.shape[1], dtype=bool)
 
 
-def _reachable_wrong_dim(k):  # over the heads (dim 0): raises where there are more heads than keys
-    out = torch.zeros(k.shape[1], dtype=torch.bool)
-    out[k.argmax(0)] = True
-    out[k.argmin(0)] = True
+def _never_wrong_dim(k):  # over the heads (dim 0): raises where there are more heads than keys
+    out = torch.ones(k.shape[1], dtype=torch.bool)
+    out[k.argmax(0)] = False
+    out[k.argmin(0)] = False
     return out
 
 
@@ -1674,43 +1793,69 @@ CORPUS = {
         ],
     },
     "06.1": {
-        "right": [hump_sorted, hump_numpy, hump_tensor,
-                  lambda acc: all(max(a[min(a)], a[max(a)]) < max(a.values()) for a in acc.values())],
+        "right": [enough_numpy_ints, enough_tensor_items, enough_by_width, enough_array,
+                  lambda d_model, tables, keys: [h for h in range(1, d_model + 1) if d_model % h == 0 and
+                                                 h >= tables and (d_model // h > 1 or 2 * h >= tables * keys)]],
         "wrong": [
-            (_hump_mean, "the mean over seeds can hide"),
-            (_hump_dict_order, "not the first and last keys"),
-            (lambda acc: all(max(a[min(a)], a[max(a)]) <= max(a.values()) for a in acc.values()), "strict comparison"),
-            (_hump_argmax_inside, "the best head count must be neither end"),
-            (lambda acc: all(a[min(a)] < max(a.values()) for a in acc.values()),
+            (_enough_no_divisor, "a head count must divide d_model"),
+            (_enough_min_d_k, "width one is not ruled out by its width alone"),
+            (_enough_every_head_two, "not limited to two favourites: its query can point at any entry"),
+            (_enough_strict_thin, "compare with >=, not >"),
+            (_enough_keys_only, "not n_keys"),
+            (_enough_thin_always, "a head of width one has at most two favourites"),
+            (lambda d, t, k: _enough_reading(d, t, k, thin=lambda h: 2 * h >= t * k), "fewer heads than tables blend"),
+            (lambda d, t, k: _enough_reading(d, t, k, wide=lambda h, d_k: h > t, thin=lambda h: 2 * h >= t * k),
+             "h >= n_tables, not h > n_tables"),
+            (lambda d, t, k: _enough_reading(d, t, k, wide=lambda h, d_k: h >= t, thin=lambda h: 2 * h >= t * k,
+                                             min_width=3), "d_k >= 2, not d_k > 2"),
+            (lambda d, t, k: sorted(d // h for h in enough_numpy_ints(d, t, k)), "return the head counts h"),
+            (_enough_smallest, "not only the smallest"),
+            (lambda d, t, k: set(enough_numpy_ints(d, t, k)), "as a list of whole numbers"),
+            (lambda d, t, k: len(enough_numpy_ints(d, t, k)), "as a list of whole numbers"),
+            (lambda d, t, k: enough_numpy_ints(d, t, k) * 2, "more than once"),
+        ],
+    },
+    "06.2": {
+        "right": [trade_numpy, trade_sorted, trade_tensor,
+                  lambda acc: ["no seed", "some seeds", "every seed"][
+                      (lambda n: 2 if n == len(acc) else 1 if n else 0)(
+                          sum(max(a[min(a)], a[max(a)]) < max(a.values()) for a in acc.values()))]],
+        "wrong": [
+            (_trade_mean, "the mean over seeds can show the trade where a seed does not"),
+            (_trade_dict_order, "not the first and last keys"),
+            (lambda acc: _verdict_of([max(a[min(a)], a[max(a)]) <= max(a.values()) for a in acc.values()]),
+             "compare strictly"),
+            (_trade_argmax_inside, "whichever head count max() names first"),
+            (lambda acc: _verdict_of([a[min(a)] < max(a.values()) for a in acc.values()]),
              "the most heads as well as the fewest"),
-            (lambda acc: all(a[max(a)] < max(a.values()) for a in acc.values()),
+            (lambda acc: _verdict_of([a[max(a)] < max(a.values()) for a in acc.values()]),
              "the fewest heads as well as the most"),
-            (lambda acc: all(max(a[min(a)], a[max(a)]) < max(a.values()) for a in list(acc.values())[:1]),
-             "that judges the first seed only"),
-            (lambda acc: any(max(a[min(a)], a[max(a)]) < max(a.values()) for a in acc.values()),
-             "it must be on *every* seed"),
-            (_hump_best_anywhere, "not with the best over all seeds"),
-            (_hump_neighbours, "an end below its neighbour is not enough"),
-            (lambda acc: "yes", "return True or False"),
-            (lambda acc: int(hump_sorted(acc)), "return True or False"),
+            (lambda acc: _trade_all_or_none(dict(list(acc.items())[:1])), "that reads the first seed only"),
+            (_trade_any, "one seed showing the trade is not every seed"),
+            (_trade_all_or_none, "the verdict is 'some seeds', not 'no seed'"),
+            (_trade_best_anywhere, "not with the best over all seeds"),
+            (_trade_neighbours, "an end below its neighbour is not enough"),
+            (lambda acc: trade_tensor(acc) == "every seed", "return one of 'every seed', 'some seeds', 'no seed'"),
+            (lambda acc: "all seeds", "return one of"),
         ],
     },
     "13.1": {
-        "right": [reachable_loop, reachable_numpy,
-                  lambda k: ((k == k.amax(1, keepdim=True)) | (k == k.amin(1, keepdim=True))).any(0)],
+        "right": [never_loop, never_numpy, never_counts],
         "wrong": [
-            (_reachable_only_max, "mark each head's smallest key too"),
-            (lambda k: ((k == k.amax(1, keepdim=True)) | (k == k.amin(1, keepdim=True))).all(0), "one head is enough"),
-            (_reachable_whole_table, "not of the whole table"),
-            (_reachable_wrong_dim, "not over the heads"),
-            (lambda k: ((k == k.amax(1, keepdim=True)) | (k == k.amin(1, keepdim=True))).any(1),
-             "values, one per head: return one per stored key"),
-            (_reachable_every_key, "you marked every stored key reachable"),
-            (_reachable_every_key_numpy, "you marked every stored key reachable"),
-            (lambda k: (lambda m: torch.zeros(k.shape[1], dtype=torch.bool).index_fill(0, torch.stack(
-                [m.argmax(), m.argmin()]), True))(k.mean(0)), "the heads are not averaged"),
-            (lambda k: int(((k == k.amax(1, keepdim=True)) | (k == k.amin(1, keepdim=True))).any(0).sum()),
-             "return a tensor of"),
+            (_never_argmax, "argmax and argmin pick one of tied keys"),
+            (_never_ties_equal, "keys that tie for a row's largest"),
+            (_never_only_max, "a row's smallest key is within reach too"),
+            (_never_reachable, "you marked the keys some head *can* favour"),
+            (_never_every_head, "one head is enough"),
+            (_never_whole_table, "not of the whole table"),
+            (_never_wrong_dim, "not over the heads"),
+            (lambda k: never_counts(k.T), "values, one per head: return one per stored key"),
+            (_never_no_key, "no stored key is out of reach of every head"),
+            (_never_no_key_numpy, "no stored key is out of reach of every head"),
+            (lambda k: torch.ones(k.shape[1], dtype=torch.bool), "keys in the middle of every row are out of reach"),
+            (lambda k: (lambda m: torch.ones(k.shape[1], dtype=torch.bool).index_fill(0, torch.stack(
+                [m.argmax(), m.argmin()]), False))(k.mean(0)), "the heads are not averaged"),
+            (lambda k: int(never_counts(k).sum()), "return a tensor of"),
             (lambda k: k.softmax(1).mean(0), "return True/False per stored key"),
         ],
     },
@@ -1734,9 +1879,9 @@ MISBLAMED = {
              (second_copy_zeroing_v_group, "nothing was switched off")],
     "11.2": [(_circuit_first_sequence, "the earlier copy"), (_circuit_half_offset, "positional head")],
     "12.2": [(_copying_moduli_over_moduli, "not of the singular values")],
-    "06.1": [(answer, "check each seed on its own") for answer, _ in CORPUS["06.1"]["wrong"]
-             if answer is not _hump_mean],
-    "13.1": [(_reachable_every_key, "one per head"), (_reachable_every_key_numpy, "one per head")],
+    "06.2": [(answer, "read each seed on its own") for answer, _ in CORPUS["06.2"]["wrong"]
+             if answer is not _trade_mean],
+    "13.1": [(_never_no_key, "one per head"), (_never_no_key_numpy, "one per head")],
 }
 
 

@@ -131,10 +131,11 @@ def test_q_check_and_the_grade_agree_on_every_corpus_entry(nb, tmp_path, monkeyp
 RETURNS = [
     ("12.1", "qk_circuit_numpy", np.int64),       # np.linalg.matrix_rank's rank
     ("11.1", "floor_numpy", np.float64),
-    ("06.1", "hump_numpy", np.bool_),
     ("11.1", "floor_float32", np.float32),
+    ("06.1", "enough_numpy_ints", np.int64),      # a list of them
+    ("06.2", "trade_numpy", np.str_),
     ("12.2", "copying_numpy_float32", np.float32),
-    ("06.1", "hump_tensor", torch.Tensor),         # a 0-d torch bool
+    ("06.1", "enough_tensor_items", torch.Tensor),  # a list of 0-d torch integers
     ("12.1", "qk_circuit_tensor_rank", torch.Tensor),  # a 0-d torch integer
     ("08.1", "gap_trace_tensor", torch.Tensor),    # a 0-d torch float
 ]

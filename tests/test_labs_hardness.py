@@ -30,9 +30,11 @@ SEPARATING = {
              lambda cases: [ex11._floor_mistakes(*c) for c in cases], ex11._same_value),
     "11.2": (ex11._circuit_cases, lambda cases: [ex11._circuit(t, p) for _, t, p in cases],
              lambda cases: [ex11._circuit_mistakes(t, p) for _, t, p in cases], ex11._same_pair),
-    "06.1": (ex06._hump_cases, lambda cases: [ex06._hump_every_seed(a) for a, _ in cases],
-             lambda cases: [ex06._hump_mistakes(a) for a, _ in cases], ex06._same),
-    "13.1": (ex13._reachable_cases, lambda cases: [ex13._reachable(k) for k, _ in cases],
+    "06.1": (ex06._enough_cases, lambda cases: [ex06._enough(*c) for c, _ in cases],
+             lambda cases: [ex06._enough_mistakes(*c) for c, _ in cases], ex06._same),
+    "06.2": (ex06._trade_cases, lambda cases: [ex06._trade(a) for a, _ in cases],
+             lambda cases: [ex06._trade_mistakes(a) for a, _ in cases], ex06._same),
+    "13.1": (ex13._never_cases, lambda cases: [ex13._never(k) for k, _ in cases],
              lambda cases: [ex13._mistakes(k) for k, _ in cases], ex13._same),
 }
 
@@ -57,7 +59,7 @@ def _args(key, case):
     return {"07.3": lambda c: (c[0].clone(), c[1]), "03.2": lambda c: (list(c[0]), *c[1:]),
             "05.1": lambda c: c[:4], "05.4": lambda c: c,
             "11.1": lambda c: c, "11.2": lambda c: (c[1].clone(), [p.clone() for p in c[2]]),
-            "06.1": lambda c: (c[0],)}.get(key, lambda c: (c[0],))(case)
+            "06.1": lambda c: c[0]}.get(key, lambda c: (c[0],))(case)
 
 
 @pytest.mark.parametrize("seed", [None, *range(1, 21)])
@@ -102,7 +104,7 @@ def test_08_3_a_correct_answer_carries_a_tenth_of_the_tolerance_at_most_through_
 # --------------------------------------------------------------------------- the corpus on fresh draws
 
 #: exercise: how many grading draws its corpus is judged on here (the issue's answers were judged on 20)
-DRAWS = {"11.1": 20, "11.2": 20, "06.1": 20, "13.1": 20, "12.2": 20, "12.1": 5}
+DRAWS = {"11.1": 20, "11.2": 20, "06.1": 20, "06.2": 20, "13.1": 20, "12.2": 20, "12.1": 5}
 
 
 @pytest.mark.parametrize("key", sorted(DRAWS))
