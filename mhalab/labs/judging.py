@@ -26,7 +26,7 @@ RTOL, ATOL = 1e-4, 1e-5
 
 
 def previous_token_mistakes(patterns: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The natural mistakes of a previous-token score (07.3, 08.3): {message: the scores that mistake gives},
+    """The natural mistakes of a previous-token score (08.3): {message: the scores that mistake gives},
     one row of head scores per attention pattern ``[B, H, T, T]`` of ``patterns``."""
     def each(score: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         return torch.stack([score(p) for p in patterns])
