@@ -1734,7 +1734,7 @@ CORPUS = {
             (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, p.W_Q.shape[1]))(m.blocks[l].attn.head_projections(h)),
              "not always equal to it"),
             (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, torch.linalg.matrix_rank((p.W_Q @ p.W_K.T).double())))(
-                m.blocks[l].attn.head_projections(h)), "stay in their dtype"),
+                m.blocks[l].attn.head_projections(h)), "take the rank in the dtype of the product"),
             (_qk_made_up_group, "query head j reads K/V head j // (H // G)"),
             (_qk_made_up_group, "stage 2 of 4 (grouped-query: 4 query heads share 2 K/V heads)"),
             (lambda m, l, h: (lambda a, d: (lambda W: (W, int(torch.linalg.matrix_rank(W))))(

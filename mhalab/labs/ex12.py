@@ -3,8 +3,9 @@ circuit, and one head's direct logit attribution.
 
 Exercise 1 runs on small hidden models (mhalab's toy ``Transformer``), staged: the paper's attention, grouped-query
 attention, and a head of lower rank than its width; exercise 2 on small random embeddings, head and unembedding
-matrices (one that copies, one that suppresses, one that writes the next token, random ones); exercise 3 on random head outputs, norm scales and
-unembeddings. When grading, the values are drawn fresh and more cases added. Any code may run.
+matrices (one that copies, one that suppresses, one that writes the next token, random ones); exercise 3 on random
+head outputs, norm scales and unembeddings. When grading, the values are drawn fresh and more cases added. Any code
+may run.
 """
 
 from __future__ import annotations
@@ -96,8 +97,9 @@ def _rank_mistakes(attn, head: int, W_QK: torch.Tensor) -> list[tuple[int, str]]
             + below),
            (attn.d_head, f"the rank is at most d_head = {attn.d_head}, not always equal to it: compute it "
                          "(torch.linalg.matrix_rank)"),
-           (attn.d_model, "that is d_model, the size of the matrix, not its rank (if you computed it in float64 from "
-                          "float32 weights, rounding noise fills the other directions: stay in their dtype)")]
+           (attn.d_model, "that is d_model, the size of the matrix, not its rank (if you took the product in "
+                          "float32 and then its rank in float64, the float32 rounding noise fills the other "
+                          "directions: take the rank in the dtype of the product)")]
     for rtol in (1e-5, 1e-4, 1e-3, 1e-2):
         out.append((int(torch.linalg.matrix_rank(W_QK.double(), rtol=rtol)), "a direction of W_QK whose singular value "
                     "is small but well above rounding was not counted: your tolerance is looser than the rounding of "
@@ -152,7 +154,8 @@ register(Exercise(
     "12", 1, "a head's QK circuit and its rank",
     _check_qk,
     hint=["The prediction: W_Q W_Kᵀ = Σ_i q_i k_iᵀ, one term per direction i of the head (q_i, k_i the i-th columns). "
-          "A term is zero when q_i or k_i is, so count the directions alive on *both* sides.",
+          "A term is zero when q_i or k_i is; and terms whose q_i point the same way merge into one. Counting "
+          "columns is a prediction for one head, not a method: compute the rank of the product.",
           "model.blocks[layer].attn.head_projections(head) gives W_Q and W_K, each [d_model, d_head] (under "
           "grouped-query attention W_K is already the K/V head this query head reads).",
           "W_QK = W_Q @ W_K.T is [d_model, d_model]; torch.linalg.matrix_rank(W_QK) counts its directions. Return "
