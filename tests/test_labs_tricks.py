@@ -81,7 +81,7 @@ def test_a_trick_that_fools_the_learners_check_scores_nothing_when_graded(trick,
     assert report.score == 2
 
 
-def _notebook_10(answers: dict[int, str]) -> nbformat.NotebookNode:
+def _notebook_12(answers: dict[int, str]) -> nbformat.NotebookNode:
     """An instructor's notebook of notebook 12's three exercises (the solutions), or a submission with ``answers``
     ({number: the whole answer cell}) in place of some."""
     cells = [nbformat.v4.new_code_cell("import math\nimport torch\nfrom mhalab import labs\n\n"
@@ -104,24 +104,24 @@ def _fooled_live_then_graded(honest, tricked, tmp_path):
     source = tmp_path / "source" / "12_what_heads_compute.ipynb"
     source.parent.mkdir()
     nbformat.write(honest, source)
-    path = tmp_path / "10_submission.ipynb"
+    path = tmp_path / "12_submission.ipynb"
     nbformat.write(tricked, path)
     return grade(path, source=source, timeout=120)
 
 
 def test_patching_eigvals_in_an_earlier_cell_fools_the_learners_check_and_scores_nothing_when_graded(tmp_path):
-    honest = _notebook_10({})
-    tricked = _notebook_10({1: PATCH_EIGVALS + honest.cells[1].source, 2: CONSTANT_SCORE})
+    honest = _notebook_12({})
+    tricked = _notebook_12({1: PATCH_EIGVALS + honest.cells[1].source, 2: CONSTANT_SCORE})
     report = _fooled_live_then_graded(honest, tricked, tmp_path)
     assert {e.key: e.score for e in report.exercises} == {"12.1": 1, "12.2": 0, "12.3": 1}, report.format()
     assert report.exercises[1].status == "failed" and "exactly 1" in report.exercises[1].message
 
 
-# The same tricks on a course exercise whose checker draws its cases and names mistakes (10.2): each fools the
-# learner's check of a wrong answer (a constant score), and the grade gives 10.2 nothing and the honest 10.1 and 12.3
+# The same tricks on a course exercise whose checker draws its cases and names mistakes (12.2): each fools the
+# learner's check of a wrong answer (a constant score), and the grade gives 12.2 nothing and the honest 12.1 and 12.3
 # their points.
 SCORE = "def copying_score(W_E, W_V, W_O, W_U):\n"
-TRICKS_10 = {
+TRICKS_12 = {
     "torch.isclose patched": "import torch\n_isclose = torch.isclose\n"
                              "torch.isclose = lambda a, b, **kw: torch.ones_like(_isclose(a, b, **kw))\n"
                              + CONSTANT_SCORE,
@@ -134,10 +134,10 @@ TRICKS_10 = {
 }
 
 
-@pytest.mark.parametrize("trick", list(TRICKS_10))
+@pytest.mark.parametrize("trick", list(TRICKS_12))
 def test_each_trick_on_a_course_exercise_scores_nothing_when_graded(trick, tmp_path):
-    honest = _notebook_10({})
-    tricked = _notebook_10({2: TRICKS_10[trick]})
+    honest = _notebook_12({})
+    tricked = _notebook_12({2: TRICKS_12[trick]})
     report = _fooled_live_then_graded(honest, tricked, tmp_path)
     assert {e.key: e.score for e in report.exercises} == {"12.1": 1, "12.2": 0, "12.3": 1}, report.format()
     assert report.exercises[1].status != "passed", report.format()

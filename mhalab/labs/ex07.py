@@ -12,6 +12,7 @@ from a table of single-head costs, checked on hidden tables whose costs are mult
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -41,6 +42,11 @@ def _models(check: Check):
         targets[..., 0] = -100
         out.append((model, tokens, targets))
     return out
+
+
+def _in_units(got, s: float):
+    """An array-like answer divided by ``s``; anything else as it is (judged, and refused, as it is)."""
+    return got / s if isinstance(got, (torch.Tensor, np.ndarray)) else got
 
 
 def _with_hook(model, tokens, layer, edit):
@@ -73,7 +79,11 @@ def _check_ablate(ablate_head, check: Check) -> None:
                             "off. Remove the hook when you are done (model.run_with_hooks and model.hooks do it for "
                             "you)")
             others = [h for h in range(H) if h != head]
-            judge(got, check.reference(model, tokens, layer, head), f"ablate_head({label})", lambda: {
+            want = check.reference(model, tokens, layer, head)
+            # A float32 forward pass rounds in proportion to the size of its logits, not of each entry: compare in
+            # units of the largest logit, so an entry near 0 is not held to a tolerance its rounding cannot meet.
+            s = float(want.detach().abs().max()) or 1.0
+            judge(_in_units(got, s), want / s, f"ablate_head({label})", lambda: {k: v / s for k, v in {
                 "nothing changed: the result is the intact model's. Does your hook return the new z (or change it in "
                 f"place), and is it on blocks.{layer}.attn.hook_z?": clean,
                 "you zeroed a query position, not a head: z is [batch, query, head, d_head]":
@@ -84,7 +94,7 @@ def _check_ablate(ablate_head, check: Check) -> None:
                     _with_hook(model, tokens, layer, _zeroed(others)),
                 **{f"that switches off head {head} of layer {other}, not of layer {layer}":
                    check.reference(model, tokens, other, head) for other in range(N) if other != layer},
-            })
+            }.items()})
 
 
 register(Exercise(
