@@ -613,43 +613,85 @@ def ablate_with_ablation_module(model, tokens, layer, head):
         return model(tokens)
 
 
-def _ce(logits, targets):
-    return torch.nn.functional.cross_entropy(logits.flatten(0, -2), targets.flatten()).item()
-
-
-def effects_loop_numpy(model, tokens, targets, intact=True):
-    N, H = len(model.blocks), model.blocks[0].attn.n_heads
-    base = _ce(model(tokens), targets) if intact else 0.0
-    out = np.zeros((N, H))
-    for layer in range(N):
-        for head in range(H):
-            out[layer, head] = _ce(torch.from_numpy(ablate_register_hook(model, tokens, layer, head)), targets) - base
+def carrier_loop_numpy(cache, offsets):  # NumPy in float64, one head at a time, the cache read by short name
+    out = {}
+    for name, offset in offsets.items():
+        best, where = -1.0, None
+        for layer in range(len(cache)):
+            p = cache["pattern", layer].numpy().astype(np.float64)       # [B, H, T, T]
+            T = p.shape[-1]
+            queries = [q for q in range(T) if 0 <= q + offset < T]
+            for head in range(p.shape[1]):
+                score = np.mean([p[:, head, q, q + offset] for q in queries])
+                if score > best:                                       # strictly: the first of equal ones stays
+                    best, where = score, (np.int64(layer), np.int64(head))
+        out[name] = where
     return out
 
 
-def effects_with_ablate_by_pattern(m, x, y):
-    with torch.no_grad():
-        base = torch.nn.functional.cross_entropy(m(x).flatten(0, -2), y.flatten(), reduction="sum") / (y != -100).sum()
-    rows = []
-    for layer in range(m.config.n_layers):
-        rows.append([torch.nn.functional.cross_entropy(ablate_by_pattern(m, x, layer, h).float().flatten(0, -2),
-                                                       y.flatten(), reduction="sum") / (y != -100).sum() - base
-                     for h in range(m.config.n_heads)])
-    return torch.tensor(rows, dtype=torch.float64)
+def carrier_by_sources(patterns, relation_offsets):  # as the library scores a relation: a key per query, masked
+    A = torch.stack(list(patterns.values()))                          # [N, B, H, T, T]
+    N, B, H, T, _ = A.shape
+    result = {}
+    for name, offset in relation_offsets.items():
+        keys = torch.arange(T) + offset                                # [T]
+        valid = (keys >= 0) & (keys < T)
+        on_key = A.gather(-1, keys.clamp(0, T - 1).view(1, 1, 1, T, 1).expand(N, B, H, T, 1)).squeeze(-1)
+        score = (on_key * valid).sum(dim=(1, 3)) / (B * valid.sum())    # [N, H]
+        flat = int(torch.argmax(score))
+        result[name] = [torch.tensor(flat // H), torch.tensor(flat % H)]   # 0-d tensors in a list
+    return result
 
 
-def effects_by_mhalab(model, tokens, targets):
-    from mhalab.ablation import ablate
+def carrier_tensor_pairs(cache, offsets):  # each pair as a tensor of two, the mean over the diagonal per layer
+    out = {}
+    for name, o in offsets.items():
+        score = torch.stack([cache[f"blocks.{i}.attn.hook_pattern"].double().diagonal(o, -2, -1).mean((0, 2))
+                             for i in range(len(cache))])              # [N, H]
+        out[name] = torch.tensor(np.unravel_index(int(score.argmax()), tuple(score.shape)))
+    return out
 
-    base = _ce(model(tokens), targets)
-    rows = []
-    for layer in range(model.config.n_layers):
-        row = []
-        for head in range(model.config.n_heads):
-            with ablate(model, [(layer, head)]):
-                row.append(_ce(model(tokens), targets) - base)
-        rows.append(row)
-    return rows
+
+def best_heads_by_library(patterns, name, offset):  # what the prompt forbids: the course's own scores
+    from mhalab.head_roles import relation_score
+
+    B, H, T, _ = next(iter(patterns.values())).shape
+    keys = torch.arange(T) + offset
+    sources = torch.where((keys >= 0) & (keys < T), keys, -1).expand(B, T)
+    return divmod(int(relation_score(patterns, sources).argmax()), H)
+
+
+def carrier_mistaken(*, shift=0, mirror=False, edge="out", stat="mean", first=False, both=False, layers="all",
+                     tie="first", index="heads", form="pair"):
+    """07.2 as a learner who misreads one thing; each argument names the mistake."""
+    def predicted_carrier(patterns, relation_offsets):
+        A = torch.stack([patterns[f"blocks.{i}.attn.hook_pattern"] for i in range(len(patterns))])
+        A = A[:, :1] if first else A
+        N, B, H, T, _ = A.shape
+        q = torch.arange(T)
+        out = {}
+        for name, o in relation_offsets.items():
+            if both:
+                near = ((q[None, :] - q[:, None]).abs() == abs(o)).float()
+                score = (A * near).sum(-1).mean((1, 3))
+            else:
+                k = q - o if mirror else q + o + shift
+                valid = (k >= 0) & (k < T) if edge == "out" else torch.ones(T, dtype=torch.bool)
+                k = torch.remainder(k, T) if edge == "wrap" else k.clamp(0, T - 1)
+                on = (A.argmax(-1) == k).float() if stat == "top" else A[..., q, k]
+                on = on[..., valid]
+                score = on.amax((1, 3)) if stat == "max" else on.mean((1, 3))
+            if layers != "all":
+                score = score[:1] if layers == "first" else score[-1:]
+            flat = score.flatten()
+            i = int(flat.argmax()) if tie == "first" else len(flat) - 1 - int(flat.flip(0).argmax())
+            layer, head = divmod(i, H if index == "heads" else N)
+            layer += (N - 1) if layers == "last" else 0
+            key = o if form == "by offset" else name
+            out[key] = i if form == "flat" else head if form == "head" else (layer, head)
+        return out
+
+    return predicted_carrier
 
 
 # ------------------------------------------------------------------------------------ 08
@@ -1513,13 +1555,26 @@ CORPUS = {
         ],
     },
     "07.2": {
-        "right": [effects_loop_numpy, effects_with_ablate_by_pattern, effects_by_mhalab,  # the prompt forbids no helper
-                  lambda m, t, y: effects_loop_numpy(m, t, y).tolist()],                  # nested lists, as elsewhere
+        "right": [carrier_loop_numpy, carrier_by_sources, carrier_tensor_pairs],
         "wrong": [
-            (lambda m, t, y: -effects_loop_numpy(m, t, y), "signs are flipped"),
-            (lambda m, t, y: effects_loop_numpy(m, t, y, intact=False), "the loss with each head off"),
-            (lambda m, t, y: effects_loop_numpy(m, t, y).T, "([n_layers, n_heads])"),
-            (lambda m, t, y: effects_loop_numpy(m, t, y.clamp(min=0)), "-100"),
+            (carrier_mistaken(mirror=True), "you read the key at q - offset"),
+            (carrier_mistaken(shift=1), "one position to the right"),
+            (carrier_mistaken(shift=-1), "one position to the left"),
+            (carrier_mistaken(edge="clamp"), "do not read the first or last position instead"),
+            (carrier_mistaken(edge="wrap"), "wraps round"),
+            (carrier_mistaken(both=True), "not every key at that distance"),
+            (carrier_mistaken(stat="top"), "how often the relation's key is a query's top key"),
+            (carrier_mistaken(stat="max"), "single largest weight"),
+            (carrier_mistaken(first=True), "the first sequence of the batch only"),
+            (carrier_mistaken(layers="first"), "searched the first layer only"),
+            (carrier_mistaken(layers="last"), "searched the last layer only"),
+            (carrier_mistaken(index="layers"), "divmod it by n_heads, not n_layers"),
+            (carrier_mistaken(tie="last"), "name the first in (layer, head) order"),
+            (carrier_mistaken(form="flat"), "not one number"),
+            (carrier_mistaken(form="by offset"), "keyed by its name"),
+            (carrier_mistaken(form="head"), "(layer, head) pair"),
+            (lambda patterns, offsets: {n: best_heads_by_library(patterns, n, o) for n, o in offsets.items()},
+             "mhalab.head_roles"),
         ],
     },
     "07.3": {

@@ -18,6 +18,8 @@ from mhalab.labs.judging import unseparated
 
 # exercise: (its cases for a check, the right answers, the mistakes of each case, equality)
 SEPARATING = {
+    "07.2": (ex07._carrier_cases, lambda cases: [ex07._carrier(c, o) for c, o, _ in cases],
+             lambda cases: [ex07._carrier_mistakes(c, o) for c, o, _ in cases], ex07._same_carriers),
     "07.3": (ex07._budget_cases, lambda cases: [ex07._independent(*c) for c in cases],
              lambda cases: [ex07._budget_mistakes(*c) for c in cases], lambda a, b: a == b),
     "03.2": (ex03._reach_cases, lambda cases: [ex03._flow(*c) for c in cases],
@@ -56,7 +58,8 @@ def _plain(value):
 
 
 def _args(key, case):
-    return {"07.3": lambda c: (c[0].clone(), c[1]), "03.2": lambda c: (list(c[0]), *c[1:]),
+    return {"07.2": lambda c: (c[0], dict(c[1])), "07.3": lambda c: (c[0].clone(), c[1]),
+            "03.2": lambda c: (list(c[0]), *c[1:]),
             "05.1": lambda c: c[:4], "05.4": lambda c: c,
             "11.1": lambda c: c, "11.2": lambda c: (c[1].clone(), [p.clone() for p in c[2]]),
             "06.1": lambda c: c[0]}.get(key, lambda c: (c[0],))(case)
@@ -104,7 +107,7 @@ def test_08_3_a_correct_answer_carries_a_tenth_of_the_tolerance_at_most_through_
 # --------------------------------------------------------------------------- the corpus on fresh draws
 
 #: exercise: how many grading draws its corpus is judged on here (the issue's answers were judged on 20)
-DRAWS = {"11.1": 20, "11.2": 20, "06.1": 20, "06.2": 20, "13.1": 20, "12.2": 20, "12.1": 5}
+DRAWS = {"07.2": 10, "11.1": 20, "11.2": 20, "06.1": 20, "06.2": 20, "13.1": 20, "12.2": 20, "12.1": 5}
 
 
 @pytest.mark.parametrize("key", sorted(DRAWS))
