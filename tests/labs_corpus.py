@@ -36,6 +36,63 @@ def attention_two_params(Q, K):
     return Q
 
 
+def attention_quarter_roots(Q, K, V):  # another reading of the scale: Q and K each take d_k^(-1/4)
+    r = Q.shape[-1] ** 0.25
+    return ((Q / r) @ (K / r).transpose(-2, -1)).softmax(-1) @ V
+
+
+def attention_logsumexp(Q, K, V):  # a hand-written softmax, stable by logsumexp
+    s = Q @ K.mT * Q.shape[-1] ** -0.5
+    return (s - s.logsumexp(-1, keepdim=True)).exp() @ V
+
+
+def attention_loop(Q, K, V):  # one query at a time, batch axes flattened into one
+    d, L, S = Q.shape[-1], Q.shape[-2], K.shape[-2]
+    q, k, v = Q.reshape(-1, L, d), K.reshape(-1, S, d), V.reshape(-1, S, V.shape[-1])  # [N, L, d], [N, S, d], ...
+    out = torch.zeros(q.shape[0], L, V.shape[-1])
+    for n in range(q.shape[0]):
+        for i in range(L):
+            scores = torch.stack([q[n, i].dot(k[n, j]) for j in range(S)]) / math.sqrt(d)
+            out[n, i] = torch.softmax(scores, 0) @ v[n]
+    return out.reshape(*Q.shape[:-1], V.shape[-1])  # [..., L, d_v]
+
+
+def attention_torch_fused(Q, K, V):
+    return torch.nn.functional.scaled_dot_product_attention(Q, K, V)
+
+
+def attention_exp_by_hand(Q, K, V):  # e^x of the raw scores: overflows when they are large
+    e = (Q @ K.mT / math.sqrt(Q.shape[-1])).exp()
+    return e / e.sum(-1, keepdim=True) @ V
+
+
+def attention_exp_float64(Q, K, V):  # the same in float64: e^x still overflows beyond 709
+    e = (Q.double() @ K.double().mT / math.sqrt(Q.shape[-1])).exp()
+    return e / e.sum(-1, keepdim=True) @ V.double()
+
+
+def attention_global_max(Q, K, V):  # stabilised by the largest score of the whole matrix, not of each row
+    s = Q @ K.mT / math.sqrt(Q.shape[-1])
+    e = (s - s.max()).exp()
+    return e / e.sum(-1, keepdim=True) @ V
+
+
+def attention_mm(Q, K, V):  # torch.mm and .t(): matrices only
+    return torch.softmax(torch.mm(Q, K.t()) / math.sqrt(Q.shape[-1]), dim=-1) @ V
+
+
+def attention_dot_T(Q, K, V):  # K.T reverses every axis of a batched K
+    return torch.softmax(Q @ K.T / math.sqrt(Q.shape[-1]), dim=-1) @ V
+
+
+def attention_no_dim(Q, K, V):  # F.softmax without dim=
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.nn.functional.softmax(Q @ K.mT / math.sqrt(Q.shape[-1])) @ V
+
+
 def query_numpy(K, j, weight):
     S, d = K.shape
     return K[j].numpy() * np.log(weight * (S - 1) / (1 - weight)) * np.sqrt(d)
@@ -1341,22 +1398,41 @@ def _never_wrong_dim(k):  # over the heads (dim 0): raises where there are more 
 
 CORPUS = {
     "01.1": {
-        "right": [attention_einsum, attention_float64, attention_numpy],
+        "right": [attention_einsum, attention_float64, attention_numpy, attention_quarter_roots, attention_logsumexp,
+                  attention_loop, attention_torch_fused],
         "wrong": [
-            (lambda Q, K, V: (Q @ K.transpose(-2, -1)).softmax(-1) @ V, "not scaled"),
-            (lambda Q, K, V: (Q @ K.transpose(-2, -1) / Q.size(-1)).softmax(-1) @ V, "divided by d_k"),
-            (lambda Q, K, V: (Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))).softmax(-2) @ V,
-             "runs over the queries"),
-            (lambda Q, K, V: (Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))).softmax(-1), "matrix of weights"),
+            (lambda Q, K, V: (Q @ K.transpose(-2, -1)).softmax(-1) @ V, "the scores are not scaled"),
+            (lambda Q, K, V: (Q @ K.transpose(-2, -1) / Q.size(-1)).softmax(-1) @ V, "divided by d_k, their variance"),
             (lambda Q, K, V: (Q @ K.mT * math.sqrt(Q.size(-1))).softmax(-1) @ V, "multiplied by sqrt(d_k)"),
             (lambda Q, K, V: (Q @ K.mT / math.sqrt(K.size(-2))).softmax(-1) @ V, "the scale uses the number of keys"),
+            (lambda Q, K, V: (Q @ K.mT / math.sqrt(Q.size(-2))).softmax(-1) @ V, "the number of queries"),
+            (lambda Q, K, V: (Q @ K.mT / math.sqrt(V.size(-1))).softmax(-1) @ V, "the width of the values"),
+            (lambda Q, K, V: (Q @ K.mT / math.sqrt(len(Q))).softmax(-1) @ V, "uses Q.shape[0] (len(Q))"),
+            (lambda Q, K, V: (Q @ K.mT / math.sqrt(Q.shape[1])).softmax(-1) @ V, "reads d_k from Q.shape[1]"),
+            (lambda Q, K, V: (lambda s: (s / s.std()).softmax(-1) @ V)(Q @ K.mT), "their own measured spread (their"),
+            (lambda Q, K, V: (lambda s: (s / s.std(-1, keepdim=True)).softmax(-1) @ V)(Q @ K.mT), "row by row"),
+            (lambda Q, K, V: (Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))).softmax(-2) @ V,
+             "runs over the queries (dim=-2)"),
+            (lambda Q, K, V: (Q @ K.mT / math.sqrt(Q.size(-1))).softmax(0) @ V, "runs over axis 0"),
+            (lambda Q, K, V: (Q @ K.mT / math.sqrt(Q.size(-1))).softmax(1) @ V, "runs over axis 1 (dim=1)"),
+            (attention_no_dim, "the softmax is given no axis"),
+            (lambda Q, K, V: (K @ Q.mT / math.sqrt(Q.size(-1))).softmax(-1) @ V, "the scores are transposed (K Qᵀ)"),
+            (lambda Q, K, V: (Q @ K.mT / math.sqrt(Q.size(-1))).softmax(-1).mT @ V, "the weights are transposed"),
+            (lambda Q, K, V: (Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))).softmax(-1), "matrix of weights"),
             (lambda Q, K, V: (Q @ K.mT).softmax(-1) @ V / math.sqrt(Q.size(-1)), "after the softmax"),
             (lambda Q, K, V: torch.sigmoid(Q @ K.mT / math.sqrt(Q.size(-1))) @ V, "a sigmoid of the scores"),
+            (lambda Q, K, V: (Q @ K.mT / math.sqrt(Q.size(-1))).log_softmax(-1) @ V, "log-probabilities"),
             (lambda Q, K, V: (lambda s: s / s.sum(-1, keepdim=True))(Q @ K.mT / math.sqrt(Q.size(-1))) @ V,
              "exponentiates them first"),
+            (attention_exp_by_hand, "e^x overflows there"),
+            (attention_exp_float64, "e^x overflows there"),
+            (attention_global_max, "not the largest of the whole matrix"),
+            (attention_mm, "1 batch axis in front of [L, d_k]"),  # raises on the first case with a batch axis
+            (attention_dot_T, "1 batch axis in front of [L, d_k]"),
+            (lambda Q, K, V: (Q @ K.transpose(1, 2) / math.sqrt(Q.size(-1))).softmax(-1) @ V, "raised IndexError"),
             (attention_two_params, "keep the given parameters"),
             (3, "expected a function, got an int (3)"),
-            (lambda Q, K, V: Q @ K, "attention(Q [3, 4], K [5, 4], V [5, 2]) raised RuntimeError"),
+            (lambda Q, K, V: Q @ K, "raised RuntimeError"),
             (lambda Q, K, V: "softmax", "should be a number or a tensor, got a string"),
         ],
     },

@@ -13,13 +13,15 @@ import torch
 from labs_corpus import CORPUS, MISBLAMED, names_a_fixed_case
 
 import mhalab.labs as labs
-from mhalab.labs import core, ex03, ex05, ex06, ex07, ex09, ex11, ex12, ex13
+from mhalab.labs import core, ex01, ex03, ex05, ex06, ex07, ex09, ex11, ex12, ex13
 from mhalab.labs.judging import unseparated
 
 # exercise: (its cases for a check, the right answers, the mistakes of each case, equality)
 SEPARATING = {
     "07.2": (ex07._carrier_cases, lambda cases: [ex07._carrier(c, o) for c, o, _ in cases],
              lambda cases: [ex07._carrier_mistakes(c, o) for c, o, _ in cases], ex07._same_carriers),
+    "01.1": (ex01._attention_cases, lambda cases: [ex01._attention(*(t.double() for t in c[:3])) for c in cases],
+             lambda cases: [ex01._attention_mistakes(*(t.double() for t in c[:3])) for c in cases], ex01._same),
     "07.3": (ex07._budget_cases, lambda cases: [ex07._independent(*c) for c in cases],
              lambda cases: [ex07._budget_mistakes(*c) for c in cases], lambda a, b: a == b),
     "03.2": (ex03._reach_cases, lambda cases: [ex03._flow(*c) for c in cases],
@@ -62,7 +64,8 @@ def _args(key, case):
             "03.2": lambda c: (list(c[0]), *c[1:]),
             "05.1": lambda c: c[:4], "05.4": lambda c: c,
             "11.1": lambda c: c, "11.2": lambda c: (c[1].clone(), [p.clone() for p in c[2]]),
-            "06.1": lambda c: c[0]}.get(key, lambda c: (c[0],))(case)
+            "06.1": lambda c: c[0],
+            "01.1": lambda c: tuple(t.double() for t in c[:3])}.get(key, lambda c: (c[0],))(case)
 
 
 @pytest.mark.parametrize("seed", [None, *range(1, 21)])
@@ -107,7 +110,7 @@ def test_08_3_a_correct_answer_carries_a_tenth_of_the_tolerance_at_most_through_
 # --------------------------------------------------------------------------- the corpus on fresh draws
 
 #: exercise: how many grading draws its corpus is judged on here (the issue's answers were judged on 20)
-DRAWS = {"07.2": 10, "11.1": 20, "11.2": 20, "06.1": 20, "06.2": 20, "13.1": 20, "12.2": 20, "12.1": 5}
+DRAWS = {"07.2": 10, "11.1": 20, "11.2": 20, "06.1": 20, "06.2": 20, "13.1": 20, "12.2": 20, "12.1": 5, "01.1": 10}
 
 
 @pytest.mark.parametrize("key", sorted(DRAWS))
