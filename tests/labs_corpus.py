@@ -202,7 +202,8 @@ def crossover_mistaken(kind):  # 04.1 as a learner who misreads one thing
                 "inverse": lambda: math.floor(2 * n_heads * d / g) + 1,
                 "None is one": lambda: math.floor(2 * (1 if n_kv_heads is None else g) * d / n_heads) + 1,
                 "causal half": lambda: next(T for T in range(1, 10**6)
-                                            if n_heads * T * (T + 1) / 2 > 2 * g * d * T)}[kind]()
+                                            if n_heads * T * (T + 1) / 2 > 2 * g * d * T),
+                "one token": lambda: math.floor(math.sqrt(2 * g * d / n_heads)) + 1}[kind]()
     return answer
 
 
@@ -1461,6 +1462,7 @@ CORPUS = {
             (crossover_mistaken("inverse"), "not its inverse"),
             (crossover_mistaken("None is one"), "n_kv_heads=None means one K/V head per query head"),
             (crossover_mistaken("causal half"), "the pattern still holds all T x T numbers"),
+            (crossover_mistaken("one token"), "not with one token's"),
             (lambda d_model, n_heads, n_kv_heads=None, d_head=None: (n_heads, 2 * d_model),
              "should be a whole number"),
         ],

@@ -81,6 +81,9 @@ def _cross_mistakes(d_model: int, n_heads: int, n_kv_heads, d_head) -> dict[str,
             _past(2 * (1 if n_kv_heads is None else kv) * d / n_heads),
         "the causal mask zeroes the upper triangle, but the pattern still holds all T x T numbers per head":
             _first(lambda T: n_heads * T * (T + 1) // 2 > 2 * kv * d * T),
+        "the keys and values grow with the sequence too: compare the patterns with the whole sequence's K and V "
+        "(2 * n_kv_heads * d_head numbers per token, times T), not with one token's":
+            _first(lambda T: n_heads * T * T > 2 * kv * d),
     }
 
 
