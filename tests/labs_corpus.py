@@ -220,12 +220,48 @@ def mha_with_mhalab_sdpa(x, W_Q, W_K, W_V, W_O, n_heads):  # 02.4 through mhalab
     return z.transpose(1, 2).reshape(B, T, D) @ W_O.T
 
 
-def costs_measured(d_model, n_heads):  # 04.1 measured on a real module and mhalab's cache count
-    from mhalab import MultiHeadAttention
-    from mhalab.counting import count_parameters, kv_cache_per_token
+def crossover_by_loop(width, heads, kv_heads=None, head_width=None):  # 04.1 by counting, T after T
+    kv_heads = heads if kv_heads is None else kv_heads
+    head_width = width // heads if head_width is None else head_width
+    T = 1
+    while heads * T * T <= 2 * kv_heads * head_width * T:   # the patterns, against K and V
+        T += 1
+    return T
 
-    return (d_model // n_heads, count_parameters(MultiHeadAttention(d_model, n_heads, bias=False)),
-            kv_cache_per_token(d_model, n_heads).elements)
+
+def crossover_numpy(d_model, n_heads, n_kv_heads=None, d_head=None):  # 04.1 in float64, an np.int64 out
+    g = np.float64(n_heads if n_kv_heads is None else n_kv_heads)
+    d = np.float64(d_model // n_heads if d_head is None else d_head)
+    return np.floor(2 * g * d / n_heads).astype(np.int64) + 1
+
+
+def crossover_with_mhalab_count(d_model, n_heads, n_kv_heads=None, d_head=None):  # 04.1 with mhalab's cache count
+    from mhalab.counting import kv_cache_per_token
+
+    cache = kv_cache_per_token(d_model, n_heads, n_key_value_heads=n_kv_heads, d_head=d_head).elements
+    return torch.tensor(cache // n_heads + 1)   # a 0-d tensor
+
+
+def _crossover_parts(d_model, n_heads, n_kv_heads, d_head):
+    return (n_heads if n_kv_heads is None else n_kv_heads), (d_model // n_heads if d_head is None else d_head)
+
+
+def crossover_mistaken(kind):  # 04.1 as a learner who misreads one thing
+    def answer(d_model, n_heads, n_kv_heads=None, d_head=None):
+        g, d = _crossover_parts(d_model, n_heads, n_kv_heads, d_head)
+        x = 2 * g * d / n_heads
+        return {"ceil": lambda: math.ceil(x), "floor": lambda: math.floor(x), "round": lambda: round(x),
+                "equal": lambda: x, "K only": lambda: math.floor(x / 2) + 1,
+                "one head": lambda: 2 * g * d + 1, "no GQA": lambda: 2 * d + 1,
+                "d_model/h": lambda: math.floor(2 * g * (d_model / n_heads) / n_heads) + 1,
+                "d_model wide": lambda: math.floor(2 * g * d_model / n_heads) + 1,
+                "2 d_model": lambda: 2 * d_model // n_heads + 1,
+                "inverse": lambda: math.floor(2 * n_heads * d / g) + 1,
+                "None is one": lambda: math.floor(2 * (1 if n_kv_heads is None else g) * d / n_heads) + 1,
+                "causal half": lambda: next(T for T in range(1, 10**6)
+                                            if n_heads * T * (T + 1) / 2 > 2 * g * d * T),
+                "one token": lambda: math.floor(math.sqrt(2 * g * d / n_heads)) + 1}[kind]()
+    return answer
 
 
 def batch_with_kv_cache_per_token(config, seq_len, memory_bytes, bytes_per_value):  # 04.2 with mhalab's count
@@ -404,12 +440,38 @@ def causal_allowed_tril(L, S):
     return torch.ones(L, S, dtype=torch.bool).tril(S - L)
 
 
-def count_critical_path(h, e, d):
-    cross = d if e else 0
-    blocks = e + d + cross
-    steps = blocks - 1 if e and d else blocks  # the decoder's first self-attention runs beside the encoder
-    return blocks * h, steps
+def critical_path_by_steps(h, e, d):  # 03.3 step by step, as the blocks become ready (an np.int64 out)
+    encoder_done, decoder_done = e, 0
+    for layer in range(d):
+        decoder_done += 1                                 # self-attention: the decoder stream only
+        if e:
+            decoder_done = max(decoder_done, encoder_done) + 1   # cross-attention: also the encoder's output
+    return np.int64(max(encoder_done, decoder_done))
 
+
+def critical_path_longest_chain(n_heads, encoder_layers, decoder_layers):  # 03.3 as a longest path, a float out
+    waits = {}                                            # block -> the blocks it reads
+    for i in range(encoder_layers):
+        waits[("enc", i)] = [("enc", i - 1)] if i else []
+    for i in range(decoder_layers):
+        below = [("cross" if encoder_layers else "self", i - 1)] if i else []
+        waits[("self", i)] = below
+        if encoder_layers:
+            waits[("cross", i)] = [("self", i), ("enc", encoder_layers - 1)]
+    depth = {}
+    for block in waits:                                   # in an order where what a block reads comes first
+        depth[block] = 1 + max((depth[b] for b in waits[block]), default=0)
+    return float(max(depth.values(), default=0))
+
+
+def critical_path_tensor(n_heads, encoder_layers, decoder_layers):  # 03.3 as a 0-d tensor
+    e, d = torch.tensor(encoder_layers), torch.tensor(decoder_layers)
+    both = (e > 0) & (d > 0)
+    return torch.where(both, e + 2 * d - 1, e + d)
+
+
+def _blocks(e, d):
+    return e + d + (d if e else 0)
 
 
 # ------------------------------------------------------------------------------------ 05
@@ -1501,18 +1563,26 @@ CORPUS = {
         ],
     },
     "04.1": {
-        "right": [lambda d, h: (d / h, 4.0 * d * d, torch.tensor(2 * d)),
-                  lambda width, heads: [width // heads, 4 * width**2, 2 * width],
-                  costs_measured],
+        "right": [lambda d_model, n_heads, n_kv_heads=None, d_head=None: math.floor(
+                      2 * (n_kv_heads or n_heads) * (d_head or d_model // n_heads) / n_heads) + 1,
+                  crossover_by_loop, crossover_numpy, crossover_with_mhalab_count],
         "wrong": [
-            (lambda d_model, n_heads: (d_model, 4 * d_model**2, 2 * d_model), "the whole width"),
-            (lambda d_model, n_heads: (d_model // n_heads, 3 * d_model**2, 2 * d_model), "but not the output matrix"),
-            (lambda d_model, n_heads: (d_model // n_heads, 4 * d_model**2, 2 * (d_model // n_heads)),
-             "that is one head"),
-            (lambda d_model, n_heads: (d_model // n_heads, 4 * d_model**2, d_model), "both the keys and the values"),
-            (lambda d, h: (d // h, 4 * d * d + 4 * d, 2 * d), "includes the biases"),
-            (lambda d, h: d // h, "return a tuple (d_k, parameters, kv_cache)"),
-            (lambda d, h: (d / h + 0.5, 4 * d * d, 2 * d), "should be a whole number"),
+            (crossover_mistaken("ceil"), "compare strictly"),
+            (crossover_mistaken("floor"), "round up past the length"),
+            (crossover_mistaken("round"), "rounding to the nearest length"),
+            (crossover_mistaken("equal"), "a sequence is a whole number of tokens"),
+            (crossover_mistaken("K only"), "that is half the crossover"),
+            (crossover_mistaken("one head"), "every query head has its own [T, T] pattern"),
+            (crossover_mistaken("no GQA"), "only the n_kv_heads K/V heads are stored"),
+            (crossover_mistaken("d_model/h"), "it need not be d_model / n_heads"),
+            (crossover_mistaken("d_model wide"), "each K/V head is d_head wide, not d_model"),
+            (crossover_mistaken("2 d_model"), "2 * d_model per token is the cache only"),
+            (crossover_mistaken("inverse"), "not its inverse"),
+            (crossover_mistaken("None is one"), "n_kv_heads=None means one K/V head per query head"),
+            (crossover_mistaken("causal half"), "the pattern still holds all T x T numbers"),
+            (crossover_mistaken("one token"), "not with one token's"),
+            (lambda d_model, n_heads, n_kv_heads=None, d_head=None: (n_heads, 2 * d_model),
+             "should be a whole number"),
         ],
     },
     "04.2": {
@@ -1706,14 +1776,24 @@ CORPUS = {
         ],
     },
     "03.3": {
-        "right": [count_critical_path,
-                  lambda heads, enc, dec: [float(h) for h in ((enc + dec + (dec if enc else 0)) * heads,
-                                                              enc + dec + (dec if enc else 0))]],
+        "right": [lambda n_heads, encoder_layers, decoder_layers: (
+                      encoder_layers + 2 * decoder_layers - 1 if encoder_layers and decoder_layers
+                      else encoder_layers + decoder_layers),
+                  critical_path_by_steps, critical_path_longest_chain, critical_path_tensor],
         "wrong": [
-            (lambda h, e, d: ((e + d) * h, e + d), "two attention blocks"),
-            (lambda h, e, d: ((e + 2 * d) * h, e + 2 * d), "a decoder-only model has none"),
-            (lambda h, e, d: ((e + d + (d if e else 0)) * h, (e + d + (d if e else 0)) * h), "run side by side"),
-            (lambda h, e, d: ((e + d + (d if e else 0)) * h, 1), "cannot all run at once"),
+            (lambda h, e, d: _blocks(e, d), "every block one after another"),
+            (lambda h, e, d: (e + 2 * d - 1 if e and d else e + d) * h, "count blocks, not heads"),
+            (lambda h, e, d: _blocks(e, d) * h, "that counts every head of every block"),
+            (lambda h, e, d: max(e, 2 * d) if e else d, "it waits for the encoder's last layer"),
+            (lambda h, e, d: e + d, "a decoder layer is two steps"),
+            (lambda h, e, d: max(e, d) + 1 if e and d else e + d, "which the cross-attention of the layer below"),
+            (lambda h, e, d: 1, "the blocks cannot all run at once"),
+            (lambda h, e, d: e + 2 * d - 1, "holds only when there are both an encoder and a decoder"),
+            (lambda h, e, d: e + 2 * d - 1 if e else d, "an encoder-only model has nothing to run beside"),
+            (lambda h, e, d: e + 2 * d - 1 if d else e, "each decoder layer is one block"),
+            (lambda h, e, d: _blocks(e, d) - 1, "only an encoder-decoder has a block that need not wait"),
+            (lambda h, e, d: max(e, 1) + 2 * d - 1 if d else e, "nothing runs beside its first block"),
+            (lambda h, e, d: (e + 2 * d - 1 if e and d else e + d, _blocks(e, d) * h), "return one whole number"),
         ],
     },
     "08.3": {

@@ -127,14 +127,6 @@ def test_cases_tell_the_mistakes_apart():
         for i, a in enumerate(outputs):
             for b in outputs[i + 1:]:
                 assert a.shape != b.shape or not torch.allclose(a, b, rtol=1e-3, atol=1e-4), case[-2:]
-    for case in ex04._COST_CASES[:1]:  # a systematic mistake is named at the first case (h = 1 merges some later)
-        for name, mistakes in ex04._cost_mistakes(*case).items():
-            values = [
-                v
-                for v, _ in mistakes
-                if v != dict(zip(("d_k", "parameters", "kv_cache"), labs.exercise("04", 1).reference(*case)))[name]
-            ]
-            assert len(set(values)) == len(values), (case, name)
 
 
 # --------------------------------------------------------------------------- the learner's view

@@ -14,6 +14,7 @@ from labs_corpus import CORPUS, MISBLAMED, names_a_fixed_case
 
 import mhalab.labs as labs
 from mhalab.labs import core, ex01, ex03, ex05, ex06, ex07, ex09, ex11, ex12, ex13
+from mhalab.labs import core, ex03, ex04, ex05, ex06, ex07, ex09, ex11, ex12, ex13
 from mhalab.labs.judging import unseparated
 
 # exercise: (its cases for a check, the right answers, the mistakes of each case, equality)
@@ -26,6 +27,10 @@ SEPARATING = {
              lambda cases: [ex07._budget_mistakes(*c) for c in cases], lambda a, b: a == b),
     "03.2": (ex03._reach_cases, lambda cases: [ex03._flow(*c) for c in cases],
              lambda cases: [ex03._reach_mistakes(*c) for c in cases], ex03._reach_same),
+    "03.3": (ex03._path_cases, lambda cases: [ex03._path(*c[1:3]) for c in cases],
+             lambda cases: [ex03._path_mistakes(*c[:3]) for c in cases], ex03._same_path),
+    "04.1": (ex04._cross_cases, lambda cases: [ex04._crossover(*c[:4]) for c in cases],
+             lambda cases: [ex04._cross_mistakes(*c[:4]) for c in cases], ex04._equal),
     "05.1": (ex05._rank_cases, lambda cases: [ex05._rank(*c[:4]) for c in cases],
              lambda cases: [ex05._rank_mistakes(*c[:4]) for c in cases], ex05._equal),
     "05.4": (ex05._radius_cases, lambda cases: [ex05._shortest(ex05._gaps(n), w) for n, w in cases],
@@ -66,6 +71,7 @@ def _args(key, case):
             "11.1": lambda c: c, "11.2": lambda c: (c[1].clone(), [p.clone() for p in c[2]]),
             "06.1": lambda c: c[0],
             "01.1": lambda c: tuple(t.double() for t in c[:3])}.get(key, lambda c: (c[0],))(case)
+            "06.1": lambda c: c[0], "03.3": lambda c: c[:3], "04.1": lambda c: c[:4]}.get(key, lambda c: (c[0],))(case)
 
 
 @pytest.mark.parametrize("seed", [None, *range(1, 21)])
@@ -110,7 +116,7 @@ def test_08_3_a_correct_answer_carries_a_tenth_of_the_tolerance_at_most_through_
 # --------------------------------------------------------------------------- the corpus on fresh draws
 
 #: exercise: how many grading draws its corpus is judged on here (the issue's answers were judged on 20)
-DRAWS = {"07.2": 10, "11.1": 20, "11.2": 20, "06.1": 20, "06.2": 20, "13.1": 20, "12.2": 20, "12.1": 5, "01.1": 10}
+DRAWS = {"07.2": 10, "11.1": 20, "11.2": 20, "06.1": 20, "06.2": 20, "13.1": 20, "12.2": 20, "12.1": 5, "01.1": 10, "03.3": 20, "04.1": 20}
 
 
 @pytest.mark.parametrize("key", sorted(DRAWS))

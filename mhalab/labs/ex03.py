@@ -1,6 +1,6 @@
 """Exercises of notebook 03 (where it sits): a causal mask for decoding, what each of the three uses of
-attention lets flow from an edited token to which positions, and counting the attention operations of an
-architecture."""
+attention lets flow from an edited token to which positions, and the critical path of an encoder-decoder (the
+fewest attention blocks that must run one after another)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from .calls import Check
 from .core import Exercise, register
-from .judging import _as_tensor, consistent_mistake, describe, expect_equal, expect_shape, expect_whole, name_miss
+from .judging import _as_tensor, consistent_mistake, describe, expect_equal, expect_shape, expect_whole, unseparated
 from .verdicts import AnswerRaised, Wrong
 
 
@@ -283,59 +283,145 @@ register(Exercise(
 
 
 # ------------------------------------------------------------------------------------ exercise 3
-def _critical_path(encoder_layers: int, decoder_layers: int) -> int:
-    """Sequential steps when the decoder's first self-attention runs beside the encoder (it does not need it)."""
-    if not encoder_layers or not decoder_layers:
-        return encoder_layers + decoder_layers
-    return max(encoder_layers, 1) + 1 + 2 * (decoder_layers - 1)
+# The blocks of one forward pass and what each waits for: encoder layer i for encoder layer i - 1; the decoder's
+# self-attention of layer l for layer l - 1's cross-attention (the decoder stream; the first for nothing); its
+# cross-attention for that self-attention (its queries) and for the encoder's last layer (its keys and values).
+def _path(encoder_layers: int, decoder_layers: int, *, cross_waits=True, self_waits_cross=True) -> int:
+    """The longest chain of blocks that wait for one another (the checker's own reading, for drawing cases; the
+    answer is the solution's), and with a flag off, a reading that drops that dependency."""
+    encoder_done = encoder_layers                  # the encoder is one chain
+    decoder_done = self_done = 0                   # steps until the decoder stream (self-attention chain) is ready
+    for _ in range(decoder_layers):
+        self_done = (decoder_done if self_waits_cross else self_done) + 1
+        decoder_done = self_done
+        if encoder_layers:                         # cross-attention, only with an encoder to read
+            decoder_done = max(self_done, encoder_done if cross_waits else 0) + 1
+    return max(encoder_done, decoder_done)
 
 
-_COUNT_CASES = [(32, 0, 32), (16, 24, 0), (8, 6, 6), (12, 4, 10)]
-_COUNT_LABELS = ["n_heads=32, encoder_layers=0, decoder_layers=32 (decoder-only)",
-                 "n_heads=16, encoder_layers=24, decoder_layers=0 (encoder-only)",
-                 "n_heads=8, encoder_layers=6, decoder_layers=6 (encoder-decoder)",
-                 "n_heads=12, encoder_layers=4, decoder_layers=10 (encoder-decoder)"]
+def _path_mistakes(n_heads: int, encoder_layers: int, decoder_layers: int) -> dict[str, int]:
+    """{what a plausible reading missed: the path it gives} for one case."""
+    E, D = encoder_layers, decoder_layers
+    right = _path(E, D)
+    blocks = E + D + (D if E else 0)
+    return {
+        "that is every block one after another, as a standard implementation runs them; the decoder's first "
+        "self-attention reads only the decoder's own input, so it need not wait for the encoder": blocks,
+        "the heads of a block run side by side: count blocks, not heads": right * n_heads,
+        "that counts every head of every block, one after another: the heads of a block run side by side, and one "
+        "block need not wait for the encoder": blocks * n_heads,
+        "cross-attention reads the encoder's output (its keys and values), so it waits for the encoder's last "
+        "layer: the decoder cannot run beside the whole encoder": _path(E, D, cross_waits=False),
+        "a decoder layer is two steps: its cross-attention takes its queries from the self-attention's output, so "
+        "it waits for it": E + D,
+        "decoder self-attention reads the decoder stream, which the cross-attention of the layer below has just "
+        "written to: each decoder self-attention after the first waits for the cross-attention below it":
+            _path(E, D, self_waits_cross=False),
+        "a block needs what the block before it computed, so the blocks cannot all run at once": 1,
+        "encoder_layers + 2 * decoder_layers - 1 holds only when there are both an encoder and a decoder: a "
+        "decoder-only model has no cross-attention, and an encoder-only one no decoder block to run beside the "
+        "encoder": E + 2 * D - 1,
+        "a decoder-only model has no cross-attention (there is no encoder to attend to): each decoder layer is one "
+        "block": 2 * D - 1 if D and not E else right,
+        "a decoder-only model has no cross-attention, and with no encoder nothing runs beside its first block: "
+        "every one of its blocks waits for the one before": 2 * D if not E else right,
+        "only an encoder-decoder has a block that need not wait; in a decoder-only or encoder-only model every "
+        "block waits for the one before": E + D - 1 if not (E and D) else right,
+        "an encoder-only model has nothing to run beside its first layer: its critical path is every encoder "
+        "layer": E - 1 if E and not D else right,
+    }
 
 
-def _check_count(attention_operations, check: Check) -> None:
-    r = check.rng(62)
-    fresh = [(h, e, d) for h, e, d in ((r.randint(1, 32), r.randint(1, 24), r.randint(1, 24)) for _ in range(2))]
-    labels = [f"n_heads={h}, encoder_layers={e}, decoder_layers={d} (encoder-decoder)" for h, e, d in fresh]
-    for (n_heads, enc, dec), label in zip(_COUNT_CASES + (fresh if check.grading else []), _COUNT_LABELS + labels):
-        got = check.call(attention_operations, n_heads, enc, dec, label=label)
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise Wrong(f"return a pair (operations, sequential_steps), got {got!r} for {label}"[:300])
-        got_ops = expect_whole(got[0], f"operations for {label}")
-        got_steps = expect_whole(got[1], f"sequential steps for {label}")
-        ops, steps = check.reference(n_heads, enc, dec)
-        if got_ops != ops:
-            raise Wrong(f"operations for {label}: got {got_ops:,}; " + (name_miss(got_ops, [
-                ((enc + dec) * n_heads, "a decoder layer of an encoder-decoder has two attention blocks: "
-                                        "self-attention and cross-attention"),
-                ((enc + 2 * dec) * n_heads, "cross-attention needs an encoder to attend to: a decoder-only model has "
-                                            "none"),
-                (steps, "that counts blocks; every head of a block is its own operation"),
-            ]) or "count the heads of every attention block in one forward pass"))
-        if got_steps not in (steps, _critical_path(enc, dec)):  # a standard implementation, or the true critical path
-            raise Wrong(f"sequential steps for {label}: got {got_steps:,}; " + (name_miss(got_steps, [
-                (ops, "the heads of one block run side by side; only the blocks must wait for each other"),
-                (1, "a block needs the previous block's output, so the blocks cannot all run at once"),
-                (enc + dec, "in a decoder layer, cross-attention takes its queries from the self-attention's output, "
-                            "so it must wait for it"),
-            ]) or "count the attention blocks that must run one after another"))
+_PATH_CASES = [  # (n_heads, encoder_layers, decoder_layers, what)
+    (8, 6, 6, "Transformer base's shape"),
+    (32, 0, 32, "decoder-only"),
+    (16, 24, 0, "encoder-only"),
+    (12, 10, 3, "an encoder longer than the decoder"),
+    (4, 2, 12, "a decoder much longer than the encoder"),
+    (6, 1, 1, "one layer each"),
+    (1, 3, 2, "one head per block"),
+    (2, 0, 0, "no layers at all"),
+]
+
+
+def _path_cases(check: Check) -> list[tuple]:
+    """The fixed cases; when grading three drawn fresh as well (redrawn a few times at most until every reading
+    gives a path of its own on some case)."""
+    cases = list(_PATH_CASES)
+    if not check.grading:
+        return cases
+    for attempt in range(20):
+        r = check.rng(62 + 1000 * attempt)
+        drawn = [(r.choice([1, 2, 4, 8, 12, 16, 32]), r.choice([0, r.randint(1, 24)]), r.randint(0, 24),
+                  f"drawn case {i}") for i in range(3)]
+        every = cases + drawn
+        if not unseparated([_path(*c[1:3]) for c in every], [_path_mistakes(*c[:3]) for c in every], _same_path):
+            break
+    return cases + drawn
+
+
+def _same_path(a, b) -> bool:
+    return a == b
+
+
+def _path_label(n_heads, encoder_layers, decoder_layers, what) -> str:
+    return f"n_heads={n_heads}, encoder_layers={encoder_layers}, decoder_layers={decoder_layers} ({what})"
+
+
+def _path_hint(encoder_layers: int, decoder_layers: int) -> str:
+    """What to think about for the first case the answer gets wrong, when no one mistake explains every case."""
+    if not encoder_layers and not decoder_layers:
+        return "a model with no layers runs no attention block"
+    if not encoder_layers:
+        return "a decoder-only model has one block per layer, each waiting for the one before"
+    if not decoder_layers:
+        return "an encoder-only model is one chain of blocks"
+    return ("follow the decoder layer by layer: when can its self-attention start, and when its cross-attention "
+            "(which also needs the encoder's output)?")
+
+
+def _check_path(critical_path, check: Check) -> None:
+    cases, got, raised = _path_cases(check), [], None
+    for case in cases:
+        label = _path_label(*case)
+        try:
+            value = check.call(critical_path, *case[:3], label=label)
+        except AnswerRaised as error:  # judged after the cases before it: a wrong answer there is said first
+            raised = error
+            break
+        if isinstance(value, (tuple, list)):
+            raise Wrong(f"for {label} return one whole number, the blocks on the critical path; got "
+                        f"{describe(value)}")
+        got.append(expect_whole(value, f"the critical path for {label}"))
+    cases = cases[:len(got)]
+    wants = [int(check.reference(*c[:3])) for c in cases]
+    if got == wants:
+        if raised is not None:
+            raise raised
+        return
+    bad = next(i for i, (g, w) in enumerate(zip(got, wants)) if g != w)
+    missed = consistent_mistake(got, wants, [_path_mistakes(*c[:3]) for c in cases], _same_path)
+    raise Wrong(f"for {_path_label(*cases[bad])} you said {got[bad]:,} blocks, the critical path is {wants[bad]:,}: "
+                + (missed or _path_hint(*cases[bad][1:3])))
 
 
 register(Exercise(
-    "03", 3, "count the attention operations of an architecture",
-    _check_count,
-    hint="Count attention blocks first: one per encoder layer, one per decoder layer, and one more per decoder "
-         "layer if there is an encoder to cross-attend to. Every head of a block is one operation; the blocks "
-         "run one after another, the heads of a block side by side.",
+    "03", 3, "the critical path of an encoder-decoder",
+    _check_path,
+    hint=["List each block with what it waits for: an encoder layer for the one below it; a decoder self-attention "
+          "for the decoder stream (the first one for nothing: it reads the decoder's input); a cross-attention for "
+          "the self-attention below it (its queries) and for the encoder's last layer (its keys and values).",
+          "Give every block the step at which it can run: one more than the latest step among what it waits for. The "
+          "critical path is the latest step of all. Then check the models without an encoder, or without a "
+          "decoder."],
     solution=(
-        "def attention_operations(n_heads, encoder_layers, decoder_layers):\n"
-        "    cross = decoder_layers if encoder_layers > 0 else 0   # cross-attention only with an encoder\n"
-        "    blocks = encoder_layers + decoder_layers + cross      # in a standard implementation each block waits\n"
-        "    return blocks * n_heads, blocks                       # (the decoder's first self-attention need not)"
+        "def critical_path(n_heads, encoder_layers, decoder_layers):\n"
+        "    # the heads of a block run side by side: n_heads does not lengthen the path\n"
+        "    if encoder_layers == 0 or decoder_layers == 0:\n"
+        "        return encoder_layers + decoder_layers        # one chain: every block waits for the one before\n"
+        "    # the decoder's first self-attention runs beside the encoder; its first cross-attention waits for\n"
+        "    # both, then every later decoder layer adds self-attention and cross-attention, one after the other\n"
+        "    return encoder_layers + 1 + 2 * (decoder_layers - 1)"
     ),
-    minutes=10, difficulty=1, importance=2,
+    minutes=15, difficulty=3, importance=2,
 ))

@@ -1,79 +1,172 @@
-"""Exercises of notebook 04 (it costs nothing): the cost table for a new width (a warm-up), the largest
-batch a GPU holds for a real grouped-query model, and grouped-query attention in one pass, equal to the
-token-by-token decode through a KV cache."""
+"""Exercises of notebook 04 (it costs nothing): the sequence length from which one layer's attention patterns take
+more numbers than its keys and values, the largest batch a GPU holds for a real grouped-query model, and
+grouped-query attention in one pass, equal to the token-by-token decode through a KV cache."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from .calls import Check
 from .core import Exercise, register
-from .judging import expect_whole, judge, name_miss
-from .verdicts import Wrong
+from .judging import consistent_mistake, expect_whole, judge, name_miss, unseparated
+from .verdicts import AnswerRaised, Wrong
 
 # ------------------------------------------------------------------------------------ exercise 1
-_COST_CASES = [(768, 12), (768, 1), (1024, 16), (96, 32), (4096, 64)]  # (d_model, n_heads), none from the notebook
+# One layer's forward pass over T tokens: the patterns are n_heads maps of T x T (one per query head), K and V are
+# 2 * n_kv_heads * d_head * T numbers. The patterns take more once n_heads * T > 2 * n_kv_heads * d_head.
+_CROSS_CASES = [  # (d_model, n_heads, n_kv_heads, d_head, what): every reading below differs on some case
+    (512, 8, None, None, "section 3's layer: 8 heads, each with its own K and V"),
+    (576, 9, 3, 64, "SmolLM2-135M's layer"),
+    (1000, 12, 4, 80, "d_model not a multiple of n_heads"),
+    (512, 8, 2, None, "grouped-query, 2 K/V heads"),
+    (3072, 16, None, 256, "Gemma-7B's layer: heads wider than d_model / n_heads"),
+    (4096, 32, 1, 128, "multi-query"),
+    (21, 6, 2, 7, "odd shapes"),
+    (8, 8, 1, None, "heads of width one, one K/V head"),
+    (7, 7, None, None, "seven heads of width one"),
+]
 
 
-def _cost_mistakes(d_model: int, n_heads: int) -> dict[str, list[tuple[int, str]]]:
-    d_k = d_model // n_heads
+def _sizes(d_model: int, n_heads: int, n_kv_heads, d_head) -> tuple[int, int]:
+    """(n_kv_heads, d_head) with the defaults filled in: one K/V head per query head, d_head = d_model / n_heads."""
+    return (n_heads if n_kv_heads is None else n_kv_heads), (d_model // n_heads if d_head is None else d_head)
+
+
+def _first(more) -> int:
+    """The smallest length T >= 1 where ``more(T)`` (the patterns take more than K and V) holds."""
+    T = 1
+    while not more(T):
+        T += 1
+    return T
+
+
+def _crossover(d_model: int, n_heads: int, n_kv_heads=None, d_head=None) -> int:
+    """The checker's own reading (for drawing cases; the answer is the solution's)."""
+    kv, d = _sizes(d_model, n_heads, n_kv_heads, d_head)
+    return 2 * kv * d // n_heads + 1
+
+
+def _past(x: float) -> int:
+    """The first whole length T >= 1 with T > x."""
+    return max(1, math.floor(x) + 1)
+
+
+def _cross_mistakes(d_model: int, n_heads: int, n_kv_heads, d_head) -> dict[str, int]:
+    """{what a plausible reading missed: the length it predicts} for one case."""
+    kv, d = _sizes(d_model, n_heads, n_kv_heads, d_head)
+    x = 2 * kv * d / n_heads                         # where the two are equal
     return {
-        "d_k": [(d_model, "the whole width: each head gets an equal share of d_model"),
-                (n_heads, "the head count: d_k is the width of one head")],
-        "parameters": [(3 * d_model**2, "you counted W_Q, W_K and W_V but not the output matrix W_O"),
-                       (4 * d_model * d_k, "that is one head's share: there are n_heads heads"),
-                       (3 * d_model * d_k + d_model**2, "W_Q, W_K, W_V counted for one head only: every head has its "
-                                                        "own"),
-                       (4 * d_model**2 + 4 * d_model, "that includes the biases; count the weight matrices only "
-                                                      "(bias=False)"),
-                       (4 * d_model**2 * n_heads, "each head projects to d_k dimensions, not to d_model"),
-                       (3 * d_model**2 * n_heads + d_model**2, "each head projects to d_k dimensions, not to d_model"),
-                       (2 * d_model**2, "count all four matrices: W_Q, W_K, W_V and W_O")],
-        "kv_cache": [(d_model, "both the keys and the values are cached"),
-                     (2 * d_k, "that is one head: every head caches its own keys and values"),
-                     (d_k, "that is one head's keys: every head caches its own keys and values"),
-                     (2 * d_model * n_heads, "each head caches d_k numbers per key, not d_model"),
-                     (4 * d_model, "only K and V are cached (queries are used once and thrown away)"),
-                     (3 * d_model, "only K and V are cached (queries are used once and thrown away)")],
+        "at that length the patterns take exactly as many numbers as K and V, not more: the first length where "
+        "they take more is one token longer (compare strictly)": max(1, math.ceil(x)),
+        "at that length the patterns do not yet take more than K and V: round up past the length where the two "
+        "are equal (the first whole T with n_heads * T > ...)": max(0, math.floor(x)),
+        "rounding to the nearest length can land on or before the crossing: take the first whole length past it":
+            round(x),
+        "that is half the crossover: the cache holds both K and V for every K/V head, and the patterns are one "
+        "[T, T] map per query head (the weights, not the scores as well)": _past(x / 2),
+        "every query head has its own [T, T] pattern: n_heads of them, against the K and V of all K/V heads":
+            _past(2 * kv * d),
+        "only the n_kv_heads K/V heads are stored (each shared by n_heads / n_kv_heads query heads), while every "
+        "query head has its own pattern": _past(2 * d),
+        "the head width is d_head when it is given; it need not be d_model / n_heads": _past(2 * kv * d_model / n_heads
+                                                                                            / n_heads),
+        "each K/V head is d_head wide, not d_model": _past(2 * kv * d_model / n_heads),
+        "2 * d_model per token is the cache only with one K/V head per query head and d_head = d_model / n_heads; "
+        "count 2 * n_kv_heads * d_head": _past(2 * d_model / n_heads),
+        "the patterns belong to the query heads (n_heads of them) and K and V to the K/V heads: the ratio is "
+        "n_kv_heads / n_heads, not its inverse": _past(2 * n_heads * d / kv),
+        "n_kv_heads=None means one K/V head per query head (ordinary multi-head attention), not one in all":
+            _past(2 * (1 if n_kv_heads is None else kv) * d / n_heads),
+        "the causal mask zeroes the upper triangle, but the pattern still holds all T x T numbers per head":
+            _first(lambda T: n_heads * T * (T + 1) // 2 > 2 * kv * d * T),
+        "the keys and values grow with the sequence too: compare the patterns with the whole sequence's K and V "
+        "(2 * n_kv_heads * d_head numbers per token, times T), not with one token's":
+            _first(lambda T: n_heads * T * T > 2 * kv * d),
     }
 
 
-def _cost_cases(check: Check) -> list[tuple[int, int]]:
-    """The fixed cases, and when grading two drawn fresh."""
-    r = check.rng(30)
-    fresh = [(h * r.randint(2, 96), h) for h in (r.randint(2, 40), r.randint(2, 40))]
-    return list(_COST_CASES) + (fresh if check.grading else [])
+def _cross_cases(check: Check) -> list[tuple]:
+    """The fixed cases; when grading three drawn fresh as well (redrawn a few times at most until every reading
+    gives lengths of its own)."""
+    cases = list(_CROSS_CASES)
+    if not check.grading:
+        return cases
+    for attempt in range(20):
+        r = check.rng(32 + 1000 * attempt)
+        drawn = []
+        for i in range(3):
+            n_heads = r.choice([2, 3, 4, 6, 8, 9, 12, 16, 24, 32, 40, 64])
+            n_kv = r.choice([None] + [g for g in range(1, n_heads + 1) if n_heads % g == 0])
+            d_head = r.choice([None, r.choice([1, 3, 16, 32, 64, 80, 96, 128, 256])])
+            d_model = n_heads * r.randint(1, 128) if d_head is None else r.randint(n_heads, 8192)
+            drawn.append((d_model, n_heads, n_kv, d_head, f"drawn case {i}"))
+        every = cases + drawn
+        if not unseparated([_crossover(*c[:4]) for c in every], [_cross_mistakes(*c[:4]) for c in every], _equal):
+            break
+    return cases + drawn
 
 
-def _check_costs(attention_costs, check: Check) -> None:
-    for d_model, n_heads in _cost_cases(check):
-        label = f"d_model={d_model}, n_heads={n_heads}"
-        got = check.call(attention_costs, d_model, n_heads, label=label)
-        if not isinstance(got, (tuple, list)) or len(got) != 3:
-            raise Wrong(f"return a tuple (d_k, parameters, kv_cache) of three numbers; for {label} you returned "
-                        f"{got!r}"[:300])
-        want = dict(zip(("d_k", "parameters", "kv_cache"), check.reference(d_model, n_heads)))
-        for value, (name, right) in zip(got, want.items()):
-            value = expect_whole(value, f"{name} for {label}")
-            if value != right:
-                miss = name_miss(value, _cost_mistakes(d_model, n_heads)[name])
-                raise Wrong(f"{name} for {label}: got {value:,}; " + (miss or "think of what it counts, per head, then "
-                                                                              "for all heads"))
+def _equal(a, b) -> bool:
+    return a == b
+
+
+def _cross_label(d_model, n_heads, n_kv_heads, d_head, what) -> str:
+    return f"d_model={d_model}, n_heads={n_heads}, n_kv_heads={n_kv_heads}, d_head={d_head} ({what})"
+
+
+def _check_crossover(crossover_length, check: Check) -> None:
+    cases, got, raised = _cross_cases(check), [], None
+    for case in cases:
+        label = _cross_label(*case)
+        try:
+            value = check.call(crossover_length, *case[:4], label=label)
+        except AnswerRaised as error:  # judged after the cases before it: a wrong answer there is said first
+            raised = error
+            break
+        try:
+            got.append(expect_whole(value, f"the length for {label}"))
+        except Wrong:
+            kv, d = _sizes(*case[:4])
+            if isinstance(value, (int, float)) and math.isclose(float(value), 2 * kv * d / case[1], rel_tol=1e-9):
+                raise Wrong(f"for {label} you returned {float(value):.4g}, the length where the patterns and K and V "
+                            "take the same number of numbers; a sequence is a whole number of tokens: return the "
+                            "first whole length at which the patterns take more") from None
+            raise
+    cases = cases[:len(got)]
+    wants = [int(check.reference(*c[:4])) for c in cases]
+    if got == wants:
+        if raised is not None:
+            raise raised
+        return
+    bad = next(i for i, (g, w) in enumerate(zip(got, wants)) if g != w)
+    missed = consistent_mistake(got, wants, [_cross_mistakes(*c[:4]) for c in cases], _equal)
+    said = f"for {_cross_label(*cases[bad])} you said {got[bad]:,}, the patterns first take more at {wants[bad]:,}"
+    raise Wrong(f"{said}: " + (missed or "count both sides for a sequence of T tokens, the patterns (one [T, T] map "
+                                         "per query head) and K and V (one key and one value of d_head numbers per "
+                                         "K/V head and token), and find the first T where the patterns win"))
 
 
 register(Exercise(
-    "04", 1, "the cost table for a new width",
-    _check_costs,
-    hint="Each of the h heads has three [d_model, d_k] matrices; W_O is [d_model, d_model]. The cache keeps "
-         "one key and one value of width d_k per head and token. Then use h * d_k = d_model.",
+    "04", 1, "when the attention pattern outgrows the cache",
+    _check_crossover,
+    hint=["Count one layer's numbers for one sequence of T tokens: the patterns (what shape has each head's?) and the "
+          "keys and values (section 3's count, with a head width d_head and the K/V heads of grouped-query "
+          "attention). Which side grows faster with T?",
+          "Set patterns > keys and values and divide by T: a straight line in T against a constant. The answer is the "
+          "first whole T past the point where the two are equal."],
     solution=(
-        "def attention_costs(d_model, n_heads):\n"
-        "    d_k = d_model // n_heads\n"
-        "    parameters = n_heads * 3 * d_model * d_k + d_model * d_model   # = 4 * d_model**2\n"
-        "    kv_cache = 2 * n_heads * d_k                                   # = 2 * d_model\n"
-        "    return d_k, parameters, kv_cache"
+        "def crossover_length(d_model, n_heads, n_kv_heads=None, d_head=None):\n"
+        "    if n_kv_heads is None:\n"
+        "        n_kv_heads = n_heads                     # one K/V head per query head\n"
+        "    if d_head is None:\n"
+        "        d_head = d_model // n_heads              # the usual sizing\n"
+        "    cache = 2 * n_kv_heads * d_head              # K and V, per token: the cache grows like T\n"
+        "    # patterns: n_heads * T * T numbers; more than cache * T when n_heads * T > cache\n"
+        "    return cache // n_heads + 1                  # the first whole T past cache / n_heads"
     ),
-    minutes=10, difficulty=1, importance=4,
+    minutes=15, difficulty=2, importance=4,
 ))
 
 
