@@ -65,13 +65,21 @@ def _plain(value):
 
 
 def _args(key, case):
-    return {"07.2": lambda c: (c[0], dict(c[1])), "07.3": lambda c: (c[0].clone(), c[1]),
-            "03.2": lambda c: (list(c[0]), *c[1:]),
-            "05.1": lambda c: c[:4], "05.4": lambda c: c,
-            "11.1": lambda c: c, "11.2": lambda c: (c[1].clone(), [p.clone() for p in c[2]]),
-            "06.1": lambda c: c[0],
-            "01.1": lambda c: tuple(t.double() for t in c[:3])}.get(key, lambda c: (c[0],))(case)
-            "06.1": lambda c: c[0], "03.3": lambda c: c[:3], "04.1": lambda c: c[:4]}.get(key, lambda c: (c[0],))(case)
+    """The arguments an answer is called with on one case (the default: the case's first item)."""
+    args = {
+        "01.1": lambda c: tuple(t.double() for t in c[:3]),
+        "03.2": lambda c: (list(c[0]), *c[1:]),
+        "03.3": lambda c: c[:3],
+        "04.1": lambda c: c[:4],
+        "05.1": lambda c: c[:4],
+        "05.4": lambda c: c,
+        "06.1": lambda c: c[0],
+        "07.2": lambda c: (c[0], dict(c[1])),
+        "07.3": lambda c: (c[0].clone(), c[1]),
+        "11.1": lambda c: c,
+        "11.2": lambda c: (c[1].clone(), [p.clone() for p in c[2]]),
+    }
+    return args.get(key, lambda c: (c[0],))(case)
 
 
 @pytest.mark.parametrize("seed", [None, *range(1, 21)])
