@@ -2,10 +2,10 @@
 circuit, and one head's direct logit attribution.
 
 Exercise 1 runs on small hidden models (mhalab's toy ``Transformer``), staged: the paper's attention, grouped-query
-attention, and a head of lower rank than its width; exercise 2 on small random embeddings, head and unembedding
-matrices (one that copies, one that suppresses, one that writes the next token, random ones); exercise 3 on random
-head outputs, norm scales and unembeddings. When grading, the values are drawn fresh and more cases added. Any code
-may run.
+attention, a head of lower rank than its width, and one whose directions merge; exercise 2 on small random
+embeddings, head and unembedding matrices (one that copies, one that suppresses, one that writes the next token,
+random ones); exercise 3 on random head outputs, norm scales and unembeddings. When grading, the values are drawn
+fresh and more cases added. Any code may run.
 """
 
 from __future__ import annotations
