@@ -1171,6 +1171,12 @@ def _qk_svd_loose(m, l, i, rtol=1e-5):  # the rank from the singular values, wit
     return M, int((S > S[0] * rtol).sum())
 
 
+def _qk_alive_count(model, layer, head):  # the rank predicted by counting the directions alive on both sides
+    p = model.blocks[layer].attn.head_projections(head)
+    alive = (p.W_Q != 0).any(0) & (p.W_K != 0).any(0)  # [d_head]: q_i and k_i both nonzero
+    return p.W_Q @ p.W_K.T, int(alive.sum())
+
+
 def _qk_made_up_group(model, layer, head):  # query head j paired with K/V head j % G (a map made up)
     attn = model.blocks[layer].attn
     H, G, d = attn.n_heads, attn.n_key_value_heads, attn.d_head
@@ -1947,7 +1953,7 @@ CORPUS = {
             (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, torch.linalg.matrix_rank((p.W_Q @ p.W_K.T).double())))(
                 m.blocks[l].attn.head_projections(h)), "take the rank in the dtype of the product"),
             (_qk_made_up_group, "query head j reads K/V head j // (H // G)"),
-            (_qk_made_up_group, "stage 2 of 4 (grouped-query: 4 query heads share 2 K/V heads)"),
+            (_qk_made_up_group, "stage 2 of 5 (grouped-query: 4 query heads share 2 K/V heads)"),
             (lambda m, l, h: (lambda a, d: (lambda W: (W, int(torch.linalg.matrix_rank(W))))(
                 a.qkv_proj.weight[h * d:(h + 1) * d].T
                 @ a.qkv_proj.weight[(a.n_heads + h // a.n_key_value_heads) * d:
@@ -1962,6 +1968,7 @@ CORPUS = {
             (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, torch.linalg.matrix_rank(p.W_K)))(
                 m.blocks[l].attn.head_projections(h)), "that is the rank of W_K alone"),
             (_qk_smaller_rank, "the smaller of the two ranks, a bound"),
+            (_qk_alive_count, "counts the directions alive on both sides"),
             (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T, [3]))(m.blocks[l].attn.head_projections(h)),
              "the rank should be one whole number"),
             (lambda m, l, h: m.blocks[l].attn.head_projections(h).W_Q, "return two things"),

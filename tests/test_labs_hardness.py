@@ -105,6 +105,49 @@ def test_the_near_degenerate_head_has_a_rank_below_its_width_and_a_direction_jus
     assert S[3] < tol / 5  # the float32 product's rounding noise stays well under the tolerance
 
 
+@pytest.mark.parametrize("seed", [None, *range(1, 21)])
+def test_12_1_every_rank_mistake_is_named_where_it_first_misses_and_the_changed_heads_clear_rounding(seed):
+    """12.1: each rank mistake (a reading of one head) gives a rank other than the right one on some probed head, and
+    on the first such head the message named is its own, not an earlier one's (Q alone and K alone apart, the count
+    of directions alive on both sides apart from d_head). On both changed heads the singular values are far from the
+    rounding floor (max(shape) x eps of the dtype x the largest), for a product in float32 and in float64: the zero
+    ones under a fifth of it, the smallest counted one over twice it."""
+    def rank(w):
+        return int(torch.linalg.matrix_rank(w))
+
+    readings = {  # name: (the rank it gives, from W_Q, W_K, the float32 W_QK and the layer; what its message says)
+        "W_Q alone": (lambda q, k, W, a: rank(q), "the rank of W_Q alone"),
+        "W_K alone": (lambda q, k, W, a: rank(k), "the rank of W_K alone"),
+        "the smaller": (lambda q, k, W, a: min(rank(q), rank(k)), "the smaller of the two ranks, a bound"),
+        "alive": (lambda q, k, W, a: ex12._alive(q, k), "counts the directions alive on both sides"),
+        "d_head": (lambda q, k, W, a: a.d_head, "not always equal to it"),
+        **{f"rtol {t}": (lambda q, k, W, a, t=t: int(torch.linalg.matrix_rank(W.double(), rtol=t)),
+                         "looser than the rounding") for t in (1e-5, 1e-4, 1e-3, 1e-2)},
+    }
+    named = set()
+    for stage, model, layer, heads in ex12._qk_cases(core.Check(seed=seed)):
+        attn = model.blocks[layer].attn
+        for head in heads:
+            p = attn.head_projections(head)
+            q, k = p.W_Q.detach(), p.W_K.detach()
+            W = q @ k.T
+            right = rank(W)
+            assert right == rank(q.double() @ k.double().T), (stage, head)   # a float64 product counts the same
+            for name, (reading, says) in readings.items():
+                value = reading(q, k, W, attn)
+                if name in named or value == right:
+                    continue
+                message = ex12.name_miss(value, [(v, m) for v, m in ex12._rank_mistakes(attn, head, W) if v != right])
+                assert message is not None and says in message, (stage, head, name, value, right, message)
+                named.add(name)
+            if "stage 4" in stage or "stage 5" in stage:
+                for product in (W, q.double() @ k.double().T):
+                    S = torch.linalg.svdvals(product)
+                    floor = max(product.shape) * torch.finfo(product.dtype).eps * S[0]
+                    assert S[right:].max() < floor / 5 and S[right - 1] > 2 * floor, (stage, head, product.dtype)
+    assert named == set(readings)
+
+
 @pytest.mark.parametrize("seed", [None, 1, 2])
 def test_08_3_a_correct_answer_carries_a_tenth_of_the_tolerance_at_most_through_the_deepest_model(seed):
     """09.3's tolerance, derived: a correct float32 answer is as far from the exact loss as its forward pass's
@@ -124,7 +167,19 @@ def test_08_3_a_correct_answer_carries_a_tenth_of_the_tolerance_at_most_through_
 # --------------------------------------------------------------------------- the corpus on fresh draws
 
 #: exercise: how many grading draws its corpus is judged on here (the issue's answers were judged on 20)
-DRAWS = {"07.2": 10, "11.1": 20, "11.2": 20, "06.1": 20, "06.2": 20, "13.1": 20, "12.2": 20, "12.1": 5, "01.1": 10, "03.3": 20, "04.1": 20}
+DRAWS = {
+    "01.1": 10,
+    "03.3": 20,
+    "04.1": 20,
+    "06.1": 20,
+    "06.2": 20,
+    "07.2": 10,
+    "11.1": 20,
+    "11.2": 20,
+    "12.1": 20,
+    "12.2": 20,
+    "13.1": 20,
+}
 
 
 @pytest.mark.parametrize("key", sorted(DRAWS))

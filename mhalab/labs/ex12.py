@@ -2,10 +2,10 @@
 circuit, and one head's direct logit attribution.
 
 Exercise 1 runs on small hidden models (mhalab's toy ``Transformer``), staged: the paper's attention, grouped-query
-attention, and a head of lower rank than its width; exercise 2 on small random embeddings, head and unembedding
-matrices (one that copies, one that suppresses, one that writes the next token, random ones); exercise 3 on random
-head outputs, norm scales and unembeddings. When grading, the values are drawn fresh and more cases added. Any code
-may run.
+attention, a head of lower rank than its width, and one whose directions merge; exercise 2 on small random
+embeddings, head and unembedding matrices (one that copies, one that suppresses, one that writes the next token,
+random ones); exercise 3 on random head outputs, norm scales and unembeddings. When grading, the values are drawn
+fresh and more cases added. Any code may run.
 """
 
 from __future__ import annotations
@@ -48,41 +48,87 @@ def _near_degenerate(model, layer: int, head: int, generator: torch.Generator) -
         w[H + head // (H // G)] = (v * b).T.to(w.dtype)                 # W_K = v diag(b)
 
 
-_QK_MODELS = [  # (stage, config, seed, layer, heads probed, the head made near-degenerate or None)
-    ("stage 1 of 4 (multi-head attention)", dict(d_vocab=11, d_model=12, n_heads=3, n_layers=2), 101, 1, [1], None),
-    ("stage 2 of 4 (grouped-query: 4 query heads share 2 K/V heads)",
+def _merged(model, layer: int, head: int, generator: torch.Generator, swap: bool = False) -> None:
+    """Make ``head``'s W_QK lower in rank than W_Q and W_K through directions that merge, not only through zero ones:
+    q_0 and q_1 point the same way (k_0, k_1 do not), k_2 and k_3 do (q_2, q_3 do not), q_4 k_4 is one term of its
+    own, q_5 and q_6 have no key side, the rest neither. So W_QK = u_0 (t_0 v_0 + t_1 v_1)ᵀ + (t_2 u_1 + t_3 u_2) v_2ᵀ
+    + t_4 u_3 v_3ᵀ has rank 3, W_Q rank 6 (u_0 .. u_5), W_K rank 4 (v_0 .. v_3), and 5 directions are alive on both
+    sides (7 or 8 = d_head): counting them overcounts. ``swap``: the query and key sides exchanged (ranks 4 and 6).
+    Exact in float32: each column is a float32 base vector times ±1 or ±2 (exact), so the product of the stored
+    weights has rank 3 in exact arithmetic, and float64 (whose rounding floor is 10^-9 of float32's) counts no
+    more than float32 does."""
+    attn = model.blocks[layer].attn
+    H, G, d, D = attn.n_heads, attn.n_key_value_heads, attn.d_head, attn.d_model
+    u, v = (torch.randn(D, 6, generator=generator).div(D ** 0.5) for _ in "uv")  # float32 base vectors: [D, 6]
+    sign = torch.randint(0, 2, (2, d), generator=generator) * 2 - 1                   # ±1 per column and side
+    size = 2.0 ** torch.randint(0, 2, (2, d), generator=generator)                  # 1 or 2: exact multiples
+    q_of, k_of = [0, 0, 1, 2, 3, 4, 5], [0, 1, 2, 2, 3, None, None]                 # the base each column takes
+    W_Q, W_K = torch.zeros(D, d), torch.zeros(D, d)
+    for i, (a, b) in enumerate(zip(q_of, k_of)):
+        W_Q[:, i] = u[:, a] * sign[0, i] * size[0, i]
+        if b is not None:
+            W_K[:, i] = v[:, b] * sign[1, i] * size[1, i]
+    if swap:
+        W_Q, W_K = W_K, W_Q
+    w = attn.qkv_proj.weight.view(H + 2 * G, d, D)
+    with torch.no_grad():
+        w[head] = W_Q.T.to(w.dtype)                                     # [d, D]
+        w[H + head // (H // G)] = W_K.T.to(w.dtype)
+
+
+_QK_MODELS = [  # (stage, config, seed, layer, heads probed, the head changed and how, or None)
+    ("stage 1 of 5 (multi-head attention)", dict(d_vocab=11, d_model=12, n_heads=3, n_layers=2), 101, 1, [1], None),
+    ("stage 2 of 5 (grouped-query: 4 query heads share 2 K/V heads)",
      dict(d_vocab=11, d_model=16, n_heads=4, n_key_value_heads=2, n_layers=2), 102, 0, [0, 1, 2, 3], None),
-    ("stage 3 of 4 (grouped-query: 6 query heads share 3 K/V heads)",
+    ("stage 3 of 5 (grouped-query: 6 query heads share 3 K/V heads)",
      dict(d_vocab=11, d_model=24, n_heads=6, n_key_value_heads=3, d_head=4, n_layers=2), 106, 1, list(range(6)), None),
-    ("stage 4 of 4 (a head whose rank is below its width, W_Q's and W_K's)",
-     dict(d_vocab=11, d_model=16, n_heads=4, n_key_value_heads=1, d_head=6, n_layers=1), 103, 0, [1, 0], 1),
+    ("stage 4 of 5 (a head whose rank is below its width, W_Q's and W_K's)",
+     dict(d_vocab=11, d_model=16, n_heads=4, n_key_value_heads=1, d_head=6, n_layers=1), 103, 0, [1, 0],
+     (1, "near-degenerate")),
+    ("stage 5 of 5 (a head whose directions merge: no more of them zero than before, a lower rank)",
+     dict(d_vocab=11, d_model=16, n_heads=3, d_head=8, n_layers=1), 108, 0, [2, 0], (2, "merged")),
 ]
 
 
 def _qk_cases(check: Check) -> list:
-    """(stage, model, layer, heads, near-degenerate head): the paper's attention; grouped-query attention with every
-    query head probed, so that only the right K/V map passes; a head of rank 3 with a direction near the rounding;
-    when grading, the grouped-query models and the low-rank head drawn fresh (sizes, groups, which head)."""
+    """(stage, model, layer, heads): the paper's attention; grouped-query attention with every query head probed, so
+    that only the right K/V map passes; a head of rank 3 with a direction near the rounding; a head of rank 3 whose
+    directions merge; when grading, the grouped-query models and both changed heads drawn fresh (sizes, groups,
+    which head, which side merges)."""
     specs = list(_QK_MODELS)
+    swap = False
     if check.grading:
         r = check.rng(104)
         G = r.choice([2, 3])
         H = G * r.choice([2, 3])
         D = r.choice([16, 24])
-        specs[1] = (f"stage 2 of 4 (grouped-query: {H} query heads share {G} K/V heads)",
+        specs[1] = (f"stage 2 of 5 (grouped-query: {H} query heads share {G} K/V heads)",
                     dict(d_vocab=9, d_model=D, n_heads=H, n_key_value_heads=G, d_head=r.choice([3, 4, 5]),
                          n_layers=2), 105, r.randrange(2), list(range(H)), None)
         H, G = r.choice([(4, 1), (4, 2), (6, 3)])
         special = r.randrange(H)
         specs[3] = (specs[3][0], dict(d_vocab=9, d_model=r.choice([16, 24]), n_heads=H, n_key_value_heads=G, d_head=6,
-                                      n_layers=2), 107, r.randrange(2), [special, (special + 1) % H], special)
+                                      n_layers=2), 107, r.randrange(2), [special, (special + 1) % H],
+                    (special, "near-degenerate"))
+        H, G = r.choice([(3, 3), (4, 2), (4, 4)])
+        special, swap = r.randrange(H), r.random() < 0.5
+        specs[4] = (specs[4][0], dict(d_vocab=9, d_model=r.choice([16, 24]), n_heads=H, n_key_value_heads=G,
+                                      d_head=r.choice([7, 8]), n_layers=2), 109, r.randrange(2),
+                    [special, (special + 1) % H], (special, "merged"))
     cases = []
-    for stage, config, seed, layer, heads, special in specs:
+    for stage, config, seed, layer, heads, changed in specs:
         model = check.hidden_model({**config, "n_ctx": 8, "causal": True, "bias": False}, seed)
-        if special is not None:
-            _near_degenerate(model, layer, special, check.generator(seed + 50))
+        if changed is not None and changed[1] == "near-degenerate":
+            _near_degenerate(model, layer, changed[0], check.generator(seed + 50))
+        elif changed is not None:
+            _merged(model, layer, changed[0], check.generator(seed + 50), swap)
         cases.append((stage, model, layer, heads))
     return cases
+
+
+def _alive(W_Q: torch.Tensor, W_K: torch.Tensor) -> int:
+    """How many of the head's directions have a nonzero column on both sides (a count, not a rank)."""
+    return int(((W_Q != 0).any(0) & (W_K != 0).any(0)).sum())
 
 
 def _rank_mistakes(attn, head: int, W_QK: torch.Tensor) -> list[tuple[int, str]]:
@@ -95,6 +141,10 @@ def _rank_mistakes(attn, head: int, W_QK: torch.Tensor) -> list[tuple[int, str]]
             + below),
            (rank_k, f"that is the rank of W_K alone{' (the smaller of the two ranks, a bound)' * (rank_k < rank_q)}; "
             + below),
+           (_alive(p.W_Q.detach(), p.W_K.detach()),
+            "that counts the directions alive on both sides (q_i and k_i nonzero), but directions that are alive can "
+            "still merge: terms of Σ_i q_i k_iᵀ whose q_i point the same way (or whose k_i do) add up to fewer "
+            "directions than terms, so the count overcounts: compute the rank of W_QK (torch.linalg.matrix_rank)"),
            (attn.d_head, f"the rank is at most d_head = {attn.d_head}, not always equal to it: compute it "
                          "(torch.linalg.matrix_rank)"),
            (attn.d_model, "that is d_model, the size of the matrix, not its rank (if you took the product in "
