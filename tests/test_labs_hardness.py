@@ -13,11 +13,15 @@ import torch
 from labs_corpus import CORPUS, MISBLAMED, names_a_fixed_case
 
 import mhalab.labs as labs
-from mhalab.labs import core, ex03, ex05, ex06, ex07, ex09, ex11, ex12, ex13
+from mhalab.labs import core, ex02, ex03, ex05, ex06, ex07, ex09, ex11, ex12, ex13
 from mhalab.labs.judging import unseparated
 
 # exercise: (its cases for a check, the right answers, the mistakes of each case, equality)
 SEPARATING = {
+    "02.1": (ex02._hold_cases, lambda cases: [ex02._holds(*c) for c in cases],
+             lambda cases: [ex02._hold_mistakes(*c) for c in cases], ex02._same_pairs),
+    "02.3": (ex02._window_cases, lambda cases: [ex02._band(T, 0, w - 1) for T, w in cases],
+             lambda cases: [ex02._window_mistakes(*c) for c in cases], torch.equal),
     "07.3": (ex07._budget_cases, lambda cases: [ex07._independent(*c) for c in cases],
              lambda cases: [ex07._budget_mistakes(*c) for c in cases], lambda a, b: a == b),
     "03.2": (ex03._reach_cases, lambda cases: [ex03._flow(*c) for c in cases],
@@ -59,7 +63,7 @@ def _args(key, case):
     return {"07.3": lambda c: (c[0].clone(), c[1]), "03.2": lambda c: (list(c[0]), *c[1:]),
             "05.1": lambda c: c[:4], "05.4": lambda c: c,
             "11.1": lambda c: c, "11.2": lambda c: (c[1].clone(), [p.clone() for p in c[2]]),
-            "06.1": lambda c: c[0]}.get(key, lambda c: (c[0],))(case)
+            "06.1": lambda c: c[0], "02.1": lambda c: c, "02.3": lambda c: c}.get(key, lambda c: (c[0],))(case)
 
 
 @pytest.mark.parametrize("seed", [None, *range(1, 21)])
@@ -104,7 +108,8 @@ def test_08_3_a_correct_answer_carries_a_tenth_of_the_tolerance_at_most_through_
 # --------------------------------------------------------------------------- the corpus on fresh draws
 
 #: exercise: how many grading draws its corpus is judged on here (the issue's answers were judged on 20)
-DRAWS = {"11.1": 20, "11.2": 20, "06.1": 20, "06.2": 20, "13.1": 20, "12.2": 20, "12.1": 5}
+DRAWS = {"02.1": 20, "02.2": 20, "02.3": 20, "11.1": 20, "11.2": 20, "06.1": 20, "06.2": 20, "13.1": 20, "12.2": 20,
+         "12.1": 5}
 
 
 @pytest.mark.parametrize("key", sorted(DRAWS))
