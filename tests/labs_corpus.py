@@ -107,40 +107,111 @@ def query_float64_loop(keys, index, w):
 
 
 # ------------------------------------------------------------------------------------ 02
-def split_reshape_permute(t, h):
-    return t.reshape(t.shape[0], t.shape[1], h, -1).permute(0, 2, 1, 3)
+def holds_numpy(n_heads, T, d_k, head, position):  # np.unravel_index on x's [T, d_model] grid: an array [d_k, 2]
+    start = (head * T + position) * d_k
+    return np.stack(np.unravel_index(np.arange(start, start + d_k), (T, n_heads * d_k)), axis=-1)
 
 
-def split_unflatten(x, n_heads):
-    return x.unflatten(-1, (n_heads, -1)).transpose(1, 2)
+def holds_by_viewing(h, T, dk, head, pos):  # the other reading: do the bug on numbered memory and read it back
+    D = h * dk
+    x = torch.arange(T * D).view(1, T, D)
+    return [divmod(int(v), D) for v in x.view(1, h, T, dk)[0, head, pos]]
 
 
-def split_stack(x, n_heads):  # right numbers, but a copy
-    d = x.shape[-1] // n_heads
-    return torch.stack([x[..., i * d:(i + 1) * d] for i in range(n_heads)], dim=1)
+def holds_loop(n_heads, T, d_k, head, position):  # a loop, a tensor [d_k, 2] back
+    out = torch.zeros(d_k, 2, dtype=torch.long)
+    offset = head * T * d_k + position * d_k
+    for f in range(d_k):
+        out[f, 0], out[f, 1] = (offset + f) // (n_heads * d_k), (offset + f) % (n_heads * d_k)
+    return out
 
 
-def merge_permute(x):
-    B, H, T, d = x.shape
-    return x.permute(0, 2, 1, 3).contiguous().view(B, T, H * d)
+def holds_as_first_feature(n_heads, T, d_k, head, position):  # a reading of the format: (token, first feature)
+    start = (head * T + position) * d_k
+    return (start // (n_heads * d_k), start % (n_heads * d_k))
 
 
-def merge_cat(heads):
-    return torch.cat(list(heads.unbind(1)), dim=-1)
+def relabel_loop(W_Q, W_K, W_V, W_O, n_heads, order):  # block by block
+    d = W_Q.shape[0] // n_heads
+    rows = [lambda W, i=i: W[i * d:(i + 1) * d] for i in order]
+    return (torch.cat([r(W_Q) for r in rows]), torch.cat([r(W_K) for r in rows]), torch.cat([r(W_V) for r in rows]),
+            torch.cat([W_O[:, i * d:(i + 1) * d] for i in order], dim=1))
 
 
-def causal_where(s):
-    L = s.shape[-1]
-    return torch.where(_tril(L), s, torch.tensor(float("-inf"))).softmax(-1)
+def relabel_numpy(wq, wk, wv, wo, heads, order):  # NumPy in, NumPy float64 out, as a list
+    d = wq.shape[0] // heads
+    idx = np.concatenate([np.arange(i * d, (i + 1) * d) for i in order])
+    return [w.double().numpy()[idx] for w in (wq, wk, wv)] + [wo.double().numpy()[:, idx]]
 
 
-def causal_renormalised(s):  # softmax, zero the future, renormalise: the same weights
-    w = s.double().softmax(-1) * _tril(s.shape[-1])
-    return (w / w.sum(-1, keepdim=True)).numpy()
+def relabel_by_view(W_Q, W_K, W_V, W_O, n_heads, order):  # [H, d_k, D] and [D, H, d_k] views
+    D = W_Q.shape[0]
+    order = torch.tensor(order)
+    qkv = [W.view(n_heads, D // n_heads, -1)[order].reshape(D, -1) for W in (W_Q, W_K, W_V)]
+    return (*qkv, W_O.view(D, n_heads, D // n_heads)[:, order].reshape(D, D))
 
 
-def causal_triu(scores):
-    return scores.masked_fill(torch.triu(torch.ones_like(scores, dtype=torch.bool), 1), -1e9).softmax(-1)
+def relabel_permutation_matrix(W_Q, W_K, W_V, W_O, n_heads, order):  # the other reading: P W and W_O Pᵀ
+    D, d = W_Q.shape[0], W_Q.shape[0] // n_heads
+    P = torch.eye(D)[torch.cat([torch.arange(i * d, (i + 1) * d) for i in order])]
+    return P @ W_Q, P @ W_K, P @ W_V, W_O @ P.T
+
+
+def relabel_mistaken(qkv="rows", move_v=True, move_qk=True):  # a mistake of where a head's blocks are
+    def relabel(W_Q, W_K, W_V, W_O, n_heads, order):
+        d = W_Q.shape[0] // n_heads
+        idx = torch.cat([torch.arange(i * d, (i + 1) * d) for i in order])
+        take = {"rows": lambda W: W[idx], "columns": lambda W: W[:, idx], "none": lambda W: W}[qkv]
+        Q, K = (take(W) if move_qk else W for W in (W_Q, W_K))
+        return Q, K, take(W_V) if move_v else W_V, W_O[:, idx]
+    return relabel
+
+
+def relabel_inverse(W_Q, W_K, W_V, W_O, n_heads, order):  # block p goes to place order[p]
+    d = W_Q.shape[0] // n_heads
+    new = [torch.empty_like(W) for W in (W_Q, W_K, W_V, W_O)]
+    for p, i in enumerate(order):
+        for W, N in zip((W_Q, W_K, W_V), new):
+            N[i * d:(i + 1) * d] = W[p * d:(p + 1) * d]
+        new[3][:, i * d:(i + 1) * d] = W_O[:, p * d:(p + 1) * d]
+    return tuple(new)
+
+
+def relabel_o_rows(W_Q, W_K, W_V, W_O, n_heads, order):  # W_O's rows moved, as the others'
+    d = W_Q.shape[0] // n_heads
+    idx = torch.cat([torch.arange(i * d, (i + 1) * d) for i in order])
+    return W_Q[idx], W_K[idx], W_V[idx], W_O[idx]
+
+
+def relabel_o_kept(W_Q, W_K, W_V, W_O, n_heads, order):  # only the heads' own projections moved
+    d = W_Q.shape[0] // n_heads
+    idx = torch.cat([torch.arange(i * d, (i + 1) * d) for i in order])
+    return W_Q[idx], W_K[idx], W_V[idx], W_O
+
+
+def window_tril_triu(T, window):  # ones, lower triangle, then cut the band
+    return torch.ones(T, T).tril().triu(-(window - 1)).bool()
+
+
+def window_numpy(T, w):  # NumPy: np.tri minus the keys too far back
+    return np.tri(T, dtype=bool) & ~np.tri(T, k=-w, dtype=bool)
+
+
+def window_loop(T, window):  # a loop over queries, the window clipped at the start
+    allowed = torch.zeros(T, T, dtype=torch.bool)
+    for i in range(T):
+        allowed[i, max(0, i - window + 1):i + 1] = True
+    return allowed
+
+
+def window_from_causal(T, window):  # the other reading: mhalab's causal mask, minus the keys window or more back
+    from mhalab.masks import causal_allowed_mask
+
+    return causal_allowed_mask(T) & ~causal_allowed_mask(T).tril(-window)
+
+
+def _offsets(T):
+    return torch.arange(T)[:, None] - torch.arange(T)[None, :]
 
 
 def mha_einsum(inputs, wq, wk, wv, wo, heads):  # other names, einsum, float64, a loop over heads
@@ -192,12 +263,6 @@ def mha_masking(forbidden):  # a whole multi-head attention whose masked_fill ge
 
 
 # Issue 22's refusals: the course's own helpers, which no prompt forbids, are fair.
-def causal_weights_with_mhalab_mask(scores):  # 02.3 with mhalab's mask, which notebook 02 itself uses
-    from mhalab.masks import causal_forbidden_mask
-
-    return scores.masked_fill(causal_forbidden_mask(scores.size(-1)), float("-inf")).softmax(-1)
-
-
 def mha_with_mhalab_module(x, W_Q, W_K, W_V, W_O, n_heads):  # 02.4 through mhalab.MultiHeadAttention
     from mhalab import MultiHeadAttention
 
@@ -1518,36 +1583,51 @@ CORPUS = {
         ],
     },
     "02.1": {
-        "right": [split_reshape_permute, split_unflatten],
+        "right": [holds_numpy, holds_by_viewing, holds_loop,
+                  lambda h, T, dk, head, pos: [divmod((head * T + pos) * dk + f, h * dk) for f in range(dk)]],
         "wrong": [
-            (lambda x, n_heads: x.view(x.size(0), n_heads, x.size(1), x.size(2) // n_heads),
-             "every head must see every token"),
-            (lambda x, n_heads: x.view(x.size(0), x.size(1), n_heads, x.size(2) // n_heads),
-             "head axis must come before"),
-            (lambda x, n_heads: x.view(x.size(0), x.size(1), x.size(2) // n_heads, n_heads).permute(0, 3, 1, 2),
-             "every n_heads-th"),
-            (lambda x, n_heads: x.view(x.size(0), x.size(1), n_heads, -1).transpose(1, 2).contiguous(), "is a copy"),
-            (split_stack, "is a copy"),
+            (lambda h, T, dk, head, pos: [(pos, head * dk + f) for f in range(dk)], "where the right split"),
+            (lambda h, T, dk, head, pos: [(head, pos * dk + f) for f in range(dk)], "tokens and heads swapped"),
+            (lambda h, T, dk, head, pos: [divmod(head * T + pos * dk + f, h * dk) for f in range(dk)],
+             "T·d_k numbers, not T"),
+            (lambda h, T, dk, head, pos: [divmod(head * h * dk + pos * dk + f, h * dk) for f in range(dk)],
+             "T·d_k numbers, not d_model"),
+            (lambda h, T, dk, head, pos: [divmod(head * T * dk + pos * h * dk + f, h * dk) for f in range(dk)],
+             "skips d_k numbers, not d_model"),
+            (lambda h, T, dk, head, pos: [divmod((head * T + pos) * dk + f, dk) for f in range(dk)],
+             "a row of d_model"),
+            (holds_as_first_feature, "list of (token, feature) pairs"),
+            (lambda h, T, dk, head, pos: [divmod((head * T + pos) * dk + f + 1, h * dk) for f in range(dk)],
+             "Count how many numbers come before"),
         ],
     },
     "02.2": {
-        "right": [merge_permute, merge_cat],
+        "right": [relabel_loop, relabel_numpy, relabel_by_view, relabel_permutation_matrix],
         "wrong": [
-            (lambda x: x.reshape(x.size(0), x.size(2), x.size(1) * x.size(3)), "numbers in the wrong places"),
-            (lambda x: x[:, 0], "one head's width"),
+            (relabel_inverse, "moved the heads the other way"),
+            (relabel_o_rows, "not rows"),
+            (relabel_o_kept, "W_O must move with the heads"),
+            (relabel_mistaken(qkv="columns"), "not columns"),
+            (relabel_mistaken(move_v=False), "the values must move"),
+            (relabel_mistaken(move_qk=False), "queries and keys must move"),
+            (relabel_mistaken(qkv="none"), "own projections must move too"),
+            (lambda W_Q, W_K, W_V, W_O, n_heads, order: (W_Q, W_K, W_V, W_O), "new head p is not old head"),
+            (lambda W_Q, W_K, W_V, W_O, n_heads, order: (W_Q[list(order)], W_K, W_V, W_O), "has shape"),
+            (lambda W_Q, W_K, W_V, W_O, n_heads, order: (W_Q, W_K, W_V), "return the four new weights"),
         ],
     },
     "02.3": {
-        "right": [causal_where, causal_renormalised, causal_triu, causal_weights_with_mhalab_mask],
+        "right": [window_tril_triu, window_numpy, window_loop, window_from_causal],
         "wrong": [
-            (lambda s: s.masked_fill(~_tril(s.size(-1), -1), float("-inf")).softmax(-1), "hides its own key"),
-            (lambda s: s.masked_fill(~torch.ones(s.size(-1), s.size(-1)).triu().bool(), float("-inf")).softmax(-1),
-             "transposed"),
-            (lambda s: s.masked_fill(~_tril(s.size(-1)), 0.0).softmax(-1), "-inf"),
-            (lambda s: s.softmax(-1) * _tril(s.size(-1)), "mask the scores before the softmax"),
-            (lambda s: s.masked_fill(~_tril(s.size(-1)), float("-inf")).softmax(-2), "softmax runs over the queries"),
-            (lambda s: s.masked_fill(_tril(s.size(-1)), float("-inf")).softmax(-1), "the mask is inverted"),
-            (lambda s: s.softmax(-1), "no key is masked"),
+            (lambda T, w: ~window_tril_triu(T, w), "inverted"),
+            (lambda T, w: window_tril_triu(T, w).T, "transposed"),
+            (lambda T, w: torch.ones(T, T).tril().bool(), "that is the causal mask"),
+            (lambda T, w: (_offsets(T) >= 0) & (_offsets(T) <= w), "window + 1 keys"),
+            (lambda T, w: (_offsets(T) >= 0) & (_offsets(T) < w - 1), "window - 1 keys"),
+            (lambda T, w: (_offsets(T) > 0) & (_offsets(T) <= w), "must see itself"),
+            (lambda T, w: _offsets(T).abs() < w, "causal too"),
+            (lambda T, w: window_tril_triu(T, w).float(), "return a boolean"),
+            (lambda T, w: torch.ones(T, T).tril().triu(-w % T).bool(), "whatever T"),
         ],
     },
     "02.4": {

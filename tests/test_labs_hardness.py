@@ -13,12 +13,15 @@ import torch
 from labs_corpus import CORPUS, MISBLAMED, names_a_fixed_case
 
 import mhalab.labs as labs
-from mhalab.labs import core, ex01, ex03, ex05, ex06, ex07, ex09, ex11, ex12, ex13
-from mhalab.labs import core, ex03, ex04, ex05, ex06, ex07, ex09, ex11, ex12, ex13
+from mhalab.labs import core, ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex09, ex11, ex12, ex13
 from mhalab.labs.judging import unseparated
 
 # exercise: (its cases for a check, the right answers, the mistakes of each case, equality)
 SEPARATING = {
+    "02.1": (ex02._hold_cases, lambda cases: [ex02._holds(*c) for c in cases],
+             lambda cases: [ex02._hold_mistakes(*c) for c in cases], ex02._same_pairs),
+    "02.3": (ex02._window_cases, lambda cases: [ex02._band(T, 0, w - 1) for T, w in cases],
+             lambda cases: [ex02._window_mistakes(*c) for c in cases], torch.equal),
     "07.2": (ex07._carrier_cases, lambda cases: [ex07._carrier(c, o) for c, o, _ in cases],
              lambda cases: [ex07._carrier_mistakes(c, o) for c, o, _ in cases], ex07._same_carriers),
     "01.1": (ex01._attention_cases, lambda cases: [ex01._attention(*(t.double() for t in c[:3])) for c in cases],
@@ -68,6 +71,8 @@ def _args(key, case):
     """The arguments an answer is called with on one case (the default: the case's first item)."""
     args = {
         "01.1": lambda c: tuple(t.double() for t in c[:3]),
+        "02.1": lambda c: c,
+        "02.3": lambda c: c,
         "03.2": lambda c: (list(c[0]), *c[1:]),
         "03.3": lambda c: c[:3],
         "04.1": lambda c: c[:4],
@@ -169,6 +174,9 @@ def test_08_3_a_correct_answer_carries_a_tenth_of_the_tolerance_at_most_through_
 #: exercise: how many grading draws its corpus is judged on here (the issue's answers were judged on 20)
 DRAWS = {
     "01.1": 10,
+    "02.1": 20,
+    "02.2": 20,
+    "02.3": 20,
     "03.3": 20,
     "04.1": 20,
     "06.1": 20,

@@ -1,181 +1,335 @@
-"""Exercises of notebook 02 (how the split works): split the heads, merge them back, mask the future."""
+"""Exercises of notebook 02 (how the split works): what a head holds after a reshape without its transpose,
+relabelling the heads without changing the layer, a sliding-window mask, and the whole multi-head attention."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .calls import Check
 from .core import Exercise, register
-from .judging import as_float64, expect_shape, first_match
+from .judging import as_float64, consistent_mistake, expect_shape, first_match, unseparated
 from .verdicts import Wrong
 
-# Hidden cases: (batch, tokens, d_model, n_heads). None of them is the notebook's example.
-_SPLIT_CASES = [(2, 5, 12, 3), (1, 1, 8, 8), (3, 4, 6, 1), (2, 3, 10, 5), (1, 7, 16, 4)]
-
-
-def _split_cases(check: Check) -> list[tuple[int, int, int, int]]:
-    """The fixed cases, and when grading two drawn fresh (so no table of answers can hold them)."""
-    if not check.grading:
-        return list(_SPLIT_CASES)
-    r = check.rng(20)
-    fresh = [(r.randint(1, 3), r.randint(2, 9), r.randint(2, 6)) for _ in range(2)]
-    return list(_SPLIT_CASES) + [(B, T, H * r.randint(2, 5), H) for B, T, H in fresh]
-
-
-def _numbered(*shape: int) -> Tensor:
-    """A float tensor whose entries are their own memory offsets: every misplaced number shows."""
-    return torch.arange(torch.Size(shape).numel(), dtype=torch.float32).view(*shape)
-
-
 # ------------------------------------------------------------------------------------ exercise 1
-def _check_split(split_heads, check: Check) -> None:
-    for B, T, D, H in _split_cases(check):
-        dk, case = D // H, f"x of shape [{B}, {T}, {D}] with n_heads={H}"
-        x = _numbered(B, T, D)  # a fresh input per call, so the result can be compared with its memory
-        result = check.call(split_heads, x, H, label=case, copy_args=False, facts=("shares_memory",))
-        view = check.observe("shares_memory")
-        got = as_float64(result, f"what split_heads({case}) returned")
-        want = check.reference(_numbered(B, T, D), H)
-        if got.shape != want.shape:
-            if tuple(got.shape) == (B, T, H, dk) and H != T:
-                raise Wrong(f"for {case} you returned shape [B, T, H, dk] = {list(got.shape)}; the head axis must come "
-                            f"before the token axis: [B, H, T, dk] = {list(want.shape)}")
-            if tuple(got.shape) in ((B, H, T, D), (B, T, D)):
-                raise Wrong(f"for {case} you returned shape {list(got.shape)}; each head works in d_k = d_model / "
-                            f"n_heads = {dk} features, so the result is [B, H, T, d_k] = {list(want.shape)}")
-            expect_shape(got, want.shape, f"the result for {case} ([B, H, T, d_k])")
-        if not torch.equal(got, want.double()):
-            if torch.equal(got, x.reshape(B, H, T, dk).double()):
-                raise Wrong(f"right shape, numbers in the wrong places (for {case}): your head 0 holds all the "
-                            "features of the first tokens instead of a slice of the features of every token. "
-                            "Reshaping straight to [B, H, T, dk] cuts along the wrong axis: every head must see every "
-                            "token")
-            if torch.equal(got, _numbered(B, T, D).view(B, T, dk, H).permute(0, 3, 1, 2).double()):
-                raise Wrong(f"right shape, but (for {case}) your head 0 gets features 0, {H}, {2 * H}, ... (every "
-                            "n_heads-th feature); the convention (mhalab and torch.nn.MultiheadAttention) gives head "
-                            "i the contiguous slice of features i*d_k to (i+1)*d_k - 1")
-            raise Wrong(f"right shape but wrong numbers for {case}: head i, token t should hold features "
-                        "i*d_k ... (i+1)*d_k - 1 of token t")
-        if not view:
-            raise Wrong(f"right numbers, but for {case} your result is a copy: it does not share memory with x. Use "
-                        "only view/reshape and transpose/permute, which change strides; .contiguous(), torch.stack, "
-                        ".clone() and NumPy copy the data")
+# The reshape bug: x [B, T, D] viewed straight as [B, h, T, d_k]. A case is (n_heads, T, d_k, head, position).
+_HOLD_CASES = [(3, 5, 2, 1, 3), (4, 3, 2, 2, 1), (2, 6, 3, 1, 5), (1, 4, 5, 0, 2), (5, 2, 1, 4, 1), (3, 3, 2, 2, 2),
+               (2, 7, 4, 0, 6), (6, 4, 3, 5, 0), (4, 1, 3, 3, 0), (3, 4, 2, 0, 3)]
+
+
+def _from_offsets(offsets, row: int) -> tuple[tuple[int, int], ...]:
+    """The (token, feature) pairs of x [T, row] that the memory offsets ``offsets`` hold."""
+    return tuple((o // row, o % row) for o in offsets)
+
+
+def _holds(h: int, T: int, dk: int, head: int, pos: int) -> tuple[tuple[int, int], ...]:
+    """The checker's own reading (the answer is the solution's): slot [head, pos] of the view is d_k numbers at
+    offset (head·T + pos)·d_k of x's memory, where a token is a row of d_model = h·d_k numbers."""
+    return _from_offsets(((head * T + pos) * dk + f for f in range(dk)), h * dk)
+
+
+def _hold_mistakes(h: int, T: int, dk: int, head: int, pos: int) -> dict[str, tuple]:
+    """{message: the pairs that reading gives} for one case."""
+    D, fs = h * dk, range(dk)
+    return {
+        "that is where the right split (view as [B, T, h, d_k], then transpose) puts head `head`'s slice of token "
+        "`position`; a view straight to [B, h, T, d_k] moves no number: it reads x's memory, row after row, in the "
+        "new shape": tuple((pos, head * dk + f) for f in fs),
+        "that reads the view as if tokens and heads swapped places (token = head); a view only re-reads memory in "
+        "order: count how many numbers come before the slot": tuple((head, pos * dk + f) for f in fs),
+        "in [B, h, T, d_k] one step along the head axis skips a whole head's T·d_k numbers, not T":
+            _from_offsets((head * T + pos * dk + f for f in fs), D),
+        "in [B, h, T, d_k] one step along the head axis skips a whole head's T·d_k numbers, not d_model":
+            _from_offsets((head * D + pos * dk + f for f in fs), D),
+        "in [B, h, T, d_k] one step along the position axis skips d_k numbers, not d_model":
+            _from_offsets((head * T * dk + pos * D + f for f in fs), D),
+        "a token of x is a row of d_model = n_heads·d_k numbers, not d_k: the token is offset // d_model and the "
+        "feature offset % d_model": _from_offsets(((head * T + pos) * dk + f for f in fs), dk),
+    }
+
+
+def _same_pairs(a, b) -> bool:
+    return tuple(map(tuple, a)) == tuple(map(tuple, b))
+
+
+def _hold_cases(check: Check) -> list[tuple[int, int, int, int, int]]:
+    """The fixed cases; when grading, three drawn fresh as well (redrawn until every reading is told apart)."""
+    cases = list(_HOLD_CASES)
+    if not check.grading:
+        return cases
+    for attempt in range(20):
+        r = check.rng(10 + 1000 * attempt)
+        drawn = []
+        for _ in range(3):
+            h, T, dk = r.randint(2, 6), r.randint(2, 8), r.randint(1, 5)
+            drawn.append((h, T, dk, r.randrange(h), r.randrange(T)))
+        every = cases + drawn
+        if not unseparated([_holds(*c) for c in every], [_hold_mistakes(*c) for c in every], _same_pairs):
+            break
+    return cases + drawn
+
+
+def _pairs_of(value, dk: int) -> tuple[tuple[int, int], ...] | None:
+    """``value`` as d_k (token, feature) pairs of whole numbers (a list of pairs, an array or a tensor [d_k, 2]),
+    else None."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        if tuple(value.shape) != (dk, 2) or value.dtype in (torch.bool, np.bool_):
+            return None
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or len(value) != dk:
+        return None
+    out = []
+    for pair in value:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            return None
+        numbers = []
+        for n in pair:
+            if isinstance(n, (torch.Tensor, np.ndarray)) and n.ndim == 0:
+                n = n.item()
+            if isinstance(n, bool) or not isinstance(n, (int, float, np.integer)) or not float(n).is_integer():
+                return None
+            numbers.append(int(n))
+        out.append(tuple(numbers))
+    return tuple(out)
+
+
+def _label(h: int, T: int, dk: int, head: int, pos: int) -> str:
+    return f"n_heads={h}, T={T}, d_k={dk}, head={head}, position={pos}"
+
+
+def _check_holds(what_head_holds, check: Check) -> None:
+    cases, got = _hold_cases(check), []
+    for case in cases:
+        value = check.call(what_head_holds, *case, label=_label(*case))
+        pairs = _pairs_of(value, case[2])
+        if pairs is None:
+            raise Wrong(f"for {_label(*case)}: return the slot's d_k = {case[2]} numbers as a list of (token, "
+                        f"feature) pairs of whole numbers, in order, got {check.last_call[1]}")
+        got.append(pairs)
+    wants = [_pairs_of(check.reference(*c), c[2]) for c in cases]
+    if got == wants:
+        return
+    bad = next(i for i, (g, w) in enumerate(zip(got, wants)) if g != w)
+    message = consistent_mistake(got, wants, [_hold_mistakes(*c) for c in cases], _same_pairs)
+    raise Wrong(f"for {_label(*cases[bad])} the slot does not hold {list(got[bad])}: " + (
+        message or "x [B, T, d_model] is stored token after token, d_model numbers each; the view [B, h, T, d_k] "
+                   "reads the same numbers in order, d_k at a time. Count how many numbers come before the slot"))
 
 
 register(Exercise(
-    "02", 1, "split into heads",
-    _check_split,
-    hint="Two steps: cut each token's d_model features into n_heads groups of d_k (a view), then swap two "
-         "axes so the head axis comes before the token axis. Check with the numbered tensor of the notebook.",
+    "02", 1, "the reshape bug",
+    _check_holds,
+    hint=["A view never moves a number: x and the view share one row of memory (per sequence), read in order. In "
+          "the view, how many numbers come before slot [head, position]? (Each head is a [T, d_k] block.)",
+          "Slot [head, position] starts at offset (head·T + position)·d_k. In x, offset o is token o // d_model, "
+          "feature o % d_model."],
     solution=(
-        "def split_heads(x, n_heads):\n"
-        "    B, T, D = x.shape\n"
-        "    return x.view(B, T, n_heads, D // n_heads).transpose(1, 2)  # [B, T, H, dk] -> [B, H, T, dk]"
+        "def what_head_holds(n_heads, T, d_k, head, position):\n"
+        "    d_model = n_heads * d_k\n"
+        "    start = (head * T + position) * d_k        # numbers before the slot, in memory\n"
+        "    return [((start + f) // d_model, (start + f) % d_model) for f in range(d_k)]"
     ),
-    minutes=10, difficulty=2, importance=4,
+    minutes=15, difficulty=3, importance=3,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-def _check_merge(merge_heads, check: Check) -> None:
-    for B, T, D, H in _split_cases(check):
-        dk, case = D // H, f"heads of shape [{B}, {H}, {T}, {D // H}]"
-        heads = _numbered(B, H, T, dk)  # as attention returns them: laid out head by head
-        got = as_float64(check.call(merge_heads, heads, label=case), f"what merge_heads({case}) returned")
-        want = check.reference(heads).double()
-        if tuple(got.shape) == (B, T, dk) and dk != D:
-            raise Wrong(f"for {case} you returned {list(got.shape)}: one head's width; the heads are "
-                        f"concatenated, so the result is [B, T, H * d_k] = [{B}, {T}, {D}]")
-        expect_shape(got, (B, T, D), f"the result for {case} ([B, T, H * d_k])")
-        if torch.equal(got, want):
+# Relabel the heads: (d_model, n_heads, order). Orders that are their own inverse cannot tell a learner who moved the
+# heads the other way, so most are not.
+_RELABEL_CASES = [(12, 3, (1, 2, 0)), (16, 4, (2, 0, 3, 1)), (6, 2, (1, 0)), (10, 5, (4, 2, 0, 1, 3)), (8, 1, (0,)),
+                  (12, 4, (3, 2, 0, 1)), (18, 6, (5, 0, 1, 2, 3, 4))]
+
+
+def _relabel_cases(check: Check) -> list[tuple[int, int, tuple[int, ...]]]:
+    cases = list(_RELABEL_CASES)
+    if check.grading:
+        r = check.rng(30)
+        for _ in range(2):
+            h = r.randint(3, 6)
+            order = list(range(h))
+            while [order[i] for i in order] == list(range(h)):  # not its own inverse
+                r.shuffle(order)
+            cases.append((h * r.randint(1, 4), h, tuple(order)))
+    return cases
+
+
+def _rows(order, dk: int) -> Tensor:
+    """The feature indices of the heads in ``order``, block after block."""
+    return torch.cat([torch.arange(i * dk, (i + 1) * dk) for i in order])
+
+
+def _relabelled(W_Q, W_K, W_V, W_O, order, dk, *, inverse=False, o_side="columns", qkv_side="rows", move_v=True,
+                move_qk=True) -> tuple[Tensor, ...]:
+    """The four weights after relabelling, with the plausible mistakes as options."""
+    if inverse:
+        order = torch.argsort(torch.tensor(order)).tolist()
+    idx = _rows(order, dk)
+    take = {"rows": lambda W: W[idx], "columns": lambda W: W[:, idx], "none": lambda W: W}
+    Q, K = (take[qkv_side](W) if move_qk else W for W in (W_Q, W_K))
+    return Q, K, take[qkv_side](W_V) if move_v else W_V, take[o_side](W_O)
+
+
+def _relabel_mistakes(W, order, dk) -> dict[str, tuple[Tensor, ...]]:
+    return {
+        "you moved the heads the other way: new head p must be old head order[p], so block p of the new weights is "
+        "block order[p] of the old ones (you put block p at place order[p])": _relabelled(*W, order, dk, inverse=True),
+        "W_O is [d_model, h·d_k] ([out, in], as nn.Linear keeps it): the concatenated heads are its input, so a "
+        "head's block of W_O is d_k columns, not rows": _relabelled(*W, order, dk, o_side="rows"),
+        "W_O must move with the heads: block p of the concatenation is now old head order[p]'s output, so W_O's "
+        "block p must be what multiplied it before": _relabelled(*W, order, dk, o_side="none"),
+        "W_Q, W_K and W_V are [out, in] (as nn.Linear keeps them): a head's queries, keys and values are d_k "
+        "outputs, so its block is d_k rows, not columns": _relabelled(*W, order, dk, qkv_side="columns"),
+        "the values must move with their head too: new head p must read old head order[p]'s values":
+            _relabelled(*W, order, dk, move_v=False),
+        "the queries and keys must move with their head too: new head p must attend as old head order[p] did":
+            _relabelled(*W, order, dk, move_qk=False),
+        "W_O moved the other way from the heads: its block p must be old block order[p], as for W_Q, W_K, W_V":
+            _relabelled(*_relabelled(*W, order, dk, o_side="none"), order, dk, inverse=True, qkv_side="none"),
+        "the heads' own projections must move too: new head p's queries, keys and values are old head "
+        "order[p]'s": _relabelled(*W, order, dk, qkv_side="none"),
+    }
+
+
+def _heads(x, W_Q, W_K, W_V, W_O, n_heads) -> tuple[Tensor, Tensor]:
+    """Each head's causal attention pattern [B, H, T, T] and its write into the output [B, H, T, D] (float64)."""
+    x, W_Q, W_K, W_V, W_O = (t.double() for t in (x, W_Q, W_K, W_V, W_O))
+    B, T, D = x.shape
+    dk = W_Q.size(0) // n_heads
+    q, k, v = (t.view(B, T, n_heads, dk).transpose(1, 2) for t in (x @ W_Q.T, x @ W_K.T, x @ W_V.T))
+    forbidden = ~torch.ones(T, T, dtype=torch.bool).tril()
+    pattern = (q @ k.transpose(-2, -1) / dk**0.5).masked_fill(forbidden, float("-inf")).softmax(-1)
+    blocks = W_O.T.reshape(n_heads, dk, W_O.size(0))                                    # [H, dk, D]
+    return pattern, torch.einsum("bhtk,hkd->bhtd", pattern @ v, blocks)
+
+
+def _check_relabel(relabel_heads, check: Check) -> None:
+    g = check.generator(31)
+    for D, H, order in _relabel_cases(check):
+        dk, case = D // H, f"d_model={D}, n_heads={H}, order={list(order)}"
+        W = _weights(check, D, 40 + H)
+        result = check.call(relabel_heads, *W, H, list(order), label=f"the four weights, {case}")
+        if not isinstance(result, (tuple, list)) or len(result) != 4:
+            raise Wrong(f"for {case}: return the four new weights (W_Q, W_K, W_V, W_O), got {check.last_call[1]}")
+        got = tuple(as_float64(w, f"new weight {i} for {case}") for i, w in enumerate(result))
+        for name, w in zip(("W_Q", "W_K", "W_V", "W_O"), got):
+            expect_shape(w, (D, D), f"the new {name} for {case}")
+        x = torch.randn(2, 5, D, generator=g)
+        pattern, writes = _heads(x, *W, H)
+        new_pattern, new_writes = _heads(x, *got, H)
+        idx = torch.tensor(order)
+        if (torch.allclose(new_pattern, pattern[:, idx], rtol=1e-4, atol=1e-6)
+                and torch.allclose(new_writes, writes[:, idx], rtol=1e-4, atol=1e-6)):
             continue
-        if torch.equal(got, heads.reshape(B, T, D).double()):
-            raise Wrong(f"right shape, numbers in the wrong places (for {case}): your token 0 holds numbers from "
-                        "several tokens of head 0. The head axis has to be moved back next to the feature axis "
-                        "before the two are joined")
-        raise Wrong(f"right shape but wrong numbers for {case}: token t should hold head 0's d_k outputs for "
-                    "token t, then head 1's, and so on")
+        mistake = first_match(torch.cat(got), {m: torch.cat(ws).double()
+                                               for m, ws in _relabel_mistakes(W, order, dk).items()})
+        if mistake:
+            raise Wrong(f"for {case}: {mistake}")
+        same = torch.allclose(new_writes.sum(1), writes.sum(1), rtol=1e-4, atol=1e-6)
+        raise Wrong(f"for {case}: " + (
+            "the layer computes what it did, but new head p is not old head order[p]: its attention pattern or its "
+            "write differs" if same else
+            "the layer's output changed: relabelling the heads must leave it as it was, every new head p doing "
+            "exactly what old head order[p] did"))
 
 
 register(Exercise(
-    "02", 2, "merge the heads",
-    _check_merge,
-    hint="Undo the split in reverse order: put the head axis back next to the features, then join the two "
-         "axes into one. After attention the tensor is laid out head by head, so `.view` may refuse: "
-         "`.reshape` copies when it must.",
+    "02", 2, "relabel the heads",
+    _check_relabel,
+    hint=["Which rows or columns of each weight belong to head i? W_Q, W_K, W_V map the token to the heads' "
+          "features (their output side); W_O maps the concatenated heads back (its input side). nn.Linear keeps a "
+          "weight as [out, in].",
+          "Build the indices of the heads' features in the new order, torch.cat of arange(i·d_k, (i+1)·d_k) for i "
+          "in order; take those rows of W_Q, W_K, W_V and those columns of W_O."],
     solution=(
-        "def merge_heads(x):\n"
-        "    B, H, T, dk = x.shape\n"
-        "    return x.transpose(1, 2).reshape(B, T, H * dk)  # [B, T, H, dk] -> [B, T, D]"
+        "def relabel_heads(W_Q, W_K, W_V, W_O, n_heads, order):\n"
+        "    d_k = W_Q.size(0) // n_heads\n"
+        "    idx = torch.cat([torch.arange(i * d_k, (i + 1) * d_k) for i in order])  # old features, new order\n"
+        "    return W_Q[idx], W_K[idx], W_V[idx], W_O[:, idx]   # a head owns rows of W_Q/K/V, columns of W_O"
     ),
-    minutes=5, difficulty=1, importance=4,
+    minutes=15, difficulty=3, importance=3,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 3
-def _score_cases(check: Check):
-    g = check.generator(2)
-    return [torch.randn(shape, generator=g) * 2 for shape in ((5, 5), (2, 3, 7, 7), (1, 1), (4, 2, 2))]
+# A sliding-window causal mask: (T, window), with windows of 1, windows as long as T and longer, and off-by-ones.
+_WINDOW_CASES = [(6, 3), (5, 1), (4, 4), (4, 9), (7, 2), (1, 1), (8, 7), (3, 2), (9, 4)]
 
 
-def _causal_mistakes(scores: Tensor) -> dict[str, Tensor]:
-    """What each plausible mistake returns for ``scores`` (float64): message -> weights."""
-    L = scores.size(-1)
-    allowed = torch.ones(L, L, dtype=torch.bool).tril()  # query i may see keys j <= i
-    inf = float("-inf")
+def _band(T: int, low: int, high: int) -> Tensor:
+    """[T, T] bool: True where low <= i - j <= high (query i, key j)."""
+    offset = torch.arange(T)[:, None] - torch.arange(T)[None, :]
+    return (offset >= low) & (offset <= high)
+
+
+def _window_mistakes(T: int, w: int) -> dict[str, Tensor]:
+    right = _band(T, 0, w - 1)
     return {
-        "the mask is inverted: -inf went where keys are allowed (j <= i) and the future was kept. masked_fill fills "
-        "where its mask is True, so give it the forbidden positions (j > i)":
-            scores.masked_fill(allowed, inf).softmax(-1),
-        "the mask is transposed: queries see the future and not the past. Row i is query i, column j is key j, and "
-        "query i may see keys j <= i (the lower triangle)": scores.masked_fill(~allowed.T, inf).softmax(-1),
-        "the softmax runs over the queries (dim -2); each query's weights must sum to 1 over the keys, the last "
-        "axis": scores.masked_fill(~allowed, inf).softmax(-2),
-        "future keys still get weight: a masked score set to 0 still gets exp(0) in the softmax. Forbidden scores "
-        "must become -inf (or a huge negative number)": scores.masked_fill(~allowed, 0.0).softmax(-1),
-        "the rows of your weights do not sum to 1: mask the scores before the softmax, not the weights after it":
-            scores.softmax(-1) * allowed,
-        "every query hides its own key too; the diagonal (j = i) is allowed, and the first query has nothing else "
-        "to look at (its row becomes NaN)": scores.masked_fill(~allowed.tril(-1), inf).softmax(-1),
-        "no key is masked: every key j > i must get exactly zero weight": scores.softmax(-1),
+        "the mask is inverted: True must mean 'may attend' (as causal_allowed_mask)": ~right,
+        "the mask is transposed: row i is query i, column j key j, and query i may see only keys j <= i":
+            right.T.clone(),
+        "that is the causal mask: the window must hide keys more than window - 1 positions back too":
+            _band(T, 0, T),
+        "each query sees window + 1 keys: itself and the window - 1 keys before it make window in all":
+            _band(T, 0, w),
+        "each query sees window - 1 keys: itself and the window - 1 keys before it make window in all":
+            _band(T, 0, w - 2),
+        "each query must see itself (i - j = 0) and the window - 1 keys before it": _band(T, 1, w),
+        "each query may not see later keys: a sliding-window mask is causal too":
+            _band(T, -(w - 1), w - 1),
     }
 
 
-def _check_causal(causal_attention_weights, check: Check) -> None:
-    for scores in _score_cases(check):
-        case = f"scores of shape {list(scores.shape)}"
-        got = as_float64(check.call(causal_attention_weights, scores, label=case), f"the weights for {case}")
-        expect_shape(got, scores.shape, f"the weights for {case} (the same shape as the scores)")
-        s = scores.double()
-        want = check.reference(s)
-        if first_match(got, {"": want}) is not None:
-            continue
-        mistake = first_match(got, _causal_mistakes(s))
-        if mistake:
-            raise Wrong(f"for {case}: {mistake}")
-        L = s.size(-1)
-        if torch.isnan(got).any():
-            raise Wrong(f"NaN in your weights for {case}: some row has every key masked; query i may always see key i")
-        if (got[..., ~torch.ones(L, L, dtype=torch.bool).tril()].abs() > 1e-6).any():
-            raise Wrong(f"for {case} some query puts weight on a later key (j > i); those must get exactly 0")
-        diff = (got - want).abs().max().item()
-        raise Wrong(f"for {case} your weights differ from the causal softmax by up to {diff:.3g}; "
-                    "did you scale or shift the scores? (they come in already scaled)")
+def _window_cases(check: Check) -> list[tuple[int, int]]:
+    cases = list(_WINDOW_CASES)
+    if check.grading:
+        r = check.rng(50)
+        cases += [(T, r.randint(1, T + 2)) for T in (r.randint(2, 12), r.randint(2, 12))]
+    return cases
+
+
+def _mask_of(value) -> Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    try:
+        return torch.from_numpy(np.array(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _check_window(sliding_window_allowed, check: Check) -> None:
+    cases, got = _window_cases(check), []
+    for T, w in cases:
+        case = f"T={T}, window={w}"
+        mask = _mask_of(check.call(sliding_window_allowed, T, w, label=case))
+        if mask is None or mask.dtype != torch.bool:
+            raise Wrong(f"for {case}: return a boolean [T, T] tensor, True where query i may see key j, got "
+                        f"{check.last_call[1]}")
+        expect_shape(mask, (T, T), f"the mask for {case}")
+        got.append(mask)
+    wants = [check.reference(T, w) for T, w in cases]
+    bad = next((i for i, (g, m) in enumerate(zip(got, wants)) if not torch.equal(g, m)), None)
+    if bad is None:
+        return
+    message = consistent_mistake(got, wants, [_window_mistakes(*c) for c in cases], torch.equal)
+    T, w = cases[bad]
+    wrong = got[bad] != wants[bad]
+    raise Wrong(f"for T={T}, window={w}: {int(wrong.sum())} of {T * T} entries are wrong (the first at query "
+                f"{wrong.nonzero()[0, 0].item()}, key {wrong.nonzero()[0, 1].item()}): " + (
+                    message or "query i may see key j when j <= i and i - j < window, whatever T"))
 
 
 register(Exercise(
-    "02", 3, "causal masking",
-    _check_causal,
-    hint="Row i holds query i's scores over keys j. Build a boolean [L, L] matrix that is True where j <= i "
-         "(torch.tril), put -inf in the scores where it is False, then softmax over the keys (the last axis).",
+    "02", 3, "a sliding-window mask",
+    _check_window,
+    hint="Work with the offset i - j of query i and key j (torch.arange(T)[:, None] - torch.arange(T)): which "
+         "offsets may a query see? Check window = 1 (only itself) and a window longer than the sequence.",
     solution=(
-        "def causal_attention_weights(scores):\n"
-        "    L = scores.size(-1)\n"
-        "    allowed = torch.ones(L, L, dtype=torch.bool).tril()  # [L, L]: True where key j <= query i\n"
-        "    return scores.masked_fill(~allowed, float('-inf')).softmax(dim=-1)"
+        "def sliding_window_allowed(T, window):\n"
+        "    offset = torch.arange(T)[:, None] - torch.arange(T)[None, :]   # [T, T]: i - j\n"
+        "    return (offset >= 0) & (offset < window)                        # itself and window - 1 before it"
     ),
-    minutes=10, difficulty=2, importance=4,
+    minutes=15, difficulty=2, importance=4,
 ))
 
 
@@ -380,5 +534,5 @@ register(Exercise(
         "    return merged @ W_O.T"
     ),
     points=3,  # a whole module, in six stages
-    minutes=30, difficulty=3, importance=5,
+    minutes=30, difficulty=4, importance=5,
 ))
