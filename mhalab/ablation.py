@@ -29,7 +29,8 @@ from .tasks import IGNORE
 
 __all__ = [
     "model_shape", "validate_heads", "evaluate_batch", "ablate", "AblationTable", "ablate_each_head",
-    "per_example_loss", "head_importance", "PruningCurve", "pruning_curve",
+    "AdditiveControl", "additive_control", "per_sequence_metrics", "standard_error", "per_example_loss",
+    "head_importance", "PruningCurve", "pruning_curve",
 ]
 
 Head = tuple[int, int]  # (layer, head)
@@ -128,6 +129,52 @@ def ablate_each_head(model: nn.Module, task: Any, batch: Any) -> AblationTable:
             for name, value in evaluate_batch(model, task, batch).items():
                 table[name][layer, head] = value
     return AblationTable(baseline, table)
+
+
+# ------------------------------------------------------------------------ additive control
+@dataclass
+class AdditiveControl:
+    """A control whose heads cannot interact, built from a model: switching heads off changes its logits by
+    the sum of their single effects. ``intact``: the model's logits ``[B, T(, R), V]``; ``change``: per head,
+    its logits with that head alone switched off, less ``intact``."""
+
+    intact: Tensor
+    change: dict[Head, Tensor] = field(repr=False)
+
+    def logits(self, heads: Iterable[Head]) -> Tensor:
+        """The control's logits with ``heads`` switched off: ``intact`` plus their changes, summed."""
+        return self.intact + sum((self.change[tuple(lh)] for lh in heads), torch.zeros_like(self.intact))
+
+
+def additive_control(model: nn.Module, batch: Any, heads: Iterable[Head] | None = None) -> AdditiveControl:
+    """The :class:`AdditiveControl` of ``model`` on ``batch``: one run intact and one per head of ``heads``
+    (default: every head) with that head alone zeroed."""
+    N, H = model_shape(model)
+    heads = validate_heads(model, list(np.ndindex(N, H)) if heads is None else heads)
+    with torch.no_grad(), eval_mode(model):
+        intact = batch_logits(model, batch)
+        change = {}
+        for lh in heads:
+            with ablate(model, [lh]):
+                change[lh] = batch_logits(model, batch) - intact
+    return AdditiveControl(intact, change)
+
+
+def per_sequence_metrics(task: Any, logits: Tensor, batch: Any, relation: int | None = None) -> tuple[Tensor, Tensor]:
+    """``([B] accuracy, [B] loss)`` of each sequence in float64, over its targets (or relation ``relation``'s
+    only): a difference of two models' values, averaged over the sequences, has :func:`standard_error`."""
+    correct, valid = task.correct(logits, batch)  # each [B, T, R]
+    targets = batch.targets
+    if relation is not None:  # one relation: logits [B, T, R, V] -> [B, T, V], targets [B, T, R] -> [B, T]
+        correct, valid = correct[..., relation], valid[..., relation]
+        logits, targets = logits[..., relation, :], targets[..., relation]
+    accuracy = correct.flatten(1).sum(1).double() / valid.flatten(1).sum(1).clamp(min=1)  # [B]
+    return accuracy, per_example_loss(logits, targets).double()
+
+
+def standard_error(values: Tensor) -> float:
+    """The standard error of the mean of ``values`` ``[B]`` (independent draws): ``std / sqrt(B)``."""
+    return float(values.std() / values.numel() ** 0.5)
 
 
 # ------------------------------------------------------------------------------- importance

@@ -133,6 +133,46 @@ def test_per_example_loss_matches_cross_entropy(task, batch):
     torch.testing.assert_close(per[0], first)
 
 
+# ----------------------------------------------------------------------- additive control
+def test_additive_control_adds_single_head_effects(model, batch):
+    control = A.additive_control(model, batch)
+    assert sorted(control.change) == [(l, h) for l in range(2) for h in range(4)] and no_hooks(model)
+    with torch.no_grad():
+        torch.testing.assert_close(control.intact, model(batch.inputs))
+        torch.testing.assert_close(control.logits([]), control.intact)
+        for heads in ([(1, 2)], [(0, 1), (1, 3)]):
+            expected = control.intact + sum(control.change[lh] for lh in heads)   # intact plus the single effects
+            torch.testing.assert_close(control.logits(heads), expected)
+        with A.ablate(model, [(1, 2)]):
+            torch.testing.assert_close(control.logits([(1, 2)]), model(batch.inputs), atol=1e-5, rtol=1e-5)
+    only = A.additive_control(model, batch, heads=[(0, 3)])
+    assert list(only.change) == [(0, 3)]
+    with pytest.raises(IndexError):
+        A.additive_control(model, batch, heads=[(2, 0)])
+
+
+def test_per_sequence_metrics_average_to_the_task_metrics(task, model, batch):
+    with torch.no_grad():
+        logits = model(batch.inputs)                                      # [B, T, R, V]
+    metrics = task.metrics(logits, batch)
+    accuracy, loss = A.per_sequence_metrics(task, logits, batch)          # [B] each
+    assert accuracy.shape == loss.shape == (6,) and accuracy.dtype == loss.dtype == torch.float64
+    correct, valid = task.correct(logits, batch)                          # [B, T, R]
+    weights = valid.flatten(1).sum(1).double()                            # [B]: targets per sequence
+    assert abs(float((accuracy * weights).sum() / weights.sum()) - metrics["accuracy"]) < 1e-6
+    torch.testing.assert_close(loss, A.per_example_loss(logits, batch.targets).double())
+    for r, name in enumerate(task.relations):
+        acc_r, loss_r = A.per_sequence_metrics(task, logits, batch, relation=r)
+        weights = valid[..., r].sum(1).double()                           # [B]
+        assert abs(float((acc_r * weights).sum() / weights.sum()) - metrics[f"accuracy/{name}"]) < 1e-6
+        torch.testing.assert_close(loss_r, A.per_example_loss(logits[:, :, r], batch.targets[:, :, r]).double())
+
+
+def test_standard_error_is_the_spread_over_root_n():
+    values = torch.tensor([1.0, 2.0, 3.0, 6.0], dtype=torch.float64)
+    assert A.standard_error(values) == pytest.approx(float(values.std()) / 2)
+
+
 # ------------------------------------------------------------------------------- pruning
 def test_pruning_curve(model, task, batch):
     curve = A.pruning_curve(model, task, batch, random_orders=2, seed=1)
