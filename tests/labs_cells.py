@@ -65,35 +65,52 @@ CELLS = {
         "    return torch.stack(rows)\n\nq3.check(previous_token_scores)",
     ],
     "09.1": [
-        "def kv_cache_bytes_per_token(config, bytes_per_value):\n"
-        "    return 2 * config.n_layers * config.n_key_value_heads * config.d_head * bytes_per_value\n\n"
-        "q1.check(kv_cache_bytes_per_token)",
-        "def kv_cache_bytes_per_token(config, bytes_per_value):\n"
-        "    per_layer = 2 * config.n_key_value_heads * config.d_head   # one key and one value per K/V head\n"
-        "    return per_layer * config.n_layers * bytes_per_value\n\nq1.check(kv_cache_bytes_per_token)",
+        "def kv_heads_that_fit(config, seq_len, batch, memory_bytes, bytes_per_value):\n"
+        "    per_head = 2 * config.n_layers * config.d_head * seq_len * batch * bytes_per_value\n"
+        "    best = 0\n"
+        "    for g in range(1, config.n_heads + 1):\n"
+        "        if config.n_heads % g == 0 and g * per_head <= memory_bytes:\n"
+        "            best = g\n"
+        "    return best\n\nq1.check(kv_heads_that_fit)",
+        # following the two hints: one K/V head's bytes over the batch, then the possible g from the largest down
+        "def kv_heads_that_fit(config, seq_len, batch, memory_bytes, bytes_per_value):\n"
+        "    one_kv_head = 2 * config.d_head * bytes_per_value * config.n_layers * seq_len * batch\n"
+        "    possible = [g for g in range(1, config.n_heads + 1) if config.n_heads % g == 0]\n"
+        "    for g in sorted(possible, reverse=True):\n"
+        "        if g * one_kv_head <= memory_bytes:\n"
+        "            return g\n"
+        "    return 0\n\nq1.check(kv_heads_that_fit)",
     ],
     "09.2": [
-        "def induction_from_cache(cache, L):\n"
-        "    queries = torch.arange(L + 1, 2 * L + 1)\n"
-        "    scores = []\n"
-        "    for i in range(len(cache)):\n"
-        "        A = cache['pattern', i]\n"
-        "        scores.append(A[:, :, queries, queries - L + 1].mean(dim=(0, 2)))\n"
-        "    return torch.stack(scores)\n\nq2.check(induction_from_cache)",
-        "def induction_from_cache(cache, L):\n"
-        "    n_layers = len(cache)\n"
-        "    q = torch.arange(L + 1, 2 * L + 1)          # second copy\n"
-        "    k = q - L + 1                                # the token after the first occurrence\n"
-        "    return torch.stack([cache[f'blocks.{l}.attn.hook_pattern'][:, :, q, k].mean(dim=(0, 2))\n"
-        "                        for l in range(n_layers)])\n\nq2.check(induction_from_cache)",
-        # following the two hints word for word
-        "def induction_from_cache(cache, L):\n"
-        "    queries = torch.arange(L + 1, 2 * L + 1)\n"
-        "    rows = []\n"
-        "    for i in range(len(cache)):\n"
-        "        pattern = cache[f'blocks.{i}.attn.hook_pattern']\n"
-        "        rows.append(pattern[:, :, queries, queries - L + 1].mean(dim=(0, 2)))\n"
-        "    return torch.stack(rows)\n\nq2.check(induction_from_cache)",
+        "def induction_targets(tokens):\n"
+        "    tokens = tokens.tolist()\n"
+        "    out = [-1] * len(tokens)\n"
+        "    for i in range(len(tokens)):\n"
+        "        for p in reversed(range(i - 1)):\n"
+        "            if tokens[p] == tokens[i]:\n"
+        "                out[i] = p + 1\n"
+        "                break\n"
+        "    return out\n\nq2.check(induction_targets)",
+        "def induction_targets(tokens):\n"
+        "    last = {}          # token -> its positions so far\n"
+        "    targets = []\n"
+        "    for i, t in enumerate(tokens.tolist()):\n"
+        "        candidates = [p + 1 for p in last.get(t, []) if p + 1 < i]\n"
+        "        targets.append(max(candidates) if candidates else -1)\n"
+        "        last.setdefault(t, []).append(i)\n"
+        "    return targets\n\nq2.check(induction_targets)",
+        # following the two hints word for word: walk back, latest first, skip p = i - 1
+        "def induction_targets(tokens):\n"
+        "    tokens = tokens.tolist()\n"
+        "    targets = []\n"
+        "    for i, token in enumerate(tokens):\n"
+        "        target = -1\n"
+        "        for p in range(i - 1, -1, -1):\n"
+        "            if tokens[p] == token and p + 1 < i:\n"
+        "                target = p + 1\n"
+        "                break\n"
+        "        targets.append(target)\n"
+        "    return targets\n\nq2.check(induction_targets)",
     ],
     "09.3": [
         "def second_copy_loss(model, tokens, heads, L):\n"

@@ -929,37 +929,82 @@ def prev_scores_by_mhalab(cache):  # the course's own score: fair, the prompt fo
     return previous_token_score(cache)
 
 
-def kv_bytes_dict_style(config, bytes_per_value):  # the pieces named, float arithmetic
-    keys_and_values = 2.0
-    return keys_and_values * config.n_layers * config.n_key_value_heads * config.d_head * bytes_per_value
-
-
-def induction_loop(cache, L):
-    rows = []
-    for i in range(len(cache)):
-        p = cache[f"blocks.{i}.attn.hook_pattern"]
-        rows.append(torch.stack([p[:, :, q, q - L + 1] for q in range(L + 1, 2 * L + 1)], dim=-1).mean(dim=(0, 2)))
-    return torch.stack(rows)
-
-
-def kv_bytes_by_mhalab(config, bytes_per_value):  # mhalab's counter: fair, the prompt forbids nothing
+def fit_by_mhalab(config, seq_len, batch, memory_bytes, bytes_per_value):  # mhalab's counter, divisors upward
     from mhalab.counting import kv_cache_per_token
 
     c = config
-    return kv_cache_per_token(c.d_model, c.n_heads, n_key_value_heads=c.n_key_value_heads, d_head=c.d_head,
-                              n_layers=c.n_layers).elements * bytes_per_value
+    per_token = kv_cache_per_token(c.d_model, c.n_heads, n_key_value_heads=1, d_head=c.d_head,
+                                   n_layers=c.n_layers).elements * bytes_per_value
+    best = 0
+    for g in range(1, c.n_heads + 1):
+        if c.n_heads % g == 0 and g * per_token * seq_len * batch <= memory_bytes:
+            best = g
+    return best
 
 
-def induction_by_mhalab(cache, L):  # mhalab's induction score on stand-in tokens [start, 1..L, 1..L]: fair too
-    from mhalab.head_roles import induction_score
+def fit_numpy(config, seq_len, batch, memory_bytes, bytes_per_value):  # an np.int64 back
+    g = np.arange(1, config.n_heads + 1)
+    g = g[config.n_heads % g == 0]
+    ok = g[g * (2 * config.n_layers * config.d_head * seq_len * batch * bytes_per_value) <= memory_bytes]
+    return ok.max() if ok.size else np.int64(0)
 
-    B = next(iter(cache.values())).shape[0]
-    copy = torch.arange(1, L + 1)
-    return induction_score(cache, torch.cat([torch.zeros(1, dtype=torch.long), copy, copy]).expand(B, -1))
+
+def fit_float_room(config, seq_len, batch, memory_bytes, bytes_per_value):  # the room in K/V heads, a float
+    room = memory_bytes / (2.0 * config.n_layers * config.d_head * seq_len * batch * bytes_per_value)
+    return float(max([g for g in range(1, config.n_heads + 1) if config.n_heads % g == 0 and g <= room], default=0))
 
 
-def induction_diagonal(cache, L):  # the induction stripe is the diagonal at offset -(L - 1), second copy only
-    return np.stack([p.diagonal(-(L - 1), -2, -1)[..., -L:].mean(dim=(0, 2)).numpy() for p in cache.values()])
+def _fit_with(config, seq_len, batch, memory, b, *, strict=False, divides=True, cap=True, d_head=None, two=2,
+              layers=True, with_batch=True, with_bytes=True, largest=True):
+    per = (two * (config.n_layers if layers else 1) * (d_head or config.d_head) * seq_len
+           * (batch if with_batch else 1) * (b if with_bytes else 1))
+    top = config.n_heads if cap else memory // per
+    fits = [g for g in range(1, top + 1) if (g * per < memory if strict else g * per <= memory)
+            and (not divides or config.n_heads % g == 0)]
+    return (max(fits) if largest else min(fits)) if fits else 0
+
+
+def targets_two_dicts(tokens):  # the two latest occurrences of each token, kept as the sequence is read
+    last, before_last, out = {}, {}, []
+    for i, t in enumerate(tokens.tolist()):
+        p = last.get(t)
+        if p is not None and p + 1 == i:  # the follower is the query itself: the occurrence before
+            p = before_last.get(t)
+        out.append(-1 if p is None else p + 1)
+        if t in last:
+            before_last[t] = last[t]
+        last[t] = i
+    return out
+
+
+def targets_by_keys(tokens):  # the latest key j < i whose previous token is the query's: a [T] tensor
+    T = len(tokens)
+    follows = torch.zeros(T, T, dtype=torch.bool)  # [query, key]
+    follows[:, 1:] = tokens[:, None] == tokens[None, :-1]
+    follows &= torch.ones(T, T, dtype=torch.bool).tril(-1)
+    keys = torch.arange(T).expand(T, T)
+    return torch.where(follows.any(-1), torch.where(follows, keys, -1).max(-1).values, -1)
+
+
+def targets_numpy(tokens):  # a NumPy array back
+    t = np.asarray(tokens)
+    out = np.full(len(t), -1)
+    for i in range(len(t)):
+        earlier = np.flatnonzero(t[: max(i - 1, 0)] == t[i])
+        if earlier.size:
+            out[i] = earlier[-1] + 1
+    return out
+
+
+def _targets_with(tokens, *, first=False, follower=1, self_ok=False, adjacent_none=False, none=-1):
+    tokens, out = tokens.tolist(), []
+    for i, t in enumerate(tokens):
+        earlier = [p for p in range(i) if tokens[p] == t and (self_ok or adjacent_none or p + 1 < i)]
+        p = (earlier[0] if first else earlier[-1]) if earlier else None
+        if p is not None and adjacent_none and p + 1 == i:
+            p = None
+        out.append(none if p is None else p + follower)
+    return out
 
 
 def _second_copy(model, tokens, heads, L, *, positions=None, axis=2, keep_hooks=False, layers=None):
@@ -1934,36 +1979,40 @@ CORPUS = {
         ],
     },
     "09.1": {
-        "right": [kv_bytes_dict_style, kv_bytes_by_mhalab,
-                  lambda cfg, b: torch.tensor(2 * cfg.n_key_value_heads * cfg.d_head * cfg.n_layers * b)],
+        "right": [fit_by_mhalab, fit_numpy, fit_float_room,
+                  lambda config, seq_len, batch, memory_bytes, bytes_per_value: torch.tensor(
+                      _fit_with(config, seq_len, batch, memory_bytes, bytes_per_value))],
         "wrong": [
-            (lambda c, b: 2 * c.n_layers * c.n_heads * c.d_head * b, "full multi-head attention"),
-            (lambda c, b: c.n_layers * c.n_key_value_heads * c.d_head * b, "both the keys and the values"),
-            (lambda c, b: 2 * c.n_key_value_heads * c.d_head * b, "multiply by n_layers"),
-            (lambda c, b: 2 * c.n_layers * c.n_key_value_heads * (c.d_model // c.n_heads) * b,
-             "need not be d_model / n_heads"),
-            (lambda c, b: 2 * c.n_layers * c.n_key_value_heads * c.d_head, "multiply by bytes_per_value"),
-            (lambda c, b: 2 * c.n_layers * c.d_model * b, "a key and a value per query head"),
-            (lambda c, b: c.n_layers * c.n_key_value_heads * c.d_head * b / 7, "whole number"),
-            (lambda c, b: 3 * c.n_layers * c.n_key_value_heads * c.d_head * b, "count the numbers a token leaves"),
+            (lambda *case: _fit_with(*case, divides=False), "must divide n_heads"),
+            (lambda *case: _fit_with(*case, divides=False, cap=False), "at most n_heads"),
+            (lambda *case: _fit_with(*case, strict=True), "compare with <=, not <"),
+            (lambda c, *rest: _fit_with(c, *rest, d_head=c.d_model // c.n_heads), "need not be d_model / n_heads"),
+            (lambda *case: _fit_with(*case, two=1), "a key and a value per token"),
+            (lambda *case: _fit_with(*case, layers=False), "multiply by n_layers"),
+            (lambda *case: _fit_with(*case, with_batch=False), "multiply by batch"),
+            (lambda *case: _fit_with(*case, with_bytes=False), "multiply the numbers by bytes_per_value"),
+            (lambda *case: _fit_with(*case, largest=False), "not the smallest"),
+            (lambda c, *rest: c.n_heads // max(_fit_with(c, *rest), 1) if _fit_with(c, *rest) else 0,
+             "query heads per K/V head"),
+            (lambda *case: max(_fit_with(*case), 1), "when not even one K/V head fits, return 0"),
+            (lambda *case: _fit_with(*case) or None, "you returned None"),
+            (lambda *case: _fit_with(*case) + 0.5, "whole number"),
+            (lambda *case: _fit_with(*case, divides=False, strict=True), "the answer is"),
         ],
     },
     "09.2": {
-        "right": [induction_loop, induction_diagonal, induction_by_mhalab],
+        "right": [targets_two_dicts, targets_by_keys, targets_numpy],
         "wrong": [
-            (lambda cache, L: torch.stack([p[:, :, torch.arange(L + 1, 2 * L + 1), torch.arange(1, L + 1)]
-                                           .mean(dim=(0, 2)) for p in cache.values()]),
-             "duplicate-token"),
-            (lambda cache, L: torch.stack([p[:, :, torch.arange(L + 1, 2 * L + 1), torch.arange(3, L + 3)]
-                                           .mean(dim=(0, 2)) for p in cache.values()]),
-             "q - L + 2"),
-            (lambda cache, L: torch.stack([p[:, :, torch.arange(1, 2 * L + 1), torch.arange(1, 2 * L + 1) - L + 1]
-                                           .mean(dim=(0, 2)) for p in cache.values()]),
-             "the second copy only"),
-            (lambda cache, L: torch.stack([p[:, :, torch.arange(L, 2 * L), torch.arange(L, 2 * L) - L + 1]
-                                           .mean(dim=(0, 2)) for p in cache.values()]),
-             "starts at position L + 1"),
-            (lambda cache, L: induction_loop(cache, L).T, "[n_layers, n_heads]"),
+            (lambda tokens: _targets_with(tokens, first=True), "first occurrence"),
+            (lambda tokens: _targets_with(tokens, follower=0, self_ok=True), "the earlier occurrence itself"),
+            (lambda tokens: _targets_with(tokens, self_ok=True), "the target must come before the query"),
+            (lambda tokens: _targets_with(tokens, adjacent_none=True), "look further back"),
+            (lambda tokens: [i + 1 for i in range(len(tokens))], "own position"),
+            (lambda tokens: _targets_with(tokens, none=0), "return -1 (0 is a position"),
+            (lambda tokens: [None if t < 0 else t for t in _targets_with(tokens)], "not None"),
+            (lambda tokens: torch.tensor(_targets_with(tokens))[None], "a 1-D sequence"),
+            (lambda tokens: _targets_with(tokens)[:-1], "one target per position"),
+            (lambda tokens: _targets_with(tokens, follower=2), "the position right after the most recent"),
         ],
     },
     "09.3": {

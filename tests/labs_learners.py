@@ -92,43 +92,64 @@ def prev_by_negative_layers(cache):  # cache["pattern", -1] counts from the last
 
 
 # ------------------------------------------------------------------------------------ 09.1
-def kv_bytes_getattr(config, bytes_per_value):  # n_key_value_heads may be missing or None: then every head has its own
-    kv_heads = getattr(config, "n_key_value_heads", None) or config.n_heads
-    per_layer = 2 * kv_heads * config.d_head
-    return per_layer * config.n_layers * bytes_per_value
+def fit_divisors_descending(config, seq_len, batch, memory_bytes, bytes_per_value):  # the divisors listed first
+    divisors = [g for g in range(1, config.n_heads + 1) if config.n_heads % g == 0]
+    one_head = 2 * config.d_head * bytes_per_value * config.n_layers * seq_len * batch
+    for g in reversed(divisors):
+        if g * one_head <= memory_bytes:
+            return g
+    return 0
 
 
-def kv_bytes_prod(config, bytes_per_value):
-    return math.prod([2, config.n_layers, config.n_key_value_heads, config.d_head, bytes_per_value])
+def fit_while(config, seq_len, batch, memory_bytes, bytes_per_value):  # bytes per token first, then a while loop
+    per_token = 2 * config.n_layers * config.d_head * bytes_per_value   # one K/V head, every layer
+    g = config.n_heads
+    while g > 0 and (config.n_heads % g or g * per_token * seq_len * batch > memory_bytes):
+        g -= 1
+    return g
 
 
-def kv_bytes_numpy(config, bytes_per_value):
-    return np.int64(2) * config.n_key_value_heads * config.d_head * config.n_layers * bytes_per_value
+def fit_room_first(config, seq_len, batch, memory_bytes, bytes_per_value):  # how many fit, then the divisor below
+    room = memory_bytes // (2 * config.d_head * config.n_layers * seq_len * batch * bytes_per_value)
+    room = min(room, config.n_heads)
+    while room > 0 and config.n_heads % room != 0:
+        room -= 1
+    return room
 
 
 # ------------------------------------------------------------------------------------ 09.2
-def induction_by_short_name(cache, L):  # cache["pattern", i]
-    q = torch.arange(L + 1, 2 * L + 1)
-    return torch.stack([cache["pattern", i][:, :, q, q - L + 1].mean(dim=(0, 2)) for i in range(len(cache))])
-
-
-def induction_by_mask(cache, L):  # a [T, T] mask of the targets, stack_attention
-    from mhalab.head_roles import stack_attention
-
-    A = stack_attention(cache)  # [N, B, H, T, T]
-    target = torch.zeros(2 * L + 1, 2 * L + 1)
-    for q in range(L + 1, 2 * L + 1):
-        target[q, q - L + 1] = 1.0
-    return (A * target).sum(dim=(-1, -2)).mean(1) / L
-
-
-def induction_sorted_by_number(cache, L):  # names sorted by their layer number
-    names = sorted(cache, key=lambda name: int(name.split(".")[1]))
+def targets_reversed_list(tokens):  # the earlier tokens as a list, searched from the end
+    ids = tokens.tolist()
     out = []
-    for name in names:
-        p = cache[name].numpy()
-        second = range(L + 1, 2 * L + 1)
-        out.append([np.mean([p[:, h, q, q - L + 1].mean() for q in second]) for h in range(p.shape[1])])
+    for i in range(len(ids)):
+        earlier = ids[:max(i - 1, 0)]  # p + 1 < i
+        out.append(len(earlier) - earlier[::-1].index(ids[i]) if ids[i] in earlier else -1)
+    return out
+
+
+def targets_positions_dict(tokens):  # every token's positions so far
+    seen, out = {}, []
+    for i, t in enumerate(tokens.tolist()):
+        ps = [p for p in seen.get(t, []) if p + 1 < i]
+        out.append(ps[-1] + 1 if ps else -1)
+        seen.setdefault(t, []).append(i)
+    return out
+
+
+def targets_nonzero(tokens):  # torch: the matches before i - 1, a tensor back
+    out = torch.full((len(tokens),), -1)
+    for i in range(2, len(tokens)):
+        hits = (tokens[:i - 1] == tokens[i]).nonzero()
+        if len(hits):
+            out[i] = hits[-1, 0] + 1
+    return out
+
+
+def _targets_last_seen(tokens):  # the last position seen: its follower may be the query itself
+    last, out = {}, []
+    for i, t in enumerate(tokens.tolist()):
+        out.append(last[t] + 1 if t in last else -1)
+        last[t] = i
     return out
 
 
@@ -228,16 +249,12 @@ def second_copy_starting_late(model, tokens, heads, L):  # the second copy's fir
     return F.cross_entropy(logits[:, L + 1:-1].flatten(0, 1), tokens[:, L + 2:].flatten()).item()
 
 
-def _sorted_by_name(cache):
-    return [cache[name] for name in sorted(cache)]
-
-
 RIGHT = {
     "08.1": [gap_double_loop, gap_trace_tensor, gap_fill_nan],
     "08.2": [hide_pad, hide_index_fill, hide_row_loop],
     "08.3": [prev_by_short_name, prev_by_stack_attention, prev_by_regex, prev_by_negative_layers],
-    "09.1": [kv_bytes_getattr, kv_bytes_prod, kv_bytes_numpy],
-    "09.2": [induction_by_short_name, induction_by_mask, induction_sorted_by_number],
+    "09.1": [fit_divisors_descending, fit_while, fit_room_first],
+    "09.2": [targets_reversed_list, targets_positions_dict, targets_nonzero],
     "09.3": [second_copy_per_layer, second_copy_predicate, second_copy_with_cache],
 }
 
@@ -246,9 +263,14 @@ WRONG = {
         # the mismatched mean over n*n: too large or too small, by the signs, and within a factor of 10
         (lambda S: (S.diagonal().mean() - (S.sum() - S.diagonal().sum()) / S.numel()).item(), "by less than"),
     ],
+    "09.1": [
+        # how many fit, capped at n_heads, but not a divisor
+        (lambda config, seq_len, batch, memory_bytes, bytes_per_value: min(
+            memory_bytes // (2 * config.d_head * config.n_layers * seq_len * batch * bytes_per_value),
+            config.n_heads), "must divide n_heads"),
+    ],
     "09.2": [
-        (lambda cache, L: torch.stack([p[:, :, torch.arange(L + 1, 2 * L + 1), torch.arange(2, L + 2)].mean(dim=(0, 2))
-                                       for p in _sorted_by_name(cache)]), "blocks.10 before blocks.2"),
+        (_targets_last_seen, "the target must come before the query"),
     ],
     "09.3": [
         (second_copy_zeroing_v, "hook_v holds the 2 K/V heads"),  # (IndexError for a head >= 2, else named)

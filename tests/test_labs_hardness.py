@@ -48,6 +48,10 @@ SEPARATING = {
              lambda cases: [ex06._trade_mistakes(a) for a, _ in cases], ex06._same),
     "13.1": (ex13._never_cases, lambda cases: [ex13._never(k) for k, _ in cases],
              lambda cases: [ex13._mistakes(k) for k, _ in cases], ex13._same),
+    "09.1": (ex09._fit_cases, lambda cases: [ex09._heads_fit(*c[:5]) for c in cases],
+             lambda cases: [ex09._fit_mistakes(*c[:5]) for c in cases], ex09._equal),
+    "09.2": (ex09._target_cases, lambda cases: [ex09._targets(t.tolist()) for t, _ in cases],
+             lambda cases: [ex09._target_mistakes(t.tolist()) for t, _ in cases], lambda a, b: list(a) == list(b)),
 }
 
 
@@ -81,6 +85,7 @@ def _args(key, case):
         "06.1": lambda c: c[0],
         "07.2": lambda c: (c[0], dict(c[1])),
         "07.3": lambda c: (c[0].clone(), c[1]),
+        "09.1": lambda c: c[:5],
         "11.1": lambda c: c,
         "11.2": lambda c: (c[1].clone(), [p.clone() for p in c[2]]),
     }

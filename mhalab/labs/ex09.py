@@ -1,13 +1,13 @@
-"""Exercises of notebook 09 (a real LLM): the KV cache's bytes per token from a model's config, an induction
-score read from a cache, and the in-context loss with chosen heads switched off by a hook.
+"""Exercises of notebook 09 (a real LLM): how many K/V heads a memory holds for a batch's caches, where an induction
+head should look in any token sequence, and the in-context loss with chosen heads switched off by a hook.
 
-Exercise 1 runs on hidden configs (SmolLM2's, one whose d_head is not d_model / n_heads, one without grouped
-K/V heads), each a :class:`~mhalab.config.ModelConfig` as ``model.config`` is; exercise 2 on
-caches of random patterns over ``[start, copy, copy]`` sequences, each an ``ActivationCache`` as ``run_with_cache``
-returns it, one of 30 layers as SmolLM2's (sorting its names puts ``blocks.10`` before ``blocks.2``); exercise 3
+Exercise 1 runs on hidden configs, each a :class:`~mhalab.config.ModelConfig` as ``model.config`` is (SmolLM2's
+sizes, one whose d_head is not d_model / n_heads, one layer, a prime head count), at memories that some non-divisor
+of n_heads would fit, that g K/V heads fill exactly, or that not even one fits; exercise 2 on token sequences
+(1-D tensors) with tokens seen three times, adjacent repeats, no repeats, one token; exercise 3
 on small hidden causal models (mhalab's toy ``Transformer``) that group their K/V heads as SmolLM2 does, one of
 them rotary with 30 layers, staged: no head off, one head, heads in two layers. When grading, the values
-are drawn fresh and more cases added (configs, sizes, the heads switched off). The answer to exercise 3 may
+are drawn fresh and more cases added (configs, sequences, the heads switched off). The answer to exercise 3 may
 run a model and attach hooks (``model.run_with_hooks``, ``model.hooks``, ``register_forward_hook``), but, as its
 prompt says, one that calls the course's own ablation (``ablate``, ``ablate_heads``, ``gate_heads``,
 ``mhalab.ablation``) scores 0. Exercises 1 and 2 may use anything.
@@ -19,6 +19,7 @@ import copy
 import functools
 from dataclasses import replace
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -26,154 +27,287 @@ from ..config import ModelConfig
 from ..pretrained.smollm2 import SMOLLM2_135M
 from .calls import Check
 from .core import Exercise, register
-from .judging import ATOL, RTOL, as_float64, expect_shape, expect_whole, judge, name_miss, pattern_cache
+from .judging import ATOL, RTOL, consistent_mistake, describe, expect_whole, judge, unseparated
 from .verdicts import AnswerRaised, Wrong
 
 
 # ------------------------------------------------------------------------------------ exercise 1
-def _config(d_model: int, n_layers: int, n_heads: int, n_key_value_heads: int, d_head: int) -> ModelConfig:
-    # The notebook model's config (model.config) with the sizes the KV cache depends on (and some it does not).
-    return replace(SMOLLM2_135M, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                   n_key_value_heads=n_key_value_heads, d_head=d_head)
+def _config(d_model: int, n_layers: int, n_heads: int, d_head: int) -> ModelConfig:
+    # The notebook model's config (model.config) with the sizes the KV cache depends on (and some it does not); its
+    # own n_key_value_heads is 1, the one count every n_heads allows: the answer chooses that number.
+    return replace(SMOLLM2_135M, d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_key_value_heads=1,
+                   d_head=d_head)
 
 
-_CONFIGS = [
-    (_config(576, 30, 9, 3, 64), 4, "SmolLM2-135M in float32, as loaded here"),
-    (_config(2048, 16, 32, 8, 64), 2, "a grouped-query model in 16-bit floats"),
-    (_config(3072, 28, 24, 8, 96), 2, "d_head 96, not d_model / n_heads = 128"),
-    (_config(512, 6, 8, 8, 80), 1, "full multi-head attention (as many K/V heads as query heads), d_head 80 != 512 / "
-                                   "8, 1-byte values"),
+_GiB = 2**30
+# (config, seq_len, batch, memory_bytes, bytes_per_value, what the case is)
+_FIT_CASES = [
+    (_config(576, 30, 9, 64), 8192, 32, 16 * _GiB, 2, "SmolLM2's sizes at full context"),
+    (_config(128, 4, 8, 16), 100, 3, 4 * 2 * 4 * 16 * 4 * 100 * 3, 4, "4 K/V heads fill the memory exactly"),
+    (_config(768, 10, 12, 96), 1000, 2, 40_000_000, 2, "d_head 96, not d_model / n_heads = 64"),
+    (_config(192, 1, 6, 32), 512, 1, 1_000_000, 4, "one layer; more than n_heads K/V heads would fit"),
+    (_config(1024, 16, 4, 256), 4096, 8, 100_000_000, 2, "not even one K/V head fits"),
+    (_config(224, 8, 7, 32), 2048, 4, 27_000_000, 2, "7 heads (prime): 6 K/V heads would fit"),
+    (_config(512, 12, 16, 32), 256, 16, 3 * 2 * 12 * 32 * 1 * 256 * 16, 1, "one-byte values, 3 K/V heads fit "
+                                                                           "exactly, 16 query heads"),
 ]
 
 
-def _kv_cases(check: Check) -> list:
-    """The fixed configs, and when grading two drawn fresh (grouped K/V heads, d_head of its own)."""
-    cases = list(_CONFIGS)
-    if check.grading:
-        r = check.rng(80)
-        for _ in range(2):
-            n_kv = r.choice([1, 2, 4, 8])
-            n_heads = n_kv * r.choice([2, 3, 4])
-            d_head = r.choice([48, 64, 80, 96, 128])
-            config = _config(n_heads * r.choice([32, 64, 128]), r.randint(4, 48), n_heads, n_kv, d_head)
-            cases.append((config, r.choice([1, 2, 4]), "a model drawn for this grading"))
-    return cases
+def _per_kv_head(config: ModelConfig, seq_len: int, batch: int, bytes_per_value: int, *, d_head=None, two=2,
+                 layers=True, with_batch=True, with_bytes=True) -> int:
+    """Bytes one K/V head's cache takes over the batch (with options, what a mistake counts instead)."""
+    return (two * (config.n_layers if layers else 1) * (d_head or config.d_head) * seq_len
+            * (batch if with_batch else 1) * (bytes_per_value if with_bytes else 1))
 
 
-def _describe_config(c: ModelConfig) -> str:
-    return (f"config(d_model={c.d_model}, n_layers={c.n_layers}, n_heads={c.n_heads}, "
-            f"n_key_value_heads={c.n_key_value_heads}, d_head={c.d_head})")
+def _heads_fit(config, seq_len, batch, memory, bytes_per_value, *, strict=False, divides=True, cap=True, largest=True,
+         **count) -> int:
+    """The K/V heads that fit (the checker's own reading, for drawing cases; the answer is the solution's), and
+    with options, the readings a learner could make instead."""
+    per = _per_kv_head(config, seq_len, batch, bytes_per_value, **count)
+    fits = [g for g in range(1, config.n_heads + 1 if cap else memory // per + 1)
+            if (g * per < memory if strict else g * per <= memory) and (not divides or config.n_heads % g == 0)]
+    return (max(fits) if largest else min(fits)) if fits else 0
 
 
-def _check_kv(kv_cache_bytes_per_token, check: Check) -> None:
-    for config, b, what in _kv_cases(check):
-        label = f"{_describe_config(config)}, bytes_per_value={b} ({what})"
-        got = expect_whole(check.call(kv_cache_bytes_per_token, config, b, label=label), "the result")
-        want = check.reference(config, b)
-        if got != want:
-            c = config
-            raise Wrong(f"kv_cache_bytes_per_token({label}): got {got:,}; " + (name_miss(got, [
-                (2 * c.n_layers * c.n_heads * c.d_head * b, "that is full multi-head attention (a key and a value per "
-                                                            "query head): only the n_key_value_heads K/V heads are "
-                                                            "cached"),
-                (c.n_layers * c.n_key_value_heads * c.d_head * b, "the cache holds both the keys and the values"),
-                (2 * c.n_key_value_heads * c.d_head * b, "every layer keeps its own cache: multiply by n_layers"),
-                (2 * c.n_layers * c.n_key_value_heads * (c.d_model // c.n_heads) * b, "use the config's d_head: it "
-                                                                                      "need not be d_model / n_heads"),
-                (2 * c.n_layers * c.n_key_value_heads * c.d_head, "multiply by bytes_per_value: that is a count of "
-                                                                  "numbers, not bytes"),
-            ]) or "count the numbers a token leaves in the cache of every layer, then their bytes"))
+def _fit_mistakes(config, seq_len, batch, memory, bytes_per_value) -> dict[str, int]:
+    """{message: what that reading returns} for one case."""
+    case = (config, seq_len, batch, memory, bytes_per_value)
+    right = _heads_fit(*case)
+    return {
+        "the K/V heads must divide n_heads: each is shared by the same number of query heads (n_heads / g of them)":
+            _heads_fit(*case, divides=False),
+        "there are at most n_heads K/V heads (one per query head), and their number divides n_heads":
+            _heads_fit(*case, divides=False, cap=False),
+        "caches that fill the memory exactly fit: compare with <=, not <": _heads_fit(*case, strict=True),
+        "use the config's d_head: it need not be d_model / n_heads":
+            _heads_fit(*case, d_head=config.d_model // config.n_heads),
+        "a K/V head caches a key and a value per token: twice d_head numbers": _heads_fit(*case, two=1),
+        "every layer keeps its own cache: multiply by n_layers": _heads_fit(*case, layers=False),
+        "every sequence of the batch keeps its own cache: multiply by batch": _heads_fit(*case, with_batch=False),
+        "the memory is in bytes: multiply the numbers by bytes_per_value": _heads_fit(*case, with_bytes=False),
+        "return the largest number of K/V heads that fits, not the smallest": _heads_fit(*case, largest=False),
+        "that is the number of query heads per K/V head (n_heads / g); return g, the K/V heads":
+            config.n_heads // right if right else 0,
+        "when not even one K/V head fits, return 0": max(right, 1),
+    }
+
+
+def _fit_label(config, seq_len, batch, memory, bytes_per_value, what) -> str:
+    return (f"config(n_layers={config.n_layers}, d_model={config.d_model}, n_heads={config.n_heads}, "
+            f"d_head={config.d_head}), seq_len={seq_len}, batch={batch}, memory_bytes={memory:,}, "
+            f"bytes_per_value={bytes_per_value} ({what})")
+
+
+def _fit_cases(check: Check) -> list:
+    """The fixed cases; when grading, three drawn fresh as well (one filling the memory exactly), redrawn a few times
+    at most until every reading gives an answer of its own on some case."""
+    cases = list(_FIT_CASES)
+    if not check.grading:
+        return cases
+    for attempt in range(20):
+        r = check.rng(90 + 1000 * attempt)
+        drawn = []
+        for i in range(3):
+            n_heads = r.choice([4, 6, 8, 9, 10, 12, 14, 15, 16, 20, 24, 32])
+            d_head = r.choice([32, 48, 64, 80, 96, 128])
+            config = _config(n_heads * r.choice([32, 64, 128]), r.randint(1, 40), n_heads, d_head)
+            seq_len, batch, b = r.choice([128, 512, 1000, 2048, 4096, 8192]), r.randint(1, 64), r.choice([1, 2, 4])
+            per = _per_kv_head(config, seq_len, batch, b)
+            g = r.randint(1, n_heads + 2)
+            memory = g * per if i == 0 else g * per + r.randrange(per)  # the first fills it exactly
+            drawn.append((config, seq_len, batch, memory, b, f"drawn case {i}"))
+        every = cases + drawn
+        if not unseparated([_heads_fit(*c[:5]) for c in every], [_fit_mistakes(*c[:5]) for c in every], _equal):
+            break
+    return cases + drawn
+
+
+def _equal(a, b) -> bool:
+    return a == b
+
+
+def _check_fit(kv_heads_that_fit, check: Check) -> None:
+    cases, got, raised = _fit_cases(check), [], None
+    for case in cases:
+        label = _fit_label(*case)
+        try:
+            value = check.call(kv_heads_that_fit, *case[:5], label=label)
+        except AnswerRaised as error:  # judged after the cases before it: a wrong answer there is said first
+            raised = error
+            break
+        if value is None:
+            raise Wrong(f"for {label} you returned None: return a number of K/V heads (0 when not even one fits)")
+        got.append(expect_whole(value, f"the K/V heads for {label}"))
+    cases = cases[:len(got)]
+    wants = [int(check.reference(*c[:5])) for c in cases]
+    if got == wants:
+        if raised is not None:
+            raise raised
+        return
+    bad = next(i for i, (g, w) in enumerate(zip(got, wants)) if g != w)
+    missed = consistent_mistake(got, wants, [_fit_mistakes(*c[:5]) for c in cases], _equal)
+    raise Wrong(f"for {_fit_label(*cases[bad])} you said {got[bad]}, the answer is {wants[bad]}: " + (
+        missed or "the caches of g K/V heads fit when the batch's keys and values, in every layer, take at most "
+                  "memory_bytes; g must divide n_heads"))
 
 
 register(Exercise(
-    "09", 1, "KV-cache bytes per token from a config",
-    _check_kv,
-    hint="Per token and per layer the cache holds one key and one value for each K/V head, each d_head numbers. "
-         "Read n_layers, n_key_value_heads and d_head from the config (config.n_key_value_heads, ...).",
+    "09", 1, "how many K/V heads fit",
+    _check_fit,
+    hint=["First the bytes one K/V head costs over the whole batch: per token and layer it caches a key and a value, "
+          "each d_head numbers. The caches of g K/V heads cost g times that.",
+          "Not every g is possible: the n_heads query heads are split evenly among the K/V heads. Try the g that are "
+          "possible, from the largest down."],
     solution=(
-        "def kv_cache_bytes_per_token(config, bytes_per_value):\n"
-        "    numbers = 2 * config.n_key_value_heads * config.d_head   # a key and a value per K/V head\n"
-        "    return numbers * config.n_layers * bytes_per_value       # every layer keeps its own cache"
+        "def kv_heads_that_fit(config, seq_len, batch, memory_bytes, bytes_per_value):\n"
+        "    per_kv_head = 2 * config.d_head * config.n_layers * seq_len * batch * bytes_per_value   # K and V\n"
+        "    for g in range(config.n_heads, 0, -1):                  # the largest first\n"
+        "        if config.n_heads % g == 0 and g * per_kv_head <= memory_bytes:   # query heads split evenly\n"
+        "            return g\n"
+        "    return 0                                                 # not even one K/V head fits"
     ),
-    minutes=5, difficulty=1, importance=3,
+    minutes=12, difficulty=2, importance=3,
 ))
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-def _induction_in_order(patterns, L: int) -> torch.Tensor:
-    """The induction scores of ``patterns`` (one [B, H, T, T] per layer) taken in the order given."""
-    queries = torch.arange(L + 1, 2 * L + 1)  # the second copy (position 0 is the start token)
-    return torch.stack([p[:, :, queries, queries - L + 1].mean(dim=(0, 2)) for p in patterns])  # [N, H]
+def _ids(*ids: int) -> torch.Tensor:
+    return torch.tensor(ids, dtype=torch.long)
 
 
-def _induction_cases(check: Check) -> list:
-    """Caches as run_with_cache returns them: the fixed sizes (one of SmolLM2's 30 layers and 9 heads), and when
-    grading two drawn fresh (one with 11 layers or more, where sorted names are out of order)."""
-    g, r = check.generator(11), check.rng(81)
-    sizes = [(2, 2, 3, 5), (30, 1, 9, 4), (3, 1, 4, 7), (1, 2, 2, 3)]
-    if check.grading:
-        sizes += [(r.randint(1, 6), r.randint(1, 3), r.randint(1, 6), r.randint(3, 12)),
-                  (r.randint(11, 32), r.randint(1, 2), r.randint(1, 9), r.randint(3, 8))]
-    cases = []
-    for N, B, H, L in sizes:
-        T = 1 + 2 * L
-        scores = torch.randn(N, B, H, T, T, generator=g) * 3
-        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-        cases.append((pattern_cache(scores.softmax(-1).unbind(0)), L))
-    return cases
+# (tokens, what the case is): a token repeated three times, adjacent repeats, none, one token
+_TARGET_CASES = [
+    (_ids(5, 6, 7, 5, 6, 7), "a sequence repeated once"),
+    (_ids(1, 2, 9, 1, 3, 9, 1, 4), "a token seen three times"),
+    (_ids(4, 4, 4, 8), "an adjacent repeat, three times"),
+    (_ids(3, 5, 3, 3, 5), "an adjacent repeat after an earlier one"),
+    (_ids(10, 11, 12, 13), "no repeats"),
+    (_ids(7,), "one token"),
+    (_ids(0, 2, 8, 2, 0, 8, 8, 2, 5, 0, 2), "repeats everywhere"),
+]
 
 
-def _check_induction(induction_from_cache, check: Check) -> None:
-    for cache, L in _induction_cases(check):
-        N = len(cache)
-        B, H, T, _ = next(iter(cache.values())).shape
-        label = f"a cache of {N} layers [{B}, {H}, {T}, {T}], L={L}"
-        got = check.call(induction_from_cache, cache, L, label=label)
+def _targets(tokens: list[int], *, most_recent=True, follower=1, before=True, adjacent_none=False, own=False,
+             none=-1) -> list[int]:
+    """The targets (the checker's own reading, for drawing cases; the answer is the solution's), and with options,
+    the readings a learner could make instead: the ``most_recent`` occurrence or the first, its follower (1) or
+    itself (0), only occurrences whose follower is ``before`` the query, -1 where the most recent occurrence is
+    right before the query (``adjacent_none``), the query's ``own`` position counted as an occurrence."""
+    out = []
+    for i, t in enumerate(tokens):
+        earlier = [p for p in range(i + 1 if own else i) if tokens[p] == t]
+        if before and not adjacent_none:
+            earlier = [p for p in earlier if p + 1 < i]      # the token after it comes before the query
+        p = (earlier[-1] if most_recent else earlier[0]) if earlier else None
+        if p is not None and adjacent_none and p + 1 >= i:
+            p = None
+        out.append(none if p is None else p + follower)
+    return out
+
+
+def _target_mistakes(tokens: list[int]) -> dict[str, list]:
+    """{message: the targets that reading gives} for one sequence."""
+    return {
+        "that is the first occurrence of the query's token; an induction head continues from the most recent one":
+            _targets(tokens, most_recent=False),
+        "that is the earlier occurrence itself (a duplicate-token head's target); an induction head attends to the "
+        "token right *after* it": _targets(tokens, follower=0, before=False),
+        "the target must come before the query: where the token right after the most recent occurrence is the "
+        "query itself (an adjacent repeat), look for an occurrence further back": _targets(tokens, before=False),
+        "where the most recent occurrence is right before the query (an adjacent repeat), look further back: an "
+        "earlier occurrence may still have a follower before the query": _targets(tokens, adjacent_none=True),
+        "the query's own position is not an earlier occurrence of its token: search the positions before it":
+            _targets(tokens, own=True, before=False),
+        "where there is no target, return -1 (0 is a position: the first token)": _targets(tokens, none=0),
+    }
+
+
+def _target_cases(check: Check) -> list:
+    """The fixed cases, and a longer sequence drawn from a small vocabulary; when grading, three drawn fresh,
+    redrawn a few times at most until every reading gives targets of their own on some case."""
+    g = check.generator(91)
+    cases = _TARGET_CASES + [(torch.randint(0, 6, (24,), generator=g), "24 tokens of 6 kinds")]
+    if not check.grading:
+        return cases
+    for attempt in range(20):
+        r = check.rng(92 + 1000 * attempt)
+        drawn = [(_ids(*(r.randrange(r.randint(2, 12)) for _ in range(r.randint(2, 30)))), f"drawn case {i}")
+                 for i in range(3)]
+        every = cases + drawn
+        if not unseparated([_targets(c.tolist()) for c, _ in every], [_target_mistakes(c.tolist()) for c, _ in every],
+                           _equal):
+            break
+    return cases + drawn
+
+
+def _as_targets(value, T: int, label: str) -> list:
+    """``value`` (a list, tuple, 1-D tensor or array of whole numbers) as a list of ints; Wrong otherwise."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        if value.ndim != 1:
+            raise Wrong(f"for {label}: return one target per position, a 1-D sequence of {T} whole numbers, got "
+                        f"shape {list(value.shape)}")
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise Wrong(f"for {label}: return the targets as a list (or a 1-D tensor) of {T} whole numbers, got "
+                    f"{describe(value)}")
+    if len(value) != T:
+        raise Wrong(f"for {label}: return one target per position ({T}), got {len(value)}")
+    out = []
+    for x in value:
+        if x is None:
+            raise Wrong(f"for {label}: where a query has no target, return -1, not None")
+        out.append(expect_whole(x, f"a target for {label}"))
+    return out
+
+
+def _check_targets(induction_targets, check: Check) -> None:
+    cases, got, raised = _target_cases(check), [], None
+    for tokens, what in cases:
+        label = f"tokens={tokens.tolist()} ({what})"
         try:
-            got = as_float64(got, "the result")  # a tensor, an array or nested lists of numbers
-            expect_shape(got, (N, H), "the result")
-        except Wrong as wrong:
-            raise Wrong(f"induction_from_cache({label}): {wrong} ([n_layers, n_heads])") from None
-        P = list(cache.values())
-
-        def score(offset, queries):
-            q = torch.tensor(queries)
-            return torch.stack([p[:, :, q, q - offset].mean(dim=(0, 2)) for p in P])
-
-        second = list(range(L + 1, 2 * L + 1))
-        by_name = _induction_in_order([cache[k] for k in sorted(cache)], L)
-        judge(got, check.reference(cache, L), f"induction_from_cache({label})", lambda: {
-            "the layers are out of order: sorting the names puts blocks.10 before blocks.2; take them by layer "
-            "number (cache[f'blocks.{i}.attn.hook_pattern'] for i in range(n_layers))": by_name,
-            "that is the attention to the earlier copy of the *same* token (q - L), a duplicate-token score; an "
-            "induction head looks at the token *after* it, q - L + 1": score(L, second),
-            "that is the token two after the earlier copy (q - L + 2); the induction target is q - L + 1":
-                score(L - 2, second),
-            "the queries should be the second copy only (positions L+1 .. 2L): the first copy has nothing earlier to "
-            "copy from (and q - L + 1 < 0 there wraps around to the end)": score(L - 1, list(range(1, 2 * L + 1))),
-            "the second copy starts at position L + 1 (position 0 is the start token): the queries are L+1 .. 2L":
-                score(L - 1, list(range(L, 2 * L))),
-        })
+            value = check.call(induction_targets, tokens, label=label)
+        except AnswerRaised as error:  # judged after the cases before it: a wrong answer there is said first
+            raised = error
+            break
+        got.append(_as_targets(value, len(tokens), label))
+    cases = cases[:len(got)]
+    wants = [[int(x) for x in check.reference(tokens)] for tokens, _ in cases]
+    if got == wants:
+        if raised is not None:
+            raise raised
+        return
+    bad = next(i for i, (g, w) in enumerate(zip(got, wants)) if g != w)
+    at = next(i for i, (g, w) in enumerate(zip(got[bad], wants[bad])) if g != w)
+    tokens, what = cases[bad]
+    missed = consistent_mistake(got, wants, [_target_mistakes(c.tolist()) for c, _ in cases], _equal)
+    raise Wrong(f"for tokens={tokens.tolist()} ({what}), the query at position {at} has target {wants[bad][at]}, you "
+                f"said {got[bad][at]}: " + (missed or "the target is the position right after the most recent earlier "
+                                                       "occurrence of the query's token, if that position is before "
+                                                       "the query; else -1"))
 
 
 register(Exercise(
-    "09", 2, "an induction score",
-    _check_induction,
-    hint=["The sequence is [start, t_1..t_L, t_1..t_L]: the token at position q >= L + 1 of the second copy first "
-          "appeared at position q - L. An induction head looks at the token that came *after* that one.",
-          "For queries q = L+1 .. 2L, average pattern[:, :, q, q - L + 1] over the batch and the queries, per layer "
-          "(cache[f'blocks.{i}.attn.hook_pattern']), and stack the layers: [n_layers, n_heads]."],
+    "09", 2, "where an induction head should look",
+    _check_targets,
+    hint=["For the query at position i, walk back through the positions before it, latest first, to the first p "
+          "whose token is tokens[i]: the target is p + 1.",
+          "p + 1 must be before i: when p = i - 1 (the token repeats right away), p + 1 is the query itself; keep "
+          "walking back. With no such p, the target is -1."],
     solution=(
-        "def induction_from_cache(cache, L):\n"
-        "    queries = torch.arange(L + 1, 2 * L + 1)                   # the second copy\n"
-        "    rows = []\n"
-        "    for i in range(len(cache)):\n"
-        "        pattern = cache[f'blocks.{i}.attn.hook_pattern']           # [B, H, T, T]\n"
-        "        rows.append(pattern[:, :, queries, queries - L + 1].mean(dim=(0, 2)))   # the token after the earlier "
-        "copy\n"
-        "    return torch.stack(rows)                                   # [n_layers, n_heads]"
+        "def induction_targets(tokens):\n"
+        "    tokens = tokens.tolist()\n"
+        "    targets = []\n"
+        "    for i, token in enumerate(tokens):\n"
+        "        target = -1\n"
+        "        for p in range(i - 2, -1, -1):                      # latest first; p + 1 must be before i\n"
+        "            if tokens[p] == token:\n"
+        "                target = p + 1                              # the token after the earlier occurrence\n"
+        "                break\n"
+        "        targets.append(target)\n"
+        "    return targets"
     ),
-    minutes=15, difficulty=2, importance=4,
+    minutes=15, difficulty=3, importance=4,
 ))
 
 
