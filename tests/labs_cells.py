@@ -7,23 +7,35 @@ from __future__ import annotations
 # Natural answers to short exercises are close to the published solution: there is one obvious way.
 CELLS = {
     "08.1": [
-        "def paraphrase_gap(similarity):\n"
+        "import itertools\n\n"
+        "def gap_p_value(similarity):\n"
         "    n = similarity.shape[0]\n"
-        "    true_pairs = similarity.diagonal().mean()\n"
-        "    off_diagonal = similarity[~torch.eye(n, dtype=torch.bool)].mean()\n"
-        "    return (true_pairs - off_diagonal).item()\n\nq1.check(paraphrase_gap)",
-        "def paraphrase_gap(similarity):\n"
-        "    n = len(similarity)\n"
-        "    diag = torch.diagonal(similarity)\n"
-        "    matched = diag.sum() / n\n"
-        "    mismatched = (similarity.sum() - diag.sum()) / (n * n - n)\n"
-        "    return float(matched - mismatched)\n\nq1.check(paraphrase_gap)",
-        # following the hint
-        "def paraphrase_gap(similarity):\n"
+        "    # the total never changes, so a wider gap means a larger mean over the matched entries\n"
+        "    true_mean = similarity.diagonal().mean()\n"
+        "    perms = list(itertools.permutations(range(n)))\n"
+        "    at_least = 0\n"
+        "    for perm in perms:\n"
+        "        matched = similarity[torch.arange(n), torch.tensor(perm)].mean()\n"
+        "        if matched >= true_mean:\n"
+        "            at_least += 1\n"
+        "    return at_least / len(perms)\n\nq1.check(gap_p_value)",
+        "from itertools import permutations\n\n"
+        "def gap_p_value(similarity):\n"
+        "    S = similarity.double()\n"
+        "    n = len(S)\n"
+        "    true = S.trace()\n"
+        "    sums = torch.tensor([S[range(n), list(p)].sum() for p in permutations(range(n))])\n"
+        "    return (sums >= true).float().mean().item()\n\nq1.check(gap_p_value)",
+        # following the hints
+        "import itertools\n\n"
+        "def gap_p_value(similarity):\n"
         "    n = similarity.shape[0]\n"
-        "    matched = similarity.diagonal().mean()\n"
-        "    mismatched = (similarity.sum() - similarity.trace()) / (n * n - n)\n"
-        "    return (matched - mismatched).item()\n\nq1.check(paraphrase_gap)",
+        "    true_matched = sum(similarity[i, i] for i in range(n))\n"
+        "    count = 0\n"
+        "    for sigma in itertools.permutations(range(n)):\n"
+        "        if sum(similarity[i, sigma[i]] for i in range(n)) >= true_matched:\n"
+        "            count += 1\n"
+        "    return count / math.factorial(n)\n\nq1.check(gap_p_value)",
     ],
     "08.2": [
         "def hide_cls_and_sep(pattern):\n"
@@ -41,28 +53,46 @@ CELLS = {
         "    return torch.nan_to_num(kept / row_sums, nan=0.0)\n\nq2.check(hide_cls_and_sep)",
     ],
     "08.3": [
-        "def previous_token_scores(cache):\n"
-        "    scores = []\n"
-        "    for layer in range(len(cache)):\n"
-        "        pattern = cache['pattern', layer]                # [batch, head, query, key]\n"
-        "        prev = pattern.diagonal(offset=-1, dim1=-2, dim2=-1)  # [batch, head, T-1]\n"
-        "        scores.append(prev.mean(dim=(0, 2)))\n"
-        "    return torch.stack(scores)\n\nq3.check(previous_token_scores)",
-        "def previous_token_scores(cache):\n"
-        "    n_layers = len(cache)\n"
-        "    out = []\n"
-        "    for i in range(n_layers):\n"
-        "        A = cache[f\"blocks.{i}.attn.hook_pattern\"]\n"
-        "        out.append(torch.diagonal(A, offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2)))\n"
-        "    return torch.stack(out)\n\nq3.check(previous_token_scores)",
-        # following the two hints word for word
-        "def previous_token_scores(cache):\n"
-        "    rows = []\n"
-        "    for i in range(len(cache)):\n"
-        "        pattern = cache[f'blocks.{i}.attn.hook_pattern']\n"
-        "        d = torch.diagonal(pattern, offset=-1, dim1=-2, dim2=-1)\n"
-        "        rows.append(d.mean(dim=(0, 2)))\n"
-        "    return torch.stack(rows)\n\nq3.check(previous_token_scores)",
+        "def best_offset(pattern, max_offset):\n"
+        "    inner = pattern[:, :, 1:-1, 1:-1]          # real tokens only\n"
+        "    L = inner.shape[-1]\n"
+        "    offsets = []\n"
+        "    for d in range(1, max_offset + 1):\n"
+        "        offsets += [-d, d]                     # ties: nearer first, previous first\n"
+        "    offsets = [k for k in offsets if abs(k) < L]\n"
+        "    scores = torch.stack([inner.diagonal(k, dim1=-2, dim2=-1).mean(dim=(0, 2)) for k in offsets])  # [K, H]\n"
+        "    best = scores.argmax(dim=0)                # first max wins\n"
+        "    return torch.tensor(offsets)[best], scores.max(dim=0).values\n\nq3.check(best_offset)",
+        "def best_offset(pattern, max_offset):\n"
+        "    B, H, T, _ = pattern.shape\n"
+        "    best_k = [0] * H\n"
+        "    best_w = [-1.0] * H\n"
+        "    for d in range(1, max_offset + 1):\n"
+        "        for k in [-d, d]:\n"
+        "            queries = [q for q in range(1, T - 1) if 1 <= q + k <= T - 2]\n"
+        "            if not queries:\n"
+        "                continue\n"
+        "            w = pattern[:, :, queries, [q + k for q in queries]].mean(dim=(0, 2))   # [H]\n"
+        "            for h in range(H):\n"
+        "                if w[h] > best_w[h]:\n"
+        "                    best_k[h], best_w[h] = k, w[h].item()\n"
+        "    return best_k, best_w\n\nq3.check(best_offset)",
+        # following the two hints
+        "def best_offset(pattern, max_offset):\n"
+        "    inner = pattern[..., 1:-1, 1:-1]\n"
+        "    L = inner.shape[-1]\n"
+        "    n_heads = pattern.shape[1]\n"
+        "    offsets = [0] * n_heads\n"
+        "    means = [float('-inf')] * n_heads\n"
+        "    for d in range(1, max_offset + 1):\n"
+        "        for k in (-d, d):\n"
+        "            if abs(k) >= L:\n"
+        "                continue\n"
+        "            m = torch.diagonal(inner, offset=k, dim1=-2, dim2=-1).mean(dim=(0, 2))\n"
+        "            for h in range(n_heads):\n"
+        "                if m[h] > means[h]:\n"
+        "                    offsets[h], means[h] = k, m[h].item()\n"
+        "    return offsets, means\n\nq3.check(best_offset)",
     ],
     "09.1": [
         "def kv_heads_that_fit(config, seq_len, batch, memory_bytes, bytes_per_value):\n"

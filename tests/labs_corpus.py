@@ -879,20 +879,197 @@ def carrier_mistaken(*, shift=0, mirror=False, edge="out", stat="mean", first=Fa
 
 
 # ------------------------------------------------------------------------------------ 08
-def prev_scores_by_layer_number(cache):  # names built from the layer number, NumPy out
-    n = len(cache)
-    return np.stack([np.diagonal(cache[f"blocks.{i}.attn.hook_pattern"].numpy(), offset=-1, axis1=-2, axis2=-1)
-                     .mean(axis=(0, 2)) for i in range(n)])
+def p_by_full_gap(similarity):  # the whole gap of every re-pairing (masks), not the matched mean: the same order
+    import itertools
+
+    n = similarity.shape[0]
+    S = similarity.double()
+    eye = torch.eye(n, dtype=torch.bool)
+
+    def gap(M):
+        return M[eye].mean() - (M[~eye].mean() if n > 1 else 0.0)
+
+    true = gap(S)
+    perms = list(itertools.permutations(range(n)))
+    return sum(bool(gap(S[:, list(p)]) >= true) for p in perms) / len(perms)
 
 
-def prev_scores_loop(c):  # loops, sorted by the number in the name
-    names = sorted(c, key=lambda name: int(name.split(".")[1]))
-    out = torch.zeros(len(names), next(iter(c.values())).shape[1], dtype=torch.float64)
-    for i, name in enumerate(names):
-        p = c[name].double()
-        T = p.shape[-1]
-        out[i] = sum(p[:, :, q, q - 1] for q in range(1, T)).mean(0) / (T - 1)
-    return out
+def p_numpy(S):  # NumPy, every matched sum at once; an np.float64 back
+    import itertools
+
+    S = np.asarray(S, dtype=np.float64)
+    n = len(S)
+    perms = np.array(list(itertools.permutations(range(n))))  # [n!, n]
+    sums = S[np.arange(n), perms].sum(axis=1)
+    return np.mean(sums >= np.trace(S))
+
+
+def p_by_mismatched(similarity):  # a re-pairing is as good when its mismatched pairs are as *dissimilar*
+    import itertools
+
+    n = similarity.shape[0]
+    total = float(similarity.sum())
+    true_off = total - float(similarity.trace())
+    count = 0
+    for sigma in itertools.permutations(range(n)):
+        matched = sum(float(similarity[i, sigma[i]]) for i in range(n))
+        if total - matched <= true_off:
+            count += 1
+    return torch.tensor(count / math.factorial(n), dtype=torch.float64)
+
+
+def p_recursive(similarity):  # permutations written by hand, a 0-d tensor back
+    n = similarity.shape[0]
+
+    def perms(rest):
+        if not rest:
+            yield []
+        for i, j in enumerate(rest):
+            for tail in perms(rest[:i] + rest[i + 1:]):
+                yield [j] + tail
+
+    true = similarity.diagonal().sum()
+    hits = [similarity[torch.arange(n), torch.tensor(p)].sum() >= true for p in perms(list(range(n)))]
+    return torch.stack(hits).float().mean()
+
+
+def _p_reading(S, keep, compare=lambda s, t: s >= t, divide=True):
+    """Plausible misreadings of the permutation test: ``keep(sigma)`` picks the re-pairings counted."""
+    import itertools
+
+    n = S.shape[0]
+    S = S.double()
+    true = S.diagonal().sum()
+    kept = [p for p in itertools.permutations(range(n)) if keep(p)]
+    count = sum(bool(compare(S[torch.arange(n), list(p)].sum(), true)) for p in kept)
+    return count / len(kept) if divide else count
+
+
+def _p_sampled(S):  # random re-pairings instead of all of them
+    g = torch.Generator().manual_seed(0)
+    n = S.shape[0]
+    true = S.diagonal().sum()
+    hits = [S[torch.arange(n), torch.randperm(n, generator=g)].sum() >= true for _ in range(1000)]
+    return sum(map(bool, hits)) / 1000
+
+
+def _p_gap_against_mean(S):  # each re-pairing's matched mean against the true *gap*
+    import itertools
+
+    n = S.shape[0]
+    S = S.double()
+    gap = S.diagonal().mean() - (S.sum() - S.trace()) / (n * n - n)
+    perms = list(itertools.permutations(range(n)))
+    return sum(bool(S[torch.arange(n), list(p)].mean() >= gap) for p in perms) / len(perms)
+
+
+def _p_rows_and_columns(S):  # rows and columns permuted together: the diagonal only moves
+    import itertools
+
+    n = S.shape[0]
+    perms = list(itertools.permutations(range(n)))
+    true = S.diagonal().sum()
+    return sum(bool(S[list(p)][:, list(p)].diagonal().sum() >= true) for p in perms) / len(perms)
+
+
+def offsets_loops(pattern, max_offset):  # one offset at a time, nearest first; lists back
+    inner = pattern[:, :, 1:-1, 1:-1]
+    L = inner.shape[-1]
+    order = []
+    for d in range(1, max_offset + 1):
+        order += [-d, d]
+    offsets, means = [], []
+    for h in range(pattern.shape[1]):
+        best, best_mean = None, -1.0
+        for k in order:
+            if abs(k) >= L:
+                continue
+            m = torch.diagonal(inner[:, h], offset=k, dim1=-2, dim2=-1).mean().item()
+            if m > best_mean:
+                best, best_mean = k, m
+        offsets.append(best)
+        means.append(best_mean)
+    return offsets, means
+
+
+def offsets_numpy_queries(pattern, max_offset):  # every query by hand, NumPy arrays back
+    P = pattern.numpy().astype(np.float64)
+    B, H, T, _ = P.shape
+    offsets, means = np.zeros(H, dtype=np.int64), np.full(H, -np.inf)
+    for d in range(1, max_offset + 1):
+        for k in (-d, d):
+            weights = [P[:, :, q, q + k] for q in range(1, T - 1) if 1 <= q + k <= T - 2]  # each [B, H]
+            if not weights:
+                continue
+            m = np.stack(weights).mean(axis=(0, 1))  # [H]
+            better = m > means
+            offsets[better], means[better] = k, m[better]
+    return offsets, means
+
+
+def offsets_by_relation_score(pattern, max_offset):  # mhalab's relation_score, one offset at a time: fair
+    from mhalab.head_roles import relation_score
+
+    B, H, T, _ = pattern.shape
+    q = torch.arange(T)
+    order = [k for d in range(1, max_offset + 1) for k in (-d, d) if d < T - 2]
+    scores = []
+    for k in order:
+        ok = (q >= 1) & (q <= T - 2) & (q + k >= 1) & (q + k <= T - 2)
+        sources = torch.where(ok, q + k, -1).expand(B, T)
+        scores.append(relation_score([pattern], sources)[0])  # [H]
+    scores = torch.stack(scores)  # [offsets, H]
+    best = scores.argmax(0)  # the first of tied maxima: the nearest
+    return torch.tensor(order)[best], scores.max(0).values
+
+
+def offsets_stacked(pattern, max_offset):  # one [2, H] tensor: offsets on top of their means
+    offsets, means = offsets_loops(pattern, max_offset)
+    return torch.tensor([offsets, means], dtype=torch.float64)
+
+
+def _offsets_misread(pattern, max_offset, *, inner=True, queries_inner=True, edges_zero=False, flip=False,
+                     zero=False, inclusive=True, total=False, first=False, over_heads=False, tie_last=False,
+                     index=False):
+    """A learner's loop, with one of the misreadings switched on."""
+    P = pattern.double()
+    B, H, T, _ = P.shape
+    lo, hi = (1, T - 2) if inner else (0, T - 1)
+    q_lo, q_hi = (lo, hi) if queries_inner else (0, T - 1)
+    K = max_offset if inclusive else max_offset - 1
+    order = ([0] if zero else []) + [k for d in range(1, K + 1) for k in (-d, d)]
+    best, best_mean = [0] * H, [-math.inf] * H
+    for i, k in enumerate(order):
+        pairs = [(q, q - k if flip else q + k) for q in range(q_lo, q_hi + 1) if lo <= (q - k if flip else q + k) <= hi]
+        if not pairs:
+            continue
+        w = torch.stack([P[:, :, q, key] for q, key in pairs], -1)  # [B, H, queries]
+        w = w[:1] if first else w
+        m = w.sum(-1).mean(0) / (q_hi - q_lo + 1) if edges_zero else w.sum(-1).mean(0) if total else w.mean((0, 2))
+        m = m.mean().expand(H) if over_heads else m
+        for h in range(H):
+            if m[h] > best_mean[h] or (tie_last and m[h] == best_mean[h]):
+                best[h], best_mean[h] = (i if index else k), float(m[h])
+    return best, best_mean
+
+
+def _offsets_reading(**how):
+    return lambda pattern, max_offset: _offsets_misread(pattern, max_offset, **how)
+
+
+def _offsets_argmax_nan(pattern, max_offset):  # every offset's mean, empty ones NaN, then argmax
+    inner = pattern[..., 1:-1, 1:-1]
+    order = [k for d in range(1, max_offset + 1) for k in (-d, d)]
+    means = torch.stack([inner.diagonal(k, -2, -1).mean(dim=(0, 2)) for k in order])  # [offsets, H]
+    return torch.tensor(order)[means.argmax(0)], means.max(0).values
+
+
+def _offsets_range_argmax(pattern, max_offset):  # offsets in the order of range(): ties go to the most negative
+    inner = pattern[..., 1:-1, 1:-1]
+    L = inner.shape[-1]
+    order = [k for k in range(-max_offset, max_offset + 1) if k and abs(k) < L]
+    means = torch.stack([inner.diagonal(k, -2, -1).mean(dim=(0, 2)) for k in order])
+    return torch.tensor(order)[means.argmax(0)], means.max(0).values
 
 
 def hide_by_mask(pattern):  # a boolean key mask, nan_to_num for the empty rows
@@ -908,18 +1085,6 @@ def hide_numpy(p):
     a[..., -1] = 0.0
     total = a.sum(-1, keepdims=True)
     return np.divide(a, total, out=np.zeros_like(a), where=total > 0)
-
-
-def gap_masks(similarity):
-    n = similarity.shape[0]
-    eye = torch.eye(n, dtype=torch.bool)
-    return (similarity[eye].mean() - similarity[~eye].mean()).item()
-
-
-def gap_numpy(S):
-    S = np.asarray(S, dtype=np.float64)
-    n = len(S)
-    return np.trace(S) / n - (S.sum() - np.trace(S)) / (n * (n - 1))
 
 
 # ------------------------------------------------------------------------------------ 09
@@ -1931,24 +2096,22 @@ CORPUS = {
         ],
     },
     "08.3": {
-        "right": [prev_scores_by_layer_number, prev_scores_loop, prev_scores_by_mhalab],
+        "right": [offsets_loops, offsets_numpy_queries, offsets_by_relation_score, offsets_stacked],
         "wrong": [
-            (lambda cache: torch.stack([cache[k].diagonal(-1, -2, -1).mean(dim=(0, 2)) for k in sorted(cache)]),
-             "blocks.10 before blocks.2"),
-            (lambda cache: torch.stack([p.diagonal(0, -2, -1).mean(dim=(0, 2)) for p in cache.values()]),
-             "the token itself"),
-            (lambda cache: torch.stack([p.diagonal(1, -2, -1).mean(dim=(0, 2)) for p in cache.values()]),
-             "the *next* token"),
-            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).sum(-1).mean(0) / p.shape[-1] for p in cache.values()]),
-             "only the T - 1 queries"),
-            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).mean(dim=(0, 2)) for p in cache.values()]).T,
-             "layers are the rows"),
-            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).sum(-1).mean(0) for p in cache.values()]),
-             "the sum over the queries"),
-            (lambda cache: torch.stack([p.diagonal(-2, -2, -1).mean(dim=(0, 2)) for p in cache.values()]),
-             "two tokens back (q - 2)"),
-            (lambda cache: torch.stack([p.diagonal(-1, -2, -1).mean().expand(p.size(1)) for p in cache.values()]),
-             "also runs over the heads"),
+            (lambda p, K: offsets_loops(torch.nn.functional.pad(p, (1, 1, 1, 1)), K), "[CLS] and [SEP] count neither"),
+            (_offsets_reading(queries_inner=False), "do not count as queries either"),
+            (_offsets_reading(edges_zero=True), "a query without a key at offset k"),
+            (_offsets_reading(total=True), "that is the sum over the queries"),
+            (_offsets_reading(flip=True), "the key at query + k"),
+            (_offsets_range_argmax, "you took the most negative offset first"),
+            (_offsets_reading(tie_last=True), "you kept the last of the tied ones"),
+            (_offsets_reading(inclusive=False), "both ends included"),
+            (_offsets_reading(zero=True), "offset 0 (the token itself)"),
+            (_offsets_reading(first=True), "the first sequence of the batch only"),
+            (_offsets_reading(over_heads=True), "the mean also runs over the heads"),
+            (_offsets_reading(index=True), "not its position in your list"),
+            (_offsets_argmax_nan, "a mean is NaN"),
+            (lambda p, K: offsets_loops(p, K)[0], "return a pair (offsets, means)"),
         ],
     },
     "08.2": {
@@ -1969,13 +2132,26 @@ CORPUS = {
         ],
     },
     "08.1": {
-        "right": [gap_masks, gap_numpy],
+        "right": [p_by_full_gap, p_numpy, p_by_mismatched, p_recursive],
         "wrong": [
-            (lambda S: (S.diagonal().mean() - S.mean()).item(), "includes the true pairs"),
-            (lambda S: -gap_masks(S), "sign is flipped"),
-            (lambda S: (S.diagonal().mean() - S.triu(1).sum() / (S.shape[0] * (S.shape[0] - 1) / 2)).item(),
-             "not symmetric"),
-            (lambda S: S.diagonal().mean().item(), "the true pairs alone"),
+            (lambda S: _p_reading(S, lambda p: True, lambda s, t: s > t), "(>=, not >): ties count, and the true"),
+            (lambda S: _p_reading(S, lambda p: list(p) != sorted(p)) * (1 - 1 / math.factorial(len(S))),
+             "count it, so p is at least 1/n!"),
+            (lambda S: _p_reading(S, lambda p: list(p) != sorted(p)) if len(S) > 1 else 1.0,
+             "in the count and in the n! you divide by"),
+            (lambda S: _p_reading(S, lambda p: True, lambda s, t: s <= t), "at least the true one's"),
+            (lambda S: _p_reading(S, lambda p: True, divide=False), "not their count"),
+            (_p_rows_and_columns, "the columns) only"),
+            (_p_gap_against_mean, "compare like with like"),
+            (lambda S: _p_reading(S, lambda p: all(i != j for i, j in enumerate(p))) if len(S) > 1 else 1.0,
+             "not only those that break every pair"),
+            (lambda S: _p_reading(S, lambda p: sum(i != j for i, j in enumerate(p)) <= 2), "not only the swaps of two"),
+            (_p_sampled, "it does not sample them"),
+            (lambda S: (lambda n, t: sum(bool(S[torch.arange(n), torch.tensor(p)].sum() > t or p == tuple(range(n)))
+                                         for p in __import__("itertools").permutations(range(n)))
+                        / math.factorial(n))(len(S), S.diagonal().sum()), "re-pairings that tie with the true"),
+            (lambda S: p_by_full_gap(S) if len(S) > 1 else  # the gap of one pair: 0 / 0
+             (S.diagonal().mean() - (S.sum() - S.trace()) / (len(S) ** 2 - len(S))).item(), "one pairing, the true"),
         ],
     },
     "09.1": {

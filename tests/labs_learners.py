@@ -16,24 +16,55 @@ import torch.nn.functional as F
 
 
 # ------------------------------------------------------------------------------------ 08.1
-def gap_double_loop(similarity):  # plain Python over the entries
-    n = len(similarity)
-    same, other = [], []
-    for i in range(n):
-        for j in range(n):
-            (same if i == j else other).append(float(similarity[i][j]))
-    return sum(same) / len(same) - sum(other) / len(other)
+def p_by_permuted_matrix(similarity):  # every re-paired matrix built, its whole gap compared
+    import itertools
+
+    n = similarity.shape[0]
+
+    def gap(S):
+        off = ~torch.eye(n, dtype=torch.bool)
+        return S.diagonal().mean() - (S[off].mean() if n > 1 else 0)
+
+    true_gap = gap(similarity)
+    count = total = 0
+    for perm in itertools.permutations(range(n)):
+        total += 1
+        if gap(similarity[:, list(perm)]) >= true_gap:
+            count += 1
+    return count / total
 
 
-def gap_trace_tensor(S):  # a 0-d tensor back, not a float
-    n = S.shape[0]
-    return torch.trace(S) / n - (S.sum() - torch.trace(S)) / (n * (n - 1))
+def p_python_lists(similarity):  # plain Python numbers, the matched sum of each re-pairing
+    from itertools import permutations
+
+    S = similarity.tolist()
+    n = len(S)
+    true = sum(S[i][i] for i in range(n))
+    hits = [sum(S[i][p[i]] for i in range(n)) >= true for p in permutations(range(n))]
+    return sum(hits) / len(hits)
 
 
-def gap_fill_nan(similarity):  # the diagonal set to NaN, then nanmean
-    off = similarity.clone().double()
-    off.fill_diagonal_(float("nan"))
-    return (similarity.diagonal().double().mean() - off.nanmean()).item()
+def p_as_tensor(similarity):  # every permutation at once, a 0-d tensor back
+    import itertools
+
+    n = similarity.shape[0]
+    perms = torch.tensor(list(itertools.permutations(range(n))))  # [n!, n]
+    matched = similarity[torch.arange(n), perms].mean(-1)  # [n!]
+    return (matched >= similarity.diagonal().mean()).double().mean()
+
+
+def p_gap_formula_floats(similarity):  # the gap in Python floats: one pair divides by zero
+    import itertools
+
+    n = similarity.shape[0]
+    total = float(similarity.sum())
+
+    def gap(matched):
+        return matched / n - (total - matched) / (n * n - n)
+
+    true = gap(float(similarity.trace()))
+    perms = list(itertools.permutations(range(n)))
+    return sum(gap(float(similarity[range(n), list(p)].sum())) >= true for p in perms) / len(perms)
 
 
 # ------------------------------------------------------------------------------------ 08.2
@@ -66,29 +97,60 @@ def hide_row_loop(pattern):  # one row at a time
 
 
 # ------------------------------------------------------------------------------------ 08.3
-def prev_by_short_name(cache):  # cache["pattern", i], as notebook 07 and the README read a cache
-    return torch.stack([cache["pattern", i].diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))
-                        for i in range(len(cache))])
+def offset_dict_of_means(pattern, max_offset):  # a dict {k: [H] means}, read back in the tie order
+    inner = pattern[:, :, 1:-1, 1:-1]
+    L = inner.shape[-1]
+    means = {}
+    for d in range(1, max_offset + 1):
+        for k in (-d, d):
+            if d < L:
+                means[k] = inner.diagonal(offset=k, dim1=2, dim2=3).mean(dim=(0, 2))
+    offsets, best = [], []
+    for h in range(pattern.shape[1]):
+        k_best = max(means, key=lambda k: means[k][h])  # max keeps the first of equals: the dict's order
+        offsets.append(k_best)
+        best.append(float(means[k_best][h]))
+    return torch.tensor(offsets), torch.tensor(best)
 
 
-def prev_by_stack_attention(cache):  # mhalab's stack, then a band mask
-    from mhalab.head_roles import stack_attention
+def offset_query_loop(pattern, max_offset):  # every (query, key) pair by hand, plain Python
+    B, H, T, _ = pattern.shape
+    result_k, result_m = [], []
+    for h in range(H):
+        best_k, best_m = None, None
+        for d in range(1, max_offset + 1):
+            for k in (-d, d):
+                vals = [float(pattern[b, h, q, q + k]) for b in range(B) for q in range(1, T - 1)
+                        if 1 <= q + k <= T - 2]
+                if vals and (best_m is None or sum(vals) / len(vals) > best_m):
+                    best_k, best_m = k, sum(vals) / len(vals)
+        result_k.append(best_k)
+        result_m.append(best_m)
+    return result_k, result_m
 
-    A = stack_attention(cache)  # [N, B, H, T, T]
-    T = A.shape[-1]
-    below = torch.ones(T, T).tril(-1).triu(-1)  # 1 at (q, q - 1)
-    return (A * below).sum(-1)[..., 1:].mean(dim=(1, 3))
+
+def offset_band_masks(pattern, max_offset):  # a band mask per offset, [CLS] and [SEP] masked out of it
+    T = pattern.shape[-1]
+    real = torch.zeros(T, dtype=torch.bool)
+    real[1:-1] = True
+    candidates, scores = [], []
+    for d in range(1, max_offset + 1):
+        for k in (-d, d):
+            band = torch.diag(torch.ones(T - d), diagonal=k).bool() & real[:, None] & real[None, :]
+            if band.sum() == 0:
+                continue
+            candidates.append(k)
+            scores.append((pattern * band).sum(dim=(-2, -1)).mean(0) / band.sum())  # [H]
+    scores = torch.stack(scores)  # [candidates, H]
+    return torch.tensor(candidates)[scores.argmax(0)], scores.max(0).values
 
 
-def prev_by_regex(cache):  # layer numbers parsed from the names
-    layers = {int(re.search(r"blocks\.(\d+)\.", name).group(1)): p for name, p in cache.items()}
-    return np.array([[float(layers[i][:, h].diagonal(-1, -2, -1).mean()) for h in range(layers[i].shape[1])]
-                     for i in sorted(layers)])
-
-
-def prev_by_negative_layers(cache):  # cache["pattern", -1] counts from the last layer, as in TransformerLens
-    n = len(cache)
-    return torch.stack([cache["pattern", i - n].diagonal(-1, -2, -1).mean(dim=(0, 2)) for i in range(n)])
+def offset_counting_missing_as_zero(pattern, max_offset):  # each diagonal padded with zeros to L entries
+    inner = pattern[..., 1:-1, 1:-1]
+    L = inner.shape[-1]
+    order = [k for d in range(1, min(max_offset, L - 1) + 1) for k in (-d, d)]
+    means = torch.stack([F.pad(inner.diagonal(k, -2, -1), (0, abs(k))).mean(dim=(0, 2)) for k in order])
+    return torch.tensor(order)[means.argmax(0)], means.max(0).values
 
 
 # ------------------------------------------------------------------------------------ 09.1
@@ -250,9 +312,9 @@ def second_copy_starting_late(model, tokens, heads, L):  # the second copy's fir
 
 
 RIGHT = {
-    "08.1": [gap_double_loop, gap_trace_tensor, gap_fill_nan],
+    "08.1": [p_by_permuted_matrix, p_python_lists, p_as_tensor],
     "08.2": [hide_pad, hide_index_fill, hide_row_loop],
-    "08.3": [prev_by_short_name, prev_by_stack_attention, prev_by_regex, prev_by_negative_layers],
+    "08.3": [offset_dict_of_means, offset_query_loop, offset_band_masks],
     "09.1": [fit_divisors_descending, fit_while, fit_room_first],
     "09.2": [targets_reversed_list, targets_positions_dict, targets_nonzero],
     "09.3": [second_copy_per_layer, second_copy_predicate, second_copy_with_cache],
@@ -260,8 +322,10 @@ RIGHT = {
 
 WRONG = {
     "08.1": [
-        # the mismatched mean over n*n: too large or too small, by the signs, and within a factor of 10
-        (lambda S: (S.diagonal().mean() - (S.sum() - S.diagonal().sum()) / S.numel()).item(), "by less than"),
+        (p_gap_formula_floats, "one pairing, the true one"),  # ZeroDivisionError on one pair, after the others
+    ],
+    "08.3": [
+        (offset_counting_missing_as_zero, "a query without a key at offset k"),
     ],
     "09.1": [
         # how many fit, capped at n_heads, but not a divisor

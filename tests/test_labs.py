@@ -17,10 +17,9 @@ import threading
 import labs_fixture  # noqa: F401  (registers notebook "99"'s exercises)
 import pytest
 import torch
-from labs_corpus import CORPUS, MISBLAMED, as_the_corpus_asks
+from labs_corpus import CORPUS, MISBLAMED, as_the_corpus_asks, offsets_by_relation_score
 
 import mhalab
-import mhalab.head_roles  # (the test below calls it as mhalab.head_roles; no exercise module imports it now)
 import mhalab.labs as labs
 from mhalab.labs import core
 from mhalab.labs.judging import expect_close, expect_equal, expect_shape, expect_whole
@@ -168,10 +167,8 @@ def test_calling_the_reference_scores_zero_but_every_other_helper_is_fair():
     )
     # the course's library and torch are fair wherever the prompt forbids nothing (issue 22's eight refusals)
     assert q1.verdict(lambda Q, K, V: mhalab.scaled_dot_product_attention(Q, K, V)[0]) == (core.PASSED, "correct.")
-    assert labs.exercise("08", 3).verdict(lambda cache: mhalab.head_roles.previous_token_score(cache)) == (
-        core.PASSED,
-        "correct.",
-    )
+    # (08.3's answer through mhalab.head_roles.relation_score)
+    assert labs.exercise("08", 3).verdict(offsets_by_relation_score) == (core.PASSED, "correct.")
 
 
 def test_importing_an_mhalab_module_is_not_calling_the_course_code(monkeypatch):

@@ -137,7 +137,8 @@ RETURNS = [
     ("12.2", "copying_numpy_float32", np.float32),
     ("06.1", "enough_tensor_items", torch.Tensor),  # a list of 0-d torch integers
     ("12.1", "qk_circuit_tensor_rank", torch.Tensor),  # a 0-d torch integer
-    ("08.1", "gap_trace_tensor", torch.Tensor),    # a 0-d torch float
+    ("08.1", "p_as_tensor", torch.Tensor),         # a 0-d torch float
+    ("08.1", "p_numpy", np.float64),
 ]
 
 

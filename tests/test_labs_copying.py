@@ -94,8 +94,9 @@ def test_the_flag_fires_on_copies_only_where_honest_answers_stay_clear_of_it(ex)
 
 def test_answers_that_follow_the_hints_of_short_exercises_are_not_flagged():
     """Issue 30: honest answers to 08.3 and 09.2 were flagged as copies (92%, 97%). Following the hints they are
-    the solution, so there the flag cannot tell copying from understanding and is off."""
-    for key in ("08.3", "09.2"):
+    the solution, so there the flag cannot tell copying from understanding and is off. (08.3 has since become a
+    design exercise, issue 47, long enough for the flag, which its honest answers stay clear of.)"""
+    for key in ("09.2",):
         ex = labs.exercise(*key.split("."))
         follows_hints = CELLS[key][-1]
         assert similarity(follows_hints, ex) > COPY_FLAG_RATIO and copy_flag(follows_hints, ex) is None

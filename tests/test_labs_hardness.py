@@ -13,7 +13,7 @@ import torch
 from labs_corpus import CORPUS, MISBLAMED, names_a_fixed_case
 
 import mhalab.labs as labs
-from mhalab.labs import core, ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex09, ex11, ex12, ex13
+from mhalab.labs import core, ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08, ex09, ex11, ex12, ex13
 from mhalab.labs.judging import unseparated
 
 # exercise: (its cases for a check, the right answers, the mistakes of each case, equality)
@@ -46,6 +46,10 @@ SEPARATING = {
              lambda cases: [ex06._enough_mistakes(*c) for c, _ in cases], ex06._same),
     "06.2": (ex06._trade_cases, lambda cases: [ex06._trade(a) for a, _ in cases],
              lambda cases: [ex06._trade_mistakes(a) for a, _ in cases], ex06._same),
+    "08.1": (ex08._gap_cases, lambda cases: [ex08._p_value(S) for S, _ in cases],
+             lambda cases: [ex08._p_mistakes(S) for S, _ in cases], ex08._same_p),
+    "08.3": (ex08._offset_cases, lambda cases: [ex08._best_offset(p, k) for p, k, _ in cases],
+             lambda cases: [ex08._offset_mistakes(p, k) for p, k, _ in cases], ex08._same_offsets),
     "13.1": (ex13._never_cases, lambda cases: [ex13._never(k) for k, _ in cases],
              lambda cases: [ex13._mistakes(k) for k, _ in cases], ex13._same),
     "09.1": (ex09._fit_cases, lambda cases: [ex09._heads_fit(*c[:5]) for c in cases],
@@ -85,6 +89,7 @@ def _args(key, case):
         "06.1": lambda c: c[0],
         "07.2": lambda c: (c[0], dict(c[1])),
         "07.3": lambda c: (c[0].clone(), c[1]),
+        "08.3": lambda c: (c[0].clone(), c[1]),
         "09.1": lambda c: c[:5],
         "11.1": lambda c: c,
         "11.2": lambda c: (c[1].clone(), [p.clone() for p in c[2]]),
@@ -187,6 +192,8 @@ DRAWS = {
     "06.1": 20,
     "06.2": 20,
     "07.2": 10,
+    "08.1": 10,
+    "08.3": 20,
     "11.1": 20,
     "11.2": 20,
     "12.1": 20,

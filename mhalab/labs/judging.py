@@ -19,36 +19,10 @@ from .verdicts import Wrong
 
 __all__ = [
     "ATOL", "RTOL", "as_float64", "consistent_mistake", "describe", "expect_close", "expect_equal", "expect_shape",
-    "expect_whole", "first_match", "judge", "name_miss", "pattern_cache", "previous_token_mistakes", "unseparated",
+    "expect_whole", "first_match", "judge", "name_miss", "pattern_cache", "unseparated",
 ]
 
 RTOL, ATOL = 1e-4, 1e-5
-
-
-def previous_token_mistakes(patterns: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The natural mistakes of a previous-token score (08.3): {message: the scores that mistake gives},
-    one row of head scores per attention pattern ``[B, H, T, T]`` of ``patterns``."""
-    def each(score: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        return torch.stack([score(p) for p in patterns])
-
-    return {
-        "that is the attention to the token itself (the diagonal); the previous token is the key just left of it, "
-        "q - 1":
-            each(lambda p: p.diagonal(0, -2, -1).mean(dim=(0, 2))),
-        "that is the attention to the *next* token (q + 1); the previous token is the key q - 1":
-            each(lambda p: p.diagonal(1, -2, -1).mean(dim=(0, 2))),
-        "the mean runs over all T queries; only the T - 1 queries that have a previous token count":
-            each(lambda p: p.diagonal(-1, -2, -1).sum(-1).mean(0) / p.size(-1)),
-        "that is the sum over the queries; the score is their mean (over the T - 1 queries that have a previous token)":
-            each(lambda p: p.diagonal(-1, -2, -1).sum(-1).mean(0)),
-        "that is the attention two tokens back (q - 2); the previous token is the key q - 1":
-            each(lambda p: p.diagonal(-2, -2, -1).mean(dim=(0, 2))),
-        "that is the first sequence of the batch only; average over the batch too":
-            each(lambda p: p[0].diagonal(-1, -2, -1).mean(-1)),
-        "the mean also runs over the heads, so every head gets the same score; average over the batch and the "
-        "queries only (dim=(0, 2)), one score per head":
-            each(lambda p: p.diagonal(-1, -2, -1).mean().expand(p.size(1))),
-    }
 
 
 def pattern_cache(patterns: Sequence[torch.Tensor]) -> ActivationCache:
