@@ -2171,6 +2171,10 @@ CORPUS = {
             (lambda c, *rest: c.n_heads // max(_fit_with(c, *rest), 1) if _fit_with(c, *rest) else 0,
              "query heads per K/V head"),
             (lambda *case: max(_fit_with(*case), 1), "when not even one K/V head fits, return 0"),
+            (lambda config, seq_len, batch, memory_bytes, bytes_per_value: (lambda per: max(
+                [g for g in range(1, min(memory_bytes // per, config.n_heads) + 1) if config.n_heads % g == 0],
+                default=0))(2 * config.n_key_value_heads * config.d_head * config.n_layers * seq_len * batch
+                            * bytes_per_value), "the count the model has now"),
             (lambda *case: _fit_with(*case) or None, "you returned None"),
             (lambda *case: _fit_with(*case) + 0.5, "whole number"),
             (lambda *case: _fit_with(*case, divides=False, strict=True), "the answer is"),

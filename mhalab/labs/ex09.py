@@ -32,32 +32,35 @@ from .verdicts import AnswerRaised, Wrong
 
 
 # ------------------------------------------------------------------------------------ exercise 1
-def _config(d_model: int, n_layers: int, n_heads: int, d_head: int) -> ModelConfig:
-    # The notebook model's config (model.config) with the sizes the KV cache depends on (and some it does not); its
-    # own n_key_value_heads is 1, the one count every n_heads allows: the answer chooses that number.
-    return replace(SMOLLM2_135M, d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_key_value_heads=1,
-                   d_head=d_head)
+def _config(d_model: int, n_layers: int, n_heads: int, d_head: int, n_key_value_heads: int) -> ModelConfig:
+    # The notebook model's config (model.config) with the sizes the KV cache depends on (and some it does not). Its
+    # own n_key_value_heads is the count the model has now, a divisor of n_heads other than 1 (SmolLM2's 3): the
+    # answer chooses that number afresh, so an answer that multiplies by it counts the cache of the model as it is.
+    return replace(SMOLLM2_135M, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                   n_key_value_heads=n_key_value_heads, d_head=d_head)
 
 
 _GiB = 2**30
 # (config, seq_len, batch, memory_bytes, bytes_per_value, what the case is)
 _FIT_CASES = [
-    (_config(576, 30, 9, 64), 8192, 32, 16 * _GiB, 2, "SmolLM2's sizes at full context"),
-    (_config(128, 4, 8, 16), 100, 3, 4 * 2 * 4 * 16 * 4 * 100 * 3, 4, "4 K/V heads fill the memory exactly"),
-    (_config(768, 10, 12, 96), 1000, 2, 40_000_000, 2, "d_head 96, not d_model / n_heads = 64"),
-    (_config(192, 1, 6, 32), 512, 1, 1_000_000, 4, "one layer; more than n_heads K/V heads would fit"),
-    (_config(1024, 16, 4, 256), 4096, 8, 100_000_000, 2, "not even one K/V head fits"),
-    (_config(224, 8, 7, 32), 2048, 4, 27_000_000, 2, "7 heads (prime): 6 K/V heads would fit"),
-    (_config(512, 12, 16, 32), 256, 16, 3 * 2 * 12 * 32 * 1 * 256 * 16, 1, "one-byte values, 3 K/V heads fit "
+    (_config(576, 30, 9, 64, 3), 8192, 32, 16 * _GiB, 2, "SmolLM2's sizes at full context"),
+    (_config(128, 4, 8, 16, 2), 100, 3, 4 * 2 * 4 * 16 * 4 * 100 * 3, 4, "4 K/V heads fill the memory exactly"),
+    (_config(768, 10, 12, 96, 4), 1000, 2, 40_000_000, 2, "d_head 96, not d_model / n_heads = 64"),
+    (_config(192, 1, 6, 32, 2), 512, 1, 1_000_000, 4, "one layer; more than n_heads K/V heads would fit"),
+    (_config(1024, 16, 4, 256, 2), 4096, 8, 100_000_000, 2, "not even one K/V head fits"),
+    (_config(224, 8, 7, 32, 7), 2048, 4, 27_000_000, 2, "7 heads (prime): 6 K/V heads would fit"),
+    (_config(512, 12, 16, 32, 4), 256, 16, 3 * 2 * 12 * 32 * 1 * 256 * 16, 1, "one-byte values, 3 K/V heads fit "
                                                                            "exactly, 16 query heads"),
 ]
 
 
 def _per_kv_head(config: ModelConfig, seq_len: int, batch: int, bytes_per_value: int, *, d_head=None, two=2,
-                 layers=True, with_batch=True, with_bytes=True) -> int:
-    """Bytes one K/V head's cache takes over the batch (with options, what a mistake counts instead)."""
+                 layers=True, with_batch=True, with_bytes=True, own=False) -> int:
+    """Bytes one K/V head's cache takes over the batch (with options, what a mistake counts instead: ``own``
+    multiplies by the model's current n_key_value_heads)."""
     return (two * (config.n_layers if layers else 1) * (d_head or config.d_head) * seq_len
-            * (batch if with_batch else 1) * (bytes_per_value if with_bytes else 1))
+            * (batch if with_batch else 1) * (bytes_per_value if with_bytes else 1)
+            * (config.n_key_value_heads if own else 1))
 
 
 def _heads_fit(config, seq_len, batch, memory, bytes_per_value, *, strict=False, divides=True, cap=True, largest=True,
@@ -90,12 +93,15 @@ def _fit_mistakes(config, seq_len, batch, memory, bytes_per_value) -> dict[str, 
         "that is the number of query heads per K/V head (n_heads / g); return g, the K/V heads":
             config.n_heads // right if right else 0,
         "when not even one K/V head fits, return 0": max(right, 1),
+        "the config's n_key_value_heads is the count the model has now, the number this chooses afresh: the cache of "
+        "one K/V head does not depend on it": _heads_fit(*case, own=True),
     }
 
 
 def _fit_label(config, seq_len, batch, memory, bytes_per_value, what) -> str:
     return (f"config(n_layers={config.n_layers}, d_model={config.d_model}, n_heads={config.n_heads}, "
-            f"d_head={config.d_head}), seq_len={seq_len}, batch={batch}, memory_bytes={memory:,}, "
+            f"d_head={config.d_head}, n_key_value_heads={config.n_key_value_heads}), seq_len={seq_len}, "
+            f"batch={batch}, memory_bytes={memory:,}, "
             f"bytes_per_value={bytes_per_value} ({what})")
 
 
@@ -111,7 +117,8 @@ def _fit_cases(check: Check) -> list:
         for i in range(3):
             n_heads = r.choice([4, 6, 8, 9, 10, 12, 14, 15, 16, 20, 24, 32])
             d_head = r.choice([32, 48, 64, 80, 96, 128])
-            config = _config(n_heads * r.choice([32, 64, 128]), r.randint(1, 40), n_heads, d_head)
+            now = r.choice([g for g in range(2, n_heads + 1) if n_heads % g == 0])  # the model's own count
+            config = _config(n_heads * r.choice([32, 64, 128]), r.randint(1, 40), n_heads, d_head, now)
             seq_len, batch, b = r.choice([128, 512, 1000, 2048, 4096, 8192]), r.randint(1, 64), r.choice([1, 2, 4])
             per = _per_kv_head(config, seq_len, batch, b)
             g = r.randint(1, n_heads + 2)
