@@ -1237,6 +1237,18 @@ def second_copy_watching_patterns(model, tokens, heads, L):  # a hook on every h
     return -logp[:, L:-1].gather(2, tokens[:, L + 1:].unsqueeze(2)).mean().item()
 
 
+def second_copy_zero_pattern(model, tokens, heads, L):  # "switched off" read as attending nowhere: z is 0 all the same
+    def nowhere(pattern, hook):  # [batch, head, query, key]
+        pattern = pattern.clone()
+        pattern[:, [h for l, h in heads if hook.name == f"blocks.{l}.attn.hook_pattern"]] = 0.0
+        return pattern
+
+    with torch.no_grad():
+        logits = model.run_with_hooks(tokens, fwd_hooks=[(lambda name: name.endswith("hook_pattern"), nowhere)])
+    nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none")
+    return nll[:, L:].mean()
+
+
 def second_copy_with_ablate(model, tokens, heads, L):
     from mhalab.ablation import ablate
 
@@ -2197,7 +2209,7 @@ CORPUS = {
     },
     "09.3": {
         "right": [second_copy_one_predicate_hook, second_copy_forward_hooks, second_copy_caching_everything,
-                  second_copy_watching_patterns],
+                  second_copy_watching_patterns, second_copy_zero_pattern],
         "wrong": [
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(None)), "stage 1 of 3 (no head off)"),
             (lambda m, t, heads, L: _second_copy(m, t, heads, L, positions=slice(None)), "over the whole sequence"),
