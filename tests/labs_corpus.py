@@ -1703,6 +1703,23 @@ def never_counts(keys):  # other parameter name; counts of each row's extremes
     return ~(sole_top | sole_bottom).any(dim=0)
 
 
+def never_list(k):  # a Python list of bools, row by row with max/min and counts
+    rows = k.tolist()
+    favoured = set()
+    for row in rows:
+        for extreme in (max(row), min(row)):
+            if row.count(extreme) == 1:
+                favoured.add(row.index(extreme))
+    return [j not in favoured for j in range(len(rows[0]))]
+
+
+def never_numpy_bool(k):  # a NumPy array of bools
+    k = np.asarray(k)
+    top, bottom = k == k.max(1, keepdims=True), k == k.min(1, keepdims=True)
+    sole = (top & (top.sum(1, keepdims=True) == 1)) | (bottom & (bottom.sum(1, keepdims=True) == 1))
+    return ~sole.any(0)
+
+
 def _never_argmax(k):  # argmax/argmin: one of tied keys counted as favoured
     out = torch.ones(k.shape[1], dtype=torch.bool)
     out[k.argmax(1)] = False
@@ -2382,7 +2399,7 @@ CORPUS = {
         ],
     },
     "13.1": {
-        "right": [never_loop, never_numpy, never_counts],
+        "right": [never_loop, never_numpy, never_counts, never_list, never_numpy_bool],
         "wrong": [
             (_never_argmax, "argmax and argmin pick one of tied keys"),
             (_never_ties_equal, "keys that tie for a row's largest"),

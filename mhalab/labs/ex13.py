@@ -116,8 +116,11 @@ def _check_never(never_favourite, check: Check) -> None:
         except AnswerRaised as error:  # judged after the cases before it: a wrong answer there is said first
             raised = error
             break
+        if isinstance(value, (list, tuple)):   # a list of booleans is an answer too: read it as a tensor
+            value = _as_tensor(value, f"what never_favourite({label}) returned")
         if not hasattr(value, "shape"):
-            raise Wrong(f"return a tensor of {P} booleans, one per stored key, got {describe(value)} for {label}")
+            raise Wrong(f"return a tensor of {P} booleans (or a list or an array), one per stored key, got "
+                        f"{describe(value)} for {label}")
         if list(value.shape) == [H] and H != P:
             raise Wrong(f"for {label} you returned {H} values, one per head: return one per stored key ({P}); "
                         "a key is out of reach only if *no* head favours it")
