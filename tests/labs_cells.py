@@ -39,12 +39,14 @@ CELLS = {
     ],
     "08.2": [
         "def norm_share(pattern, values_out, keys):\n"
-        "    norms = values_out.norm(dim=-1)          # [B, T, H]\n"
-        "    norms = norms.permute(0, 2, 1)           # [B, H, T]\n"
-        "    terms = pattern * norms[:, :, None, :]   # a_qk * ||f(x_k)||\n"
-        "    share = terms[..., keys].sum(-1) / terms.sum(-1)\n"
-        "    others = [q for q in range(pattern.shape[-1]) if q not in keys]\n"
-        "    return share[:, :, others].mean(dim=(0, 2))\n\nq2.check(norm_share)",
+        "    B, H, T, _ = pattern.shape\n"
+        "    lengths = torch.linalg.norm(values_out, dim=3).transpose(1, 2)   # B, H, T\n"
+        "    weighted = pattern * lengths.unsqueeze(2)\n"
+        "    on_keys = weighted[:, :, :, keys].sum(dim=3)\n"
+        "    total = weighted.sum(dim=3)\n"
+        "    keep = torch.ones(T, dtype=torch.bool)\n"
+        "    keep[keys] = False\n"
+        "    return (on_keys / total)[:, :, keep].mean(dim=2).mean(dim=0)\n\nq2.check(norm_share)",
         "def norm_share(pattern, values_out, keys):\n"
         "    B, H, T, _ = pattern.shape\n"
         "    result = []\n"
