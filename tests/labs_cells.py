@@ -38,19 +38,25 @@ CELLS = {
         "    return count / math.factorial(n)\n\nq1.check(gap_p_value)",
     ],
     "08.2": [
-        "def hide_cls_and_sep(pattern):\n"
-        "    p = pattern.clone()\n"
-        "    p[:, :, :, 0] = 0\n"
-        "    p[:, :, :, -1] = 0\n"
-        "    s = p.sum(dim=-1, keepdim=True)\n"
-        "    return torch.where(s > 0, p / s, torch.zeros_like(p))\n\nq2.check(hide_cls_and_sep)",
-        "def hide_cls_and_sep(pattern):\n"
-        "    mask = torch.ones(pattern.shape[-1])\n"
-        "    mask[0] = 0\n"
-        "    mask[-1] = 0\n"
-        "    kept = pattern * mask\n"
-        "    row_sums = kept.sum(-1, keepdim=True)\n"
-        "    return torch.nan_to_num(kept / row_sums, nan=0.0)\n\nq2.check(hide_cls_and_sep)",
+        "def norm_share(pattern, values_out, keys):\n"
+        "    B, H, T, _ = pattern.shape\n"
+        "    lengths = torch.linalg.norm(values_out, dim=3).transpose(1, 2)   # B, H, T\n"
+        "    weighted = pattern * lengths.unsqueeze(2)\n"
+        "    on_keys = weighted[:, :, :, keys].sum(dim=3)\n"
+        "    total = weighted.sum(dim=3)\n"
+        "    keep = torch.ones(T, dtype=torch.bool)\n"
+        "    keep[keys] = False\n"
+        "    return (on_keys / total)[:, :, keep].mean(dim=2).mean(dim=0)\n\nq2.check(norm_share)",
+        "def norm_share(pattern, values_out, keys):\n"
+        "    B, H, T, _ = pattern.shape\n"
+        "    result = []\n"
+        "    for h in range(H):\n"
+        "        n = values_out[:, :, h].norm(dim=-1)   # [B, T]\n"
+        "        c = pattern[:, h] * n[:, None, :]      # [B, T, T]\n"
+        "        s = c[:, :, keys].sum(-1) / c.sum(-1)  # [B, T]\n"
+        "        rows = [q for q in range(T) if q not in keys]\n"
+        "        result.append(s[:, rows].mean())\n"
+        "    return torch.stack(result)\n\nq2.check(norm_share)",
     ],
     "08.3": [
         "def best_offset(pattern, max_offset):\n"

@@ -1072,19 +1072,45 @@ def _offsets_range_argmax(pattern, max_offset):  # offsets in the order of range
     return torch.tensor(order)[means.argmax(0)], means.max(0).values
 
 
-def hide_by_mask(pattern):  # a boolean key mask, nan_to_num for the empty rows
-    keep = torch.ones(pattern.shape[-1], dtype=torch.bool)
-    keep[[0, -1]] = False
-    shown = pattern * keep
-    return torch.nan_to_num(shown / shown.sum(-1, keepdim=True), nan=0.0)
+def share_einsum(pattern, values_out, keys):  # the terms by einsum, a boolean mask of the keys
+    terms = torch.einsum("bhqk,bkh->bhqk", pattern, values_out.norm(dim=-1))
+    on = torch.zeros(pattern.shape[-1], dtype=torch.bool)
+    on[keys] = True
+    share = terms[..., on].sum(-1) / terms.sum(-1)
+    return share[..., ~on].mean(dim=(0, 2))
 
 
-def hide_numpy(p):
-    a = p.numpy().astype(np.float64)
-    a[..., 0] = 0.0
-    a[..., -1] = 0.0
-    total = a.sum(-1, keepdims=True)
-    return np.divide(a, total, out=np.zeros_like(a), where=total > 0)
+def share_numpy(pattern, values_out, keys):
+    p, f = pattern.numpy().astype(np.float64), values_out.numpy().astype(np.float64)
+    terms = p * np.linalg.norm(f, axis=-1).transpose(0, 2, 1)[:, :, None, :]
+    others = [q for q in range(p.shape[-1]) if q not in keys]
+    return (terms[..., keys].sum(-1) / terms.sum(-1))[..., others].mean(axis=(0, 2))
+
+
+def share_loops(pattern, values_out, keys):  # one query at a time, as plain floats
+    B, H, T, _ = pattern.shape
+    out = []
+    for h in range(H):
+        shares = []
+        for b in range(B):
+            for q in range(T):
+                if q in keys:
+                    continue
+                terms = [float(pattern[b, h, q, k]) * float(values_out[b, k, h].norm()) for k in range(T)]
+                shares.append(sum(terms[k] for k in keys) / sum(terms))
+        out.append(sum(shares) / len(shares))
+    return out
+
+
+def _share_pooled(pattern, values_out, keys):  # the sums over the queries divided, not each query's share
+    terms = torch.einsum("bhqk,bkh->bhqk", pattern, values_out.norm(dim=-1))
+    others = [q for q in range(pattern.shape[-1]) if q not in keys]
+    return terms[..., keys].sum(-1)[..., others].sum(dim=(0, 2)) / terms.sum(-1)[..., others].sum(dim=(0, 2))
+
+
+def _share_all_queries(pattern, values_out, keys):  # the given keys kept as queries too
+    terms = torch.einsum("bhqk,bkh->bhqk", pattern, values_out.norm(dim=-1))
+    return (terms[..., keys].sum(-1) / terms.sum(-1)).mean(dim=(0, 2))
 
 
 # ------------------------------------------------------------------------------------ 09
@@ -2144,20 +2170,21 @@ CORPUS = {
         ],
     },
     "08.2": {
-        "right": [hide_by_mask, hide_numpy],
+        "right": [share_einsum, share_numpy, share_loops,
+                  lambda p, v, k: share_einsum(p.double(), v.double(), k).float().numpy()],
         "wrong": [
-            (lambda p: p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 2), torch.zeros(1)]),
-             "divide each row by what is left"),
-            (lambda p: torch.nan_to_num(p[..., 1:-1] / p[..., 1:-1].sum(-1, keepdim=True)), "keep every key"),
-            (lambda p: (lambda s: s / s.sum(-1, keepdim=True))(
-                p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 2), torch.zeros(1)])),
-             "NaNs"),
-            (lambda p: (lambda s: torch.nan_to_num(s / s.sum(-2, keepdim=True)))(
-                p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 2), torch.zeros(1)])),
-             "renormalises each column"),
-            (lambda p: (lambda s: torch.nan_to_num(s / s.sum(-1, keepdim=True)))(
-                p * torch.cat([torch.zeros(1), torch.ones(p.shape[-1] - 1)])),
-             "[SEP] is the last key"),
+            (lambda p, v, k: share_einsum(p, torch.ones_like(v), k), "that is the weight share"),
+            (lambda p, v, k: share_einsum(torch.ones_like(p), v, k), "the weights count too"),
+            (_share_pooled, "you divided the sums over the queries"),
+            (lambda p, v, k: share_einsum(p.transpose(-1, -2), v, k), "the keys are the last axis"),
+            (_share_all_queries, "leave the given keys out as queries"),
+            (lambda p, v, k: share_einsum(p[:1], v[:1], k), "the first sentence of the batch only"),
+            (lambda p, v, k: (lambda m: m.norm(dim=-1))(torch.einsum("bhqk,bkhd->bhqd", p[..., k], v[:, k]))
+             .div(torch.einsum("bhqk,bkhd->bhqd", p, v).norm(dim=-1))[..., [q for q in range(p.shape[-1])
+                                                                           if q not in k]].mean(dim=(0, 2)),
+             "not the norm of the summed output"),
+            (lambda p, v, k: share_einsum(p, v, k).mean().expand(p.shape[1]), "every head gets the same share"),
+            (lambda p, v, k: share_einsum(p, v, k).mean(), "one share per head"),
         ],
     },
     "08.1": {

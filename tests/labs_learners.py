@@ -68,32 +68,32 @@ def p_gap_formula_floats(similarity):  # the gap in Python floats: one pair divi
 
 
 # ------------------------------------------------------------------------------------ 08.2
-def hide_pad(pattern):  # the middle keys renormalised, then two zero columns put back
-    inner = pattern[..., 1:-1]
-    total = inner.sum(-1, keepdim=True)
-    inner = torch.where(total > 0, inner / total.clamp_min(1e-30), torch.zeros_like(inner))
-    return F.pad(inner, (1, 1))
-
-
-def hide_index_fill(pattern):
-    shown = pattern.index_fill(-1, torch.tensor([0, pattern.shape[-1] - 1]), 0.0)
-    total = shown.sum(dim=-1, keepdim=True)
-    out = shown / total
-    out[(total == 0).expand_as(out)] = 0.0
-    return out
-
-
-def hide_row_loop(pattern):  # one row at a time
-    out = torch.zeros_like(pattern, dtype=torch.float64)
+def share_per_head_loop(pattern, values_out, keys):  # head by head, the norms as [B, T]
     B, H, T, _ = pattern.shape
-    for b in range(B):
-        for h in range(H):
-            for q in range(T):
-                row = pattern[b, h, q].double().clone()
-                row[0] = row[-1] = 0
-                if row.sum() > 0:
-                    out[b, h, q] = row / row.sum()
+    queries = [q for q in range(T) if q not in keys]
+    out = torch.zeros(H)
+    for h in range(H):
+        norms = values_out[:, :, h, :].norm(dim=-1)       # [B, T]
+        contrib = pattern[:, h] * norms[:, None, :]        # [B, T, T]
+        ratio = contrib[:, :, keys].sum(-1) / contrib.sum(-1)
+        out[h] = ratio[:, queries].mean()
     return out
+
+
+def share_transpose_mask(pattern, values_out, keys):  # values_out turned to [B, H, T, D] first
+    f = values_out.transpose(1, 2)
+    w = pattern * torch.linalg.vector_norm(f, dim=-1).unsqueeze(-2)
+    mask = torch.zeros(pattern.shape[-1], dtype=torch.bool)
+    mask[keys] = True
+    return (w[..., mask].sum(-1) / w.sum(-1))[:, :, ~mask].mean(-1).mean(0)
+
+
+def share_from_weighted_norms(pattern, values_out, keys):  # every ||a f(x)|| vector norm, as in the paper
+    weighted = pattern.unsqueeze(-1) * values_out.permute(0, 2, 1, 3).unsqueeze(2)   # [B, H, T, T, D]
+    norms = weighted.norm(dim=-1)                                                     # [B, H, T, T]
+    per_query = norms[..., keys].sum(-1) / norms.sum(-1)
+    rest = [i for i in range(pattern.shape[2]) if i not in set(keys)]
+    return per_query[:, :, rest].mean(dim=2).mean(dim=0)
 
 
 # ------------------------------------------------------------------------------------ 08.3
@@ -313,7 +313,7 @@ def second_copy_starting_late(model, tokens, heads, L):  # the second copy's fir
 
 RIGHT = {
     "08.1": [p_by_permuted_matrix, p_python_lists, p_as_tensor],
-    "08.2": [hide_pad, hide_index_fill, hide_row_loop],
+    "08.2": [share_per_head_loop, share_transpose_mask, share_from_weighted_norms],
     "08.3": [offset_dict_of_means, offset_query_loop, offset_band_masks],
     "09.1": [fit_divisors_descending, fit_while, fit_room_first],
     "09.2": [targets_reversed_list, targets_positions_dict, targets_nonzero],

@@ -1,14 +1,16 @@
 """Exercises of notebook 08 (a real encoder), in the notebook's order: is the paraphrase gap more than chance (an
-exact permutation test, designed), attention with [CLS] and [SEP] hidden and renormalised (the explorer's toggle),
-and the best fixed offset of every head, previous or next, near or far.
+exact permutation test, designed), how much of a head's output comes from [CLS] and [SEP] once each weight counts
+times the norm of what its key sends (Kobayashi et al. 2020), and the best fixed offset of every head, previous or
+next, near or far.
 
 All three run on hidden inputs: similarity matrices that are not symmetric (row i: the first sentence of pair i,
 column j: the second of j), of one to seven pairs, whose entries are multiples of 1/64 so that tied re-pairings tie
 exactly (one ties with the truth, one has the true pairing worst of all, one has every entry equal); attention
-patterns with rows that put everything on [CLS]; and patterns with heads planted at offsets on either side, ties
-between offsets (exact, in multiples of 1/64), offsets longer than the sentence, batches of several sentences and
-heads that park their weight on [CLS]. When grading, two more cases are drawn fresh for each. The prompts forbid
-nothing: any helper of mhalab or torch may run.
+patterns of several sentences and heads with a pull towards a key that sends little, beside values whose norms
+vary by position, and as many heads as positions and dimensions; and patterns with heads planted at offsets on
+either side, ties between offsets (exact, in multiples of 1/64), offsets longer than the sentence, batches of several
+sentences and heads that park their weight on [CLS]. When grading, two more cases are drawn fresh for each. The
+prompts forbid nothing: any helper of mhalab or torch may run.
 """
 
 from __future__ import annotations
@@ -20,12 +22,8 @@ import torch
 
 from .calls import Check
 from .core import Exercise, register
-from .judging import ATOL, RTOL, as_float64, consistent_mistake, describe, expect_shape, judge, unseparated
+from .judging import ATOL, RTOL, as_float64, consistent_mistake, describe, unseparated
 from .verdicts import AnswerRaised, Wrong
-
-
-def _patterns(shape, generator, sharp=3.0) -> torch.Tensor:
-    return (torch.randn(*shape, generator=generator) * sharp).softmax(-1)
 
 
 def _answers(cases: list, call) -> tuple[list, AnswerRaised | None]:
@@ -207,69 +205,143 @@ register(Exercise(
 
 
 # ------------------------------------------------------------------------------------ exercise 2
-def _hide_cases(check: Check) -> list:
-    """The fixed sizes, and when grading two drawn fresh."""
-    g, r = check.generator(8), check.rng(71)
-    sizes = [(2, 3, 6), (1, 2, 4), (1, 1, 7)]
-    if check.grading:
-        sizes += [(r.randint(1, 3), r.randint(1, 4), r.randint(4, 12)) for _ in range(2)]
-    cases = []
-    for B, H, T in sizes:
-        pattern = _patterns((B, H, T, T), g)
-        pattern[0, 0, 1] = 0.0  # a query that puts everything on [CLS] and [SEP]: nothing left to show
-        pattern[0, 0, 1, 0], pattern[0, 0, 1, -1] = 0.75, 0.25
-        cases.append(pattern)
-    return cases
+def _share(pattern: torch.Tensor, values_out: torch.Tensor, keys: list, *, norms=True, weights=True,
+           ratio="each", transpose=False, batch="all", queries="others", of="norms", heads="each") -> torch.Tensor:
+    """[H]: each head's share of its weighted norms ||a_qk f(x_k)|| that goes to ``keys`` (the checker's own
+    reading, for drawing cases; the answer is the solution's), and with options, the readings a learner could make
+    instead."""
+    P = pattern.double().transpose(-1, -2) if transpose else pattern.double()  # [B, H, T, T]
+    f = values_out.double()                                                    # [B, T, H, D]
+    B, H, T, _ = P.shape
+    if batch == "first":
+        P, f = P[:1], f[:1]
+    on = torch.zeros(T, dtype=torch.bool)
+    on[list(keys)] = True
+    if of == "sum":  # ||sum_k a_qk f(x_k)||, over the keys given and over all keys
+        mixed = lambda A: torch.einsum("bhqk,bkhd->bhqd", A, f).norm(dim=-1)  # noqa: E731  [B, H, T]
+        part, whole = mixed(P * on), mixed(P)
+    else:
+        n = f.norm(dim=-1).permute(0, 2, 1)[:, :, None, :] if norms else torch.ones(1)  # [B, H, 1, T]: ||f(x_k)||
+        c = (P if weights else torch.ones_like(P)) * n                                   # [B, H, T, T]
+        part, whole = c[..., on].sum(-1), c.sum(-1)                                      # [B, H, T]
+    rows = ~on if queries == "others" else torch.ones(T, dtype=torch.bool)
+    part, whole = part[..., rows], whole[..., rows]                                      # [B, H, queries]
+    share = part.sum(dim=(0, 2)) / whole.sum(dim=(0, 2)) if ratio == "pooled" else (part / whole).mean(dim=(0, 2))
+    return share.mean().expand(H).clone() if heads == "mean" else share
 
 
-def _check_hide(hide_cls_and_sep, check: Check) -> None:
-    for pattern in _hide_cases(check):
-        label = f"pattern {list(pattern.shape)}"
-        got = check.call(hide_cls_and_sep, pattern, label=label)
+def _share_mistakes(pattern: torch.Tensor, values_out: torch.Tensor, keys: list) -> dict[str, torch.Tensor]:
+    read = lambda **how: _share(pattern, values_out, keys, **how)  # noqa: E731
+    return {
+        "that is the weight share: each weight a_qk counts times the norm ||f(x_k)|| of what key k sends, "
+        "||a_qk f(x_k)|| = a_qk ||f(x_k)||": read(norms=False),
+        "the weights count too: each key's term is a_qk ||f(x_k)||, not ||f(x_k)|| alone": read(weights=False),
+        "take the share of each query, then the mean over the queries (and the batch): you divided the sums over "
+        "the queries instead": read(ratio="pooled"),
+        "pattern[..., q, k] is query q's weight on key k: the keys are the last axis, and each query's terms are "
+        "shared out over its keys (you used the query axis)": read(transpose=True),
+        "the queries are the other positions, those not in keys: leave the given keys out as queries":
+            read(queries="all"),
+        "that is the first sentence of the batch only; average over the batch too": read(batch="first"),
+        "the norm of each term, a_qk ||f(x_k)||, not the norm of the summed output ||sum_k a_qk f(x_k)||: terms "
+        "that point different ways would cancel": read(of="sum"),
+        "the mean also runs over the heads, so every head gets the same share; one share per head": read(heads="mean"),
+    }
+
+
+def _share_case(g: torch.Generator, B: int, H: int, T: int, D: int, keys: list, sink: float) -> tuple:
+    """(pattern [B, H, T, T] with a pull of ``sink`` towards key 0 and varying per head, values_out [B, T, H, D]
+    whose norms vary by position, key 0's small)."""
+    scores = torch.randn(B, H, T, T, generator=g) * 1.5
+    scores[..., 0] += sink * torch.rand(H, 1, generator=g)
+    scale = torch.rand(1, T, H, 1, generator=g) * 3 + 0.2
+    scale[:, 0] *= 0.1  # a token that takes much weight and sends little, as [CLS] does
+    return scores.softmax(-1), torch.randn(B, T, H, D, generator=g) * scale, keys
+
+
+def _share_cases(check: Check) -> list[tuple]:
+    g = check.generator(28)
+    cases = [
+        (*_share_case(g, 2, 3, 7, 5, [0, 6], 4.0), "two sentences, keys [CLS] and [SEP]"),
+        (*_share_case(g, 3, 2, 5, 4, [2], 0.0), "three sentences, one middle key"),
+        (*_share_case(g, 1, 4, 9, 6, [0, 4, 8], 2.0), "one sentence, three keys"),
+        (*_share_case(g, 2, 5, 5, 5, [0, 4], 3.0), "as many heads as positions and dimensions"),
+    ]
+    if not check.grading:
+        return cases
+    for attempt in range(20):  # redrawn (a few times at most) until every mistake is told apart
+        r = check.rng(73 + 1000 * attempt)
+        drawn = []
+        for i in range(2):
+            T = r.randint(4, 12)
+            keys = sorted(r.sample(range(T), r.randint(1, 3)))
+            drawn.append((*_share_case(g, r.randint(1, 3), r.randint(1, 5), T, r.randint(2, 8), keys,
+                                       r.uniform(0, 4)), f"drawn case {i}"))
+        every = cases + drawn
+        if not unseparated([_share(p, v, k) for p, v, k, _ in every],
+                           [_share_mistakes(p, v, k) for p, v, k, _ in every], _same_share):
+            break
+    return cases + drawn
+
+
+def _same_share(a, b) -> bool:
+    a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
+    return a.shape == b.shape and bool(torch.isclose(a, b, rtol=RTOL, atol=ATOL).all())
+
+
+def _check_share(norm_share, check: Check) -> None:
+    cases = _share_cases(check)
+
+    def call(case):
+        pattern, values_out, keys, what = case
         B, H, T, _ = pattern.shape
-        try:
-            expect_shape(got, (B, H, T, T), "the result")
-        except Wrong as wrong:
-            extra = (": keep every key, with [CLS] and [SEP] set to 0, so the positions still line up"
-                     if isinstance(got, torch.Tensor) and tuple(got.shape) == (B, H, T, T - 2) else "")
-            raise Wrong(f"hide_cls_and_sep({label}): {wrong}{extra}") from None
-        if isinstance(got, torch.Tensor) and torch.isnan(got).any():
-            raise Wrong(f"hide_cls_and_sep({label}): there are NaNs: a query that put all its attention on [CLS] and "
-                        "[SEP] has nothing left to divide by; give such a row zeros")
-        kept = pattern.double().clone()
-        kept[..., [0, -1]] = 0.0
-        judge(got, check.reference(pattern.double()), f"hide_cls_and_sep({label})", lambda: {
-            "the rows no longer sum to 1: divide each row by what is left of it (renormalise)": kept,
-            "that renormalises each column (over the queries); each row (one query's weights over the keys) should sum "
-            "to 1":
-                torch.nan_to_num(kept / kept.sum(-2, keepdim=True)),
-            "only [CLS] (key 0) is hidden; [SEP] is the last key, -1": _only_first(pattern),
-        })
+        label = f"pattern {list(pattern.shape)}, values_out {list(values_out.shape)}, keys={keys} ({what})"
+        got = as_float64(check.call(norm_share, pattern, values_out, list(keys), label=label),
+                         f"what norm_share({label}) returned")
+        if got.shape != (H,):
+            raise Wrong(f"norm_share({label}): return one share per head, shape [{H}], got shape {list(got.shape)}")
+        if torch.isnan(got).any():
+            raise Wrong(f"norm_share({label}): a share is NaN: is some mean taken over no queries?")
+        return got
 
-
-def _only_first(pattern: torch.Tensor) -> torch.Tensor:
-    shown = pattern.double().clone()
-    shown[..., 0] = 0.0
-    total = shown.sum(-1, keepdim=True)
-    return torch.where(total > 0, shown / total.clamp(min=1e-300), torch.zeros_like(shown))
+    got, raised = _answers(cases, call)
+    cases = cases[:len(got)]
+    wants = [torch.as_tensor(check.reference(p.clone(), v.clone(), list(k))).double() for p, v, k, _ in cases]
+    if all(_same_share(a, b) for a, b in zip(got, wants)):
+        if raised is not None:
+            raise raised
+        return
+    bad = next(i for i, (a, b) in enumerate(zip(got, wants)) if not _same_share(a, b))
+    pattern, values_out, keys, what = cases[bad]
+    label = f"norm_share(pattern {list(pattern.shape)}, values_out {list(values_out.shape)}, keys={keys} ({what}))"
+    missed = consistent_mistake(got, wants, [_share_mistakes(p, v, k) for p, v, k, _ in cases], _same_share)
+    if missed:
+        raise Wrong(f"{label}: {missed}")
+    if ((got[bad] < -1e-9) | (got[bad] > 1 + 1e-9)).any():
+        raise Wrong(f"{label}: a share lies outside [0, 1]: {got[bad].tolist()}")
+    raise Wrong(f"{label} gives {[round(x, 4) for x in got[bad].tolist()]}, not the share of each query's weighted "
+                "norms a_qk ||f(x_k)|| that goes to the given keys, averaged over the other queries and the batch")
 
 
 register(Exercise(
-    "08", 2, "hide [CLS] and [SEP], renormalise the rest",
-    _check_hide,
-    hint=["pattern[..., q, k] is query q's weight on key k. [CLS] is key 0, [SEP] the last key (-1): set those "
-          "two columns to zero.",
-          "Then divide each row by its new sum (pattern.sum(-1, keepdim=True)). Where a row's sum is 0 (a query "
-          "that looked only at [CLS] and [SEP]) return zeros, not NaN: torch.where helps."],
+    "08", 2, "how much of a head's output comes from [CLS] and [SEP]?",
+    _check_share,
+    hint=["values_out[b, k, h] is f(x_k), what key k sends through head h. Its norm over the last axis is "
+          "[B, T, H]; permute it to [B, H, T] and put it where the keys are, pattern[b, h, q, k], to get every "
+          "term a_qk ||f(x_k)|| as [B, H, T, T].",
+          "Per query: the terms on the given keys summed, over all its terms summed. Then keep the queries that are "
+          "not among keys and average over them and over the batch, one number per head. A value_out of all ones "
+          "gives the weight share: a quick test of your function."],
     solution=(
-        "def hide_cls_and_sep(pattern):\n"
-        "    # pattern: [B, H, T, T] -> the same shape, keys 0 and T-1 at 0, rows summing to 1 (or all 0)\n"
-        "    shown = pattern.clone()\n"
-        "    shown[..., [0, -1]] = 0.0\n"
-        "    total = shown.sum(-1, keepdim=True)                # [B, H, T, 1]: what is left of each row\n"
-        "    return torch.where(total > 0, shown / total.clamp(min=1e-12), torch.zeros_like(shown))"
+        "def norm_share(pattern, values_out, keys):\n"
+        "    # pattern [B, H, T, T] (query, key); values_out [B, T, H, D]: f(x_k) of each key, head by head -> [H]\n"
+        "    sends = values_out.norm(dim=-1).permute(0, 2, 1)       # [B, T, H] -> [B, H, T]: ||f(x_k)||\n"
+        "    terms = pattern * sends[:, :, None, :]                  # [B, H, T, T]: a_qk ||f(x_k)||\n"
+        "    share = terms[..., keys].sum(-1) / terms.sum(-1)        # [B, H, T]: each query's share\n"
+        "    others = [q for q in range(pattern.shape[-1]) if q not in keys]\n"
+        "    return share[..., others].mean(dim=(0, 2))             # [H]: over the other queries and the batch"
     ),
-    minutes=10, difficulty=2, importance=2,
+    minutes=20, difficulty=3, importance=3,
 ))
 
 
