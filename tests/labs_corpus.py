@@ -262,8 +262,39 @@ def mha_masking(forbidden):  # a whole multi-head attention whose masked_fill ge
     return mha_mistaken(forbidden=forbidden)
 
 
-# Issue 22's refusals: the course's own helpers, which no prompt forbids, are fair.
-def mha_with_mhalab_module(x, W_Q, W_K, W_V, W_O, n_heads):  # 02.4 through mhalab.MultiHeadAttention
+def mha_with_torch_module(x, W_Q, W_K, W_V, W_O, n_heads):  # 02.4 wrapped around torch's module: forbidden
+    B, T, D = x.shape
+    m = torch.nn.MultiheadAttention(D, n_heads, bias=False, batch_first=True).to(x.dtype)
+    with torch.no_grad():
+        m.in_proj_weight.copy_(torch.cat([W_Q, W_K, W_V]))
+        m.out_proj.weight.copy_(W_O)
+        return m(x, x, x, attn_mask=~_tril(T), need_weights=False)[0]
+
+
+def mha_with_torch_functional(x, W_Q, W_K, W_V, W_O, n_heads):  # 02.4 through F's multi-head forward: forbidden
+    T = x.size(1)
+    out, _ = torch.nn.functional.multi_head_attention_forward(
+        x.transpose(0, 1), x.transpose(0, 1), x.transpose(0, 1), x.size(-1), n_heads, torch.cat([W_Q, W_K, W_V]),
+        None, None, None, False, 0.0, W_O, None, need_weights=False, attn_mask=~_tril(T))
+    return out.transpose(0, 1)                   # [T, B, D] -> [B, T, D]
+
+
+def mha_torch_sdpa(x, W_Q, W_K, W_V, W_O, n_heads):  # 02.4 with torch's scaled_dot_product_attention on the heads
+    B, T, D = x.shape
+    def split(t):
+        return t.view(B, T, n_heads, D // n_heads).transpose(1, 2)
+    z = torch.nn.functional.scaled_dot_product_attention(split(x @ W_Q.T), split(x @ W_K.T), split(x @ W_V.T),
+                                                         is_causal=True)
+    return z.transpose(1, 2).reshape(B, T, D) @ W_O.T
+
+
+def mha_with_weights(x, W_Q, W_K, W_V, W_O, n_heads):  # 02.4 returning (output, weights) as the module does
+    B, T, D = x.shape
+    return mha_torch_sdpa(x, W_Q, W_K, W_V, W_O, n_heads), torch.full((B, T, T), 1.0 / T)
+
+
+# Issue 22's refusals: the course's own helpers are fair where the prompt forbids nothing (02.4 forbids modules).
+def mha_with_mhalab_module(x, W_Q, W_K, W_V, W_O, n_heads):  # 02.4 through mhalab.MultiHeadAttention: forbidden
     from mhalab import MultiHeadAttention
 
     m = MultiHeadAttention(x.size(-1), n_heads, bias=False).to(x.dtype)
@@ -1799,6 +1830,8 @@ CORPUS = {
         "right": [attention_einsum, attention_float64, attention_numpy, attention_quarter_roots, attention_logsumexp,
                   attention_loop, attention_torch_fused],
         "wrong": [
+            (lambda Q, K, V: (lambda w: (w @ V, w))((Q @ K.mT / math.sqrt(Q.size(-1))).softmax(-1)),
+             "return only the output, not (output, weights)"),
             (lambda Q, K, V: (Q @ K.transpose(-2, -1)).softmax(-1) @ V, "the scores are not scaled"),
             (lambda Q, K, V: (Q @ K.transpose(-2, -1) / Q.size(-1)).softmax(-1) @ V, "divided by d_k, their variance"),
             (lambda Q, K, V: (Q @ K.mT * math.sqrt(Q.size(-1))).softmax(-1) @ V, "multiplied by sqrt(d_k)"),
@@ -1899,8 +1932,12 @@ CORPUS = {
         ],
     },
     "02.4": {
-        "right": [mha_einsum, mha_numpy, mha_with_mhalab_module, mha_with_mhalab_sdpa],
+        "right": [mha_einsum, mha_numpy, mha_with_mhalab_sdpa, mha_torch_sdpa],
         "wrong": [
+            (mha_with_torch_module, "your answer calls `torch.nn.MultiheadAttention`, which this exercise asks you"),
+            (mha_with_torch_functional, "calls `torch.nn.functional.multi_head_attention_forward`"),
+            (mha_with_mhalab_module, "calls the course's own `mhalab.attention.MultiHeadAttention`"),
+            (mha_with_weights, "return only the output, not (output, weights)"),
             (lambda x, W_Q, W_K, W_V, W_O, n_heads: x @ W_V.T, "stage 2 of 6 (one head, one token): W_O is missing"),
             (lambda x, W_Q, W_K, W_V, W_O, n_heads: x, "stage 2 of 6"),
             (lambda x, W_Q, W_K, W_V, W_O: x, "keep the given parameters"),
@@ -2311,6 +2348,8 @@ CORPUS = {
         "right": [qk_circuit_by_slicing, qk_circuit_svd, qk_circuit_numpy, qk_circuit_tensor_rank],
         "wrong": [
             (lambda m, l, h: (lambda p: (p.W_K @ p.W_Q.T, 4))(m.blocks[l].attn.head_projections(h)), "the transpose"),
+            (lambda m, l, h: (m.QK[l, h].AB, int(torch.linalg.matrix_rank(m.QK[l, h].AB))),  # section 1's tool
+             "`model.QK` folds the LayerNorm in"),
             (lambda m, l, h: (lambda p: (p.W_Q @ p.W_K.T / p.W_Q.shape[1] ** 0.5, 4))(
                 m.blocks[l].attn.head_projections(h)),
              "without the 1/sqrt(d_head)"),

@@ -10,6 +10,7 @@ Student release and grading with kernels: test_labs_release.py and test_labs_gra
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import threading
@@ -209,6 +210,28 @@ def test_an_exercise_may_permit_running_some_mhalab_code_but_not_the_part_it_ask
 
     status, message = q1.verdict(switched_off_watch)
     assert status == core.FAILED and "sys.setprofile" in message
+
+
+def test_a_forbid_entry_may_name_a_torch_function_or_class():
+    # outside mhalab an entry is a public name, watched where it is defined, and reported as written
+    from mhalab.labs.invoke import ForbidWatch
+
+    package = os.path.dirname(mhalab.__file__)
+    entries = ("torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward")
+
+    def watched(fn):
+        watch = ForbidWatch(entries, package)
+        sys.setprofile(watch)
+        try:
+            fn()
+        finally:
+            sys.setprofile(None)
+        return watch.found
+
+    assert watched(lambda: torch.nn.MultiheadAttention(4, 2)) == "torch.nn.MultiheadAttention"
+    assert watched(lambda: torch.nn.functional.scaled_dot_product_attention(*torch.ones(3, 1, 2, 4))) is None
+    assert watched(lambda: torch.nn.Linear(4, 4)(torch.ones(4))) is None
+    assert ForbidWatch(("torch.nn.NoSuchModule",), package).outside == {}  # a name that is not there watches nothing
 
 
 def test_a_checker_bug_is_not_the_learners_error(caplog):

@@ -140,7 +140,8 @@ def call_answer(check: Check, fn: Callable, *args: Any, label: str | None = None
                 copy_args: bool = True, forbid: tuple = (), facts: tuple = ()) -> Any:
     """Call the learner's ``fn(*args)`` (positionally, on copies) where ``check`` runs it and return what it
     returned. :class:`Wrong` when ``fn`` cannot take the template's arguments or runs course code it may not: the
-    exercise modules always, and the mhalab code that ``forbid`` names (module or function prefixes: only what the
+    exercise modules always, and the code that ``forbid`` names (mhalab's module or function prefixes, or public
+    names of other packages' functions and classes such as "torch.nn.MultiheadAttention": only what the
     exercise's prompt forbids; every other helper is fair); :class:`AnswerRaised` when it raises (but ``allow``).
     ``facts`` to measure during the call, read with ``check.observe``."""
     name = check.template[0] if check.template else getattr(fn, "__name__", "your function")
@@ -166,8 +167,8 @@ def call_answer(check: Check, fn: Callable, *args: Any, label: str | None = None
         # Named by the prompt's own entry (`mhalab.ablation`, not whichever of its functions the watch saw first,
         # which can differ between the learner's kernel and the grading kernel).
         named = next((f for f in forbid if borrowed == f or borrowed.startswith(f + ".")), borrowed)
-        raise Wrong(f"your answer calls the course's own `{named}`, which this exercise asks you not to "
-                    "use (see its prompt)")
+        whose = "the course's own " if named.split(".")[0] == "mhalab" else ""
+        raise Wrong(f"your answer calls {whose}`{named}`, which this exercise asks you not to use (see its prompt)")
     if kind == "raised":
         cls_name, message, at = value[:3]
         error = value[3] if len(value) > 3 else None

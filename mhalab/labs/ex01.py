@@ -11,7 +11,7 @@ from torch import Tensor
 
 from .calls import Check
 from .core import Exercise, register
-from .judging import as_float64, consistent_mistake, expect_close, expect_shape, first_match, unseparated
+from .judging import as_float64, consistent_mistake, expect_close, expect_shape, first_match, only_output, unseparated
 from .verdicts import AnswerRaised, Wrong
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -240,7 +240,8 @@ def _check_attention(attention, check: Check) -> None:
         except AnswerRaised as error:
             raised = (error, Q.dim() - 2)
             break
-        got.append(as_float64(value, f"what attention({case}) returned"))
+        got.append(as_float64(only_output(value, f"what attention({case}) returned"),
+                              f"what attention({case}) returned"))
     judged = [tuple(t.double() for t in c[:3]) + (c[3],) for c in cases[:len(got)]]
     wants = [check.reference(Q, K, V) for Q, K, V, _ in judged]
     for g, w, (Q, K, V, _) in zip(got, wants, judged):

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from .calls import Check
 from .core import Exercise, register
-from .judging import as_float64, consistent_mistake, expect_shape, first_match, unseparated
+from .judging import as_float64, consistent_mistake, expect_shape, first_match, only_output, unseparated
 from .verdicts import Wrong
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -34,8 +34,8 @@ def _hold_mistakes(h: int, T: int, dk: int, head: int, pos: int) -> dict[str, tu
     D, fs = h * dk, range(dk)
     return {
         "that is where the right split (view as [B, T, h, d_k], then transpose) puts head `head`'s slice of token "
-        "`position`; a view straight to [B, h, T, d_k] moves no number: it reads x's memory, row after row, in the "
-        "new shape": tuple((pos, head * dk + f) for f in fs),
+        "`position`; a view straight to [B, h, T, d_k] moves no number: it reads the queries' memory, row after "
+        "row, in the new shape": tuple((pos, head * dk + f) for f in fs),
         "that reads the view as if tokens and heads swapped places (token = head); a view only re-reads memory in "
         "order: count how many numbers come before the slot": tuple((head, pos * dk + f) for f in fs),
         "in [B, h, T, d_k] one step along the head axis skips a whole head's T·d_k numbers, not T":
@@ -44,8 +44,8 @@ def _hold_mistakes(h: int, T: int, dk: int, head: int, pos: int) -> dict[str, tu
             _from_offsets((head * D + pos * dk + f for f in fs), D),
         "in [B, h, T, d_k] one step along the position axis skips d_k numbers, not d_model":
             _from_offsets((head * T * dk + pos * D + f for f in fs), D),
-        "a token of x is a row of d_model = n_heads·d_k numbers, not d_k: the token is offset // d_model and the "
-        "feature offset % d_model": _from_offsets(((head * T + pos) * dk + f for f in fs), dk),
+        "a token of the queries is a row of d_model = n_heads·d_k numbers, not d_k: the token is offset // d_model "
+        "and the feature offset % d_model": _from_offsets(((head * T + pos) * dk + f for f in fs), dk),
     }
 
 
@@ -120,10 +120,10 @@ def _check_holds(what_head_holds, check: Check) -> None:
 register(Exercise(
     "02", 1, "the reshape bug",
     _check_holds,
-    hint=["A view never moves a number: x and the view share one row of memory (per sequence), read in order. In "
-          "the view, how many numbers come before slot [head, position]? (Each head is a [T, d_k] block.)",
-          "Slot [head, position] starts at offset (head·T + position)·d_k. In x, offset o is token o // d_model, "
-          "feature o % d_model."],
+    hint=["A view never moves a number: the queries and the view share one row of memory (per sequence), read in "
+          "order. In the view, how many numbers come before slot [head, position]? (Each head is a [T, d_k] block.)",
+          "Slot [head, position] starts at offset (head·T + position)·d_k. In the queries [B, T, d_model], offset o "
+          "is token o // d_model, feature o % d_model."],
     solution=(
         "def what_head_holds(n_heads, T, d_k, head, position):\n"
         "    d_model = n_heads * d_k\n"
@@ -329,7 +329,7 @@ register(Exercise(
         "    offset = torch.arange(T)[:, None] - torch.arange(T)[None, :]   # [T, T]: i - j\n"
         "    return (offset >= 0) & (offset < window)                        # itself and window - 1 before it"
     ),
-    minutes=15, difficulty=2, importance=4,
+    minutes=10, difficulty=2, importance=4,
 ))
 
 
@@ -390,9 +390,16 @@ def _stage(n: int, name: str, message: str) -> Wrong:
     return Wrong(f"stage {n} of 6 ({name}): {message}")
 
 
+# The exercise is the split, the mask and the merge: a multi-head attention module may not do them for the answer
+# (one attention per head, such as F.scaled_dot_product_attention, may run).
+_FORBID = ("torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward",
+           "mhalab.attention.MultiHeadAttention")
+
+
 def _run(check: Check, fn, x, weights, H, label):
-    result = check.call(fn, x, *weights, H, label=label)
-    return as_float64(result, f"what multi_head_attention({label}) returned")
+    result = check.call(fn, x, *weights, H, label=label, forbid=_FORBID)
+    name = f"what multi_head_attention({label}) returned"
+    return as_float64(only_output(result, name), name)
 
 
 def _check_mha(multi_head_attention, check: Check) -> None:

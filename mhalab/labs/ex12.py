@@ -177,6 +177,9 @@ def _check_qk(qk_circuit, check: Check) -> None:
                 out = {"that is W_K W_Qᵀ, the transpose: the query side comes first, W_QK = W_Q W_Kᵀ": want.T,
                        "W_QK is W_Q W_Kᵀ itself, without the 1/sqrt(d_head) the attention scores get":
                            want / math.sqrt(d)}
+                if hasattr(model, "QK"):  # section 1's tool, whose matrices have the LayerNorm folded in
+                    out["`model.QK` folds the LayerNorm in; this asks for the weights as stored, from "
+                        "`head_projections`"] = model.QK[layer, head].AB.detach()
                 w = attn.qkv_proj.weight.detach().view(H + 2 * G, d, attn.d_model)
                 for name, kv in _kv_maps(H, G).items():
                     g = kv(head)
@@ -216,7 +219,7 @@ register(Exercise(
         "    W_QK = p.W_Q @ p.W_K.T                                 # [d_model, d_model]\n"
         "    return W_QK, int(torch.linalg.matrix_rank(W_QK))"
     ),
-    minutes=15, difficulty=3, importance=4,
+    minutes=15, difficulty=2, importance=4,
 ))
 
 

@@ -7,6 +7,7 @@ modules are left out. A leaf module: it imports nothing of mhalab.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 import sys
@@ -79,22 +80,53 @@ def _qualname(frame) -> str:
 
 
 class ForbidWatch:
-    """A profile function noting the first call of an mhalab function that ``forbid`` names (module or
-    function prefixes, e.g. "mhalab.ablation"), also when it runs inside other mhalab code."""
+    """A profile function noting the first call of a function that ``forbid`` names: module or function prefixes
+    of mhalab (e.g. "mhalab.ablation"), also when it runs inside other mhalab code, or public names of functions
+    and classes of other packages (e.g. "torch.nn.MultiheadAttention"), whose code is found where it is defined;
+    ``found`` is then the entry itself."""
 
     def __init__(self, forbid: tuple, package: str):
         self.forbid, self.package = tuple(forbid), package
+        root = os.path.basename(package) or "mhalab"
+        defined = {f: _defined_as(f) for f in self.forbid if f.split(".")[0] != root}
+        self.outside = {f"{d[0]}.{d[1]}": f for f, d in defined.items() if d}  # where defined -> the entry
+        self.modules = frozenset(d[0] for d in defined.values() if d)
         self.found: str | None = None
 
     def __call__(self, frame, event, arg):
         if self.found is not None or event != "call":
             return
         filename = frame.f_code.co_filename
+        if self.modules and frame.f_globals.get("__name__", "") in self.modules:
+            name = f"{frame.f_globals['__name__']}.{_qualname(frame)}"
+            entry = next((self.outside[d] for d in self.outside if _matches(name, (d,))), None)
+            if entry is not None:
+                self.found = entry
+            return
         if not filename.startswith(self.package + os.sep) or filename == __file__:  # (this file: the size watch)
             return
         module = os.path.relpath(filename, os.path.dirname(self.package))[:-3].replace(os.sep, ".")
         if frame.f_code.co_name != "<module>" and _matches(f"{module}.{_qualname(frame)}", self.forbid):
             self.found = f"{module}.{_qualname(frame)}"
+
+
+def _defined_as(entry: str) -> tuple[str, str] | None:
+    """Where the function or class that ``entry`` names is defined ("torch.nn.MultiheadAttention" ->
+    ("torch.nn.modules.activation", "MultiheadAttention")); None when it cannot be found."""
+    parts = entry.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return None
+        module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+        return (module, qualname) if isinstance(module, str) and isinstance(qualname, str) else None
+    return None
 
 
 class SizeWatch(torch.overrides.TorchFunctionMode):

@@ -19,7 +19,7 @@ from .verdicts import Wrong
 
 __all__ = [
     "ATOL", "RTOL", "as_float64", "consistent_mistake", "describe", "expect_close", "expect_equal", "expect_shape",
-    "expect_whole", "first_match", "judge", "name_miss", "pattern_cache", "unseparated",
+    "expect_whole", "first_match", "judge", "name_miss", "only_output", "pattern_cache", "unseparated",
 ]
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -57,6 +57,14 @@ def _as_tensor(value: Any, name: str) -> torch.Tensor:
     except (TypeError, ValueError):
         pass
     raise Wrong(f"{name} should be numbers (a tensor, an array or a rectangular nested list), got {describe(value)}")
+
+
+def only_output(value: Any, name: str = "your answer") -> Any:
+    """``value`` unchanged, or Wrong when it is a pair (output, weights) as attention modules return."""
+    if (isinstance(value, tuple) and len(value) == 2 and hasattr(value[0], "shape")
+            and (value[1] is None or hasattr(value[1], "shape"))):
+        raise Wrong(f"{name} is a pair {describe(value)}: return only the output, not (output, weights)")
+    return value
 
 
 def as_float64(value: Any, name: str = "your answer") -> torch.Tensor:
