@@ -1885,7 +1885,10 @@ CORPUS = {
     },
     "02.1": {
         "right": [holds_numpy, holds_by_viewing, holds_loop,
-                  lambda h, T, dk, head, pos: [divmod((head * T + pos) * dk + f, h * dk) for f in range(dk)]],
+                  lambda h, T, dk, head, pos: [divmod((head * T + pos) * dk + f, h * dk) for f in range(dk)],
+                  # a list of tensor pairs, as list() of a [d_k, 2] tensor gives
+                  lambda h, T, dk, head, pos: [torch.tensor(divmod((head * T + pos) * dk + f, h * dk))
+                                               for f in range(dk)]],
         "wrong": [
             (lambda h, T, dk, head, pos: [(pos, head * dk + f) for f in range(dk)], "where the right split"),
             (lambda h, T, dk, head, pos: [(head, pos * dk + f) for f in range(dk)], "tokens and heads swapped"),

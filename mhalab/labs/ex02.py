@@ -71,8 +71,8 @@ def _hold_cases(check: Check) -> list[tuple[int, int, int, int, int]]:
 
 
 def _pairs_of(value, dk: int) -> tuple[tuple[int, int], ...] | None:
-    """``value`` as d_k (token, feature) pairs of whole numbers (a list of pairs, an array or a tensor [d_k, 2]),
-    else None."""
+    """``value`` as d_k (token, feature) pairs of whole numbers (a list of pairs, of tensors or arrays of two, an
+    array or a tensor [d_k, 2]), else None."""
     if isinstance(value, (torch.Tensor, np.ndarray)):
         if tuple(value.shape) != (dk, 2) or value.dtype in (torch.bool, np.bool_):
             return None
@@ -81,6 +81,8 @@ def _pairs_of(value, dk: int) -> tuple[tuple[int, int], ...] | None:
         return None
     out = []
     for pair in value:
+        if isinstance(pair, (torch.Tensor, np.ndarray)) and tuple(pair.shape) == (2,):  # list(t) of a [d_k, 2] t
+            pair = list(pair)
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             return None
         numbers = []
