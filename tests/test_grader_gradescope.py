@@ -129,8 +129,8 @@ def _answer(nb, grade_id):
 
 def _wrong_kv(nb):  # the cache counts K only, not K and V
     cell = _answer(nb, "ex04-1-answer")
-    assert "kv_cache = 2 * n_heads * d_k" in cell.source
-    cell.source = cell.source.replace("kv_cache = 2 * n_heads * d_k", "kv_cache = n_heads * d_k")
+    assert "cache = 2 * n_kv_heads * d_head" in cell.source
+    cell.source = cell.source.replace("cache = 2 * n_kv_heads * d_head", "cache = n_kv_heads * d_head")
     return nb
 
 

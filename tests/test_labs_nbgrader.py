@@ -85,7 +85,8 @@ def test_nbgrader_autograde_gives_the_scores_mhalab_gives(nbgrader_python, tmp_p
         solved.cells[theirs[a.key].index].source = instructor.cells[a.index].source
     first = theirs[found[0].key].index
     wrong = copy.deepcopy(solved)
-    wrong.cells[first].source = wrong.cells[first].source.replace("2 * n_heads * d_k", "n_heads * d_k")  # keys only
+    wrong.cells[first].source = wrong.cells[first].source.replace(  # the cache counts K only
+        "2 * n_kv_heads * d_head", "n_kv_heads * d_head")
     assert wrong.cells[first].source != solved.cells[first].source
     submissions = {"alice": solved, "bob": wrong, "carol": released}
     for student, nb in submissions.items():
