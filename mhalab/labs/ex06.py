@@ -10,20 +10,8 @@ import torch
 from .calls import Check
 from .core import Exercise, register
 from .invoke import Opaque
-from .judging import consistent_mistake, unseparated
-from .verdicts import AnswerRaised, Wrong
-
-
-def _answers(cases: list, call) -> tuple[list, AnswerRaised | None]:
-    """The answer's result on every case, in order, until one raises (judged after the cases before it, so that a
-    wrong answer there is said first)."""
-    got = []
-    for case in cases:
-        try:
-            got.append(call(case))
-        except AnswerRaised as error:
-            return got, error
-    return got, None
+from .judging import answers_until_raised, consistent_mistake, unseparated
+from .verdicts import Wrong
 
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -156,7 +144,7 @@ def _check_enough(heads_with_enough_favourites, check: Check) -> None:
             raise Wrong(f"for {label}: you returned some head count more than once: name each once")
         return heads
 
-    got, raised = _answers(cases, call)
+    got, raised = answers_until_raised(cases, call)
     cases = cases[:len(got)]
     wants = [tuple(sorted(int(h) for h in check.reference(*c))) for c, _ in cases]
     if got == wants:
@@ -348,7 +336,7 @@ def _check_trade(trade_verdict, check: Check) -> None:
             raise Wrong(f"return one of {', '.join(repr(v) for v in VERDICTS)}, got {shown} for {accuracy} ({what})")
         return said
 
-    got, raised = _answers(cases, call)
+    got, raised = answers_until_raised(cases, call)
     cases = cases[:len(got)]
     wants = [check.reference(accuracy) for accuracy, _ in cases]
     if got == wants:

@@ -22,20 +22,8 @@ import torch
 
 from .calls import Check
 from .core import Exercise, register
-from .judging import ATOL, RTOL, as_float64, consistent_mistake, describe, unseparated
-from .verdicts import AnswerRaised, Wrong
-
-
-def _answers(cases: list, call) -> tuple[list, AnswerRaised | None]:
-    """The answer's result on every case, in order, until one raises (judged after the cases before it, so that a
-    wrong answer there is said first)."""
-    got = []
-    for case in cases:
-        try:
-            got.append(call(case))
-        except AnswerRaised as error:
-            return got, error
-    return got, None
+from .judging import ATOL, RTOL, answers_until_raised, as_float64, consistent_mistake, describe, unseparated
+from .verdicts import Wrong
 
 
 # ------------------------------------------------------------------------------------ exercise 1
@@ -141,7 +129,7 @@ def _check_gap(gap_p_value, check: Check) -> None:
                         f"{list(value.shape)}")
         return value.item()
 
-    got, raised = _answers(cases, call)
+    got, raised = answers_until_raised(cases, call)
     raised_on = cases[len(got)][0] if raised is not None else None
     cases = cases[:len(got)]
     wants = [float(check.reference(S.clone())) for S, _ in cases]
@@ -304,7 +292,7 @@ def _check_share(norm_share, check: Check) -> None:
             raise Wrong(f"norm_share({label}): a share is NaN: is some mean taken over no queries?")
         return got
 
-    got, raised = _answers(cases, call)
+    got, raised = answers_until_raised(cases, call)
     cases = cases[:len(got)]
     wants = [torch.as_tensor(check.reference(p.clone(), v.clone(), list(k))).double() for p, v, k, _ in cases]
     if all(_same_share(a, b) for a, b in zip(got, wants)):
@@ -521,7 +509,7 @@ def _check_offsets(best_offset, check: Check) -> None:
             raise Wrong(f"best_offset({label}): the offsets should be whole numbers, got fractional values")
         return tuple(int(k) for k in offsets), means
 
-    got, raised = _answers(cases, call)
+    got, raised = answers_until_raised(cases, call)
     cases = cases[:len(got)]
     wants = []
     for pattern, K, _ in cases:

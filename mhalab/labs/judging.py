@@ -15,11 +15,12 @@ import torch
 
 from ..hooks import ActivationCache
 from .invoke import describe
-from .verdicts import Wrong
+from .verdicts import AnswerRaised, Wrong
 
 __all__ = [
-    "ATOL", "RTOL", "as_float64", "consistent_mistake", "describe", "expect_close", "expect_equal", "expect_shape",
-    "expect_whole", "first_match", "judge", "name_miss", "only_output", "pattern_cache", "unseparated",
+    "ATOL", "RTOL", "answers_until_raised", "as_float64", "consistent_mistake", "describe", "expect_close",
+    "expect_equal", "expect_shape", "expect_whole", "first_match", "judge", "name_miss", "only_output",
+    "pattern_cache", "unseparated",
 ]
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -234,6 +235,18 @@ def expect_equal(value: Any, expected: Any, name: str = "your answer") -> None:
         elif torch.equal(~got, want):
             message += " (it is the expected mask inverted: check which value means 'allowed')"
     raise Wrong(message)
+
+
+def answers_until_raised(cases: list, call) -> tuple[list, AnswerRaised | None]:
+    """The answer's result on every case, in order, until one raises (judged after the cases before it, so that a
+    wrong answer there is said first)."""
+    got = []
+    for case in cases:
+        try:
+            got.append(call(case))
+        except AnswerRaised as error:
+            return got, error
+    return got, None
 
 
 def first_match(got: Any, candidates: Mapping[str, Any], *, rtol: float = RTOL, atol: float = ATOL) -> str | None:
