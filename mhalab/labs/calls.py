@@ -108,7 +108,7 @@ class Check:
 
     def observe(self, name: str) -> Any:
         """A fact measured during the learner's last call (``check.call(..., facts=(name,))``), where the call
-        ran: "shares_memory", "largest_bytes", "model_changed" (see :func:`mhalab.labs.invoke.invoke`)."""
+        ran: "largest_bytes", "model_changed" (see :func:`mhalab.labs.invoke.invoke`)."""
         if name not in self.facts:
             raise KeyError(f"the fact {name!r} was not measured: pass facts=({name!r},) to check.call")
         return self.facts[name]

@@ -152,10 +152,9 @@ def _model_output(args: tuple) -> Any:
 def invoke(fn: Callable, args: tuple, *, facts: tuple = (), forbid: tuple = (), package: str = "",
            allow: tuple = ()) -> tuple[str, Any, dict]:
     """Call ``fn(*args)``: ("returned", value, facts) or ("raised", (class name, message, where), facts).
-    ``facts`` to measure: "shares_memory" (the result shares args[0]'s storage), "largest_bytes" (the
-    largest tensor or NumPy allocation made, in bytes), "model_changed" (args[0], a model, gives another
-    output on args[1] after the call); with ``forbid``, "borrowed" (the forbidden mhalab function that ran)
-    and "tampered" (the answer replaced the watch)."""
+    ``facts`` to measure: "largest_bytes" (the largest tensor or NumPy allocation made, in bytes),
+    "model_changed" (args[0], a model, gives another output on args[1] after the call); with ``forbid``,
+    "borrowed" (the forbidden mhalab function that ran) and "tampered" (the answer replaced the watch)."""
     found: dict[str, Any] = {}
     try:
         inspect.signature(fn).bind(*args)
@@ -199,10 +198,6 @@ def invoke(fn: Callable, args: tuple, *, facts: tuple = (), forbid: tuple = (), 
             if tracing:
                 tracemalloc.stop()
     if outcome[0] == "returned":
-        if "shares_memory" in facts:
-            r, x = outcome[1], args[0] if args else None
-            found["shares_memory"] = (isinstance(r, torch.Tensor) and isinstance(x, torch.Tensor)
-                                      and r.untyped_storage().data_ptr() == x.untyped_storage().data_ptr())
         if before is not None:
             after = _model_output(args)
             found["model_changed"] = after is None or not torch.equal(after, before)
